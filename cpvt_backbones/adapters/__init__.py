@@ -1,0 +1,1 @@
+"""OpenMMLab adapters. Import ``cpvt_backbones.adapters.mmdet``/``.mmseg``/``.mmpretrain`` to register."""

@@ -1,0 +1,94 @@
+"""The OpenMMLab face of the core models: config-style arguments and ``init_cfg`` loading.
+
+The classes here subclass the torch-only core, so a detector's state dict reads ``backbone.blocks...`` with
+the official key names. Registration into a framework's registry happens in the ``mmdet``, ``mmseg`` and
+``mmpretrain`` modules beside this one.
+"""
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
+
+import torch
+
+from .. import models as core
+from . import checkpoint  # noqa: F401  (mmengine checkpoints under safe loading)
+from ..convert import load_into, load_weights_file, unwrap_state_dict
+from ..models import model_settings
+
+OUT_TYPES = ('featmap', 'pooled')
+_PRETRAINED_KEYS = {'type', 'checkpoint', 'prefix', 'map_location'}
+
+
+class _OpenMMLabBackbone:
+    """Mixin placed before a core model class. ``arch`` is a model name or a dict of that class's
+    constructor arguments (``base='<name>'`` starts from a named variant)."""
+
+    def _setup(self, arch: Union[str, Mapping[str, Any]], out_indices: Optional[Sequence[int]], out_type: str,
+               drop_path_rate: float, frozen_stages: int, with_cp: bool, init_cfg: Optional[dict]) -> None:
+        core_cls = next(c for c in type(self).__mro__ if c in (core.PyramidCPVT, core.CPVT))
+        if out_type not in OUT_TYPES:
+            raise ValueError(f'out_type must be one of {OUT_TYPES}, got {out_type!r}')
+        if out_type == 'pooled' and out_indices is not None:
+            raise ValueError("out_type='pooled' returns one pooled feature; leave out_indices unset")
+        fixed: Dict[str, Any] = dict(
+            features_only=out_type == 'featmap', out_indices=out_indices, num_classes=0,
+            drop_path_rate=drop_path_rate, frozen_stages=frozen_stages, grad_checkpointing=with_cp)
+        settings = model_settings(arch, core_cls)
+        clash = sorted(set(settings) & set(fixed))
+        if clash:
+            raise ValueError(f'{clash} are arguments of the backbone itself, not of arch; set them next to arch')
+        core_cls.__init__(self, **settings, **fixed)
+        if init_cfg is not None:
+            if not isinstance(init_cfg, Mapping) or init_cfg.get('type') != 'Pretrained':
+                raise ValueError("init_cfg must be None or dict(type='Pretrained', checkpoint=PATH[, prefix=...]); "
+                                 f'the models initialise themselves otherwise; got {init_cfg!r}')
+            extra = sorted(set(init_cfg) - _PRETRAINED_KEYS)
+            if extra or 'checkpoint' not in init_cfg:
+                raise ValueError(f'Pretrained init_cfg takes checkpoint (required), prefix, map_location; '
+                                 f'got {sorted(init_cfg)}')
+        self.init_cfg = init_cfg
+        self.is_init = False
+
+    def init_weights(self) -> None:
+        """Load ``init_cfg``'s checkpoint strictly through the key converters (a missing, unexpected or
+        mis-shaped key is an error that lists them). Without ``init_cfg`` the constructor's init stands."""
+        if self.init_cfg is not None:
+            checkpoint = str(self.init_cfg['checkpoint'])
+            if checkpoint.startswith(('http://', 'https://')):
+                state = unwrap_state_dict(torch.hub.load_state_dict_from_url(
+                    checkpoint, map_location='cpu', weights_only=True))
+            else:
+                state = load_weights_file(checkpoint)
+            prefix = self.init_cfg.get('prefix')
+            if prefix:
+                prefix = prefix if prefix.endswith('.') else prefix + '.'
+                state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+                if not state:
+                    raise ValueError(f'no key of {checkpoint} starts with prefix {prefix!r}')
+            load_into(self, state, strict=True, source=checkpoint)
+        self.is_init = True
+
+    def forward(self, x: torch.Tensor):
+        out = super().forward(x)
+        return out if self.features_only else (out,)
+
+
+class PyramidCPVT(_OpenMMLabBackbone, core.PyramidCPVT):
+    """Pyramid CPVT for mmdet/mmseg/mmpretrain. ``out_type='featmap'`` (dense tasks) returns NCHW maps at
+    strides 4/8/16/32 for ``out_indices`` (default all four); ``'pooled'`` (classification, ``neck=None``)
+    returns the final-normed global average ``(B, C)`` as a 1-tuple."""
+
+    def __init__(self, arch: Union[str, Mapping[str, Any]] = 'pcpvt_small',
+                 out_indices: Optional[Sequence[int]] = None, out_type: str = 'featmap',
+                 drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
+                 init_cfg: Optional[dict] = None):
+        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, init_cfg)
+
+
+class CPVT(_OpenMMLabBackbone, core.CPVT):
+    """Columnar CPVT for mmdet/mmseg/mmpretrain. ``'featmap'`` returns the simple feature pyramid (strides
+    4/8/16/32, channels dim/4, dim/2, dim, dim); ``'pooled'`` the class token or GAP feature."""
+
+    def __init__(self, arch: Union[str, Mapping[str, Any]] = 'cpvt_small_gap',
+                 out_indices: Optional[Sequence[int]] = None, out_type: str = 'featmap',
+                 drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
+                 init_cfg: Optional[dict] = None):
+        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, init_cfg)

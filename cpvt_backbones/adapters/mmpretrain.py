@@ -1,0 +1,7 @@
+"""Registers ``PyramidCPVT`` and ``CPVT`` in mmpretrain's MODELS (``custom_imports=dict(imports=['cpvt_backbones.adapters.mmpretrain'])``)."""
+from mmpretrain.registry import MODELS
+
+from .backbones import CPVT, PyramidCPVT
+
+MODELS.register_module(module=PyramidCPVT)
+MODELS.register_module(module=CPVT)

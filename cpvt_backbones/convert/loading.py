@@ -1,0 +1,72 @@
+"""Strict loading of any known layout into a model, with errors that list what does not fit."""
+from pathlib import Path
+from typing import List, Mapping, NamedTuple, Tuple, Union
+
+import torch
+from torch import nn
+
+from .io import load_weights_file
+from .layouts import to_twins
+
+
+class LoadReport(NamedTuple):
+    missing: List[str]
+    unexpected: List[str]
+    mismatched: List[Tuple[str, Tuple[int, ...], Tuple[int, ...]]]
+
+    def __bool__(self) -> bool:
+        return bool(self.missing or self.unexpected or self.mismatched)
+
+    def describe(self, limit: int = 20) -> str:
+        def show(items) -> str:
+            items = [str(i) for i in items]
+            return ', '.join(items[:limit]) + (f', ... ({len(items) - limit} more)' if len(items) > limit else '')
+        parts = []
+        if self.missing:
+            parts.append(f'missing keys ({len(self.missing)}): {show(self.missing)}')
+        if self.unexpected:
+            parts.append(f'unexpected keys ({len(self.unexpected)}): {show(self.unexpected)}')
+        if self.mismatched:
+            parts.append(f'shape mismatches ({len(self.mismatched)}): '
+                         + show(f'{k} checkpoint {a} vs model {b}' for k, a, b in self.mismatched))
+        return '; '.join(parts)
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint does not fit the model; nothing was loaded."""
+
+    def __init__(self, report: LoadReport, source: str = 'checkpoint'):
+        self.report = report
+        super().__init__(f'{source} does not fit the model (nothing was loaded): {report.describe()}')
+
+
+def compare(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> LoadReport:
+    own = model.state_dict()
+    return LoadReport(
+        missing=sorted(set(own) - set(state_dict)),
+        unexpected=sorted(set(state_dict) - set(own)),
+        mismatched=sorted((k, tuple(state_dict[k].shape), tuple(own[k].shape))
+                          for k in set(own) & set(state_dict) if state_dict[k].shape != own[k].shape))
+
+
+def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True,
+              source: str = 'checkpoint') -> LoadReport:
+    """Convert ``state_dict`` from any known layout to ours, drop the parts the model deliberately does not
+    build (``model.unbuilt_prefixes``: a classifier head for a dense backbone, ...), and load it.
+
+    ``strict=True`` (default) raises ``CheckpointMismatchError`` listing missing, unexpected and
+    shape-mismatched keys before anything is copied. ``strict=False`` copies only the keys whose names and
+    shapes match and returns the report of the rest.
+    """
+    sd = {k: v for k, v in to_twins(state_dict).items() if not k.startswith(tuple(model.unbuilt_prefixes))}
+    report = compare(model, sd)
+    if report and strict:
+        raise CheckpointMismatchError(report, source)
+    bad = set(report.unexpected) | {k for k, _, _ in report.mismatched}
+    model.load_state_dict({k: v for k, v in sd.items() if k not in bad}, strict=False)
+    return report
+
+
+def load_pretrained(model: nn.Module, path: Union[str, Path], strict: bool = True) -> LoadReport:
+    """Read ``path`` safely and ``load_into`` the model."""
+    return load_into(model, load_weights_file(path), strict, source=str(path))

@@ -1,0 +1,8 @@
+"""Building blocks of the CPVT models (torch only)."""
+from .attention import Attention
+from .block import Block, DropPath, Mlp
+from .norm import LayerNorm2d
+from .patch_embed import PatchEmbed
+from .peg import PEG, PEG_TYPES
+
+__all__ = ['Attention', 'Block', 'DropPath', 'LayerNorm2d', 'Mlp', 'PEG', 'PEG_TYPES', 'PatchEmbed']

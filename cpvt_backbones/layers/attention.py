@@ -1,0 +1,53 @@
+"""Multi-head attention with optional spatial reduction of keys and values (PVT's SRA, Twins' GSA)."""
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention whose keys and values come from a map reduced ``sr_ratio`` times per side.
+
+    With ``sr_ratio > 1`` the token map is convolved with a kernel = stride = ``sr_ratio`` convolution and
+    layer-normed before the key/value projection, so attention costs O(N * N / sr^2) instead of O(N^2).
+    A map whose side is not a multiple of ``sr_ratio`` is zero-padded bottom/right first, so every row and
+    column of the input is represented among the keys and any map size (even 1 x 1) works.
+
+    The projections keep the official key names (``q``, ``kv``, ``sr``, ``norm``, ``proj``) and attention runs
+    through ``F.scaled_dot_product_attention``. The reduction's LayerNorm uses torch's default eps 1e-5, as
+    the official Twins code and timm do (only the blocks' norms use 1e-6).
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.,
+                 proj_drop: float = 0., sr_ratio: int = 1):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'dim {dim} must be divisible by num_heads {num_heads}')
+        if sr_ratio < 1:
+            raise ValueError(f'sr_ratio must be >= 1, got {sr_ratio}')
+        self.num_heads = num_heads
+        self.sr_ratio = sr_ratio
+        self.attn_drop = attn_drop
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
+            self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        B, N, C = x.shape
+        head_dim = C // self.num_heads
+        q = self.q(x).reshape(B, N, self.num_heads, head_dim).transpose(1, 2)
+        if self.sr_ratio > 1:
+            H, W = hw
+            feat = x.transpose(1, 2).reshape(B, C, H, W)
+            pad_h, pad_w = -H % self.sr_ratio, -W % self.sr_ratio
+            if pad_h or pad_w:
+                feat = F.pad(feat, (0, pad_w, 0, pad_h))
+            x = self.norm(self.sr(feat).flatten(2).transpose(1, 2))
+        k, v = self.kv(x).reshape(B, -1, 2, self.num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))

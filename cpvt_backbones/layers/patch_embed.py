@@ -1,0 +1,28 @@
+"""Non-overlapping patch embedding that accepts any input size."""
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class PatchEmbed(nn.Module):
+    """Conv(kernel = stride = patch) + LayerNorm, after zero-padding the input bottom/right to a multiple of
+    the patch size, so an H x W input gives a ceil(H / p) x ceil(W / p) token map (as mmseg's 'corner'
+    padding) and no input is too small. Keys ``proj`` and ``norm`` as in the official weights, whose norm
+    here has torch's default eps 1e-5; DeiT-style columnar models have no norm here (``norm=False``)."""
+
+    def __init__(self, in_chans: int, dim: int, patch_size: int, norm: bool = True):
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
+        self.norm = nn.LayerNorm(dim) if norm else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        p = self.patch_size
+        pad_h, pad_w = -x.shape[-2] % p, -x.shape[-1] % p
+        if pad_h or pad_w:
+            x = F.pad(x, (0, pad_w, 0, pad_h))
+        x = self.proj(x)
+        hw = (x.shape[-2], x.shape[-1])
+        return self.norm(x.flatten(2).transpose(1, 2)), hw

@@ -1,0 +1,110 @@
+"""What the columnar and the pyramid CPVT share: input checks, weight init, freezing, checkpointing."""
+import math
+from typing import Iterable, List, Sequence, Set, Tuple
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..layers import PEG
+
+
+def check_input(x, in_chans: int) -> None:
+    """Raise a clear error for anything but a non-empty floating-point (B, in_chans, H, W) tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f'expected a torch.Tensor of shape (B, {in_chans}, H, W), got {type(x).__name__}')
+    if x.ndim != 4:
+        raise ValueError(f'expected a 4-D NCHW tensor of shape (B, {in_chans}, H, W), got shape {tuple(x.shape)}')
+    if not x.is_floating_point():
+        raise TypeError(f'expected a floating-point tensor (float32, float16 or bfloat16), got {x.dtype}; '
+                        'convert images with x.float() and normalise them first')
+    if x.shape[1] != in_chans:
+        raise ValueError(f'expected {in_chans} input channels (B, {in_chans}, H, W), got shape {tuple(x.shape)}')
+    if 0 in x.shape:
+        raise ValueError(f'expected a non-empty batch with H, W >= 1, got shape {tuple(x.shape)}')
+
+
+def check_out_indices(out_indices: Sequence[int], num_outputs: int) -> Tuple[int, ...]:
+    out = tuple(out_indices)
+    if not out or any(not isinstance(i, int) or isinstance(i, bool) for i in out):
+        raise ValueError(f'out_indices must be a non-empty sequence of ints, got {out_indices!r}')
+    if any(not 0 <= i < num_outputs for i in out) or len(set(out)) != len(out) or list(out) != sorted(out):
+        raise ValueError(f'out_indices must be increasing, distinct and within 0..{num_outputs - 1}, '
+                         f'got {out_indices!r}')
+    return out
+
+
+def check_peg_positions(positions: Iterable[int], depth: int, where: str) -> Tuple[int, ...]:
+    out = tuple(positions)
+    if any(not isinstance(p, int) or isinstance(p, bool) for p in out):
+        raise TypeError(f'peg_positions{where} must hold block indices (ints), got {out!r}')
+    if any(not 0 <= p < depth for p in out) or len(set(out)) != len(out):
+        raise ValueError(f'peg_positions{where} must be distinct block indices within 0..{depth - 1} '
+                         f'(the PEG follows that block), got {out!r}')
+    return tuple(sorted(out))
+
+
+def init_weights(m: nn.Module) -> None:
+    """The Twins/timm initialisation, so that training from scratch matches the official recipe."""
+    if isinstance(m, nn.Linear):
+        nn.init.trunc_normal_(m.weight, std=.02)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.ones_(m.weight)
+        nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.Conv2d):
+        fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels // m.groups
+        nn.init.normal_(m.weight, 0., math.sqrt(2. / fan_out))
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+
+class CPVTBase(nn.Module):
+    """Common behaviour. Subclasses end their ``__init__`` with ``self._finish_init(frozen, ...)``.
+
+    ``unbuilt_prefixes`` lists the key prefixes of the full classification layout that an instance does not
+    build (a dense backbone has no head; a truncated one no later stages): checkpoint loading drops exactly
+    these and nothing else.
+    """
+
+    in_chans: int
+    features_only: bool
+    out_indices: Tuple[int, ...]
+    unbuilt_prefixes: Tuple[str, ...]
+
+    def _finish_init(self, frozen: List, grad_checkpointing: bool) -> None:
+        self.apply(init_weights)
+        self.grad_checkpointing = grad_checkpointing
+        self._frozen = frozen
+        for item in frozen:
+            params = [item] if isinstance(item, nn.Parameter) else item.parameters()
+            for p in params:
+                p.requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        """Frozen parts stay in eval mode (no dropout / stochastic depth) even while the rest trains."""
+        super().train(mode)
+        for item in self._frozen:
+            if isinstance(item, nn.Module):
+                item.eval()
+        return self
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    def _block(self, blk: nn.Module, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(blk, x, hw, use_reentrant=False)
+        return blk(x, hw)
+
+    def no_weight_decay(self) -> Set[str]:
+        """Names of parameters that the recipes exclude from weight decay (class token and PEG)."""
+        names = {n for n, _ in self.named_parameters() if n.startswith('pos_block.')}
+        if getattr(self, 'cls_token', None) is not None:
+            names.add('cls_token')
+        return names
+
+
+def make_pegs(dims: Sequence[int], kernel_size: int, peg_type: str) -> nn.ModuleList:
+    return nn.ModuleList(PEG(d, kernel_size, peg_type) for d in dims)

@@ -1,0 +1,149 @@
+"""Columnar (DeiT-style) CPVT: a plain ViT whose position embedding is replaced by PEGs."""
+from typing import List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..layers import Block, LayerNorm2d, PatchEmbed
+from .base import CPVTBase, check_input, check_out_indices, check_peg_positions, make_pegs
+
+PYRAMID_STRIDES = (4, 8, 16, 32)
+
+
+def _simple_pyramid_level(level: int, dim: int) -> nn.Module:
+    """ViTDet's simple feature pyramid: from the stride-16 map, two 2x deconvolutions give stride 4, one gives
+    stride 8, identity stride 16, 2x max-pooling stride 32 (ceil mode, so ceil(H / 32) rows)."""
+    if level == 0:
+        return nn.Sequential(nn.ConvTranspose2d(dim, dim // 2, 2, 2), LayerNorm2d(dim // 2, eps=1e-6), nn.GELU(),
+                             nn.ConvTranspose2d(dim // 2, dim // 4, 2, 2))
+    if level == 1:
+        return nn.ConvTranspose2d(dim, dim // 2, 2, 2)
+    if level == 2:
+        return nn.Identity()
+    return nn.MaxPool2d(2, 2, ceil_mode=True)
+
+
+class CPVT(CPVTBase):
+    """DeiT-style vision transformer with conditional positional encodings (CPVT, arXiv 2102.10882).
+
+    There is no position embedding: ``pos_block.{k}`` is the k-th PEG, following block ``peg_positions[k]``
+    (the paper's best: blocks 0-5). ``class_token=False`` is the GAP variant (average of the normed patch
+    tokens, > 1 point better top-1 in the paper). The patch embedding is DeiT's (a convolution, no norm).
+
+    ``features_only=True`` turns it into a dense backbone: the normed stride-16 patch tokens are laid out as
+    a map and a ViTDet-style simple feature pyramid makes maps at strides 4, 8, 16, 32 with dim/4, dim/2,
+    dim, dim channels and spatial size ceil(H / s) x ceil(W / s) (upsampled maps are cropped to that size;
+    the rows they drop come from padding). Only the levels in ``out_indices`` are built.
+    ``frozen_stages=k`` freezes the patch embedding and class token for k = 0 and also blocks 0..k-1 and
+    the PEGs after them for k >= 1.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int = 192,
+        depth: int = 12,
+        num_heads: int = 3,
+        mlp_ratio: float = 4.,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        class_token: bool = True,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.,
+        attn_drop_rate: float = 0.,
+        drop_path_rate: float = 0.,
+        norm_eps: float = 1e-6,
+        peg_kernel_size: int = 3,
+        peg_type: str = 'depthwise',
+        peg_positions: Sequence[int] = (0, 1, 2, 3, 4, 5),
+        features_only: bool = False,
+        out_indices: Optional[Sequence[int]] = None,
+        frozen_stages: int = -1,
+        grad_checkpointing: bool = False,
+    ):
+        super().__init__()
+        positions = check_peg_positions(peg_positions, depth, '')
+        if features_only:
+            if num_classes:
+                raise ValueError('features_only=True builds no classifier: pass num_classes=0')
+            if patch_size != 16:
+                raise ValueError(f'the simple feature pyramid is built on stride-16 tokens, got patch_size '
+                                 f'{patch_size}')
+            self.out_indices = check_out_indices((0, 1, 2, 3) if out_indices is None else out_indices, 4)
+        else:
+            if out_indices is not None:
+                raise ValueError('out_indices selects feature maps and needs features_only=True')
+            self.out_indices = ()
+        if not -1 <= frozen_stages <= depth:
+            raise ValueError(f'frozen_stages must be within -1..{depth} (blocks), got {frozen_stages}')
+
+        self.in_chans = in_chans
+        self.num_classes = num_classes
+        self.features_only = features_only
+        self.embed_dim = embed_dim
+        self.num_prefix_tokens = int(class_token)
+        self.strides = tuple(PYRAMID_STRIDES[i] for i in self.out_indices)
+        self.out_channels = tuple((embed_dim // 4, embed_dim // 2, embed_dim, embed_dim)[i] for i in self.out_indices)
+
+        self.patch_embed = PatchEmbed(in_chans, embed_dim, patch_size, norm=False)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.pos_drop = nn.Dropout(drop_rate)
+        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        self.blocks = nn.ModuleList(
+            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, dpr[j], 1, norm_eps)
+            for j in range(depth))
+        self._peg_after = {j: k for k, j in enumerate(positions)}
+        self.pos_block = make_pegs([embed_dim] * len(positions), peg_kernel_size, peg_type)
+        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
+        if features_only:
+            self.simple_fpn = nn.ModuleDict({str(i): _simple_pyramid_level(i, embed_dim) for i in self.out_indices})
+            self.unbuilt_prefixes = ('head.',)
+        else:
+            self.head = nn.Linear(embed_dim, num_classes) if num_classes else nn.Identity()
+            self.unbuilt_prefixes = () if num_classes else ('head.',)
+
+        frozen: List = []
+        if frozen_stages >= 0:
+            frozen += [self.patch_embed] + ([self.cls_token] if class_token else [])
+        for j in range(max(frozen_stages, 0)):
+            frozen.append(self.blocks[j])
+            if j in self._peg_after:
+                frozen.append(self.pos_block[self._peg_after[j]])
+        self._finish_init(frozen, grad_checkpointing)
+        if class_token:
+            nn.init.trunc_normal_(self.cls_token, std=.02)
+
+    def _tokens(self, x: torch.Tensor):
+        """Normed tokens (B, prefix + h * w, C) and the token map size (h, w)."""
+        x, hw = self.patch_embed(x)
+        if self.cls_token is not None:
+            x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
+        x = self.pos_drop(x)
+        for j, blk in enumerate(self.blocks):
+            x = self._block(blk, x, hw)
+            k = self._peg_after.get(j)
+            if k is not None:
+                x = self.pos_block[k](x, hw, self.num_prefix_tokens)
+        return self.norm(x), hw
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Normed tokens (B, prefix + N, C)."""
+        check_input(x, self.in_chans)
+        return self._tokens(x)[0]
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = x[:, 0] if self.num_prefix_tokens else x.mean(dim=1)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor):
+        check_input(x, self.in_chans)
+        if not self.features_only:
+            return self.forward_head(self._tokens(x)[0])
+        H, W = x.shape[-2:]
+        tokens, hw = self._tokens(x)
+        feat = tokens[:, self.num_prefix_tokens:].transpose(1, 2).reshape(x.shape[0], -1, hw[0], hw[1])
+        outs = []
+        for i in self.out_indices:
+            s = PYRAMID_STRIDES[i]
+            outs.append(self.simple_fpn[str(i)](feat)[..., :-(-H // s), :-(-W // s)])
+        return tuple(outs)

@@ -1,0 +1,92 @@
+"""Named size variants (data, not classes), ``create_model`` and ``list_models``."""
+import inspect
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Type, Union
+
+from torch import nn
+
+from ..convert import load_pretrained
+from .cpvt import CPVT
+from .pcpvt import PyramidCPVT
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    cls: Type[nn.Module]
+    settings: Mapping[str, Any]
+    note: str = ''
+    paper: bool = True
+
+
+_PCPVT = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
+              sr_ratios=(8, 4, 2, 1))
+_DEIT = {'tiny': dict(embed_dim=192, num_heads=3), 'small': dict(embed_dim=384, num_heads=6),
+         'base': dict(embed_dim=768, num_heads=12)}
+
+MODEL_SPECS: Dict[str, ModelSpec] = {
+    'pcpvt_tiny': ModelSpec(PyramidCPVT, dict(embed_dims=(32, 64, 160, 256), num_heads=(1, 2, 5, 8),
+                                              mlp_ratios=(4, 4, 4, 4), sr_ratios=(8, 4, 2, 1), depths=(2, 2, 2, 2)),
+                            'not a paper model: a ~2.6M-parameter pyramid small enough to train on 2 CPU cores',
+                            paper=False),
+    'pcpvt_small': ModelSpec(PyramidCPVT, dict(_PCPVT, depths=(3, 4, 6, 3)), 'Twins-PCPVT-S, 24.1M'),
+    'pcpvt_base': ModelSpec(PyramidCPVT, dict(_PCPVT, depths=(3, 4, 18, 3)), 'Twins-PCPVT-B, 43.8M'),
+    'pcpvt_large': ModelSpec(PyramidCPVT, dict(_PCPVT, depths=(3, 8, 27, 3)), 'Twins-PCPVT-L, 61.0M'),
+}
+for _size, _dims in _DEIT.items():
+    MODEL_SPECS[f'cpvt_{_size}'] = ModelSpec(
+        CPVT, dict(_dims, class_token=True), f'CPVT-{_size[0].upper()}: class token, PEG after blocks 0-5')
+    MODEL_SPECS[f'cpvt_{_size}_gap'] = ModelSpec(
+        CPVT, dict(_dims, class_token=False), f'CPVT-{_size[0].upper()}-GAP: no class token, global average pool')
+
+
+def list_models() -> List[str]:
+    return sorted(MODEL_SPECS)
+
+
+def model_settings(arch: Union[str, Mapping[str, Any]], family: Type[nn.Module]) -> Dict[str, Any]:
+    """Constructor settings for ``arch``: a registered name, or a dict of ``family``'s constructor arguments
+    (optionally ``base='<name>'`` to start from a named variant)."""
+    if isinstance(arch, str):
+        spec = _spec(arch)
+        if spec.cls is not family:
+            same = [n for n in list_models() if MODEL_SPECS[n].cls is family]
+            raise ValueError(f'{arch!r} is a {spec.cls.__name__} model, not a {family.__name__} one; '
+                             f'valid names: {same}')
+        return dict(spec.settings)
+    if not isinstance(arch, Mapping):
+        raise TypeError(f'arch must be a model name or a dict of settings, got {type(arch).__name__}')
+    settings = dict(arch)
+    base = settings.pop('base', None)
+    if base is not None:
+        settings = {**model_settings(base, family), **settings}
+    _check_kwargs(family, settings)
+    return settings
+
+
+def _spec(name: str) -> ModelSpec:
+    if name not in MODEL_SPECS:
+        raise ValueError(f'unknown model {name!r}; valid names: {list_models()}')
+    return MODEL_SPECS[name]
+
+
+def _check_kwargs(cls: Type[nn.Module], kwargs: Mapping[str, Any]) -> None:
+    valid = [p for p in inspect.signature(cls.__init__).parameters if p != 'self']
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown:
+        raise TypeError(f'{cls.__name__} has no argument(s) {unknown}; valid arguments: {valid}')
+
+
+def create_model(name: str, pretrained: Optional[str] = None, **overrides: Any) -> nn.Module:
+    """Build a named model. ``overrides`` are constructor arguments (``peg_kernel_size``, ``peg_positions``,
+    ``peg_type``, ``drop_path_rate``, ``features_only``, ``out_indices``, ``frozen_stages``, ...).
+    ``features_only=True`` implies ``num_classes=0``. ``pretrained`` is a weight file in any layout that
+    ``cpvt_backbones.convert`` knows; it is loaded strictly into what the model builds."""
+    spec = _spec(name)
+    _check_kwargs(spec.cls, overrides)
+    kwargs = {**spec.settings, **overrides}
+    if kwargs.get('features_only') and 'num_classes' not in overrides:
+        kwargs['num_classes'] = 0
+    model = spec.cls(**kwargs)
+    if pretrained is not None:
+        load_pretrained(model, pretrained)
+    return model

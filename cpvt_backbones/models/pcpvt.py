@@ -1,0 +1,159 @@
+"""Pyramid CPVT (Twins-PCPVT): PVT's four stages with spatial-reduction attention, a PEG, and GAP."""
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..layers import Block, PatchEmbed
+from .base import CPVTBase, check_input, check_out_indices, check_peg_positions, make_pegs
+
+class PyramidCPVT(CPVTBase):
+    """Four-stage pyramid vision transformer with conditional positional encodings (Twins-PCPVT).
+
+    One implementation for every task:
+
+    * ``features_only=False``: ImageNet classifier. Final LayerNorm on the last stage, global average pooling,
+      linear ``head`` (``num_classes=0`` returns the pooled features). State-dict keys and shapes are those
+      of the official Twins weights and of timm's ``twins_pcpvt_*``.
+    * ``features_only=True``: dense backbone. Returns a tuple of NCHW maps for ``out_indices`` with spatial
+      size ceil(H / s) x ceil(W / s) at strides s = 4, 8, 16, 32, for any H, W >= 1. It builds no head, no
+      final norm and no stage beyond ``max(out_indices)``, so every parameter it owns receives a gradient.
+
+    ``peg_positions[i]`` lists the blocks of stage i that a PEG follows (official: the first block of every
+    stage). PEGs are numbered in network order as ``pos_block.{k}``; with one PEG per stage, k is the stage.
+    ``frozen_stages=k`` freezes the first patch embedding for k = 0 and stages 0..k-1 entirely for k >= 1.
+    """
+
+    def __init__(
+        self,
+        embed_dims: Sequence[int] = (64, 128, 320, 512),
+        depths: Sequence[int] = (3, 4, 6, 3),
+        num_heads: Sequence[int] = (1, 2, 5, 8),
+        mlp_ratios: Sequence[float] = (8, 8, 4, 4),
+        sr_ratios: Sequence[int] = (8, 4, 2, 1),
+        patch_sizes: Sequence[int] = (4, 2, 2, 2),
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.,
+        attn_drop_rate: float = 0.,
+        drop_path_rate: float = 0.,
+        norm_eps: float = 1e-6,
+        peg_kernel_size: int = 3,
+        peg_type: str = 'depthwise',
+        peg_positions: Sequence[Sequence[int]] = ((0,), (0,), (0,), (0,)),
+        features_only: bool = False,
+        out_indices: Optional[Sequence[int]] = None,
+        frozen_stages: int = -1,
+        grad_checkpointing: bool = False,
+    ):
+        super().__init__()
+        per_stage = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
+                         sr_ratios=sr_ratios, patch_sizes=patch_sizes, peg_positions=peg_positions)
+        lengths = {k: len(v) for k, v in per_stage.items()}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f'per-stage settings must all have one entry per stage, got lengths {lengths}')
+        num_stages = len(depths)
+        if any(isinstance(p, int) for p in peg_positions):
+            raise TypeError('peg_positions of a pyramid model is one sequence of block indices per stage, '
+                            f'e.g. ((0,), (0,), (0,), (0,)); got {peg_positions!r}')
+        positions = [check_peg_positions(p, d, f'[{i}]') for i, (p, d) in enumerate(zip(peg_positions, depths))]
+        if features_only:
+            if num_classes:
+                raise ValueError('features_only=True builds no classifier: pass num_classes=0')
+            self.out_indices = check_out_indices((0, 1, 2, 3)[:num_stages] if out_indices is None else out_indices,
+                                                 num_stages)
+            num_built = self.out_indices[-1] + 1
+        else:
+            if out_indices is not None:
+                raise ValueError('out_indices selects feature maps and needs features_only=True')
+            self.out_indices = ()
+            num_built = num_stages
+        if not -1 <= frozen_stages <= num_built:
+            raise ValueError(f'frozen_stages must be within -1..{num_built} (built stages), got {frozen_stages}')
+
+        self.in_chans = in_chans
+        self.num_classes = num_classes
+        self.features_only = features_only
+        self.embed_dims = tuple(embed_dims)
+        self.out_channels = tuple(self.embed_dims[i] for i in self.out_indices)
+        strides, s = [], 1
+        for p in patch_sizes:
+            s *= p
+            strides.append(s)
+        self.strides = tuple(strides)
+
+        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        self.patch_embeds = nn.ModuleList()
+        self.pos_drops = nn.ModuleList()
+        self.blocks = nn.ModuleList()
+        self._peg_after = []
+        peg_dims = []
+        prev, start = in_chans, 0
+        for i in range(num_built):
+            self.patch_embeds.append(PatchEmbed(prev, embed_dims[i], patch_sizes[i]))
+            self.pos_drops.append(nn.Dropout(drop_rate))
+            self.blocks.append(nn.ModuleList(
+                Block(embed_dims[i], num_heads[i], mlp_ratios[i], qkv_bias, drop_rate, attn_drop_rate,
+                      dpr[start + j], sr_ratios[i], norm_eps) for j in range(depths[i])))
+            peg_at = {}
+            for j in positions[i]:
+                peg_at[j] = len(peg_dims)
+                peg_dims.append(embed_dims[i])
+            self._peg_after.append(peg_at)
+            prev, start = embed_dims[i], start + depths[i]
+        self.pos_block = make_pegs(peg_dims, peg_kernel_size, peg_type)
+        unbuilt_pegs = range(len(peg_dims), len(peg_dims) + sum(len(p) for p in positions[num_built:]))
+        unbuilt = [f'{name}.{i}.' for i in range(num_built, num_stages) for name in ('patch_embeds', 'blocks')]
+        unbuilt += [f'pos_block.{k}.' for k in unbuilt_pegs]
+        if features_only:
+            unbuilt += ['norm.', 'head.']
+        else:
+            self.norm = nn.LayerNorm(embed_dims[-1], eps=norm_eps)
+            self.head = nn.Linear(embed_dims[-1], num_classes) if num_classes else nn.Identity()
+            if not num_classes:
+                unbuilt.append('head.')
+        self.unbuilt_prefixes = tuple(unbuilt)
+
+        frozen: List = []
+        if frozen_stages >= 0:
+            frozen.append(self.patch_embeds[0])
+        for i in range(max(frozen_stages, 0)):
+            frozen += [self.patch_embeds[i], self.blocks[i]] + [self.pos_block[k] for k in self._peg_after[i].values()]
+        self._finish_init(frozen, grad_checkpointing)
+
+    def _stages(self, x: torch.Tensor, keep_maps: bool):
+        """Run every built stage; return the last stage's tokens, its (H, W) and the NCHW maps kept."""
+        B = x.shape[0]
+        maps = []
+        hw = (0, 0)
+        for i, embed in enumerate(self.patch_embeds):
+            if i:
+                x = x.transpose(1, 2).reshape(B, -1, hw[0], hw[1])
+            x, hw = embed(x)
+            x = self.pos_drops[i](x)
+            for j, blk in enumerate(self.blocks[i]):
+                x = self._block(blk, x, hw)
+                k = self._peg_after[i].get(j)
+                if k is not None:
+                    x = self.pos_block[k](x, hw)
+            if keep_maps and i in self.out_indices:
+                maps.append(x.transpose(1, 2).reshape(B, -1, hw[0], hw[1]))
+        return x, hw, maps
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Normed tokens (B, N, C) of the last stage (classification models)."""
+        check_input(x, self.in_chans)
+        if self.features_only:
+            raise RuntimeError('a features_only model has no final norm; call forward() for its feature maps')
+        return self.norm(self._stages(x, keep_maps=False)[0])
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = x.mean(dim=1)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor):
+        if self.features_only:
+            check_input(x, self.in_chans)
+            return tuple(self._stages(x, keep_maps=True)[2])
+        return self.forward_head(self.forward_features(x))

@@ -1,0 +1,144 @@
+"""The OpenMMLab adapters: registration, building from config dicts, strict Pretrained loading."""
+import importlib
+
+import pytest
+import torch
+
+from cpvt_backbones import create_model
+from cpvt_backbones.convert import CheckpointMismatchError
+
+for _framework in ('mmengine', 'mmdet', 'mmseg', 'mmpretrain'):
+    pytest.importorskip(_framework)
+FRAMEWORKS = ['mmdet', 'mmseg', 'mmpretrain']
+
+
+def _build(framework, cfg):
+    """Build as that framework's Runner would: its adapter imported, its scope the default."""
+    from mmengine.registry import DefaultScope
+    importlib.import_module(f'cpvt_backbones.adapters.{framework}')
+    with DefaultScope.overwrite_default_scope(framework):
+        return importlib.import_module(f'{framework}.registry').MODELS.build(cfg)
+
+
+@pytest.mark.parametrize('framework', FRAMEWORKS)
+def test_registered_and_built_from_config(framework):
+    fw = framework
+    importlib.import_module(f'{framework}.models')  # their own PCPVT/SVT registrations must not clash
+    pyr = _build(fw, dict(type='PyramidCPVT', arch='pcpvt_tiny', out_indices=(1, 2, 3), drop_path_rate=0.1,
+                            frozen_stages=1))
+    outs = pyr(torch.randn(2, 3, 50, 75))
+    assert [tuple(o.shape) for o in outs] == [(2, 64, 7, 10), (2, 160, 4, 5), (2, 256, 2, 3)]
+    assert not pyr.patch_embeds[0].proj.weight.requires_grad and pyr.blocks[1][0].attn.q.weight.requires_grad
+    assert pyr.blocks[-1][-1].drop_path.drop_prob == pytest.approx(0.1)
+    col = _build(fw, dict(type='CPVT', arch=dict(base='cpvt_tiny_gap', depth=4, peg_positions=(0, 1)),
+                            out_indices=(0, 3), with_cp=True))
+    assert len(col.blocks) == 4 and len(col.pos_block) == 2 and col.grad_checkpointing
+    assert [tuple(o.shape) for o in col(torch.randn(1, 3, 50, 75))] == [(1, 48, 13, 19), (1, 192, 2, 3)]
+
+
+def test_arch_as_full_settings_dict():
+    fw = 'mmdet'
+    arch = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4), mlp_ratios=(2, 2, 2, 2),
+                sr_ratios=(8, 4, 2, 1), peg_kernel_size=5)
+    model = _build(fw, dict(type='PyramidCPVT', arch=arch))
+    assert model.out_channels == (16, 32, 48, 64) and model.pos_block[2].proj[0].kernel_size == (5, 5)
+
+
+@pytest.mark.parametrize('cfg, error, match', [
+    (dict(arch='pcpvt_huge'), ValueError, 'valid names'),
+    (dict(arch='cpvt_tiny'), ValueError, 'not a PyramidCPVT one'),
+    (dict(arch=dict(base='pcpvt_tiny', depth=3)), TypeError, r"no argument\(s\) \['depth'\]"),
+    (dict(arch=dict(base='pcpvt_tiny', drop_path_rate=0.1)), ValueError, 'set them next to arch'),
+    (dict(out_type='pooled', out_indices=(3,)), ValueError, 'leave out_indices unset'),
+    (dict(out_type='tokens'), ValueError, 'out_type'),
+    (dict(out_indices=(4,)), ValueError, 'out_indices'),
+    (dict(init_cfg=dict(type='Kaiming')), ValueError, "type='Pretrained'"),
+    (dict(init_cfg=dict(type='Pretrained', path='x')), ValueError, 'checkpoint'),
+    (dict(style='pytorch'), TypeError, 'style'),
+])
+def test_bad_configs(cfg, error, match):
+    fw = 'mmdet'
+    with pytest.raises(error, match=match):
+        _build(fw, dict(type='PyramidCPVT', **{'arch': 'pcpvt_tiny', **cfg}))
+
+
+def _classifier_weights(tmp_path):
+    torch.manual_seed(3)
+    sd = create_model('pcpvt_tiny').state_dict()
+    path = tmp_path / 'pcpvt_tiny_in1k.pth'
+    torch.save({'model': sd}, path)
+    return sd, path
+
+
+def test_pretrained_loads_strictly_through_detector(tmp_path):
+    """init_cfg on the backbone of a whole RetinaNet: the detector's init_weights reaches our loader."""
+    fw = 'mmdet'
+    sd, path = _classifier_weights(tmp_path)
+    det = _build(fw, dict(
+        type='RetinaNet',
+        data_preprocessor=dict(type='DetDataPreprocessor', pad_size_divisor=32),
+        backbone=dict(type='PyramidCPVT', arch='pcpvt_tiny', init_cfg=dict(type='Pretrained', checkpoint=str(path))),
+        neck=dict(type='FPN', in_channels=[32, 64, 160, 256], out_channels=32, start_level=1,
+                  add_extra_convs='on_input', num_outs=5),
+        bbox_head=dict(type='RetinaHead', num_classes=3, in_channels=32, feat_channels=32, stacked_convs=1,
+                       anchor_generator=dict(type='AnchorGenerator', octave_base_scale=4, scales_per_octave=3,
+                                             ratios=[0.5, 1.0, 2.0], strides=[8, 16, 32, 64, 128]),
+                       bbox_coder=dict(type='DeltaXYWHBBoxCoder', target_means=[.0] * 4, target_stds=[1.0] * 4),
+                       loss_cls=dict(type='FocalLoss', use_sigmoid=True, gamma=2.0, alpha=0.25, loss_weight=1.0),
+                       loss_bbox=dict(type='L1Loss', loss_weight=1.0))))
+    det.init_weights()
+    for k, v in det.backbone.state_dict().items():
+        assert torch.equal(v, sd[k]), k
+    feats = det.extract_feat(torch.randn(1, 3, 64, 96))
+    assert len(feats) == 5
+
+
+def test_pretrained_with_prefix_from_mmengine_checkpoint(tmp_path):
+    """A whole detector checkpoint saved by mmengine (with its log objects in message_hub) loads safely."""
+    from mmengine.logging import HistoryBuffer
+    import numpy as np
+    fw = 'mmseg'
+    sd, _ = _classifier_weights(tmp_path)
+    buffer = HistoryBuffer()
+    buffer.update(np.float64(0.5))
+    ckpt = {'meta': {'epoch': 1, 'seed': np.int64(3)}, 'message_hub': {'log_scalars': {'loss': buffer}},
+            'state_dict': {**{f'backbone.{k}': v for k, v in sd.items() if not k.startswith(('head', 'norm.'))},
+                           'decode_head.conv_seg.weight': torch.zeros(2, 8, 1, 1)}}
+    path = tmp_path / 'segmentor.pth'
+    torch.save(ckpt, path)
+    model = _build(fw, dict(type='PyramidCPVT', arch='pcpvt_tiny',
+                              init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix='backbone')))
+    model.init_weights()
+    assert torch.equal(model.state_dict()['blocks.3.1.mlp.fc2.weight'], sd['blocks.3.1.mlp.fc2.weight'])
+    bad = _build(fw, dict(type='PyramidCPVT', arch='pcpvt_tiny',
+                            init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix='neck.')))
+    with pytest.raises(ValueError, match="no key .* starts with prefix 'neck.'"):
+        bad.init_weights()
+
+
+def test_pretrained_mismatch_is_an_error_listing_keys(tmp_path):
+    fw = 'mmdet'
+    _, path = _classifier_weights(tmp_path)
+    model = _build(fw, dict(type='PyramidCPVT', arch='pcpvt_small',
+                              init_cfg=dict(type='Pretrained', checkpoint=str(path))))
+    with pytest.raises(CheckpointMismatchError, match='shape mismatches') as err:
+        model.init_weights()
+    assert str(path) in str(err.value) and 'missing keys' in str(err.value)
+
+
+def test_mmpretrain_classifier_with_pooled_backbone(tmp_path):
+    fw = 'mmpretrain'
+    sd, path = _classifier_weights(tmp_path)
+    clf = _build(fw, dict(
+        type='ImageClassifier',
+        backbone=dict(type='PyramidCPVT', arch='pcpvt_tiny', out_type='pooled',
+                      init_cfg=dict(type='Pretrained', checkpoint=str(path))),
+        head=dict(type='LinearClsHead', num_classes=1000, in_channels=256, loss=dict(type='CrossEntropyLoss'))))
+    clf.init_weights()
+    clf.head.fc.load_state_dict({'weight': sd['head.weight'], 'bias': sd['head.bias']})
+    ref = create_model('pcpvt_tiny').eval()
+    ref.load_state_dict(sd)
+    x = torch.randn(2, 3, 64, 80)
+    clf.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(clf(x, mode='tensor'), ref(x))

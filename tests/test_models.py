@@ -1,0 +1,218 @@
+"""Shapes at odd sizes, gradients, counts, options and bad input for every model."""
+import math
+
+import pytest
+import torch
+
+from cpvt_backbones import create_model, list_models
+from cpvt_backbones.models import MODEL_SPECS
+
+ALL = list_models()
+SMALL = ['pcpvt_tiny', 'pcpvt_small', 'cpvt_tiny', 'cpvt_tiny_gap', 'cpvt_small_gap']
+BIG = [n for n in ALL if n not in SMALL]
+ODD_SIZES = [(1, 1), (7, 500), (33, 33), (97, 131)]
+
+
+def _expected(h, w):
+    return [(math.ceil(h / s), math.ceil(w / s)) for s in (4, 8, 16, 32)]
+
+
+def test_names():
+    assert set(ALL) >= {'cpvt_tiny', 'cpvt_small', 'cpvt_base', 'cpvt_tiny_gap', 'cpvt_small_gap',
+                        'cpvt_base_gap', 'pcpvt_tiny', 'pcpvt_small', 'pcpvt_base', 'pcpvt_large'}
+    assert not MODEL_SPECS['pcpvt_tiny'].paper and 'not a paper model' in MODEL_SPECS['pcpvt_tiny'].note
+
+
+@pytest.mark.parametrize('name, expected', [('pcpvt_small', 24_106_216), ('pcpvt_base', 43_828_456),
+                                            ('pcpvt_large', 60_989_672)])
+def test_pcpvt_parameter_counts(name, expected):
+    assert sum(p.numel() for p in create_model(name).parameters()) == expected
+
+
+@pytest.mark.parametrize('name, paper', [('cpvt_tiny', 5.7e6), ('cpvt_small', 22e6), ('cpvt_base', 86e6),
+                                         ('cpvt_tiny_gap', 5.7e6), ('cpvt_small_gap', 22e6),
+                                         ('cpvt_base_gap', 86e6)])
+def test_cpvt_parameter_counts(name, paper):
+    model = create_model(name)
+    n = sum(p.numel() for p in model.parameters())
+    assert abs(n - paper) / paper < 0.02
+    assert (model.cls_token is None) == name.endswith('_gap')
+    dim = model.embed_dim
+    assert sum(p.numel() for p in model.pos_block.parameters()) == 6 * (dim * 9 + dim)
+
+
+def _check_features(name, sizes):
+    model = create_model(name, features_only=True).eval()
+    for h, w in sizes:
+        with torch.no_grad():
+            outs = model(torch.randn(2, 3, h, w))
+        assert [tuple(o.shape[2:]) for o in outs] == _expected(h, w), (name, h, w)
+        assert [o.shape[1] for o in outs] == list(model.out_channels)
+        assert all(o.shape[0] == 2 and torch.isfinite(o).all() for o in outs)
+
+
+@pytest.mark.parametrize('name', SMALL)
+def test_features_any_size(name):
+    _check_features(name, ODD_SIZES + [(513, 769)])
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('name', BIG)
+def test_features_any_size_big(name):
+    _check_features(name, ODD_SIZES + [(513, 769)])
+
+
+@pytest.mark.parametrize('name', ALL)
+def test_classifier_any_size(name):
+    model = create_model(name, num_classes=7).eval()
+    for h, w in [(1, 1), (33, 65)]:
+        with torch.no_grad():
+            assert model(torch.randn(2, 3, h, w)).shape == (2, 7)
+
+
+def _assert_all_grads(model, x):
+    out = model(x)
+    loss = sum(o.float().pow(2).mean() for o in (out if isinstance(out, tuple) else (out,)))
+    loss.backward()
+    no_grad = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not no_grad
+
+
+@pytest.mark.parametrize('name', SMALL)
+@pytest.mark.parametrize('features_only', [False, True])
+def test_gradients_reach_every_parameter(name, features_only):
+    _assert_all_grads(create_model(name, features_only=features_only, drop_path_rate=0.1).train(),
+                      torch.randn(2, 3, 70, 45))
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('name', BIG)
+def test_gradients_reach_every_parameter_big(name):
+    _assert_all_grads(create_model(name, features_only=True).train(), torch.randn(1, 3, 64, 64))
+
+
+@pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
+def test_out_indices_build_only_what_they_use(name):
+    model = create_model(name, features_only=True, out_indices=(1, 2))
+    outs = model(torch.randn(1, 3, 64, 96))
+    assert [tuple(o.shape[2:]) for o in outs] == _expected(64, 96)[1:3]
+    _assert_all_grads(model, torch.randn(1, 3, 64, 96))
+
+
+def test_peg_settings_are_honoured():
+    model = create_model('pcpvt_tiny', peg_kernel_size=5, peg_type='separable',
+                         peg_positions=((0, 1), (), (1,), (0,)))
+    assert len(model.pos_block) == 4
+    assert model.pos_block[0].proj[0].kernel_size == (5, 5) and len(model.pos_block[0].proj) == 2
+    assert model._peg_after == [{0: 0, 1: 1}, {}, {1: 2}, {0: 3}]
+    col = create_model('cpvt_tiny', peg_positions=(0,), peg_kernel_size=7)
+    assert len(col.pos_block) == 1 and col.pos_block[0].proj[0].padding == (3, 3)
+    assert len(create_model('cpvt_tiny').pos_block) == 6  # the paper's best: after blocks 0-5
+
+
+def test_peg_changes_the_output():
+    x = torch.randn(1, 3, 64, 64)
+    torch.manual_seed(1)
+    a = create_model('pcpvt_tiny').eval()
+    torch.manual_seed(1)
+    b = create_model('pcpvt_tiny', peg_positions=((), (), (), ())).eval()
+    b.load_state_dict({k: v for k, v in a.state_dict().items() if not k.startswith('pos_block')})
+    with torch.no_grad():
+        assert not torch.allclose(a(x), b(x))
+
+
+def test_frozen_stages():
+    model = create_model('pcpvt_tiny', features_only=True, frozen_stages=2, drop_path_rate=0.5).train()
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == {n for n, _ in model.named_parameters()
+                      if n.startswith(('patch_embeds.0.', 'patch_embeds.1.', 'blocks.0.', 'blocks.1.',
+                                       'pos_block.0.', 'pos_block.1.'))}
+    assert not model.blocks[1].training and model.blocks[2].training
+    col = create_model('cpvt_tiny', frozen_stages=0)
+    assert {n for n, p in col.named_parameters() if not p.requires_grad} == {
+        'cls_token', 'patch_embed.proj.weight', 'patch_embed.proj.bias'}
+
+
+def test_drop_path_rate_is_honoured():
+    model = create_model('pcpvt_small', drop_path_rate=0.3)
+    rates = [blk.drop_path.drop_prob for stage in model.blocks for blk in stage]
+    assert rates[0] == 0 and rates[-1] == pytest.approx(0.3) and rates == sorted(rates)
+    model.train()
+    x = torch.randn(4, 3, 64, 64)
+    assert not torch.allclose(model(x), model(x))  # stochastic while training
+    model.eval()
+    assert torch.equal(model(x), model(x))
+
+
+@pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny_gap'])
+def test_activation_checkpointing_gives_same_gradients(name):
+    x = torch.randn(2, 3, 64, 64)
+    grads = []
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        model = create_model(name, features_only=True, grad_checkpointing=ckpt).train()
+        sum(o.sum() for o in model(x)).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-5)
+
+
+def test_attention_uses_sdpa(monkeypatch):
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+    monkeypatch.setattr(torch.nn.functional, 'scaled_dot_product_attention', spy)
+    create_model('pcpvt_tiny')(torch.randn(1, 3, 32, 32))
+    assert len(calls) == 8
+
+
+def test_no_weight_decay_names():
+    model = create_model('cpvt_tiny')
+    names = model.no_weight_decay()
+    assert 'cls_token' in names and 'pos_block.0.proj.0.weight' in names and len(names) == 1 + 6 * 2
+
+
+@pytest.mark.parametrize('x, error, match', [
+    ([1, 2, 3], TypeError, 'torch.Tensor'),
+    (torch.randn(3, 32, 32), ValueError, '4-D NCHW'),
+    (torch.randn(1, 1, 3, 32, 32), ValueError, '4-D NCHW'),
+    (torch.randn(1, 4, 32, 32), ValueError, '3 input channels'),
+    (torch.zeros(1, 3, 32, 32, dtype=torch.uint8), TypeError, 'floating-point'),
+    (torch.zeros(1, 3, 32, 32, dtype=torch.bool), TypeError, 'floating-point'),
+    (torch.randn(0, 3, 32, 32), ValueError, 'non-empty'),
+    (torch.randn(1, 3, 0, 32), ValueError, 'non-empty'),
+])
+@pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
+@pytest.mark.parametrize('features_only', [False, True])
+def test_bad_input(name, features_only, x, error, match):
+    with pytest.raises(error, match=match):
+        create_model(name, features_only=features_only)(x)
+
+
+@pytest.mark.parametrize('kwargs, error, match', [
+    (dict(peg_kernel_size=4), ValueError, 'odd'),
+    (dict(peg_type='dense'), ValueError, 'peg_type'),
+    (dict(peg_positions=((0,), (0,), (9,), (0,))), ValueError, r'peg_positions\[2\]'),
+    (dict(peg_positions=(0, 0, 0, 0)), TypeError, 'one sequence of block indices per stage'),
+    (dict(depths=(2, 2, 2)), ValueError, 'one entry per stage'),
+    (dict(features_only=True, out_indices=(0, 4)), ValueError, 'out_indices'),
+    (dict(out_indices=(0, 1)), ValueError, 'features_only'),
+    (dict(features_only=True, num_classes=10), ValueError, 'num_classes=0'),
+    (dict(frozen_stages=5), ValueError, 'frozen_stages'),
+    (dict(bogus=1), TypeError, r"no argument\(s\) \['bogus'\]"),
+])
+def test_bad_settings(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        create_model('pcpvt_tiny', **kwargs)
+
+
+def test_bad_columnar_settings():
+    with pytest.raises(ValueError, match='within 0..11'):
+        create_model('cpvt_tiny', peg_positions=(0, 12))
+    with pytest.raises(ValueError, match='within -1..12'):
+        create_model('cpvt_tiny', frozen_stages=13)
+    with pytest.raises(ValueError, match="unknown model 'cpvt_huge'; valid names"):
+        create_model('cpvt_huge')

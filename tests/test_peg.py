@@ -1,0 +1,86 @@
+"""What the paper claims of the PEG, checked on the module and in a model."""
+import pytest
+import torch
+
+from cpvt_backbones import create_model
+from cpvt_backbones.layers import PEG
+
+
+def _peg(dim=8, k=3, peg_type='depthwise'):
+    peg = PEG(dim, k, peg_type)
+    torch.nn.init.normal_(peg.proj[0].weight)
+    return peg.eval()
+
+
+def test_residual_and_parameter_count():
+    peg = PEG(192, 3)
+    assert sum(p.numel() for p in peg.parameters()) == 192 * 9 + 192  # the paper's count
+    torch.nn.init.zeros_(peg.proj[0].weight)
+    torch.nn.init.zeros_(peg.proj[0].bias)
+    x = torch.randn(2, 5 * 7, 192)
+    assert torch.equal(peg(x, (5, 7)), x)  # a zero convolution leaves only the residual
+
+
+def test_separable_adds_pointwise():
+    peg = PEG(16, 5, 'separable')
+    assert [tuple(c.weight.shape) for c in peg.proj] == [(16, 1, 5, 5), (16, 16, 1, 1)]
+
+
+def test_permuting_tokens_changes_output():
+    peg = _peg()
+    x = torch.randn(1, 6 * 6, 8)
+    perm = torch.randperm(36)
+    assert not torch.allclose(peg(x[:, perm], (6, 6)), peg(x, (6, 6))[:, perm], atol=1e-3)
+
+
+def test_translation_equivariant_away_from_border():
+    """Content inside a zero border, shifted by (dy, dx): the output shifts by the same amount."""
+    peg = _peg(k=5)
+    canvas = torch.zeros(1, 8, 20, 24)
+    canvas[..., 4:10, 5:12] = torch.randn(1, 8, 6, 7)
+    shifted = torch.roll(canvas, shifts=(3, 5), dims=(2, 3))
+
+    def run(m):
+        return peg(m.flatten(2).transpose(1, 2), (20, 24)).transpose(1, 2).reshape(1, 8, 20, 24)
+
+    torch.testing.assert_close(run(shifted), torch.roll(run(canvas), shifts=(3, 5), dims=(2, 3)))
+
+
+def test_zero_padding_encodes_absolute_position():
+    """A constant input gives different outputs at the corners and in the centre: only the zero padding can
+    tell them apart."""
+    peg = _peg()
+    out = peg(torch.ones(1, 9 * 9, 8), (9, 9)).transpose(1, 2).reshape(1, 8, 9, 9)
+    centre = out[..., 4, 4]
+    torch.testing.assert_close(out[..., 3:6, 3:6], centre[..., None, None].expand(-1, -1, 3, 3))
+    for corner in (out[..., 0, 0], out[..., 0, -1], out[..., -1, 0], out[..., -1, -1]):
+        assert not torch.allclose(corner, centre)
+
+
+def test_class_token_bypasses():
+    peg = _peg()
+    x = torch.randn(2, 1 + 16, 8)
+    y = peg(x, (4, 4), num_prefix_tokens=1)
+    assert torch.equal(y[:, 0], x[:, 0])
+    torch.testing.assert_close(y[:, 1:], peg(x[:, 1:], (4, 4)))
+
+
+@pytest.mark.parametrize('k', [2, 1, 4])
+def test_even_or_small_kernel_rejected(k):
+    with pytest.raises(ValueError, match='odd and >= 3'):
+        PEG(8, k)
+
+
+def test_model_is_permutation_sensitive_only_with_peg():
+    """Shuffling 16x16 patches leaves a GAP transformer without position encoding unchanged; with PEGs
+    the prediction changes: the PEG is what gives the model position."""
+    x = torch.randn(1, 3, 64, 64)
+    patches = x.unfold(2, 16, 16).unfold(3, 16, 16)  # 1, 3, 4, 4, 16, 16
+    perm = torch.randperm(16)
+    shuffled = patches.reshape(1, 3, 16, 16, 16)[:, :, perm].reshape(1, 3, 4, 4, 16, 16)
+    shuffled = shuffled.permute(0, 1, 2, 4, 3, 5).reshape(1, 3, 64, 64)
+    for positions, invariant in (((), True), ((0,), False)):
+        model = create_model('cpvt_tiny_gap', peg_positions=positions, depth=2).eval()
+        with torch.no_grad():
+            same = torch.allclose(model(x), model(shuffled), atol=1e-5)
+        assert same is invariant
