@@ -1,0 +1,22 @@
+# RetinaNet + FPN with a PCPVT-S backbone, COCO 1x: the Twins paper's setting (43.0 AP, 34.4M params with the
+# ImageNet head that the Twins code kept in its backbone; 33.84M here without it).
+# Set the ImageNet checkpoint with --cfg-options model.backbone.init_cfg.checkpoint=PATH (see README).
+_base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
+custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet'], allow_failed_imports=False)
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='PyramidCPVT',
+        arch='pcpvt_small',
+        out_indices=(0, 1, 2, 3),
+        drop_path_rate=0.2,
+        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pcpvt_small_in1k.pth')),
+    # start_level=1 and add_extra_convs='on_input' come from the base, as in the paper.
+    neck=dict(in_channels=[64, 128, 320, 512]))
+
+# AdamW lr 1e-4, wd 1e-4, 12 epochs, x0.1 at epochs 8 and 11, 500-iter linear warm-up (from the base);
+# batch 16 = 8 GPUs x 2 images.
+optim_wrapper = dict(optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, weight_decay=1e-4))
+train_dataloader = dict(batch_size=2)
+auto_scale_lr = dict(base_batch_size=16)

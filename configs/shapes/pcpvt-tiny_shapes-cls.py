@@ -1,0 +1,46 @@
+# pcpvt_tiny classifying 64 x 64 shape crops (mmpretrain; python -c "from cpvt_backbones.datasets import
+# generate_shape_crops; generate_shape_crops('data/shapes_cls')" writes them). A minute of CPU: the
+# "ImageNet pretraining" of the shapes demo, whose detector and segmentor start from this checkpoint.
+_base_ = 'mmpretrain::_base_/default_runtime.py'
+custom_imports = dict(imports=['cpvt_backbones.adapters.mmpretrain'], allow_failed_imports=False)
+
+classes = ('circle', 'square', 'triangle', 'star')
+model = dict(
+    type='ImageClassifier',
+    backbone=dict(type='PyramidCPVT', arch='pcpvt_tiny', out_type='pooled'),
+    head=dict(type='LinearClsHead', num_classes=len(classes), in_channels=256,
+              loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1)))
+data_preprocessor = dict(num_classes=len(classes), mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375],
+                         to_rgb=True)
+
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='RandomFlip', prob=0.5, direction='horizontal'),
+    dict(type='PackInputs'),
+]
+test_pipeline = [dict(type='LoadImageFromFile'), dict(type='PackInputs')]
+dataset = dict(type='CustomDataset', data_root='data/shapes_cls', metainfo=dict(classes=classes))
+train_dataloader = dict(batch_size=64, num_workers=0, persistent_workers=False,
+                        sampler=dict(type='InfiniteSampler', shuffle=True),
+                        dataset=dict(dataset, data_prefix='train', pipeline=train_pipeline))
+val_dataloader = dict(batch_size=64, num_workers=0, persistent_workers=False,
+                      sampler=dict(type='DefaultSampler', shuffle=False),
+                      dataset=dict(dataset, data_prefix='val', pipeline=test_pipeline))
+test_dataloader = val_dataloader
+val_evaluator = dict(type='Accuracy', topk=(1,))
+test_evaluator = val_evaluator
+
+max_iters = 300
+train_cfg = dict(by_epoch=False, max_iters=max_iters, val_interval=max_iters)
+val_cfg = dict()
+test_cfg = dict()
+optim_wrapper = dict(optimizer=dict(type='AdamW', lr=2e-3, weight_decay=0.05), clip_grad=dict(max_norm=5.0),
+                     paramwise_cfg=dict(custom_keys={'pos_block': dict(decay_mult=0.), 'norm': dict(decay_mult=0.)}))
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=30),
+    dict(type='CosineAnnealingLR', T_max=max_iters - 30, eta_min=1e-5, by_epoch=False, begin=30, end=max_iters),
+]
+default_hooks = dict(logger=dict(interval=50), checkpoint=dict(by_epoch=False, interval=max_iters))
+log_processor = dict(by_epoch=False)
+env_cfg = dict(dist_cfg=dict(backend='gloo'))
+randomness = dict(seed=0)

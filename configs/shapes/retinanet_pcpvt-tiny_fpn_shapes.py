@@ -1,0 +1,60 @@
+# RetinaNet + FPN with pcpvt_tiny trained from scratch on the embedded shapes dataset, on CPU
+# (python tools/make_shapes.py writes data/shapes). No padding to a multiple of 32: the backbone takes any
+# size, so the detector trains and predicts on images as they are.
+_base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
+custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet'], allow_failed_imports=False)
+
+classes = ('circle', 'square', 'triangle', 'star')
+data_root = 'data/shapes/'
+train_scale = (192, 192)
+
+model = dict(
+    data_preprocessor=dict(pad_size_divisor=1),
+    backbone=dict(_delete_=True, type='PyramidCPVT', arch='pcpvt_tiny', drop_path_rate=0.0),
+    neck=dict(in_channels=[32, 64, 160, 256], out_channels=64),
+    bbox_head=dict(num_classes=len(classes), in_channels=64, feat_channels=64, stacked_convs=2,
+                   norm_cfg=dict(type='GN', num_groups=16, requires_grad=True),
+                   reg_decoded_bbox=True, loss_bbox=dict(_delete_=True, type='GIoULoss', loss_weight=2.0)),
+    test_cfg=dict(score_thr=0.05, max_per_img=50))
+
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', with_bbox=True),
+    dict(type='RandomResize', scale=train_scale, ratio_range=(0.8, 1.2), keep_ratio=True),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackDetInputs'),
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=train_scale, keep_ratio=True),
+    dict(type='LoadAnnotations', with_bbox=True),
+    dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
+]
+dataset = dict(type='CocoDataset', data_root=data_root, metainfo=dict(classes=classes))
+train_dataloader = dict(
+    batch_size=8, num_workers=0, persistent_workers=False, batch_sampler=None,
+    dataset=dict(dataset, ann_file='annotations/train.json', data_prefix=dict(img='train/images/'),
+                 filter_cfg=dict(filter_empty_gt=True), pipeline=train_pipeline))
+val_dataloader = dict(
+    batch_size=1, num_workers=0, persistent_workers=False,
+    dataset=dict(dataset, ann_file='annotations/val.json', data_prefix=dict(img='val/images/'),
+                 pipeline=test_pipeline))
+test_dataloader = val_dataloader
+val_evaluator = dict(ann_file=data_root + 'annotations/val.json')
+test_evaluator = val_evaluator
+
+max_iters = 700
+train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
+optim_wrapper = dict(optimizer=dict(_delete_=True, type='AdamW', lr=1e-3, weight_decay=0.05),
+                     clip_grad=dict(max_norm=10.0),
+                     paramwise_cfg=dict(custom_keys={'pos_block': dict(decay_mult=0.), 'norm': dict(decay_mult=0.)}))
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
+    dict(type='CosineAnnealingLR', T_max=max_iters, eta_min=1e-5, by_epoch=False, begin=0, end=max_iters),
+]
+default_hooks = dict(logger=dict(interval=50),
+                     checkpoint=dict(by_epoch=False, interval=250, max_keep_ckpts=2))
+log_processor = dict(by_epoch=False)
+auto_scale_lr = dict(enable=False, base_batch_size=8)
+env_cfg = dict(dist_cfg=dict(backend='gloo'))
+randomness = dict(seed=0)

@@ -1,0 +1,88 @@
+"""What our train/test tools add to mmengine's Runner: config overrides, resume, AMP, CPU multi-process."""
+import copy
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from mmengine.config import Config, DictAction
+
+__all__ = ['DictAction', 'add_common_args', 'enable_amp', 'evaluate', 'load_config', 'prepare_launch', 'set_test_scale']
+
+
+def load_config(path: str, cfg_options: Optional[dict] = None, work_dir: Optional[str] = None) -> Config:
+    """Read a config, apply ``--cfg-options`` and choose ``work_dirs/<config name>`` unless given."""
+    cfg = Config.fromfile(path)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = str(Path('work_dirs') / Path(path).stem)
+    return cfg
+
+
+def enable_amp(cfg: Config) -> None:
+    """Mixed precision through mmengine's AmpOptimWrapper: fp16 with dynamic loss scaling on a GPU. mmengine
+    0.10.7 supports it only on CUDA/NPU/MLU, so on a CPU-only machine this is an error, not a silent no-op."""
+    if not torch.cuda.is_available():
+        raise SystemExit('--amp needs a GPU: mmengine 0.10.7 runs AmpOptimWrapper only on CUDA/NPU/MLU devices')
+    cfg.optim_wrapper.type = 'AmpOptimWrapper'
+    cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+
+
+def prepare_launch(cfg: Config, launcher: str) -> None:
+    """Set the launcher; without a GPU, make multi-process training work on CPU.
+
+    mmengine's own set-up calls ``torch.cuda.set_device`` and wraps the model in DDP with
+    ``device_ids=[LOCAL_RANK]``, both of which fail on CPU. Here the process group is started with gloo
+    before the Runner is built (so mmengine skips its own init) and DDP gets ``device_ids=None``.
+    """
+    cfg.launcher = launcher
+    if launcher == 'none' or torch.cuda.is_available():
+        return
+    if launcher != 'pytorch':
+        raise SystemExit(f'launcher {launcher!r} needs GPUs here; on CPU use torchrun (--launcher pytorch)')
+    cfg.setdefault('env_cfg', {}).setdefault('dist_cfg', {})['backend'] = 'gloo'
+    wrapper = dict(cfg.get('model_wrapper_cfg') or {})
+    wrapper.setdefault('type', 'MMDistributedDataParallel')
+    wrapper['device_ids'] = None
+    cfg.model_wrapper_cfg = wrapper
+    if not dist.is_initialized():
+        dist.init_process_group(backend='gloo', rank=int(os.environ['RANK']),
+                                world_size=int(os.environ['WORLD_SIZE']))
+
+
+def add_common_args(parser, launchers: Sequence[str] = ('none', 'pytorch', 'slurm', 'mpi')) -> None:
+    parser.add_argument('--work-dir', help='where logs and checkpoints go (default: work_dirs/<config name>)')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries: key=value')
+    parser.add_argument('--launcher', choices=launchers, default='none')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+
+
+def set_test_scale(cfg: Config, scale: Optional[Sequence[int]], keep_ratio: bool = True) -> None:
+    """Make the test pipeline resize to ``scale`` (W, H), or, with ``scale=None``, drop the resize so
+    images are fed at their own size (nothing is padded to a multiple of 32 beyond what batching needs)."""
+    for loader in ('test_dataloader', 'val_dataloader'):
+        if cfg.get(loader) is None:
+            continue
+        dataset = cfg[loader].dataset
+        while 'pipeline' not in dataset:
+            dataset = dataset.dataset
+        steps = [s for s in dataset.pipeline if s['type'] not in ('Resize', 'RandomResize')]
+        if scale is not None:
+            steps.insert(1, dict(type='Resize', scale=tuple(scale), keep_ratio=keep_ratio))
+        dataset.pipeline = steps
+
+
+def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str) -> dict:
+    """Run the config's test loop on ``checkpoint`` and return its metrics."""
+    from mmengine.runner import Runner
+    cfg = copy.deepcopy(cfg)
+    cfg.load_from = checkpoint
+    cfg.work_dir = work_dir
+    cfg.experiment_name = name
+    cfg.log_level = 'WARNING'
+    cfg.default_hooks.pop('visualization', None)
+    return Runner.from_cfg(cfg).test()

@@ -1,0 +1,124 @@
+"""Every config in configs/ builds, runs loss and predict on odd-sized images, and matches the paper's size."""
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+for _framework in ('mmengine', 'mmdet', 'mmseg'):
+    pytest.importorskip(_framework)
+from mmengine.config import Config  # noqa: E402
+from mmengine.registry import DefaultScope  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DENSE = sorted(p for d in ('retinanet', 'sem_fpn', 'shapes') for p in (ROOT / 'configs' / d).glob('*.py'))
+# Paper parameter counts less the 513,000-parameter ImageNet head left in the Twins backbones.
+EXPECTED_PARAMS = {
+    'retinanet_pcpvt-s_fpn_1x_coco.py': 33.84e6, 'retinanet_pcpvt-b_fpn_1x_coco.py': 53.57e6,
+    'retinanet_pcpvt-l_fpn_1x_coco.py': 70.73e6, 'retinanet_pcpvt-s_fpn_ms-crop-3x_coco.py': 33.84e6,
+    'retinanet_pcpvt-b_fpn_ms-crop-3x_coco.py': 53.57e6, 'fpn_pcpvt-s_8xb2-80k_ade20k-512x512.py': 27.86e6,
+    'fpn_pcpvt-b_8xb2-80k_ade20k-512x512.py': 47.58e6, 'fpn_pcpvt-l_8xb2-80k_ade20k-512x512.py': 64.74e6,
+}
+
+
+def build(cfg):
+    """Build the model as the Runner would (scope set, custom_imports done by Config.fromfile)."""
+    registry = importlib.import_module(f'{cfg.default_scope}.registry').MODELS
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        return registry.build(cfg.model)
+
+
+def load(path):
+    cfg = Config.fromfile(str(path))
+    cfg.model.backbone.init_cfg = None  # the ImageNet checkpoints are the user's to supply
+    return cfg
+
+
+def fake_batch(scope, num_classes, sizes):
+    """Raw images of odd sizes with targets, in the form the data preprocessor receives."""
+    inputs, samples = [], []
+    for h, w in sizes:
+        inputs.append(torch.randint(0, 256, (3, h, w), dtype=torch.uint8))
+        if scope == 'mmdet':
+            from mmdet.structures import DetDataSample
+            from mmengine.structures import InstanceData
+            s = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), scale_factor=(1., 1.)))
+            s.gt_instances = InstanceData(bboxes=torch.tensor([[2., 3., w * .6, h * .7]]),
+                                          labels=torch.tensor([num_classes - 1]))
+        else:
+            from mmengine.structures import PixelData
+            from mmseg.structures import SegDataSample
+            s = SegDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w)))
+            s.gt_sem_seg = PixelData(data=torch.randint(0, num_classes, (1, h, w)))
+        samples.append(s)
+    return dict(inputs=inputs, data_samples=samples)
+
+
+def num_classes(cfg):
+    return cfg.model.bbox_head.num_classes if cfg.default_scope == 'mmdet' else cfg.model.decode_head.num_classes
+
+
+@pytest.mark.parametrize('path', DENSE, ids=lambda p: p.name)
+def test_builds_and_runs_loss_and_predict_at_odd_sizes(path):
+    cfg = load(path)
+    model = build(cfg)
+    model.init_weights()
+    model.train()
+    data = model.data_preprocessor(fake_batch(cfg.default_scope, num_classes(cfg), [(97, 131), (75, 61)]),
+                                   training=True)
+    losses = model(**data, mode='loss')
+    loss, _ = model.parse_losses(losses)
+    assert torch.isfinite(loss)
+    loss.backward()
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not unused  # no find_unused_parameters needed
+    model.eval()
+    data = model.data_preprocessor(fake_batch(cfg.default_scope, num_classes(cfg), [(83, 117)]), training=False)
+    with torch.no_grad():
+        (pred,) = model(**data, mode='predict')
+    if cfg.default_scope == 'mmdet':
+        assert pred.pred_instances.bboxes.shape[-1] == 4
+    else:
+        assert tuple(pred.pred_sem_seg.data.shape[-2:]) == (83, 117)
+
+
+@pytest.mark.parametrize('name', sorted(EXPECTED_PARAMS))
+def test_parameter_counts_match_paper(name):
+    path = next(p for p in DENSE if p.name == name)
+    n = sum(p.numel() for p in build(load(path)).parameters())
+    assert abs(n - EXPECTED_PARAMS[name]) / EXPECTED_PARAMS[name] < 0.01
+
+
+@pytest.mark.parametrize('path', DENSE, ids=lambda p: p.name)
+def test_every_custom_key_matches_a_parameter(path):
+    cfg = load(path)
+    keys = cfg.optim_wrapper.get('paramwise_cfg', {}).get('custom_keys', {})
+    names = [n for n, _ in build(cfg).named_parameters()]
+    for key in keys:
+        assert any(key in n for n in names), f'custom_keys entry {key!r} matches no parameter'
+    if 'pos_block' in keys:
+        assert any(n.startswith('backbone.pos_block.') for n in names)
+
+
+@pytest.mark.parametrize('path', [p for p in DENSE if 'shapes' not in str(p)], ids=lambda p: p.name)
+def test_paper_configs_follow_the_recipe(path):
+    cfg = Config.fromfile(str(path))
+    assert cfg.custom_imports.imports == [f'cpvt_backbones.adapters.{cfg.default_scope}']
+    init = cfg.model.backbone.init_cfg
+    assert init.type == 'Pretrained' and re.fullmatch(r'checkpoints/\w+_in1k\.pth', init.checkpoint)
+    opt = cfg.optim_wrapper.optimizer
+    assert opt.type == 'AdamW' and opt.lr == 1e-4
+    if cfg.default_scope == 'mmdet':
+        assert cfg.train_dataloader.batch_size * 8 == 16
+        # P3-P7 from strides 8/16/32 + two extra convs on the input, as the paper (start_level=1 over 4 maps)
+        assert cfg.model.neck.add_extra_convs == 'on_input' and cfg.model.neck.num_outs == 5
+        assert len(cfg.model.neck.in_channels) - cfg.model.neck.start_level == 3
+        epochs = 36 if '3x' in path.name else 12
+        assert cfg.train_cfg.max_epochs == epochs
+        assert cfg.param_scheduler[1].milestones == ([27, 33] if epochs == 36 else [8, 11])
+        assert opt.weight_decay == (0.05 if '3x' in path.name else 1e-4)
+    else:
+        assert cfg.train_dataloader.batch_size * 8 == 16 and cfg.train_cfg.max_iters == 80000
+        assert cfg.crop_size == (512, 512) and cfg.model.decode_head.num_classes == 150
+        assert cfg.param_scheduler[0].type == 'PolyLR' and cfg.param_scheduler[0].eta_min == 0

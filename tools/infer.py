@@ -1,0 +1,62 @@
+"""Run a trained detector or segmentor on image files or folders, at any resolution.
+
+    python tools/infer.py CONFIG CHECKPOINT INPUT [INPUT ...] [--out-dir DIR] [--scale W H | --native]
+
+Writes visualisations (boxes or masks drawn on the image) under OUT_DIR/vis and predictions (JSON for boxes,
+PNG label maps for masks) under OUT_DIR/preds, through mmdet's DetInferencer / mmseg's MMSegInferencer.
+"""
+import argparse
+from pathlib import Path
+
+from cpvt_backbones.adapters.runtime import DictAction, load_config, set_test_scale
+
+IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
+
+
+def collect_images(inputs):
+    files = []
+    for item in map(Path, inputs):
+        if item.is_dir():
+            files += sorted(p for p in item.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        elif item.is_file():
+            files.append(item)
+        else:
+            raise SystemExit(f'no such file or folder: {item}')
+    if not files:
+        raise SystemExit(f'no images found in {inputs}')
+    return [str(f) for f in files]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config')
+    parser.add_argument('checkpoint')
+    parser.add_argument('inputs', nargs='+', help='image files or folders')
+    parser.add_argument('--out-dir', default='work_dirs/infer')
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument('--scale', nargs=2, type=int, metavar=('W', 'H'), help='resize (keeping the aspect ratio)')
+    size.add_argument('--native', action='store_true', help='run at each image\'s own size')
+    parser.add_argument('--score-thr', type=float, default=0.3, help='boxes drawn above this score')
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    args = parser.parse_args()
+
+    cfg = load_config(args.config, args.cfg_options)
+    if args.scale or args.native:
+        set_test_scale(cfg, None if args.native else args.scale)
+    images = collect_images(args.inputs)
+    if cfg.default_scope == 'mmdet':
+        from mmdet.apis import DetInferencer
+        inferencer = DetInferencer(model=cfg, weights=args.checkpoint, device=args.device, show_progress=False)
+        inferencer(images, out_dir=args.out_dir, pred_score_thr=args.score_thr, no_save_pred=False)
+    elif cfg.default_scope == 'mmseg':
+        from mmseg.apis import MMSegInferencer
+        inferencer = MMSegInferencer(model=cfg, weights=args.checkpoint, device=args.device)
+        inferencer(images, out_dir=args.out_dir, img_out_dir='vis', pred_out_dir='preds')
+    else:
+        raise SystemExit(f'infer.py handles mmdet and mmseg configs; {args.config} is for {cfg.default_scope}')
+    print(f'{len(images)} image(s) -> {args.out_dir}/vis, {args.out_dir}/preds')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,28 @@
+"""Evaluate a checkpoint with the config's test dataloader and evaluator (mmengine's Runner).
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--cfg-options k=v ...]
+"""
+import argparse
+import os
+
+from mmengine.runner import Runner
+
+from cpvt_backbones.adapters.runtime import add_common_args, load_config, prepare_launch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config')
+    parser.add_argument('checkpoint')
+    add_common_args(parser)
+    args = parser.parse_args()
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+
+    cfg = load_config(args.config, args.cfg_options, args.work_dir)
+    cfg.load_from = args.checkpoint
+    prepare_launch(cfg, args.launcher)
+    Runner.from_cfg(cfg).test()
+
+
+if __name__ == '__main__':
+    main()

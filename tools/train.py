@@ -1,0 +1,35 @@
+"""Train a detector, segmentor or classifier from a config with mmengine's Runner.
+
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp] [--cfg-options k=v ...]
+    torchrun --nproc_per_node=N tools/train.py CONFIG --launcher pytorch     (tools/dist_train.sh; CPU: gloo)
+"""
+import argparse
+import os
+
+from mmengine.runner import Runner
+
+from cpvt_backbones.adapters.runtime import add_common_args, enable_amp, load_config, prepare_launch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config')
+    parser.add_argument('--resume', nargs='?', const='auto',
+                        help='continue from CKPT, or (no value) from the last checkpoint in the work dir')
+    parser.add_argument('--amp', action='store_true', help='mixed-precision training (GPU only)')
+    add_common_args(parser)
+    args = parser.parse_args()
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+
+    cfg = load_config(args.config, args.cfg_options, args.work_dir)
+    if args.amp:
+        enable_amp(cfg)
+    if args.resume:
+        cfg.resume = True
+        cfg.load_from = None if args.resume == 'auto' else args.resume
+    prepare_launch(cfg, args.launcher)
+    Runner.from_cfg(cfg).train()
+
+
+if __name__ == '__main__':
+    main()
