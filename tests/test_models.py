@@ -216,3 +216,21 @@ def test_bad_columnar_settings():
         create_model('cpvt_tiny', frozen_stages=13)
     with pytest.raises(ValueError, match="unknown model 'cpvt_huge'; valid names"):
         create_model('cpvt_huge')
+
+
+def test_shape_datasets_are_deterministic(tmp_path):
+    import json
+
+    from cpvt_backbones.datasets import CLASSES, ShapesSpec, generate_shape_crops, generate_shapes
+    spec = ShapesSpec(num_train=5, num_val=2, seed=4)
+    for run in ('a', 'b'):
+        generate_shapes(tmp_path / run, spec)
+    a, b = (json.loads((tmp_path / r / 'annotations' / 'train.json').read_text()) for r in ('a', 'b'))
+    assert a == b and len(a['images']) == 5 and a['annotations']
+    assert {c['name'] for c in a['categories']} == set(CLASSES)
+    for image in a['images']:
+        assert 128 <= image['height'] <= 288 and 128 <= image['width'] <= 288
+    assert (tmp_path / 'a' / 'train' / 'masks' / '00000.png').read_bytes() == \
+        (tmp_path / 'b' / 'train' / 'masks' / '00000.png').read_bytes()
+    generate_shape_crops(tmp_path / 'crops', num_train=8, num_val=4, size=32)
+    assert sorted(p.name for p in (tmp_path / 'crops' / 'train').iterdir()) == sorted(CLASSES)

@@ -7,7 +7,7 @@ custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg'], allow_failed_im
 classes = ('background', 'circle', 'square', 'triangle', 'star')
 palette = [(0, 0, 0), (230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48)]
 data_root = 'data/shapes/'
-train_scale = (192, 192)
+train_scale = (160, 160)
 norm_cfg = dict(type='BN', requires_grad=True)
 
 model = dict(
@@ -45,7 +45,7 @@ test_dataloader = val_dataloader
 val_evaluator = dict(type='IoUMetric', iou_metrics=['mIoU'])
 test_evaluator = val_evaluator
 
-max_iters = 500
+max_iters = 1100
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')

@@ -62,8 +62,8 @@ def add_common_args(parser, launchers: Sequence[str] = ('none', 'pytorch', 'slur
 
 
 def set_test_scale(cfg: Config, scale: Optional[Sequence[int]], keep_ratio: bool = True) -> None:
-    """Make the test pipeline resize to ``scale`` (W, H), or, with ``scale=None``, drop the resize so
-    images are fed at their own size (nothing is padded to a multiple of 32 beyond what batching needs)."""
+    """Make the test pipeline resize to ``scale`` (W, H), or, with ``scale=None``, keep each image's own size
+    (a resize by 1.0, which records the scale factor that mmdet's post-processing expects)."""
     for loader in ('test_dataloader', 'val_dataloader'):
         if cfg.get(loader) is None:
             continue
@@ -71,8 +71,8 @@ def set_test_scale(cfg: Config, scale: Optional[Sequence[int]], keep_ratio: bool
         while 'pipeline' not in dataset:
             dataset = dataset.dataset
         steps = [s for s in dataset.pipeline if s['type'] not in ('Resize', 'RandomResize')]
-        if scale is not None:
-            steps.insert(1, dict(type='Resize', scale=tuple(scale), keep_ratio=keep_ratio))
+        resize = dict(scale_factor=1.0) if scale is None else dict(scale=tuple(scale))
+        steps.insert(1, dict(type='Resize', keep_ratio=keep_ratio, **resize))
         dataset.pipeline = steps
 
 
