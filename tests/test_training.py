@@ -18,7 +18,7 @@ pytestmark = pytest.mark.heavy
 ROOT = Path(__file__).resolve().parents[1]
 DET = ROOT / 'configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py'
 SEG = ROOT / 'configs/shapes/fpn_pcpvt-tiny_shapes.py'
-QUICK = ['default_hooks.logger.interval=1', 'log_processor.window_size=1', 'param_scheduler.0.end=1', 'train_dataloader.batch_size=4']
+QUICK = ['default_hooks.logger.interval=1', 'log_processor.window_size=1', 'param_scheduler.0.start_factor=1.0', 'train_dataloader.batch_size=4']
 
 
 @pytest.fixture(scope='module')
@@ -62,7 +62,7 @@ def test_shapes_config_trains_and_loss_goes_down(cfg, overfit_dir):
     train(cfg, wd, overfit_dir, max_iters=30)
     values = losses(wd)  # per iteration (window_size=1)
     assert len(values) == 30 and all(v == v and v < 1e4 for v in values)
-    assert sum(values[-5:]) / 5 < 0.8 * sum(values[:5]) / 5, values
+    assert sum(values[-5:]) / 5 < 0.6 * sum(values[:5]) / 5, values
 
 
 def test_two_processes_on_cpu(workdir):
@@ -117,7 +117,9 @@ def test_openmmlab_own_tools_run_our_configs(cfg, package, workdir):
     out = run([tools / 'train.py', cfg, '--work-dir', wd, '--cfg-options', 'train_cfg.max_iters=2',
                'train_cfg.val_interval=2', 'default_hooks.checkpoint.interval=2', *QUICK], workdir)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    out = run([tools / 'test.py', cfg, wd / 'iter_2.pth', '--work-dir', wd], workdir)
+    # Score threshold 0 so that a two-iteration detector still returns boxes and COCO eval prints its mAP.
+    keep_all = ['--cfg-options', 'model.test_cfg.score_thr=0.0'] if package == 'mmdet' else []
+    out = run([tools / 'test.py', cfg, wd / 'iter_2.pth', '--work-dir', wd, *keep_all], workdir)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert ('bbox_mAP' if package == 'mmdet' else 'mIoU') in out.stdout + out.stderr
 

@@ -33,6 +33,7 @@ test_pipeline = [
 dataset = dict(type='CocoDataset', data_root=data_root, metainfo=dict(classes=classes))
 train_dataloader = dict(
     batch_size=8, num_workers=0, persistent_workers=False, batch_sampler=None,
+    sampler=dict(type='InfiniteSampler', shuffle=True),  # mmengine sleeps 2 s at every epoch end otherwise
     dataset=dict(dataset, ann_file='annotations/train.json', data_prefix=dict(img='train/images/'),
                  filter_cfg=dict(filter_empty_gt=True), pipeline=train_pipeline))
 val_dataloader = dict(
