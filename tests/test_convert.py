@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from cpvt_backbones import create_model
-from cpvt_backbones.convert import (CheckpointMismatchError, UnknownKeysError, detect_layout, load_into,
-                                    load_pretrained, load_weights_file, mmseg_to_twins, twins_to_mmseg,
-                                    unwrap_state_dict)
+from cpvt_backbones.convert import (CheckpointMismatchError, UnknownKeysError, backbone_only, classifier_to_twins,
+                                    deit_to_twins, detect_layout, from_twins, load_into, load_pretrained,
+                                    load_weights_file, mmpretrain_to_twins, mmseg_to_twins, to_twins,
+                                    twins_to_mmpretrain, twins_to_mmseg, unwrap_state_dict)
 
 
 @pytest.fixture(scope='module')
@@ -128,3 +129,108 @@ def test_unwrap_rejects_non_state_dicts():
         unwrap_state_dict({'epoch': 3, 'args': 'x'})
     with pytest.raises(ValueError, match='holds no state dict'):
         unwrap_state_dict(pickle.dumps(1))
+
+
+def test_mmpretrain_round_trip_and_layout_detection(small_sd):
+    mm = twins_to_mmpretrain(small_sd)
+    assert detect_layout(mm) == 'mmpretrain'
+    assert mm['backbone.stages.2.5.ffn.layers.0.0.weight'].shape == (1280, 320)
+    assert 'backbone.norm_after_stage3.bias' in mm and 'head.fc.weight' in mm
+    for source in (mm, {k[len('backbone.'):]: v for k, v in mm.items() if k.startswith('backbone.')}):
+        back = mmpretrain_to_twins(source)
+        expected = small_sd if 'head.fc.weight' in source else {k: v for k, v in small_sd.items()
+                                                                if not k.startswith('head.')}
+        assert set(back) == set(expected) and all(torch.equal(back[k], expected[k]) for k in expected)
+    with pytest.raises(UnknownKeysError, match='backbone.norm_after_stage1.weight'):
+        mmpretrain_to_twins({**mm, 'backbone.norm_after_stage1.weight': torch.zeros(1)})
+
+
+def test_our_classifier_layout_and_backbone_only(small_sd):
+    wrapped = {**{f'backbone.{k}': v for k, v in small_sd.items() if not k.startswith('head.')},
+               'head.fc.weight': small_sd['head.weight'], 'head.fc.bias': small_sd['head.bias']}
+    assert detect_layout(wrapped) == 'classifier'
+    assert set(classifier_to_twins(wrapped)) == set(small_sd)
+    with pytest.raises(UnknownKeysError, match='backbone.head.weight'):
+        classifier_to_twins({**wrapped, 'backbone.head.weight': torch.zeros(1)})
+    dense = backbone_only(wrapped)
+    assert set(dense) == {k for k in small_sd if not k.startswith('head.')}
+    assert set(from_twins(small_sd, 'backbone')) == set(dense)
+    with pytest.raises(ValueError, match="cannot write layout 'timm'"):
+        from_twins(small_sd, 'timm')
+
+
+@pytest.mark.heavy
+def test_mmpretrain_pcpvt_gives_our_logits(small_sd):
+    """mmpretrain's own PCPVT classifier with our weights, converted by our function: same logits."""
+    pytest.importorskip('mmpretrain')
+    from mmengine.registry import DefaultScope
+    from mmpretrain.registry import MODELS
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        theirs = MODELS.build(dict(
+            type='ImageClassifier', neck=dict(type='GlobalAveragePooling'),
+            backbone=dict(type='PCPVT', arch='small', qkv_bias=True, norm_cfg=dict(type='LN', eps=1e-6),
+                          norm_after_stage=[False, False, False, True]),
+            head=dict(type='LinearClsHead', num_classes=1000, in_channels=512)))
+    theirs.load_state_dict(twins_to_mmpretrain(small_sd), strict=True)
+    # As mmpretrain's Twins configs: LN eps 1e-6, which mmpretrain also gives the sr norm (1e-5 in Twins/ours).
+    ours = create_model('pcpvt_small')
+    ours.load_state_dict(small_sd)
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        expected = theirs(x, mode='tensor')
+        got = ours(x)
+    assert (got - expected).abs().max() < 1e-4
+
+
+def test_deit_weights_match_timm_vit_with_identity_pegs():
+    """timm's DeiT-tiny loads strictly into cpvt_tiny built as DeiT (learned table, no PEG) and gives its
+    logits at the trained and at other sizes; with the table zeroed, DeiT equals CPVT with identity PEGs."""
+    timm = pytest.importorskip('timm')
+    deit = timm.create_model('deit_tiny_patch16_224', pretrained=False, dynamic_img_size=True).eval()
+    sd = deit.state_dict()
+    assert detect_layout(sd) == 'deit'
+    ours = create_model('cpvt_tiny').eval()
+    with pytest.raises(CheckpointMismatchError, match=r'unexpected keys \(1\): pos_embed'):
+        load_into(ours, to_twins(sd))
+    with_table = create_model('cpvt_tiny', pos_embed_grid=(14, 14), peg_positions=()).eval()
+    load_into(with_table, sd)  # DeiT itself, strictly
+    with torch.no_grad():
+        for size in ((320, 288), (160, 208), (224, 224)):  # the table resized as timm does at other sizes
+            x = torch.randn(2, 3, *size)
+            assert (with_table(x) - deit(x)).abs().max() < 1e-4, size
+    with torch.no_grad():
+        deit.pos_embed.zero_()
+    report = load_into(ours, deit_to_twins(sd, drop_pos_embed=True), strict=False)
+    assert sorted(report.missing) == sorted(k for k in ours.state_dict() if k.startswith('pos_block.'))
+    assert not report.unexpected and not report.mismatched
+    with torch.no_grad():
+        for peg in ours.pos_block:
+            peg.proj[0].weight.zero_()
+            peg.proj[0].bias.zero_()
+        assert (ours(x) - deit(x)).abs().max() < 1e-4
+    with pytest.raises(UnknownKeysError, match='dist_token'):
+        deit_to_twins({**sd, 'dist_token': torch.zeros(1, 1, 192)}, drop_pos_embed=True)
+
+
+@pytest.mark.parametrize('target, suffix', [('mmseg', '.pth'), ('mmpretrain', '.safetensors'),
+                                            ('backbone', '.pth')])
+def test_convert_checkpoint_cli(tmp_path, small_sd, target, suffix):
+    """mmseg/mmpretrain files in, every layout out, and back: the weights survive unchanged."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    tool = Path(__file__).resolve().parents[1] / 'tools/convert_checkpoint.py'
+    src = tmp_path / 'mmseg.pth'
+    torch.save({'state_dict': twins_to_mmseg(small_sd), 'meta': {}}, src)
+    mid, back = tmp_path / f'mid{suffix}', tmp_path / 'back.pth'
+    for args in ([src, mid, '--to', target, '--check', 'pcpvt_small'], [mid, back, '--to', 'twins']):
+        out = subprocess.run([sys.executable, tool, *map(str, args)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+    restored = load_weights_file(back)
+    dense = {k: v for k, v in small_sd.items() if not k.startswith(('head.', 'norm.'))}
+    assert set(restored) == set(dense) and all(torch.equal(restored[k], dense[k]) for k in dense)
+    assert detect_layout(load_weights_file(mid)) == {'mmseg': 'mmseg', 'mmpretrain': 'mmpretrain',
+                                                     'backbone': 'twins'}[target]
+    bad = subprocess.run([sys.executable, tool, str(src), str(tmp_path / 'x.pth'), '--prefix', 'backbone.'],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "no key of" in bad.stderr

@@ -1,6 +1,5 @@
-# pcpvt_tiny classifying 64 x 64 shape crops (mmpretrain; python -c "from cpvt_backbones.datasets import
-# generate_shape_crops; generate_shape_crops('data/shapes_cls')" writes them). A minute of CPU: the
-# "ImageNet pretraining" of the shapes demo, whose detector and segmentor start from this checkpoint.
+# pcpvt_tiny classifying the 64 x 64 shape crops (mmpretrain; `python tools/make_shapes.py --classification`
+# writes them to data/shapes_cls). A minute of CPU.
 _base_ = 'mmpretrain::_base_/default_runtime.py'
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmpretrain'], allow_failed_imports=False)
 
@@ -44,3 +43,4 @@ default_hooks = dict(logger=dict(interval=50), checkpoint=dict(by_epoch=False, i
 log_processor = dict(by_epoch=False)
 env_cfg = dict(dist_cfg=dict(backend='gloo'))
 randomness = dict(seed=0)
+test_resolutions = [64, 96, 128, 160]

@@ -8,7 +8,9 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
 
-__all__ = ['DictAction', 'add_common_args', 'enable_amp', 'evaluate', 'load_config', 'prepare_launch', 'set_test_scale']
+__all__ = ['DictAction', 'add_common_args', 'enable_amp', 'evaluate', 'load_config', 'prepare_launch',
+           'set_cls_test_size', 'set_test_scale']
+_CLS_RESIZE_STEPS = ('Resize', 'ResizeEdge', 'RandomResize', 'CenterCrop', 'RandomResizedCrop')
 
 
 def load_config(path: str, cfg_options: Optional[dict] = None, work_dir: Optional[str] = None) -> Config:
@@ -64,15 +66,32 @@ def add_common_args(parser, launchers: Sequence[str] = ('none', 'pytorch', 'slur
 def set_test_scale(cfg: Config, scale: Optional[Sequence[int]], keep_ratio: bool = True) -> None:
     """Make the test pipeline resize to ``scale`` (W, H), or, with ``scale=None``, keep each image's own size
     (a resize by 1.0, which records the scale factor that mmdet's post-processing expects)."""
+    for dataset in _test_pipelines(cfg):
+        steps = [s for s in dataset.pipeline if s['type'] not in ('Resize', 'RandomResize')]
+        resize = dict(scale_factor=1.0) if scale is None else dict(scale=tuple(scale))
+        steps.insert(1, dict(type='Resize', keep_ratio=keep_ratio, **resize))
+        dataset.pipeline = steps
+
+
+def _test_pipelines(cfg: Config):
     for loader in ('test_dataloader', 'val_dataloader'):
         if cfg.get(loader) is None:
             continue
         dataset = cfg[loader].dataset
         while 'pipeline' not in dataset:
             dataset = dataset.dataset
-        steps = [s for s in dataset.pipeline if s['type'] not in ('Resize', 'RandomResize')]
-        resize = dict(scale_factor=1.0) if scale is None else dict(scale=tuple(scale))
-        steps.insert(1, dict(type='Resize', keep_ratio=keep_ratio, **resize))
+        yield dataset
+
+
+def set_cls_test_size(cfg: Config, size: int, crop_ratio: Optional[float] = None) -> None:
+    """Classification at ``size`` x ``size`` without fine-tuning: resize the short side to ``size / crop_ratio``
+    (bicubic) and centre-crop ``size``, the crop ratio kept from training (the config's ``crop_ratio``: 0.875
+    for ImageNet, i.e. 256 -> 224; 1 when whole images are used)."""
+    ratio = cfg.get('crop_ratio', 1.0) if crop_ratio is None else crop_ratio
+    for dataset in _test_pipelines(cfg):
+        steps = [s for s in dataset.pipeline if s['type'] not in _CLS_RESIZE_STEPS]
+        steps[1:1] = [dict(type='ResizeEdge', scale=round(size / ratio), edge='short', backend='pillow',
+                           interpolation='bicubic'), dict(type='CenterCrop', crop_size=size)]
         dataset.pipeline = steps
 
 

@@ -1,8 +1,10 @@
 """Weight files and key layouts (torch only)."""
 from .io import load_weights_file, unwrap_state_dict
-from .layouts import UnknownKeysError, detect_layout, mmseg_to_twins, to_twins, twins_to_mmseg
+from .layouts import (LAYOUTS, UnknownKeysError, backbone_only, classifier_to_twins, deit_to_twins, detect_layout,
+                      from_twins, mmpretrain_to_twins, mmseg_to_twins, to_twins, twins_to_mmpretrain, twins_to_mmseg)
 from .loading import CheckpointMismatchError, LoadReport, load_into, load_pretrained
 
-__all__ = ['CheckpointMismatchError', 'LoadReport', 'UnknownKeysError', 'detect_layout', 'load_into',
-           'load_pretrained', 'load_weights_file', 'mmseg_to_twins', 'to_twins', 'twins_to_mmseg',
-           'unwrap_state_dict']
+__all__ = ['LAYOUTS', 'CheckpointMismatchError', 'LoadReport', 'UnknownKeysError', 'backbone_only',
+           'classifier_to_twins', 'deit_to_twins', 'detect_layout', 'from_twins', 'load_into', 'load_pretrained',
+           'load_weights_file', 'mmpretrain_to_twins', 'mmseg_to_twins', 'to_twins', 'twins_to_mmpretrain',
+           'twins_to_mmseg', 'unwrap_state_dict']

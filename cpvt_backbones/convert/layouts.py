@@ -11,7 +11,7 @@ import torch
 
 StateDict = Dict[str, torch.Tensor]
 
-TWINS_ROOTS = ('patch_embeds.', 'patch_embed.', 'cls_token', 'blocks.', 'pos_block.', 'norm.', 'head.',
+TWINS_ROOTS = ('patch_embeds.', 'patch_embed.', 'cls_token', 'pos_embed', 'blocks.', 'pos_block.', 'norm.', 'head.',
                'simple_fpn.')
 # Keys of the classifier that mmseg's / mmpretrain's dense backbones have no place for.
 CLASSIFIER_ONLY = ('norm.', 'head.')
@@ -117,18 +117,147 @@ def twins_to_mmseg(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     return out
 
 
+# (ours, mmpretrain) for mmpretrain 1.x ``PCPVT`` inside an ``ImageClassifier`` (GAP neck, LinearClsHead).
+_MMPRETRAIN_RULES = [
+    ('patch_embeds.{i}.proj.{p}', 'backbone.patch_embeds.{i}.projection.{p}'),
+    ('patch_embeds.{i}.norm.{p}', 'backbone.patch_embeds.{i}.norm.{p}'),
+    ('pos_block.{i}.proj.0.{p}', 'backbone.position_encodings.{i}.proj.{p}'),
+    ('blocks.{i}.{j}.mlp.fc1.{p}', 'backbone.stages.{i}.{j}.ffn.layers.0.0.{p}'),
+    ('blocks.{i}.{j}.mlp.fc2.{p}', 'backbone.stages.{i}.{j}.ffn.layers.1.{p}'),
+] + [(f'blocks.{{i}}.{{j}}.{m}.{{p}}', f'backbone.stages.{{i}}.{{j}}.{m}.{{p}}')
+     for m in ('norm1', 'norm2', 'attn.q', 'attn.kv', 'attn.sr', 'attn.norm', 'attn.proj')] + [
+    ('norm.{p}', 'backbone.norm_after_stage3.{p}'),
+    ('head.{p}', 'head.fc.{p}'),
+]
+_to_mmpretrain = _renamer(_MMPRETRAIN_RULES)
+_from_mmpretrain = _renamer([(b, a) for a, b in _MMPRETRAIN_RULES])
+
+
+def _rename_all(state_dict: Mapping[str, torch.Tensor], rename: Callable[[str], str], layout: str) -> StateDict:
+    out: StateDict = {}
+    unknown: List[str] = []
+    for key, value in state_dict.items():
+        new = rename(key)
+        if new is None:
+            unknown.append(key)
+        else:
+            out[new] = value
+    if unknown:
+        raise UnknownKeysError(layout, unknown)
+    return out
+
+
+def mmpretrain_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+    """mmpretrain 1.x ``PCPVT`` keys -> ours: a whole classifier (``backbone.*``, ``head.fc.*``) or its
+    backbone alone (keys without the ``backbone.`` prefix)."""
+    if not any(k.startswith(('backbone.', 'head.fc.')) for k in state_dict):
+        state_dict = {f'backbone.{k}': v for k, v in state_dict.items()}
+    return _rename_all(state_dict, _from_mmpretrain, 'mmpretrain PCPVT')
+
+
+def twins_to_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+    """Ours -> an mmpretrain 1.x ``ImageClassifier`` with its ``PCPVT`` backbone (``norm_after_stage`` on the
+    last stage only, as in mmpretrain's Twins configs) and a ``LinearClsHead``."""
+    return _rename_all(state_dict, _to_mmpretrain, 'our (Twins/timm) PCPVT')
+
+
+_DEIT_RULES = [('cls_token', 'cls_token'), ('patch_embed.proj.{p}', 'patch_embed.proj.{p}'),
+               ('pos_block.{i}.proj.0.{p}', 'pos_block.{i}.proj.0.{p}'), ('norm.{p}', 'norm.{p}'),
+               ('head.{p}', 'head.{p}')] + [
+    (f'blocks.{{i}}.{m}.{{p}}', f'blocks.{{i}}.{m}.{{p}}')
+    for m in ('norm1', 'norm2', 'attn.proj', 'mlp.fc1', 'mlp.fc2')]
+_from_deit = _renamer(_DEIT_RULES)
+_QKV = re.compile(r'blocks\.(\d+)\.attn\.qkv\.(weight|bias)')
+
+
+def deit_to_twins(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool = False) -> StateDict:
+    """DeiT / timm ViT keys (fused ``attn.qkv``) -> our columnar CPVT (``attn.q`` + ``attn.kv``).
+
+    DeiT's ``pos_embed`` is kept (it fits a CPVT built with ``pos_embed_grid``, and is an unexpected key for
+    one without) unless ``drop_pos_embed=True``: starting CPVT from DeiT weights, whose PEGs then start fresh
+    (load with ``strict=False``). Distillation tokens and heads have no counterpart and raise.
+    """
+    out: StateDict = {}
+    unknown: List[str] = []
+    for key, value in state_dict.items():
+        m = _QKV.fullmatch(key)
+        if m:
+            j, p = m.groups()
+            dim = value.shape[0] // 3
+            out[f'blocks.{j}.attn.q.{p}'] = value[:dim]
+            out[f'blocks.{j}.attn.kv.{p}'] = value[dim:]
+        elif key == 'pos_embed':
+            if not drop_pos_embed:
+                out[key] = value
+        else:
+            new = _from_deit(key)
+            if new is None:
+                unknown.append(key)
+            else:
+                out[new] = value
+    if unknown:
+        raise UnknownKeysError('DeiT/timm ViT', unknown)
+    return out
+
+
+def backbone_only(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+    """Our layout without the classifier head: the checkpoint a dense config's ``init_cfg`` points at."""
+    sd = to_twins(state_dict)
+    return {k: v for k, v in sd.items() if not k.startswith('head.')}
+
+
+def classifier_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+    """Our backbone inside an mmpretrain ``ImageClassifier`` (``backbone.*`` in our layout, ``head.fc.*``),
+    e.g. a checkpoint of ``configs/imagenet`` -> ours."""
+    def rename(key: str):
+        if key.startswith('head.fc.'):
+            return 'head.' + key[len('head.fc.'):]
+        inner = key[len('backbone.'):] if key.startswith('backbone.') else ''
+        return inner if inner.startswith(TWINS_ROOTS) and not inner.startswith('head.') else None
+    return _rename_all(state_dict, rename, 'mmpretrain ImageClassifier with our backbone')
+
+
+def _is_our_classifier(keys: Sequence[str]) -> bool:
+    return bool(keys) and any(k.startswith('backbone.') for k in keys) and all(
+        k.startswith('head.fc.') or (k.startswith('backbone.') and k[len('backbone.'):].startswith(TWINS_ROOTS))
+        for k in keys)
+
+
+LAYOUTS = ('twins', 'classifier', 'mmseg', 'mmpretrain', 'deit')
+
+
 def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
-    """'twins' (ours, official Twins/CPVT, timm) or 'mmseg'."""
+    """One of ``LAYOUTS``: 'twins' (ours, official Twins/CPVT, timm ``twins_pcpvt_*``), 'classifier' (ours
+    inside an mmpretrain classifier), 'mmseg', 'mmpretrain' (its own ``PCPVT``) or 'deit'."""
     keys = list(state_dict)
+    if any(_QKV.fullmatch(k) for k in keys):
+        return 'deit'
     if keys and all(k.startswith(TWINS_ROOTS) for k in keys):
         return 'twins'
+    if _is_our_classifier(keys):
+        return 'classifier'
+    if any(k.startswith(('backbone.stages.', 'stages.', 'backbone.position_encodings.')) for k in keys):
+        return 'mmpretrain'
     if any(k.startswith(('layers.', 'position_encodings.')) for k in keys):
         return 'mmseg'
     raise ValueError('unrecognised checkpoint layout; expected official Twins/CPVT or timm keys '
-                     f'(patch_embeds.*, blocks.*, pos_block.*) or mmseg PCPVT keys (layers.*); '
-                     f'first keys: {keys[:8]}')
+                     '(patch_embeds.*, blocks.*, pos_block.*), mmseg PCPVT keys (layers.*), mmpretrain PCPVT '
+                     f'keys (backbone.stages.*) or DeiT keys (blocks.N.attn.qkv.*); first keys: {keys[:8]}')
 
 
-def to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+def to_twins(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool = False) -> StateDict:
+    """Any known layout -> ours (see ``detect_layout``)."""
     layout = detect_layout(state_dict)
-    return dict(state_dict) if layout == 'twins' else mmseg_to_twins(state_dict)
+    if layout == 'deit':
+        return deit_to_twins(state_dict, drop_pos_embed)
+    readers = {'twins': dict, 'classifier': classifier_to_twins, 'mmseg': mmseg_to_twins,
+               'mmpretrain': mmpretrain_to_twins}
+    return readers[layout](state_dict)
+
+
+def from_twins(state_dict: Mapping[str, torch.Tensor], layout: str) -> StateDict:
+    """Ours -> ``layout``: 'twins' (unchanged), 'backbone' (no head), 'mmseg' or 'mmpretrain'."""
+    writers = {'twins': dict, 'backbone': backbone_only, 'mmseg': twins_to_mmseg, 'mmpretrain': twins_to_mmpretrain}
+    if layout not in writers:
+        raise ValueError(f'cannot write layout {layout!r}; choose one of {sorted(writers)}')
+    return writers[layout](state_dict)

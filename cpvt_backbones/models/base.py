@@ -99,11 +99,9 @@ class CPVTBase(nn.Module):
         return blk(x, hw)
 
     def no_weight_decay(self) -> Set[str]:
-        """Names of parameters that the recipes exclude from weight decay (class token and PEG)."""
+        """Names of parameters that the recipes exclude from weight decay (PEG, class token, position table)."""
         names = {n for n, _ in self.named_parameters() if n.startswith('pos_block.')}
-        if getattr(self, 'cls_token', None) is not None:
-            names.add('cls_token')
-        return names
+        return names | {n for n in ('cls_token', 'pos_embed') if getattr(self, n, None) is not None}
 
 
 def make_pegs(dims: Sequence[int], kernel_size: int, peg_type: str) -> nn.ModuleList:

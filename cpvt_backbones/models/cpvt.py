@@ -1,7 +1,8 @@
 """Columnar (DeiT-style) CPVT: a plain ViT whose position embedding is replaced by PEGs."""
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..layers import Block, LayerNorm2d, PatchEmbed
@@ -36,6 +37,10 @@ class CPVT(CPVTBase):
     the rows they drop come from padding). Only the levels in ``out_indices`` are built.
     ``frozen_stages=k`` freezes the patch embedding and class token for k = 0 and also blocks 0..k-1 and
     the PEGs after them for k >= 1.
+
+    ``pos_embed_grid=(h, w)`` adds what CPVT replaces, for controlled comparisons: DeiT's learned absolute
+    position embedding (key ``pos_embed``) for an h x w token grid, bicubically interpolated to any other grid.
+    With ``peg_positions=()`` as well it is DeiT; with neither, a ViT without position information.
     """
 
     def __init__(
@@ -60,9 +65,14 @@ class CPVT(CPVTBase):
         out_indices: Optional[Sequence[int]] = None,
         frozen_stages: int = -1,
         grad_checkpointing: bool = False,
+        pos_embed_grid: Optional[Tuple[int, int]] = None,
     ):
         super().__init__()
         positions = check_peg_positions(peg_positions, depth, '')
+        if pos_embed_grid is not None:
+            pos_embed_grid = tuple(pos_embed_grid)
+            if len(pos_embed_grid) != 2 or any(not isinstance(n, int) or n < 1 for n in pos_embed_grid):
+                raise ValueError(f'pos_embed_grid must be (h, w) positive ints, got {pos_embed_grid!r}')
         if features_only:
             if num_classes:
                 raise ValueError('features_only=True builds no classifier: pass num_classes=0')
@@ -87,6 +97,9 @@ class CPVT(CPVTBase):
 
         self.patch_embed = PatchEmbed(in_chans, embed_dim, patch_size, norm=False)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.pos_embed_grid = pos_embed_grid
+        self.pos_embed = None if pos_embed_grid is None else nn.Parameter(
+            torch.zeros(1, self.num_prefix_tokens + pos_embed_grid[0] * pos_embed_grid[1], embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
         dpr = torch.linspace(0, drop_path_rate, depth).tolist()
         self.blocks = nn.ModuleList(
@@ -104,20 +117,34 @@ class CPVT(CPVTBase):
 
         frozen: List = []
         if frozen_stages >= 0:
-            frozen += [self.patch_embed] + ([self.cls_token] if class_token else [])
+            frozen += [self.patch_embed] + [p for p in (self.cls_token, self.pos_embed) if p is not None]
         for j in range(max(frozen_stages, 0)):
             frozen.append(self.blocks[j])
             if j in self._peg_after:
                 frozen.append(self.pos_block[self._peg_after[j]])
         self._finish_init(frozen, grad_checkpointing)
-        if class_token:
-            nn.init.trunc_normal_(self.cls_token, std=.02)
+        for token in (self.cls_token, self.pos_embed):
+            if token is not None:
+                nn.init.trunc_normal_(token, std=.02)
+
+    def _position_embedding(self, hw: Tuple[int, int]) -> torch.Tensor:
+        """The learned table for an ``hw`` token grid: the grid part resized bicubically with antialiasing, as
+        timm resamples DeiT's table for other image sizes."""
+        prefix, grid = self.pos_embed[:, :self.num_prefix_tokens], self.pos_embed[:, self.num_prefix_tokens:]
+        if tuple(hw) != self.pos_embed_grid:
+            gh, gw = self.pos_embed_grid
+            grid = grid.reshape(1, gh, gw, -1).permute(0, 3, 1, 2)
+            grid = F.interpolate(grid, size=hw, mode='bicubic', align_corners=False, antialias=True)
+            grid = grid.flatten(2).transpose(1, 2)
+        return torch.cat((prefix, grid), dim=1)
 
     def _tokens(self, x: torch.Tensor):
         """Normed tokens (B, prefix + h * w, C) and the token map size (h, w)."""
         x, hw = self.patch_embed(x)
         if self.cls_token is not None:
             x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
+        if self.pos_embed is not None:
+            x = x + self._position_embedding(hw)
         x = self.pos_drop(x)
         for j, blk in enumerate(self.blocks):
             x = self._block(blk, x, hw)

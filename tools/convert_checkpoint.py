@@ -1,0 +1,64 @@
+"""Convert a weight file between layouts (ours = official Twins/CPVT = timm; mmseg; mmpretrain; DeiT).
+
+    python tools/convert_checkpoint.py SRC DST [--to twins|backbone|mmseg|mmpretrain] [--prefix backbone.]
+                                       [--drop-pos-embed] [--check MODEL_NAME]
+
+SRC may be wrapped (``state_dict``/``model``/``module``) and may be ``.safetensors``; it is read with
+``weights_only=True``. ``--prefix`` keeps only the keys under it (a detector's or classifier's backbone).
+``--to backbone`` writes our layout without the classifier head, for a dense config's ``init_cfg``.
+``--check`` loads the result strictly into ``create_model(MODEL_NAME)`` first (in our layout, before writing
+another). DST is ``.safetensors`` or a ``torch.save`` file holding ``{'state_dict': ...}``.
+"""
+import argparse
+from pathlib import Path
+
+import torch
+
+from cpvt_backbones import create_model
+from cpvt_backbones.convert import detect_layout, from_twins, load_into, load_weights_file, to_twins
+
+
+def checking_model(name: str, state: dict):
+    """The variant of ``name`` that the weights claim to be: a classifier, a headless one, or a dense backbone
+    (no final norm either: mmseg's layout)."""
+    if any(k.startswith('head.') for k in state):
+        return create_model(name)
+    if any(k.startswith('norm.') for k in state):
+        return create_model(name, num_classes=0)
+    return create_model(name, features_only=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('src')
+    parser.add_argument('dst')
+    parser.add_argument('--to', default='twins', choices=['twins', 'backbone', 'mmseg', 'mmpretrain'])
+    parser.add_argument('--prefix', help='keep only keys under this prefix, stripped (e.g. backbone.)')
+    parser.add_argument('--drop-pos-embed', action='store_true',
+                        help="discard a DeiT checkpoint's position embedding (CPVT has none)")
+    parser.add_argument('--check', metavar='MODEL_NAME', help='strictly load into this model before writing')
+    args = parser.parse_args()
+
+    state = load_weights_file(args.src)
+    if args.prefix:
+        prefix = args.prefix if args.prefix.endswith('.') else args.prefix + '.'
+        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        if not state:
+            raise SystemExit(f'no key of {args.src} starts with {prefix!r}')
+    layout = detect_layout(state)
+    ours = to_twins(state, drop_pos_embed=args.drop_pos_embed)
+    if args.check:
+        load_into(checking_model(args.check, ours), ours, strict=True, source=args.src)
+    out = from_twins(ours, args.to)
+    dst = Path(args.dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.suffix == '.safetensors':
+        from safetensors.torch import save_file
+        save_file({k: v.contiguous() for k, v in out.items()}, str(dst))
+    else:
+        torch.save({'state_dict': out}, dst)
+    print(f'{args.src} ({layout}, {len(state)} keys) -> {dst} ({args.to}, {len(out)} keys)')
+
+
+if __name__ == '__main__':
+    main()
