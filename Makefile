@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: env test test-quick demo clean-env
+.PHONY: env test test-quick demo bench clean-env
 
 env:
 	@bash tools/setup_env.sh
@@ -15,6 +15,12 @@ test-quick: env
 
 demo: env
 	$(PY) tools/demo.py
+
+# Speed and memory against mmseg's and timm's PCPVT on the same weights, then the scaling study (README).
+bench: env
+	$(PY) tools/benchmark.py pcpvt_small --json benchmarks/results/bench_pcpvt_small.json
+	$(PY) tools/benchmark.py pcpvt_small --scaling --json benchmarks/results/scaling_pcpvt_small.json \
+		--plot benchmarks/results/scaling_pcpvt_small.png
 
 clean-env:
 	rm -rf .venv

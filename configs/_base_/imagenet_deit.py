@@ -6,6 +6,7 @@ _base_ = [
     'mmpretrain::_base_/default_runtime.py',
 ]
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmpretrain'], allow_failed_imports=False)
+custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
 
 # Sizes the evaluation tool tests at without fine-tuning: ResizeEdge(short side round(size / crop_ratio),
 # bicubic) + CenterCrop(size). The 224 test pipeline of the dataset base (256 -> 224) is the first of them.

@@ -3,6 +3,7 @@
 # Set the ImageNet checkpoint with --cfg-options model.backbone.init_cfg.checkpoint=PATH (see README).
 _base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet'], allow_failed_imports=False)
+custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
 
 model = dict(
     backbone=dict(

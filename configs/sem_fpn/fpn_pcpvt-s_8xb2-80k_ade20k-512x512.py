@@ -7,6 +7,7 @@ _base_ = [
     'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_80k.py'
 ]
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg'], allow_failed_imports=False)
+custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
 
 crop_size = (512, 512)
 model = dict(

@@ -3,6 +3,7 @@
 # multiple of 32 beyond what batching needs.
 _base_ = ['mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/default_runtime.py']
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg'], allow_failed_imports=False)
+custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
 
 classes = ('background', 'circle', 'square', 'triangle', 'star')
 palette = [(0, 0, 0), (230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48)]

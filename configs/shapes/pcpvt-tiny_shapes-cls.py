@@ -2,6 +2,7 @@
 # writes them to data/shapes_cls). A minute of CPU.
 _base_ = 'mmpretrain::_base_/default_runtime.py'
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmpretrain'], allow_failed_imports=False)
+custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
 
 classes = ('circle', 'square', 'triangle', 'star')
 model = dict(

@@ -3,6 +3,7 @@
 # size, so the detector trains and predicts on images as they are.
 _base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet'], allow_failed_imports=False)
+custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
 
 classes = ('circle', 'square', 'triangle', 'star')
 data_root = 'data/shapes/'

@@ -9,7 +9,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Union
 import torch
 
 from .. import models as core
-from . import checkpoint  # noqa: F401  (mmengine checkpoints under safe loading)
+from . import checkpoint, hooks  # noqa: F401  (safe, atomic checkpoints; RNGStateHook)
 from ..convert import load_into, load_weights_file, unwrap_state_dict
 from ..models import model_settings
 
@@ -51,19 +51,19 @@ class _OpenMMLabBackbone:
         """Load ``init_cfg``'s checkpoint strictly through the key converters (a missing, unexpected or
         mis-shaped key is an error that lists them). Without ``init_cfg`` the constructor's init stands."""
         if self.init_cfg is not None:
-            checkpoint = str(self.init_cfg['checkpoint'])
-            if checkpoint.startswith(('http://', 'https://')):
+            path = str(self.init_cfg['checkpoint'])
+            if path.startswith(('http://', 'https://')):
                 state = unwrap_state_dict(torch.hub.load_state_dict_from_url(
-                    checkpoint, map_location='cpu', weights_only=True))
+                    path, map_location='cpu', weights_only=True))
             else:
-                state = load_weights_file(checkpoint)
+                state = load_weights_file(path)
             prefix = self.init_cfg.get('prefix')
             if prefix:
                 prefix = prefix if prefix.endswith('.') else prefix + '.'
                 state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
                 if not state:
-                    raise ValueError(f'no key of {checkpoint} starts with prefix {prefix!r}')
-            load_into(self, state, strict=True, source=checkpoint)
+                    raise ValueError(f'no key of {path} starts with prefix {prefix!r}')
+            load_into(self, state, strict=True, source=path)
         self.is_init = True
 
     def forward(self, x: torch.Tensor):

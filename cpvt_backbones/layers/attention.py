@@ -1,9 +1,12 @@
 """Multi-head attention with optional spatial reduction of keys and values (PVT's SRA, Twins' GSA)."""
-from typing import Tuple
+from typing import Callable, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .fused import any_linear, linear, linear_add
+from .layout import map_to_tokens, pad_to_multiple, tokens_to_map
 
 
 class Attention(nn.Module):
@@ -37,17 +40,21 @@ class Attention(nn.Module):
             self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
             self.norm = nn.LayerNorm(dim)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+    def _attend(self, x: torch.Tensor, hw: Tuple[int, int],
+                project: Callable[[torch.Tensor, nn.Linear], torch.Tensor]) -> torch.Tensor:
+        """Attention output before the output projection, (B, N, C)."""
         B, N, C = x.shape
         head_dim = C // self.num_heads
-        q = self.q(x).reshape(B, N, self.num_heads, head_dim).transpose(1, 2)
+        q = project(x, self.q).reshape(B, N, self.num_heads, head_dim).transpose(1, 2)
         if self.sr_ratio > 1:
-            H, W = hw
-            feat = x.transpose(1, 2).reshape(B, C, H, W)
-            pad_h, pad_w = -H % self.sr_ratio, -W % self.sr_ratio
-            if pad_h or pad_w:
-                feat = F.pad(feat, (0, pad_w, 0, pad_h))
-            x = self.norm(self.sr(feat).flatten(2).transpose(1, 2))
-        k, v = self.kv(x).reshape(B, -1, 2, self.num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+            x = self.norm(map_to_tokens(self.sr(pad_to_multiple(tokens_to_map(x, hw), self.sr_ratio))))
+        k, v = project(x, self.kv).reshape(B, -1, 2, self.num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
+        return out.transpose(1, 2).reshape(B, N, C)
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        return self.proj_drop(any_linear(self._attend(x, hw, any_linear), self.proj))
+
+    def forward_fused(self, x: torch.Tensor, hw: Tuple[int, int], residual: torch.Tensor) -> torch.Tensor:
+        """``residual + forward(x, hw)`` through the fused inference kernels (``layers.fused``)."""
+        return linear_add(self._attend(x, hw, linear), self.proj, residual)

@@ -2,15 +2,19 @@
 from typing import Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from .layout import map_to_tokens, pad_to_multiple
 
 
 class PatchEmbed(nn.Module):
     """Conv(kernel = stride = patch) + LayerNorm, after zero-padding the input bottom/right to a multiple of
     the patch size, so an H x W input gives a ceil(H / p) x ceil(W / p) token map (as mmseg's 'corner'
     padding) and no input is too small. Keys ``proj`` and ``norm`` as in the official weights, whose norm
-    here has torch's default eps 1e-5; DeiT-style columnar models have no norm here (``norm=False``)."""
+    here has torch's default eps 1e-5; DeiT-style columnar models have no norm here (``norm=False``).
+
+    Takes a (B, C, H, W) map in either memory format; a channels-last one (``layers.layout``) gives the
+    tokens without a copy."""
 
     def __init__(self, in_chans: int, dim: int, patch_size: int, norm: bool = True):
         super().__init__()
@@ -19,10 +23,5 @@ class PatchEmbed(nn.Module):
         self.norm = nn.LayerNorm(dim) if norm else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        p = self.patch_size
-        pad_h, pad_w = -x.shape[-2] % p, -x.shape[-1] % p
-        if pad_h or pad_w:
-            x = F.pad(x, (0, pad_w, 0, pad_h))
-        x = self.proj(x)
-        hw = (x.shape[-2], x.shape[-1])
-        return self.norm(x.flatten(2).transpose(1, 2)), hw
+        x = self.proj(pad_to_multiple(x, self.patch_size))
+        return self.norm(map_to_tokens(x)), (x.shape[-2], x.shape[-1])

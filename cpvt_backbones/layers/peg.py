@@ -4,6 +4,8 @@ from typing import Tuple
 import torch
 from torch import nn
 
+from .layout import map_to_tokens, tokens_to_map
+
 PEG_TYPES = ('depthwise', 'separable')
 
 
@@ -35,10 +37,8 @@ class PEG(nn.Module):
         self.proj = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int], num_prefix_tokens: int = 0) -> torch.Tensor:
-        B, N, C = x.shape
-        prefix, tokens = x[:, :num_prefix_tokens], x[:, num_prefix_tokens:]
-        feat = tokens.transpose(1, 2).reshape(B, C, hw[0], hw[1])
-        out = (self.proj(feat) + feat).flatten(2).transpose(1, 2)
+        feat = tokens_to_map(x[:, num_prefix_tokens:], hw)
+        out = map_to_tokens(self.proj(feat) + feat)
         if num_prefix_tokens:
-            out = torch.cat((prefix, out), dim=1)
+            out = torch.cat((x[:, :num_prefix_tokens], out), dim=1)
         return out

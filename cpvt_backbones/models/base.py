@@ -9,8 +9,9 @@ from torch.utils.checkpoint import checkpoint
 from ..layers import PEG
 
 
-def check_input(x, in_chans: int) -> None:
-    """Raise a clear error for anything but a non-empty floating-point (B, in_chans, H, W) tensor."""
+def check_input(x, in_chans: int, check_finite: bool = False) -> None:
+    """Raise a clear error for anything but a non-empty floating-point (B, in_chans, H, W) tensor; with
+    ``check_finite`` also for NaN or Inf values (a full pass over the input, hence opt-in)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f'expected a torch.Tensor of shape (B, {in_chans}, H, W), got {type(x).__name__}')
     if x.ndim != 4:
@@ -22,6 +23,10 @@ def check_input(x, in_chans: int) -> None:
         raise ValueError(f'expected {in_chans} input channels (B, {in_chans}, H, W), got shape {tuple(x.shape)}')
     if 0 in x.shape:
         raise ValueError(f'expected a non-empty batch with H, W >= 1, got shape {tuple(x.shape)}')
+    if check_finite and not torch.isfinite(x).all():
+        bad = (~torch.isfinite(x)).sum().item()
+        raise ValueError(f'input of shape {tuple(x.shape)} contains {bad} NaN or Inf values; expected finite '
+                         'floats (check_finite=True)')
 
 
 def check_out_indices(out_indices: Sequence[int], num_outputs: int) -> Tuple[int, ...]:
@@ -69,6 +74,7 @@ class CPVTBase(nn.Module):
     """
 
     in_chans: int
+    check_finite: bool
     features_only: bool
     out_indices: Tuple[int, ...]
     unbuilt_prefixes: Tuple[str, ...]
@@ -89,6 +95,9 @@ class CPVTBase(nn.Module):
             if isinstance(item, nn.Module):
                 item.eval()
         return self
+
+    def _check_input(self, x) -> None:
+        check_input(x, self.in_chans, self.check_finite)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers import Block, LayerNorm2d, PatchEmbed
-from .base import CPVTBase, check_input, check_out_indices, check_peg_positions, make_pegs
+from ..layers import Block, LayerNorm2d, PatchEmbed, tokens_to_map
+from .base import CPVTBase, check_out_indices, check_peg_positions, make_pegs
 
 PYRAMID_STRIDES = (4, 8, 16, 32)
 
@@ -36,7 +36,8 @@ class CPVT(CPVTBase):
     dim, dim channels and spatial size ceil(H / s) x ceil(W / s) (upsampled maps are cropped to that size;
     the rows they drop come from padding). Only the levels in ``out_indices`` are built.
     ``frozen_stages=k`` freezes the patch embedding and class token for k = 0 and also blocks 0..k-1 and
-    the PEGs after them for k >= 1.
+    the PEGs after them for k >= 1. ``check_finite=True`` makes forward raise a ValueError on NaN or Inf
+    inputs (off by default: a pass over the input).
 
     ``pos_embed_grid=(h, w)`` adds what CPVT replaces, for controlled comparisons: DeiT's learned absolute
     position embedding (key ``pos_embed``) for an h x w token grid, bicubically interpolated to any other grid.
@@ -65,6 +66,7 @@ class CPVT(CPVTBase):
         out_indices: Optional[Sequence[int]] = None,
         frozen_stages: int = -1,
         grad_checkpointing: bool = False,
+        check_finite: bool = False,
         pos_embed_grid: Optional[Tuple[int, int]] = None,
     ):
         super().__init__()
@@ -88,6 +90,7 @@ class CPVT(CPVTBase):
             raise ValueError(f'frozen_stages must be within -1..{depth} (blocks), got {frozen_stages}')
 
         self.in_chans = in_chans
+        self.check_finite = check_finite
         self.num_classes = num_classes
         self.features_only = features_only
         self.embed_dim = embed_dim
@@ -155,7 +158,7 @@ class CPVT(CPVTBase):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Normed tokens (B, prefix + N, C)."""
-        check_input(x, self.in_chans)
+        self._check_input(x)
         return self._tokens(x)[0]
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -163,14 +166,14 @@ class CPVT(CPVTBase):
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor):
-        check_input(x, self.in_chans)
+        self._check_input(x)
         if not self.features_only:
             return self.forward_head(self._tokens(x)[0])
         H, W = x.shape[-2:]
         tokens, hw = self._tokens(x)
-        feat = tokens[:, self.num_prefix_tokens:].transpose(1, 2).reshape(x.shape[0], -1, hw[0], hw[1])
+        feat = tokens_to_map(tokens[:, self.num_prefix_tokens:], hw)
         outs = []
         for i in self.out_indices:
             s = PYRAMID_STRIDES[i]
-            outs.append(self.simple_fpn[str(i)](feat)[..., :-(-H // s), :-(-W // s)])
+            outs.append(self.simple_fpn[str(i)](feat)[..., :-(-H // s), :-(-W // s)].contiguous())
         return tuple(outs)

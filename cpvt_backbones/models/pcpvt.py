@@ -1,11 +1,12 @@
 """Pyramid CPVT (Twins-PCPVT): PVT's four stages with spatial-reduction attention, a PEG, and GAP."""
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import torch
 from torch import nn
 
-from ..layers import Block, PatchEmbed
-from .base import CPVTBase, check_input, check_out_indices, check_peg_positions, make_pegs
+from ..layers import Block, PatchEmbed, tokens_to_map
+from .base import CPVTBase, check_out_indices, check_peg_positions, make_pegs
+
 
 class PyramidCPVT(CPVTBase):
     """Four-stage pyramid vision transformer with conditional positional encodings (Twins-PCPVT).
@@ -22,6 +23,8 @@ class PyramidCPVT(CPVTBase):
     ``peg_positions[i]`` lists the blocks of stage i that a PEG follows (official: the first block of every
     stage). PEGs are numbered in network order as ``pos_block.{k}``; with one PEG per stage, k is the stage.
     ``frozen_stages=k`` freezes the first patch embedding for k = 0 and stages 0..k-1 entirely for k >= 1.
+    ``check_finite=True`` makes forward raise a ValueError on NaN or Inf inputs (off by default: a pass over
+    the input). Inputs in either memory format, contiguous or not, give the same result.
     """
 
     def __init__(
@@ -46,6 +49,7 @@ class PyramidCPVT(CPVTBase):
         out_indices: Optional[Sequence[int]] = None,
         frozen_stages: int = -1,
         grad_checkpointing: bool = False,
+        check_finite: bool = False,
     ):
         super().__init__()
         per_stage = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
@@ -73,6 +77,7 @@ class PyramidCPVT(CPVTBase):
             raise ValueError(f'frozen_stages must be within -1..{num_built} (built stages), got {frozen_stages}')
 
         self.in_chans = in_chans
+        self.check_finite = check_finite
         self.num_classes = num_classes
         self.features_only = features_only
         self.embed_dims = tuple(embed_dims)
@@ -124,13 +129,10 @@ class PyramidCPVT(CPVTBase):
 
     def _stages(self, x: torch.Tensor, keep_maps: bool):
         """Run every built stage; return the last stage's tokens, its (H, W) and the NCHW maps kept."""
-        B = x.shape[0]
         maps = []
         hw = (0, 0)
         for i, embed in enumerate(self.patch_embeds):
-            if i:
-                x = x.transpose(1, 2).reshape(B, -1, hw[0], hw[1])
-            x, hw = embed(x)
+            x, hw = embed(x if i == 0 else tokens_to_map(x, hw))
             x = self.pos_drops[i](x)
             for j, blk in enumerate(self.blocks[i]):
                 x = self._block(blk, x, hw)
@@ -138,12 +140,12 @@ class PyramidCPVT(CPVTBase):
                 if k is not None:
                     x = self.pos_block[k](x, hw)
             if keep_maps and i in self.out_indices:
-                maps.append(x.transpose(1, 2).reshape(B, -1, hw[0], hw[1]))
+                maps.append(tokens_to_map(x, hw).contiguous())
         return x, hw, maps
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Normed tokens (B, N, C) of the last stage (classification models)."""
-        check_input(x, self.in_chans)
+        self._check_input(x)
         if self.features_only:
             raise RuntimeError('a features_only model has no final norm; call forward() for its feature maps')
         return self.norm(self._stages(x, keep_maps=False)[0])
@@ -154,6 +156,6 @@ class PyramidCPVT(CPVTBase):
 
     def forward(self, x: torch.Tensor):
         if self.features_only:
-            check_input(x, self.in_chans)
+            self._check_input(x)
             return tuple(self._stages(x, keep_maps=True)[2])
         return self.forward_head(self.forward_features(x))

@@ -1,0 +1,43 @@
+"""``RNGStateHook``: resume with the random state an uninterrupted run would have had.
+
+mmengine's resume restores weights, optimizer, schedulers and the data position (the loop replays the
+dataloader up to the resumed iteration, so the pipeline redraws its numpy/random numbers exactly), but not
+torch's global generator, which stochastic depth and dropout draw from: after a resume they would draw
+different masks. This hook stores that state in every checkpoint and sets it back just before the first
+iteration after a resume (after the replay, which does not use it); a checkpoint loaded to start another run
+(``load_from``, which begins at iteration 0) leaves the generator alone. Each process restores the state of
+rank 0, the one that wrote the checkpoint; with mmengine's default ``diff_rank_seed=False`` all ranks' states
+are equal anyway.
+"""
+from typing import Optional
+
+import torch
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+
+
+@HOOKS.register_module()
+class RNGStateHook(Hook):
+    priority = 'VERY_LOW'
+
+    def __init__(self):
+        self._pending: Optional[dict] = None
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        state = dict(torch=torch.get_rng_state())
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state['cuda'] = torch.cuda.get_rng_state_all()
+        checkpoint['rng_state'] = state
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        state = checkpoint.get('rng_state')
+        self._pending = None if state is None else dict(state, iter=checkpoint.get('meta', {}).get('iter'))
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        if self._pending is None or self._pending['iter'] != runner.iter:
+            return
+        torch.set_rng_state(self._pending['torch'])
+        cuda = self._pending.get('cuda')
+        if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+        self._pending = None

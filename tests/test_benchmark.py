@@ -1,0 +1,42 @@
+"""tools/benchmark.py: the three implementations agree before anything is timed, and the JSON has its schema."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = {'name', 'shape', 'mode', 'ours_s', 'mmseg_s', 'timm_s', 'ours_peak_mb', 'mmseg_peak_mb', 'timm_peak_mb',
+        'max_abs_diff_mmseg', 'max_abs_diff_timm', 'gflops', 'ours_gflops_per_s', 'matmul_gflops',
+        'fraction_of_matmul'}
+
+
+def bench(tmp_path, *args):
+    out = tmp_path / 'bench.json'
+    res = subprocess.run([sys.executable, ROOT / 'tools/benchmark.py', *args, '--repeats', '1', '--json', out],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return json.loads(out.read_text()), res.stdout
+
+
+@pytest.mark.heavy
+def test_peers_agree_and_schema(tmp_path):
+    pytest.importorskip('mmseg')
+    pytest.importorskip('timm')
+    result, stdout = bench(tmp_path, 'pcpvt_small', '--cases', 'infer224', 'train512')
+    assert result['matmul_gflops'] > 0
+    infer, train = result['cases']
+    assert KEYS <= set(infer) and infer['shape'] == [8, 3, 224, 224] and train['mode'] == 'train'
+    for row in result['cases']:
+        assert row['max_abs_diff_mmseg'] < 1e-4 and row['max_abs_diff_timm'] < 1e-4
+        assert all(row[f'{k}_s'] > 0 for k in ('ours', 'mmseg', 'timm'))
+    assert abs(infer['gflops'] - 60.9) < 0.1  # 8 images at 224: 7.6 GFLOPs each (2 per multiply-add)
+    assert '| infer224 |' in stdout
+
+
+def test_scaling_without_peers(tmp_path):
+    result, _ = bench(tmp_path, 'pcpvt_tiny', '--scaling', '--sizes', '64', '160', '--plot', tmp_path / 's.png')
+    rows = result['scaling']
+    assert [r['size'] for r in rows] == [64, 160] and rows[1]['gflops'] > rows[0]['gflops'] > 0
+    assert 0 < rows[0]['attention_share'] < 1 and (tmp_path / 's.png').stat().st_size > 0

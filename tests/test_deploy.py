@@ -1,0 +1,78 @@
+"""Deployment at any resolution: ONNX with dynamic batch/height/width, torch.compile with dynamic shapes."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cpvt_backbones import create_model
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / 'tools'))
+SIZES = [(64, 96), (97, 131), (160, 160)]  # 97 x 131 is not a multiple of 32 (nor of 4); the first is not square:
+# dynamo gives equal sizes one symbol ("duck sizing"), so a square first input would tie H to W
+
+
+@pytest.mark.parametrize('name', ['pcpvt_tiny', pytest.param('cpvt_tiny', marks=pytest.mark.heavy)])
+def test_onnx_backbone_at_three_sizes(name, tmp_path):
+    pytest.importorskip('onnxruntime')
+    pytest.importorskip('onnxscript')
+    import onnx
+    from export_onnx import backbone, export, verify
+
+    torch.manual_seed(0)
+    model, names = backbone(name)
+    path = str(tmp_path / f'{name}.onnx')
+    export(model, path, names)
+    graph = onnx.load(path).graph
+    assert [o.name for o in graph.output] == ['stride4', 'stride8', 'stride16', 'stride32']
+    dims = graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in dims][1] == 3
+    assert all(d.dim_param for i, d in enumerate(dims) if i != 1), 'batch, height and width must be dynamic'
+    assert verify(model, path, SIZES, batch=1) < 1e-3
+    assert verify(model, path, [(33, 47)], batch=3) < 1e-3
+
+
+@pytest.mark.heavy
+def test_onnx_cli_exports_a_whole_detector(tmp_path):
+    pytest.importorskip('mmdet')
+    pytest.importorskip('onnxruntime')
+    out = tmp_path / 'retinanet.onnx'
+    res = subprocess.run([sys.executable, ROOT / 'tools/export_onnx.py',
+                          ROOT / 'configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py', out,
+                          '--verify', '97x131', '128'], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    diffs = [float(line.rsplit(' ', 1)[1]) for line in res.stdout.splitlines() if 'max abs diff' in line]
+    assert len(diffs) == 2 and max(diffs) < 1e-3, res.stdout
+    assert '10 outputs' in res.stdout  # 5 levels x (cls_score, bbox_pred)
+
+
+def test_export_cli_rejects_unknown_model(tmp_path):
+    res = subprocess.run([sys.executable, ROOT / 'tools/export_onnx.py', 'pcpvt_huge', tmp_path / 'x.onnx'],
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and "'pcpvt_huge' is neither a config" in res.stderr
+
+
+@pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
+def test_compile_dynamic_one_graph_for_every_size(name):
+    """One graph (fullgraph: no breaks) serves three sizes, one of them odd; outputs equal eager."""
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = create_model(name, features_only=True).eval()
+    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend=counting_backend)
+    for h, w in SIZES:
+        x = torch.randn(2, 3, h, w)
+        with torch.no_grad():
+            got, ref = compiled(x), model(x)
+        assert [o.shape for o in got] == [o.shape for o in ref]
+        for a, b in zip(got, ref):
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (h, w, (a - b).abs().max())
+    assert len(graphs) == 1, f'{len(graphs)} graphs for {len(SIZES)} sizes'
+    torch._dynamo.reset()

@@ -1,0 +1,329 @@
+"""Speed and memory of our pyramid CPVT backbone against mmseg's ``PCPVT`` and timm's ``twins_pcpvt_*``.
+
+    python tools/benchmark.py [NAME ...] [--json PATH] [--repeats 5] [--cases infer224 infer512 ...]
+    python tools/benchmark.py --scaling [--sizes 128 256 ...] [--json PATH] [--plot PATH]
+    make bench
+
+All three get identical weights (ours -> timm unchanged, -> mmseg through ``convert.twins_to_mmseg``; mmseg's
+encoder-layer LayerNorms are set to the official eps 1e-6, which it hard-codes to 1e-5), and their feature maps
+are compared before anything is timed. Each case then runs the implementations interleaved (A B C A B C ...)
+in one process after a warm-up round and reports medians. Inference runs under ``torch.inference_mode()``;
+the training step is forward + backward of the sum of the maps' means (no optimizer), in train mode with
+drop path 0. Peak memory is the rise of the process's resident-set high-water mark over one call (reset
+through /proc/self/clear_refs, Linux only). GFLOPs are ours, counted by torch's FlopCounterMode with the CPU
+flash-attention kernels registered: 2 FLOPs per multiply-add of every matmul, convolution and attention
+product (backward included for the training step); norms, activations, softmax and adds are not counted.
+The matmul rate is the median of fp32 2048 x 2048 x 2048 products on this machine, the practical limit,
+timed in the same interleaved rounds as the models (the speed of a shared machine drifts from minute to minute).
+Names without an mmseg/timm counterpart (``cpvt_*``, ``pcpvt_tiny``) are timed alone.
+"""
+import argparse
+import ctypes
+import gc
+import json
+import platform
+import re
+import statistics
+import time
+from pathlib import Path
+from functools import partial
+from typing import Callable, Dict, List, Optional
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
+
+from cpvt_backbones import create_model
+from cpvt_backbones.convert import twins_to_mmseg
+from cpvt_backbones.models import PyramidCPVT, model_settings
+
+CASES = {
+    'infer224': dict(mode='infer', batch=8, size=(224, 224)),
+    'infer512': dict(mode='infer', batch=2, size=(512, 512)),
+    'infer800x1216': dict(mode='infer', batch=1, size=(800, 1216)),
+    'train512': dict(mode='train', batch=2, size=(512, 512)),
+}
+SCALING_SIZES = (128, 256, 384, 512, 768, 1024, 1280, 1536)
+PEERS = ('mmseg', 'timm')
+aten = torch.ops.aten
+
+
+@register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)
+def _sdpa_cpu_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+@register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+def _sdpa_cpu_backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+if hasattr(torch.ops.mkldnn, '_linear_pointwise'):  # our fused linear layers (cpvt_backbones.layers.fused)
+    @register_flop_formula(torch.ops.mkldnn._linear_pointwise)
+    def _onednn_linear_flops(x, *args, out_shape=None, **kwargs) -> int:
+        return 2 * x.numel() * out_shape[-1]  # (M, K) input, (M, N) output; also the .binary overload
+
+
+# ---------------------------------------------------------------------------------------------- the models
+def build(name: str, peers: bool = True) -> Dict[str, Callable]:
+    """{'ours': fn, 'mmseg': fn, 'timm': fn}: each maps a batch to its tuple of four NCHW maps."""
+    torch.manual_seed(0)
+    classifier = create_model(name)
+    weights = classifier.state_dict()
+    ours = create_model(name, features_only=True)
+    ours.load_state_dict({k: v for k, v in weights.items() if not k.startswith(('norm.', 'head.'))})
+    impls = {'ours': ours}
+    if peers and name in ('pcpvt_small', 'pcpvt_base', 'pcpvt_large'):
+        impls['mmseg'] = _mmseg(name, weights)
+        impls['timm'] = _timm(name, weights)
+    return impls
+
+
+def _mmseg(name: str, weights) -> torch.nn.Module:
+    from mmseg.models.backbones import PCPVT
+    s = model_settings(name, PyramidCPVT)
+    model = PCPVT(embed_dims=list(s['embed_dims']), patch_sizes=[4, 2, 2, 2], strides=[4, 2, 2, 2],
+                  num_heads=list(s['num_heads']), mlp_ratios=list(s['mlp_ratios']), depths=list(s['depths']),
+                  sr_ratios=list(s['sr_ratios']), out_indices=(0, 1, 2, 3), qkv_bias=True, norm_cfg=dict(type='LN'),
+                  norm_after_stage=False, drop_path_rate=0.)
+    model.load_state_dict(twins_to_mmseg(weights), strict=True)
+    for layer_name, module in model.named_modules():
+        if re.fullmatch(r'layers\.\d+\.\d+\.norm[12]', layer_name):
+            module.eps = 1e-6
+    return model
+
+
+class _TimmFeatures(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return tuple(self.model.forward_intermediates(x, intermediates_only=True))
+
+
+def _timm(name: str, weights) -> torch.nn.Module:
+    import timm
+    model = timm.create_model(f'twins_{name}', pretrained=False)
+    model.load_state_dict(weights, strict=True)
+    return _TimmFeatures(model)
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+class Matmul:
+    """The reference: an fp32 2048 x 2048 x 2048 product, timed beside the models so that its rate and theirs
+    come from the same minutes on a machine whose speed drifts."""
+
+    n = 2048
+
+    def __init__(self):
+        self.a, self.b = torch.randn(self.n, self.n), torch.randn(self.n, self.n)
+
+    def __call__(self) -> None:
+        torch.mm(self.a, self.b)
+
+    def gflops(self, seconds: float) -> float:
+        return 2 * self.n ** 3 / seconds / 1e9
+
+
+def _step(model: torch.nn.Module, x: torch.Tensor, mode: str) -> None:
+    if mode == 'infer':
+        with torch.inference_mode():
+            model(x)
+    else:
+        sum(o.mean() for o in model(x)).backward()
+        model.zero_grad(set_to_none=True)
+
+
+def _vm(key: str) -> Optional[int]:
+    try:
+        text = Path('/proc/self/status').read_text()
+    except OSError:
+        return None
+    m = re.search(rf'^{key}:\s+(\d+) kB', text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def _release_freed_memory() -> None:
+    """Hand the memory glibc keeps after frees back to the OS, so that the resident set is the live memory."""
+    try:
+        ctypes.CDLL('libc.so.6').malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def peak_mb(model: torch.nn.Module, x: torch.Tensor, mode: str) -> Optional[float]:
+    """Rise of the resident-set high-water mark over one call, in MiB (None where /proc cannot tell)."""
+    gc.collect()
+    _release_freed_memory()
+    try:
+        Path('/proc/self/clear_refs').write_text('5')
+    except OSError:
+        return None
+    before = _vm('VmRSS')
+    _step(model, x, mode)
+    after = _vm('VmHWM')
+    return None if before is None or after is None else (after - before) / 1024
+
+
+def gflops(model: torch.nn.Module, x: torch.Tensor, mode: str) -> float:
+    with FlopCounterMode(display=False) as counter:
+        _step(model, x, mode)
+    return counter.get_total_flops() / 1e9
+
+
+def max_abs_diff(ref, out) -> float:
+    return max((a - b).abs().max().item() for a, b in zip(ref, out))
+
+
+def run_case(impls: Dict[str, torch.nn.Module], case: str, repeats: int) -> dict:
+    spec = CASES[case]
+    mode = spec['mode']
+    torch.manual_seed(0)
+    x = torch.randn(spec['batch'], 3, *spec['size'])
+    for model in impls.values():
+        model.train(mode == 'train')
+    with torch.inference_mode():
+        outs = {k: m(x) for k, m in impls.items()}
+    row = dict(name=case, shape=[spec['batch'], 3, *spec['size']], mode=mode)
+    for peer in PEERS:
+        row[f'max_abs_diff_{peer}'] = max_abs_diff(outs['ours'], outs[peer]) if peer in impls else None
+    del outs
+    matmul = Matmul()
+    runs: Dict[str, Callable[[], None]] = {k: partial(_step, m, x, mode) for k, m in impls.items()}
+    runs['matmul'] = matmul
+    times: Dict[str, List[float]] = {k: [] for k in runs}
+    for rnd in range(repeats + 1):  # round 0 warms up
+        for key, run in runs.items():
+            start = time.perf_counter()
+            run()
+            if rnd:
+                times[key].append(time.perf_counter() - start)
+    for key in ('ours',) + PEERS:
+        row[f'{key}_s'] = statistics.median(times[key]) if key in impls else None
+        row[f'{key}_peak_mb'] = peak_mb(impls[key], x, mode) if key in impls else None
+    row['gflops'] = gflops(impls['ours'], x, mode)
+    row['ours_gflops_per_s'] = row['gflops'] / row['ours_s']
+    row['matmul_gflops'] = matmul.gflops(statistics.median(times['matmul']))
+    row['fraction_of_matmul'] = row['ours_gflops_per_s'] / row['matmul_gflops']
+    return row
+
+
+def scaling(impls: Dict[str, torch.nn.Module], sizes, repeats: int) -> List[dict]:
+    """Our inference time, memory and FLOPs (attention's share too) against input pixels, batch 1."""
+    model = impls['ours'].eval()
+    rows = []
+    for size in sizes:
+        x = torch.randn(1, 3, size, size)
+        _step(model, x, 'infer')
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            _step(model, x, 'infer')
+            times.append(time.perf_counter() - start)
+        with FlopCounterMode(display=False) as counter:
+            model(x)
+        counts = counter.get_flop_counts()['Global']
+        attention = sum(v for k, v in counts.items() if 'scaled_dot_product' in str(k))
+        total = counter.get_total_flops()
+        rows.append(dict(size=size, megapixels=size * size / 1e6, seconds=statistics.median(times),
+                         peak_mb=peak_mb(model, x, 'infer'), gflops=total / 1e9, attention_share=attention / total))
+        print(f'[bench] {size}x{size}: {rows[-1]["seconds"]:.3f} s, {rows[-1]["peak_mb"]:.0f} MiB, '
+              f'{rows[-1]["gflops"]:.1f} GFLOPs ({100 * rows[-1]["attention_share"]:.0f}% attention)', flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- reporting
+def _fmt(value, spec: str) -> str:
+    return '-' if value is None else format(value, spec)
+
+
+def table(rows: List[dict]) -> str:
+    lines = ['| case | shape | ours s | mmseg s | timm s | x mmseg | x timm | ours img/s | GFLOPs | % of matmul '
+             '| peak MiB ours / mmseg / timm | max diff mmseg / timm |',
+             '|---|---|---|---|---|---|---|---|---|---|---|---|']
+    for r in rows:
+        vs = {p: (r[f'{p}_s'] / r['ours_s'] if r[f'{p}_s'] else None) for p in PEERS}
+        lines.append(
+            f"| {r['name']} | {'x'.join(map(str, r['shape']))} | {r['ours_s']:.3f} | {_fmt(r['mmseg_s'], '.3f')} "
+            f"| {_fmt(r['timm_s'], '.3f')} | {_fmt(vs['mmseg'], '.2f')} | {_fmt(vs['timm'], '.2f')} "
+            f"| {r['shape'][0] / r['ours_s']:.2f} | {r['gflops']:.1f} "
+            f"| {100 * r['fraction_of_matmul']:.0f}% | {_fmt(r['ours_peak_mb'], '.0f')} / "
+            f"{_fmt(r['mmseg_peak_mb'], '.0f')} / {_fmt(r['timm_peak_mb'], '.0f')} "
+            f"| {_fmt(r['max_abs_diff_mmseg'], '.1e')} / {_fmt(r['max_abs_diff_timm'], '.1e')} |")
+    return '\n'.join(lines)
+
+
+def scaling_table(rows: List[dict]) -> str:
+    lines = ['| input | megapixels | s | s per megapixel | peak MiB | GFLOPs | attention share |',
+             '|---|---|---|---|---|---|---|']
+    for r in rows:
+        lines.append(f"| {r['size']}x{r['size']} | {r['megapixels']:.3f} | {r['seconds']:.3f} "
+                     f"| {r['seconds'] / r['megapixels']:.2f} | {_fmt(r['peak_mb'], '.0f')} | {r['gflops']:.1f} "
+                     f"| {100 * r['attention_share']:.0f}% |")
+    return '\n'.join(lines)
+
+
+def plot_scaling(rows: List[dict], path: Path, name: str) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    mp = [r['megapixels'] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=120)
+    for ax, key, label in ((axes[0], 'seconds', 'time per image (s)'), (axes[1], 'peak_mb', 'peak memory (MiB)')):
+        values = [r[key] for r in rows]
+        ax.loglog(mp, values, marker='o', label=name)
+        ax.loglog(mp, [values[0] * m / mp[0] for m in mp], '--', color='grey', label='linear in pixels')
+        ax.loglog(mp, [values[0] * (m / mp[0]) ** 2 for m in mp], ':', color='grey', label='quadratic in pixels')
+        ax.set_xlabel('input megapixels')
+        ax.set_ylabel(label)
+        ax.set_ylim(min(values) / 2, max(values) * 2)
+        ax.grid(alpha=.3, which='both')
+        ax.legend(fontsize=8)
+    fig.suptitle(f'{name} features, batch 1, {torch.get_num_threads()} threads', fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('names', nargs='*', default=['pcpvt_small'])
+    parser.add_argument('--cases', nargs='+', choices=sorted(CASES), default=list(CASES))
+    parser.add_argument('--repeats', type=int, default=5, help='timed rounds per case, after one warm-up round')
+    parser.add_argument('--threads', type=int, help='torch threads (default: torch.get_num_threads())')
+    parser.add_argument('--scaling', action='store_true', help='time/memory against input pixels instead')
+    parser.add_argument('--sizes', type=int, nargs='+', default=list(SCALING_SIZES), help='for --scaling')
+    parser.add_argument('--json', help='write the results here')
+    parser.add_argument('--plot', default='benchmarks/results/scaling.png', help='for --scaling')
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    meta = dict(torch=torch.__version__, threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine())
+    result = dict(meta)
+    if args.scaling:
+        name = args.names[0]
+        rows = scaling(build(name, peers=False), args.sizes, args.repeats)
+        print(scaling_table(rows))
+        plot_scaling(rows, Path(args.plot), name)
+        print(f'[bench] plot: {args.plot}')
+        result.update(name=name, scaling=rows)
+    else:
+        result['cases'] = []
+        for name in args.names:
+            impls = build(name)
+            rows = []
+            for case in args.cases:
+                rows.append(dict(run_case(impls, case, args.repeats), model=name))
+                print(f'[bench] {name} {case}: ours {rows[-1]["ours_s"]:.3f} s', flush=True)
+            print(f'\n{name} (times are medians of {args.repeats} interleaved rounds)\n{table(rows)}\n')
+            result['cases'] += rows
+        result['matmul_gflops'] = statistics.median(r['matmul_gflops'] for r in result['cases'])
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f'[bench] wrote {args.json}')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,147 @@
+"""Export a backbone (or a whole detector/segmentor up to its heads' raw outputs) to ONNX, any input size.
+
+    python tools/export_onnx.py NAME OUT.onnx [--checkpoint PATH] [--out-indices 0 1 2 3] [--verify 224x224 ...]
+    python tools/export_onnx.py CONFIG.py OUT.onnx --checkpoint PATH [--cfg-options k=v ...] [--verify ...]
+
+NAME is a model of ``cpvt_backbones.list_models()``, exported as its ``features_only`` backbone (outputs
+``stride4`` ... ``stride32``); ``--checkpoint`` loads any weight layout ``create_model(pretrained=...)`` takes.
+A config exports the model's ``tensor`` mode: RetinaNet gives ``cls_score_{level}`` and ``bbox_pred_{level}``,
+a segmentor its ``seg_logits`` at 1/4 of the input; the data preprocessor (normalisation) stays outside, as
+mmdeploy does. Batch, height and width are dynamic: the models pad internally, and while exporting they take
+their padding path at every size, so one graph serves every size (``layers.layout.pad_to_multiple``).
+``--verify`` runs the file with onnxruntime at the given sizes and prints the largest difference from PyTorch.
+"""
+import argparse
+import sys
+from pathlib import Path
+from typing import List, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from cpvt_backbones import create_model, list_models
+
+OPSET = 18
+
+
+class Flatten(nn.Module):
+    """A model whose forward returns nested tuples/lists of tensors, as one flat tuple (ONNX outputs)."""
+
+    def __init__(self, model: nn.Module, call):
+        super().__init__()
+        self.model = model
+        self.call = call
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        out: List[torch.Tensor] = []
+        stack = [self.call(self.model, x)]
+        while stack:
+            item = stack.pop(0)
+            if isinstance(item, torch.Tensor):
+                out.append(item)
+            elif isinstance(item, (tuple, list)):
+                stack[:0] = list(item)
+            else:
+                raise TypeError(f'cannot export an output of type {type(item).__name__}')
+        return tuple(out)
+
+
+def backbone(name: str, checkpoint: str = None, out_indices: Sequence[int] = (0, 1, 2, 3)):
+    """(module, output names) for the features-only backbone of a model name."""
+    model = create_model(name, pretrained=checkpoint, features_only=True, out_indices=tuple(out_indices))
+    return model.eval(), [f'stride{4 * 2 ** i}' for i in model.out_indices]
+
+
+def framework_model(config: str, checkpoint: str, cfg_options=None):
+    """(module, output names) for a detector or segmentor config: its forward in ``tensor`` mode."""
+    from mmengine.registry import MODELS, init_default_scope
+    from mmengine.runner import load_checkpoint
+
+    from cpvt_backbones.adapters.runtime import load_config
+    cfg = load_config(config, cfg_options)
+    init_default_scope(cfg.get('default_scope', 'mmengine'))
+    model = MODELS.build(cfg.model)
+    if checkpoint:
+        load_checkpoint(model, checkpoint, map_location='cpu', strict=True)
+    model.eval()
+    if cfg.default_scope == 'mmdet':
+        levels = cfg.model.neck.num_outs
+        names = [f'cls_score_{i}' for i in range(levels)] + [f'bbox_pred_{i}' for i in range(levels)]
+    elif cfg.default_scope == 'mmseg':
+        names = ['seg_logits']
+    else:
+        raise SystemExit(f'{config}: default_scope must be mmdet or mmseg, got {cfg.default_scope!r}')
+    return Flatten(model, lambda m, x: m._forward(x)), names
+
+
+def export(model: nn.Module, path: str, names: Sequence[str], size=(224, 224)) -> None:
+    """Write ``path`` with dynamic batch, height and width (torch.export through ``torch.onnx.export``)."""
+    dynamic = torch.export.Dim.DYNAMIC
+    x = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        program = torch.onnx.export(model, (x,), dynamo=True, opset_version=OPSET, input_names=['image'],
+                                    output_names=list(names), dynamic_shapes=({0: dynamic, 2: dynamic, 3: dynamic},),
+                                    optimize=True, verbose=False)
+    program.save(path)
+
+
+def verify(model: nn.Module, path: str, sizes: Sequence[Tuple[int, int]], batch: int = 1) -> float:
+    """Largest absolute difference between onnxruntime and PyTorch over ``sizes``; also printed."""
+    import onnxruntime as ort
+    session = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
+    worst = 0.
+    for h, w in sizes:
+        x = torch.randn(batch, 3, h, w, generator=torch.Generator().manual_seed(h * 10007 + w))
+        with torch.no_grad():
+            ref = model(x)
+        if isinstance(ref, torch.Tensor):
+            ref = (ref,)
+        got = session.run(None, {'image': x.numpy()})
+        if len(got) != len(ref):
+            raise RuntimeError(f'{path}: {len(got)} outputs, PyTorch gives {len(ref)}')
+        diff = 0.
+        for r, g in zip(ref, got):
+            if tuple(r.shape) != g.shape:
+                raise RuntimeError(f'{path} at {h}x{w}: output shape {g.shape}, PyTorch gives {tuple(r.shape)}')
+            diff = max(diff, (r - torch.from_numpy(g)).abs().max().item())
+        print(f'[onnx] {h}x{w}: {len(got)} outputs, max abs diff vs PyTorch {diff:.2e}')
+        worst = max(worst, diff)
+    return worst
+
+
+def _size(text: str) -> Tuple[int, int]:
+    h, _, w = text.partition('x')
+    try:
+        return int(h), int(w or h)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'sizes are HxW or S, got {text!r}') from None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('model', help=f'a model name ({", ".join(list_models())}) or a detector/segmentor config')
+    parser.add_argument('out')
+    parser.add_argument('--checkpoint')
+    parser.add_argument('--out-indices', type=int, nargs='+', default=[0, 1, 2, 3], help='model names only')
+    parser.add_argument('--verify', type=_size, nargs='*', default=[], metavar='HxW')
+    parser.add_argument('--cfg-options', nargs='+', default=None, help='configs only: key=value overrides')
+    args = parser.parse_args()
+    if args.model.endswith('.py'):
+        from mmengine.config import DictAction
+        options = argparse.Namespace(cfg_options=None)
+        if args.cfg_options:
+            DictAction(option_strings=['--cfg-options'], dest='cfg_options')(parser, options, args.cfg_options)
+        model, names = framework_model(args.model, args.checkpoint, options.cfg_options)
+    elif args.model in list_models():
+        model, names = backbone(args.model, args.checkpoint, args.out_indices)
+    else:
+        sys.exit(f'{args.model!r} is neither a config (.py) nor a model name ({", ".join(list_models())})')
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    export(model, args.out, names)
+    print(f'[onnx] wrote {args.out} (outputs {", ".join(names)}; dynamic batch, height, width)')
+    if args.verify:
+        verify(model, args.out, args.verify)
+
+
+if __name__ == '__main__':
+    main()
