@@ -29,8 +29,9 @@ def pad_to_multiple(x: torch.Tensor, multiple: int) -> torch.Tensor:
     """Zero-pad a map bottom/right so that H and W are multiples of ``multiple``.
 
     While a graph is being recorded the pad is always applied (possibly by zero), so that one graph serves
-    every input size instead of one per divisibility case."""
-    pad_h, pad_w = -x.shape[-2] % multiple, -x.shape[-1] % multiple
+    every input size instead of one per divisibility case. (Sizes stay non-negative in the arithmetic: ONNX's
+    integer division truncates where Python's floors.)"""
+    pad_h, pad_w = (multiple - x.shape[-2] % multiple) % multiple, (multiple - x.shape[-1] % multiple) % multiple
     if symbolic_shapes() or pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x

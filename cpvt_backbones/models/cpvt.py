@@ -175,5 +175,5 @@ class CPVT(CPVTBase):
         outs = []
         for i in self.out_indices:
             s = PYRAMID_STRIDES[i]
-            outs.append(self.simple_fpn[str(i)](feat)[..., :-(-H // s), :-(-W // s)].contiguous())
+            outs.append(self.simple_fpn[str(i)](feat)[..., :(H + s - 1) // s, :(W + s - 1) // s].contiguous())
         return tuple(outs)
