@@ -24,6 +24,14 @@ from cpvt_backbones import create_model, list_models
 OPSET = 18
 
 
+def _flat(item) -> List[torch.Tensor]:
+    if isinstance(item, torch.Tensor):
+        return [item]
+    if isinstance(item, (tuple, list)):
+        return [t for part in item for t in _flat(part)]
+    raise TypeError(f'cannot export an output of type {type(item).__name__}')
+
+
 class Flatten(nn.Module):
     """A model whose forward returns nested tuples/lists of tensors, as one flat tuple (ONNX outputs)."""
 
@@ -33,17 +41,7 @@ class Flatten(nn.Module):
         self.call = call
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        out: List[torch.Tensor] = []
-        stack = [self.call(self.model, x)]
-        while stack:
-            item = stack.pop(0)
-            if isinstance(item, torch.Tensor):
-                out.append(item)
-            elif isinstance(item, (tuple, list)):
-                stack[:0] = list(item)
-            else:
-                raise TypeError(f'cannot export an output of type {type(item).__name__}')
-        return tuple(out)
+        return tuple(_flat(self.call(self.model, x)))
 
 
 def backbone(name: str, checkpoint: str = None, out_indices: Sequence[int] = (0, 1, 2, 3)):

@@ -7,7 +7,7 @@ the bias and the residual in the GEMM's epilogue, and the MLP runs a chunk of to
 wide hidden activation is written, activated and read back while it is still in cache. The models take this
 path only where it computes the same function: eval mode, no autograd, float32 on a CPU, no autocast, and not
 while tracing, compiling or exporting (those see the plain ops and fuse on their own). Training keeps only the
-bias fusion (``train_linear``: an autograd function whose backward is the usual two GEMMs and a bias sum),
+bias fusion (``linear``, an autograd function whose backward is the usual two GEMMs and a bias sum),
 which saves the pass that ``addmm`` spends copying the bias into every output row.
 """
 import torch
@@ -47,17 +47,15 @@ def _autocast_cpu() -> bool:
         return torch.is_autocast_cpu_enabled()
 
 
-def use_fused(module: nn.Module, x: torch.Tensor) -> bool:
-    """Whether ``module`` may run ``x`` through the fused kernels (see the module docstring)."""
-    return (_LINEAR is not None and not module.training and not torch.is_grad_enabled()
-            and x.device.type == 'cpu' and x.dtype == torch.float32 and not _autocast_cpu()
-            and not symbolic_shapes())
-
-
 def can_fuse_linear(x: torch.Tensor) -> bool:
-    """Whether ``train_linear`` may replace ``F.linear`` for ``x`` (any mode, autograd allowed)."""
+    """Whether the bias-fused ``linear`` may replace ``F.linear`` for ``x`` (any mode, autograd allowed)."""
     return (_LINEAR is not None and x.device.type == 'cpu' and x.dtype == torch.float32 and not _autocast_cpu()
             and not symbolic_shapes())
+
+
+def use_fused(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``module`` may run ``x`` through all the fused inference kernels (see the module docstring)."""
+    return not module.training and not torch.is_grad_enabled() and can_fuse_linear(x)
 
 
 class _BiasFusedLinear(torch.autograd.Function):
@@ -75,16 +73,10 @@ class _BiasFusedLinear(torch.autograd.Function):
                 grad.sum(0) if need_b and ctx.has_bias else None)
 
 
-def train_linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """``layer(x)`` with the bias added in the GEMM, differentiable (see the module docstring)."""
-    out = _BiasFusedLinear.apply(x.reshape(-1, x.shape[-1]), layer.weight, layer.bias)
-    return out.view(*x.shape[:-1], out.shape[-1])
-
-
 def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """``layer(x)`` in one oneDNN call, the bias added in the GEMM. (Its GELU epilogue is slower on AVX2
-    than torch's own in-place GELU over the cache-resident result, so activations stay outside.)"""
-    out = _LINEAR(x.reshape(-1, x.shape[-1]), layer.weight, layer.bias, 'none', [], '')
+    """``layer(x)`` in one oneDNN call, the bias added in the GEMM; differentiable. (oneDNN's GELU epilogue is
+    slower on AVX2 than torch's own in-place GELU over the cache-resident result, so activations stay outside.)"""
+    out = _BiasFusedLinear.apply(x.reshape(-1, x.shape[-1]), layer.weight, layer.bias)
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
@@ -101,4 +93,4 @@ def plain_linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
 
 def any_linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     """``layer(x)``: bias-fused where ``can_fuse_linear`` allows, else ``F.linear``."""
-    return (train_linear if can_fuse_linear(x) else plain_linear)(x, layer)
+    return (linear if can_fuse_linear(x) else plain_linear)(x, layer)
