@@ -40,3 +40,19 @@ def test_scaling_without_peers(tmp_path):
     rows = result['scaling']
     assert [r['size'] for r in rows] == [64, 160] and rows[1]['gflops'] > rows[0]['gflops'] > 0
     assert 0 < rows[0]['attention_share'] < 1 and (tmp_path / 's.png').stat().st_size > 0
+
+
+def test_breakdown_accounts_for_all_time_and_flops(tmp_path):
+    result, stdout = bench(tmp_path, 'pcpvt_tiny', '--breakdown', '--cases', 'infer224', 'train512')
+    for row in result['breakdown']:
+        kinds = row['kinds']
+        assert set(kinds) == {'gemm', 'attention', 'conv', 'rest'}
+        assert abs(sum(k['share'] for k in kinds.values()) - 1) < 1e-9
+        assert kinds['rest']['gflops'] == 0 and kinds['rest']['fraction_of_matmul'] is None
+        assert all(kinds[k]['gflops'] > 0 and kinds[k]['seconds'] > 0 for k in ('gemm', 'attention', 'conv'))
+        assert abs(sum(k['gflops'] for k in kinds.values()) - row['gflops']) < 1e-6
+        assert row['ceiling'] > row['fraction_of_matmul'] > 0
+    infer, train = result['breakdown']
+    pixels = (2 * 512 * 512) / (8 * 224 * 224)
+    assert train['gflops'] > 2.5 * pixels * infer['gflops']  # forward + backward: about 3x the forward's FLOPs
+    assert '| infer224 |' in stdout and '| train512 |' in stdout

@@ -2,6 +2,7 @@
 
     python tools/benchmark.py [NAME ...] [--json PATH] [--repeats 5] [--cases infer224 infer512 ...]
     python tools/benchmark.py --scaling [--sizes 128 256 ...] [--json PATH] [--plot PATH]
+    python tools/benchmark.py --breakdown [--cases ...] [--json PATH]
     make bench
 
 All three get identical weights (ours -> timm unchanged, -> mmseg through ``convert.twins_to_mmseg``; mmseg's
@@ -16,6 +17,11 @@ product (backward included for the training step); norms, activations, softmax a
 The matmul rate is the median of fp32 2048 x 2048 x 2048 products on this machine, the practical limit,
 timed in the same interleaved rounds as the models (the speed of a shared machine drifts from minute to minute).
 Names without an mmseg/timm counterpart (``cpvt_*``, ``pcpvt_tiny``) are timed alone.
+
+``--breakdown`` profiles one call of ours per case (torch.profiler, self time of each op) and splits time and
+FLOPs into GEMMs, attention, convolutions and the rest (norms, activations, adds, copies, Python), with each
+kind's rate as a fraction of the matmul rate, and the ``ceiling``: the fraction the whole model would reach if
+the rest took no time at all.
 """
 import argparse
 import ctypes
@@ -125,6 +131,12 @@ class Matmul:
         return 2 * self.n ** 3 / seconds / 1e9
 
 
+def _timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def _step(model: torch.nn.Module, x: torch.Tensor, mode: str) -> None:
     if mode == 'infer':
         with torch.inference_mode():
@@ -194,10 +206,9 @@ def run_case(impls: Dict[str, torch.nn.Module], case: str, repeats: int) -> dict
     times: Dict[str, List[float]] = {k: [] for k in runs}
     for rnd in range(repeats + 1):  # round 0 warms up
         for key, run in runs.items():
-            start = time.perf_counter()
-            run()
+            elapsed = _timed(run)
             if rnd:
-                times[key].append(time.perf_counter() - start)
+                times[key].append(elapsed)
     for key in ('ours',) + PEERS:
         row[f'{key}_s'] = statistics.median(times[key]) if key in impls else None
         row[f'{key}_peak_mb'] = peak_mb(impls[key], x, mode) if key in impls else None
@@ -215,11 +226,7 @@ def scaling(impls: Dict[str, torch.nn.Module], sizes, repeats: int) -> List[dict
     for size in sizes:
         x = torch.randn(1, 3, size, size)
         _step(model, x, 'infer')
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            _step(model, x, 'infer')
-            times.append(time.perf_counter() - start)
+        times = [_timed(partial(_step, model, x, 'infer')) for _ in range(repeats)]
         with FlopCounterMode(display=False) as counter:
             model(x)
         counts = counter.get_flop_counts()['Global']
@@ -230,6 +237,45 @@ def scaling(impls: Dict[str, torch.nn.Module], sizes, repeats: int) -> List[dict
         print(f'[bench] {size}x{size}: {rows[-1]["seconds"]:.3f} s, {rows[-1]["peak_mb"]:.0f} MiB, '
               f'{rows[-1]["gflops"]:.1f} GFLOPs ({100 * rows[-1]["attention_share"]:.0f}% attention)', flush=True)
     return rows
+
+
+# Op name fragments -> kind, first match wins (profiler names such as 'mkldnn::_linear_pointwise', FLOP
+# counter names such as 'aten._scaled_dot_product_flash_attention_for_cpu.default').
+KINDS = (('attention', ('scaled_dot_product',)), ('conv', ('convolution',)),
+         ('gemm', ('_linear_pointwise', 'addmm', '::mm', '.mm', 'bmm')))
+
+
+def _kind(op_name: str) -> str:
+    return next((kind for kind, parts in KINDS if any(p in op_name for p in parts)), 'rest')
+
+
+def breakdown(model: torch.nn.Module, case: str) -> dict:
+    """Where one call of ``model`` spends its time, by kind of op, and at what rate each kind runs."""
+    from torch.profiler import ProfilerActivity, profile
+    spec = CASES[case]
+    model.train(spec['mode'] == 'train')
+    x = torch.randn(spec['batch'], 3, *spec['size'])
+    matmul = Matmul()
+    _step(model, x, spec['mode'])
+    matmul_s = min(_timed(matmul) for _ in range(5))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _step(model, x, spec['mode'])
+    with FlopCounterMode(display=False) as counter:
+        _step(model, x, spec['mode'])
+    kinds = {k: dict(seconds=0., gflops=0.) for k, _ in KINDS + (('rest', ()),)}
+    for event in prof.key_averages():
+        kinds[_kind(event.key)]['seconds'] += event.self_cpu_time_total / 1e6
+    for op, flops in counter.get_flop_counts()['Global'].items():
+        kinds[_kind(str(op))]['gflops'] += flops / 1e9
+    total_s = sum(k['seconds'] for k in kinds.values())
+    total_gflops = sum(k['gflops'] for k in kinds.values())
+    matmul_gflops = matmul.gflops(matmul_s)
+    for k in kinds.values():
+        k['share'] = k['seconds'] / total_s
+        k['fraction_of_matmul'] = k['gflops'] / k['seconds'] / matmul_gflops if k['gflops'] else None
+    return dict(name=case, shape=[spec['batch'], 3, *spec['size']], mode=spec['mode'], seconds=total_s,
+                gflops=total_gflops, matmul_gflops=matmul_gflops,
+                fraction_of_matmul=total_gflops / total_s / matmul_gflops, ceiling=total_gflops / (total_s - kinds['rest']['seconds']) / matmul_gflops, kinds=kinds)
 
 
 # ---------------------------------------------------------------------------------------------- reporting
@@ -263,6 +309,18 @@ def scaling_table(rows: List[dict]) -> str:
     return '\n'.join(lines)
 
 
+def breakdown_table(rows: List[dict]) -> str:
+    kinds = list(rows[0]['kinds'])
+    lines = ['| case | s (profiled) | % of matmul | ' + ' | '.join(f'{k}: time share, % of matmul' for k in kinds)
+             + ' | ceiling (rest free) |', '|---|---|---|' + '---|' * len(kinds) + '---|']
+    for r in rows:
+        cells = [f"{100 * v['share']:.0f}%, " + ('-' if v['fraction_of_matmul'] is None else
+                                                 f"{100 * v['fraction_of_matmul']:.0f}%") for v in r['kinds'].values()]
+        lines.append(f"| {r['name']} | {r['seconds']:.3f} | {100 * r['fraction_of_matmul']:.0f}% | "
+                     + ' | '.join(cells) + f" | {100 * r['ceiling']:.0f}% |")
+    return '\n'.join(lines)
+
+
 def plot_scaling(rows: List[dict], path: Path, name: str) -> None:
     import matplotlib
     matplotlib.use('Agg')
@@ -293,6 +351,7 @@ def main() -> None:
     parser.add_argument('--repeats', type=int, default=5, help='timed rounds per case, after one warm-up round')
     parser.add_argument('--threads', type=int, help='torch threads (default: torch.get_num_threads())')
     parser.add_argument('--scaling', action='store_true', help='time/memory against input pixels instead')
+    parser.add_argument('--breakdown', action='store_true', help='where our time goes, by kind of op')
     parser.add_argument('--sizes', type=int, nargs='+', default=list(SCALING_SIZES), help='for --scaling')
     parser.add_argument('--json', help='write the results here')
     parser.add_argument('--plot', default='benchmarks/results/scaling.png', help='for --scaling')
@@ -308,6 +367,12 @@ def main() -> None:
         plot_scaling(rows, Path(args.plot), name)
         print(f'[bench] plot: {args.plot}')
         result.update(name=name, scaling=rows)
+    elif args.breakdown:
+        name = args.names[0]
+        model = build(name, peers=False)['ours']
+        rows = [breakdown(model, case) for case in args.cases]
+        print(f'\n{name}, one profiled call per case\n{breakdown_table(rows)}\n')
+        result.update(name=name, breakdown=rows)
     else:
         result['cases'] = []
         for name in args.names:

@@ -7,7 +7,7 @@ import os
 
 from mmengine.runner import Runner
 
-from cpvt_backbones.adapters.runtime import add_common_args, load_config, prepare_launch
+from cpvt_backbones.adapters.runtime import add_common_args, launched, load_config
 
 
 def main() -> None:
@@ -20,8 +20,8 @@ def main() -> None:
 
     cfg = load_config(args.config, args.cfg_options, args.work_dir)
     cfg.load_from = args.checkpoint
-    prepare_launch(cfg, args.launcher)
-    Runner.from_cfg(cfg).test()
+    with launched(cfg, args.launcher):
+        Runner.from_cfg(cfg).test()
 
 
 if __name__ == '__main__':

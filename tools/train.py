@@ -8,7 +8,7 @@ import os
 
 from mmengine.runner import Runner
 
-from cpvt_backbones.adapters.runtime import add_common_args, enable_amp, load_config, prepare_launch
+from cpvt_backbones.adapters.runtime import add_common_args, enable_amp, launched, load_config
 
 
 def main() -> None:
@@ -27,8 +27,8 @@ def main() -> None:
     if args.resume:
         cfg.resume = True
         cfg.load_from = None if args.resume == 'auto' else args.resume
-    prepare_launch(cfg, args.launcher)
-    Runner.from_cfg(cfg).train()
+    with launched(cfg, args.launcher):
+        Runner.from_cfg(cfg).train()
 
 
 if __name__ == '__main__':

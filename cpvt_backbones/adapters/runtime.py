@@ -1,4 +1,5 @@
 """What our train/test tools add to mmengine's Runner: config overrides, resume, AMP, CPU multi-process."""
+import contextlib
 import copy
 import os
 from pathlib import Path
@@ -8,8 +9,8 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
 
-__all__ = ['DictAction', 'add_common_args', 'enable_amp', 'evaluate', 'load_config', 'prepare_launch',
-           'set_cls_test_size', 'set_test_scale']
+__all__ = ['DictAction', 'add_common_args', 'enable_amp', 'evaluate', 'launched', 'load_config',
+           'prepare_launch', 'set_cls_test_size', 'set_test_scale']
 _CLS_RESIZE_STEPS = ('Resize', 'ResizeEdge', 'RandomResize', 'CenterCrop', 'RandomResizedCrop')
 
 
@@ -54,6 +55,22 @@ def prepare_launch(cfg: Config, launcher: str) -> None:
     if not dist.is_initialized():
         dist.init_process_group(backend='gloo', rank=int(os.environ['RANK']),
                                 world_size=int(os.environ['WORLD_SIZE']))
+
+
+@contextlib.contextmanager
+def launched(cfg: Config, launcher: str):
+    """``prepare_launch``, and on the way out an orderly end of the process group: the ranks meet at a
+    barrier, then each destroys its group. A gloo group left to the interpreter's exit is torn down while its
+    peers may already be gone, which aborts a rank now and then ("terminate called without an active
+    exception") after all the work is done. (After an error there is no barrier: a peer may never come.)"""
+    prepare_launch(cfg, launcher)
+    try:
+        yield
+        if dist.is_initialized():
+            dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def add_common_args(parser, launchers: Sequence[str] = ('none', 'pytorch', 'slurm', 'mpi')) -> None:

@@ -13,8 +13,10 @@ class PatchEmbed(nn.Module):
     padding) and no input is too small. Keys ``proj`` and ``norm`` as in the official weights, whose norm
     here has torch's default eps 1e-5; DeiT-style columnar models have no norm here (``norm=False``).
 
-    Takes a (B, C, H, W) map in either memory format; a channels-last one (``layers.layout``) gives the
-    tokens without a copy."""
+    Takes a (B, C, H, W) map in either memory format and runs the convolution channels-last: the tokens are
+    then a view of its output (``layers.layout``), and oneDNN's channels-last kernel is also the fast one for
+    a 3-channel image (an NCHW image is converted first: 1.5-7x faster than the NCHW convolution plus the copy
+    of its output into tokens, measured at 224-1216 px)."""
 
     def __init__(self, in_chans: int, dim: int, patch_size: int, norm: bool = True):
         super().__init__()
@@ -23,5 +25,5 @@ class PatchEmbed(nn.Module):
         self.norm = nn.LayerNorm(dim) if norm else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        x = self.proj(pad_to_multiple(x, self.patch_size))
+        x = self.proj(pad_to_multiple(x.contiguous(memory_format=torch.channels_last), self.patch_size))
         return self.norm(map_to_tokens(x)), (x.shape[-2], x.shape[-1])
