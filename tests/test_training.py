@@ -81,16 +81,18 @@ def test_two_processes_on_cpu(workdir):
     assert len(runs) == 1 and len(list(runs[0].glob('*.log'))) == 1
     assert sorted(p.name for p in wd.glob('*.pth')) == ['iter_2.pth', 'iter_4.pth']
     assert (wd / 'last_checkpoint').read_text().strip().endswith('iter_4.pth')
+    assert load_checkpoint(wd / 'iter_4.pth')['meta']['iter'] == 4
+
+
+def load_checkpoint(path):
+    """torch.load with its default weights_only=True: our adapters register mmengine's log classes as safe."""
     import torch
-    import cpvt_backbones.adapters.mmdet  # noqa: F401  (registers mmengine's log classes as safe)
-    ckpt = torch.load(wd / 'iter_4.pth', map_location='cpu')  # default: weights_only=True
-    assert ckpt['meta']['iter'] == 4
+    import cpvt_backbones.adapters.mmdet  # noqa: F401
+    return torch.load(path, map_location='cpu')
 
 
 def final_weights(path):
-    import torch
-    import cpvt_backbones.adapters.mmdet  # noqa: F401  (registers mmengine's log classes as safe)
-    ckpt = torch.load(path, map_location='cpu')
+    ckpt = load_checkpoint(path)
     return ckpt['state_dict'], ckpt['optimizer']['state']
 
 
