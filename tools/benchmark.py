@@ -230,7 +230,7 @@ def scaling(impls: Dict[str, torch.nn.Module], sizes, repeats: int) -> List[dict
         with FlopCounterMode(display=False) as counter:
             model(x)
         counts = counter.get_flop_counts()['Global']
-        attention = sum(v for k, v in counts.items() if 'scaled_dot_product' in str(k))
+        attention = sum(v for k, v in counts.items() if _kind(str(k)) == 'attention')
         total = counter.get_total_flops()
         rows.append(dict(size=size, megapixels=size * size / 1e6, seconds=statistics.median(times),
                          peak_mb=peak_mb(model, x, 'infer'), gflops=total / 1e9, attention_share=attention / total))
@@ -275,7 +275,8 @@ def breakdown(model: torch.nn.Module, case: str) -> dict:
         k['fraction_of_matmul'] = k['gflops'] / k['seconds'] / matmul_gflops if k['gflops'] else None
     return dict(name=case, shape=[spec['batch'], 3, *spec['size']], mode=spec['mode'], seconds=total_s,
                 gflops=total_gflops, matmul_gflops=matmul_gflops,
-                fraction_of_matmul=total_gflops / total_s / matmul_gflops, ceiling=total_gflops / (total_s - kinds['rest']['seconds']) / matmul_gflops, kinds=kinds)
+                fraction_of_matmul=total_gflops / total_s / matmul_gflops,
+                ceiling=total_gflops / (total_s - kinds['rest']['seconds']) / matmul_gflops, kinds=kinds)
 
 
 # ---------------------------------------------------------------------------------------------- reporting
