@@ -1,103 +1,614 @@
-"""CPVT's central claim at small scale: train one network three ways at one resolution, test at larger ones.
+"""CPVT's central claim on real images: train at one resolution, test at larger ones without fine-tuning.
 
-    python benchmarks/resolution_study.py [--iters 1500] [--seeds 0 1] [--out benchmarks/results]
+    python benchmarks/resolution_study.py [--seeds 0 1 2] [--train-images 20000] [--epochs 4] [--out DIR]
 
-On the embedded shape crops (data/shapes_cls, 64 x 64), cpvt_tiny_gap is trained from scratch with
-(a) PEG after blocks 0-5 (CPVT), (b) no PEG but DeiT's learned absolute position embedding, bicubically
-interpolated at test time, (c) no position encoding at all; everything else (data, schedule, seed) equal.
-Each is tested without fine-tuning at 1x, 1.5x, 2x and 2.5x the training resolution (images resized, the
-token grid grows from 4 x 4 to 10 x 10). Writes resolution_study.{csv,json,md,png} under --out.
+Fashion-MNIST (Debian's ``dataset-fashion-mnist``; installed here when running as root, else a one-line
+message says how to get it). One DeiT-style CPVT (``--depth`` blocks, ``--dim`` wide, class token, patch
+``--patch``) is trained from scratch four ways that differ only in position encoding:
+
+  peg_0-5   a PEG after each of blocks 0-5 (the paper's best)
+  peg_0     one PEG after block 0 (the paper's default)
+  learned   DeiT's learned absolute embedding for the training grid, bicubically interpolated at test
+  none      no position encoding
+
+Same data subset, schedule, augmentation (random resized crops, scale ``--crop-scale``..1, and flips) and
+seeds. 28 px images with patch 4 give a 7 x 7 training grid; each model is tested on the test set resized to
+``--test-sizes`` (default 28/44/56/84 px: 7/11/14/21 tokens a side, 1x/1.57x/2x/3x; no padding anywhere).
+
+Diagnostics, from the same models: the 28 px images centred on blank canvases (``--canvas-sizes``: a larger
+grid, the object unchanged) and placed at 3 x 3 positions on one (``--placement-canvas``: accuracy by
+position); a linear position probe (``position_probe``: how well relative token position can be read from
+the final features at each test size); and the first PEG's response on a blank and a real image.
+
+Resumable: every run (variant, seed) keeps a checkpoint per epoch and a result.json under --work-dir; a rerun
+continues an interrupted run from its last epoch, skips finished ones, and runs only the tests a finished run
+lacks (on its saved weights). Writes NAME.{json,csv,md,png} and NAME_{placement,probe,peg_response}.png
+under --out with the per-seed numbers, mean and standard deviation, the command and the wall time.
 """
 import argparse
-import csv
 import json
+import math
+import os
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from cpvt_backbones import CPVT
+from cpvt_backbones.datasets import load_fashion_mnist
+from cpvt_backbones.datasets.fashion_mnist import DEFAULT_ROOT
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / 'tools'))
-
-from mmengine.runner import Runner  # noqa: E402
-from resolution_sweep import plot, sweep  # noqa: E402
-
-from cpvt_backbones.adapters.runtime import load_config  # noqa: E402
-from cpvt_backbones.datasets import generate_shape_crops  # noqa: E402
-
-CONFIG = str(ROOT / 'configs/shapes/cpvt-tiny-gap_shapes-cls.py')
-TRAIN_SIZE = 64
-FACTORS = (1, 1.5, 2, 2.5)
+sys.path.insert(0, str(ROOT / 'benchmarks'))
+from study_common import mean_std, run_meta, write_csv  # noqa: E402
+MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training-set pixel statistics
 VARIANTS = {
-    'PEG (CPVT)': dict(base='cpvt_tiny_gap'),
-    'learned abs. PE, interpolated (DeiT)': dict(base='cpvt_tiny_gap', peg_positions=(), pos_embed_grid=(4, 4)),
-    'no position encoding': dict(base='cpvt_tiny_gap', peg_positions=()),
+    'peg_0-5': 'PEG after blocks 0-5 (CPVT)',
+    'peg_0': 'PEG after block 0 (CPVT)',
+    'learned': 'learned abs. PE, interpolated (DeiT)',
+    'none': 'no position encoding',
 }
 
 
-def train(label: str, arch: dict, seed: int, iters: int, work_dir: Path) -> str:
-    cfg = load_config(CONFIG, work_dir=str(work_dir))
-    cfg.model.backbone.arch = arch
-    cfg.randomness = dict(seed=seed, deterministic=False)
-    cfg.train_cfg.max_iters = cfg.train_cfg.val_interval = iters
-    cfg.param_scheduler[1].T_max = iters - cfg.param_scheduler[1].begin
-    cfg.param_scheduler[1].end = iters
-    cfg.default_hooks.checkpoint.interval = iters
-    cfg.log_level = 'WARNING'
-    final = work_dir / f'iter_{iters}.pth'
-    if not final.is_file():
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--data', default=str(DEFAULT_ROOT), help='directory with the Fashion-MNIST IDX files')
+    p.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
+    p.add_argument('--train-images', type=int, default=20000, help='a fixed random subset of the 60,000')
+    p.add_argument('--test-images', type=int, default=5000, help='the first N of the 10,000')
+    p.add_argument('--image-size', type=int, default=28, help='training resolution (the images are 28 px)')
+    p.add_argument('--test-sizes', type=int, nargs='+', default=[28, 44, 56, 84])
+    p.add_argument('--canvas-sizes', type=int, nargs='*', default=[56],
+                   help='also test the training-size images centred on blank canvases of these sizes')
+    p.add_argument('--placement-canvas', type=int, default=56,
+                   help='accuracy by position: the images placed at 3 x 3 positions on a canvas this large '
+                        '(0: skip)')
+    p.add_argument('--placement-images', type=int, default=1000, help='the first N test images, per position')
+    p.add_argument('--probe-images', type=int, default=1000,
+                   help='position probe: fitted on the first half of the first N test images at the training size, '
+                        'scored on the second half at every test size (0: skip)')
+    p.add_argument('--epochs', type=int, default=4)
+    p.add_argument('--batch-size', type=int, default=128)
+    p.add_argument('--lr', type=float, default=1e-3)
+    p.add_argument('--weight-decay', type=float, default=0.05)
+    p.add_argument('--drop-path', type=float, default=0.1)
+    p.add_argument('--crop-scale', type=float, default=0.25, help='smallest crop area of the random resized crop')
+    p.add_argument('--dim', type=int, default=64)
+    p.add_argument('--depth', type=int, default=6)
+    p.add_argument('--heads', type=int, default=2)
+    p.add_argument('--patch', type=int, default=4)
+    p.add_argument('--work-dir', default='work_dirs/resolution_study')
+    p.add_argument('--out', default=str(ROOT / 'benchmarks/results'))
+    p.add_argument('--name', default='resolution_study')
+    args = p.parse_args(argv)
+    for size in [args.image_size] + args.test_sizes + args.canvas_sizes:
+        if size % args.patch:
+            p.error(f'size {size} is not a multiple of the patch size {args.patch} (the study avoids padding)')
+    if args.image_size not in args.test_sizes:
+        p.error(f'--test-sizes must include the training size {args.image_size} (changes are measured from it)')
+    if any(s <= args.image_size for s in args.canvas_sizes + [args.placement_canvas or args.image_size + 1]):
+        p.error(f'--canvas-sizes and --placement-canvas must be larger than the training size {args.image_size}')
+    if args.placement_canvas % args.patch:
+        p.error(f'--placement-canvas {args.placement_canvas} is not a multiple of the patch size {args.patch}')
+    if not 0 < args.crop_scale <= 1:
+        p.error(f'--crop-scale must be in (0, 1], got {args.crop_scale}')
+    return args
+
+
+def ensure_data(root: str) -> None:
+    """Install Debian's package when the default location is empty and we may; otherwise stop in one line."""
+    try:
+        load_fashion_mnist('test', root)
+        return
+    except FileNotFoundError as e:
+        problem = str(e)
+    can_install = Path(root) == DEFAULT_ROOT and hasattr(os, 'geteuid') and os.geteuid() == 0 \
+        and shutil.which('apt-get')
+    if not can_install:
+        raise SystemExit(f'[study] {problem}')
+    print('[study] installing Debian package dataset-fashion-mnist', flush=True)
+    install = ['apt-get', 'install', '-y', '-q', 'dataset-fashion-mnist']
+    if subprocess.run(install).returncode and (subprocess.run(['apt-get', 'update', '-q']).returncode
+                                               or subprocess.run(install).returncode):
+        raise SystemExit('[study] apt-get could not install dataset-fashion-mnist; install it by hand or pass --data')
+
+
+def load_split(root: str, split: str, count: int, subset_seed: int = 0):
+    """The first ``count`` images of a fixed permutation (the same subset for every variant and seed),
+    normalised to (N, 1, 28, 28) float32."""
+    images, labels = load_fashion_mnist(split, root)
+    if count > len(images):
+        raise SystemExit(f'[study] asked for {count} {split} images, the {split} split has {len(images)}')
+    idx = np.random.default_rng(subset_seed).permutation(len(images))[:count] if split == 'train' \
+        else np.arange(count)
+    x = torch.from_numpy(images[idx].astype(np.float32) / 255.).unsqueeze(1)
+    return (x - MEAN) / STD, torch.from_numpy(labels[idx])
+
+
+def random_resized_crop(x: torch.Tensor, size: int, min_scale: float, gen: torch.Generator) -> torch.Tensor:
+    """Batched random resized crop (area ``min_scale``..1, aspect 3/4..4/3) plus horizontal flip, as one affine
+    resampling per image; the crop always lies inside the image."""
+    B = x.shape[0]
+    u = torch.rand(B, 5, generator=gen)
+    area = min_scale + (1 - min_scale) * u[:, 0]
+    log_ratio = math.log(3 / 4) + (math.log(4 / 3) - math.log(3 / 4)) * u[:, 1]
+    w = (area * log_ratio.exp()).sqrt().clamp(max=1)
+    h = (area / log_ratio.exp()).sqrt().clamp(max=1)
+    cx, cy = (2 * u[:, 2] - 1) * (1 - w), (2 * u[:, 3] - 1) * (1 - h)
+    flip = torch.where(u[:, 4] < 0.5, -1., 1.)
+    theta = torch.zeros(B, 2, 3)
+    theta[:, 0, 0], theta[:, 0, 2], theta[:, 1, 1], theta[:, 1, 2] = w * flip, cx, h, cy
+    grid = F.affine_grid(theta, [B, x.shape[1], size, size], align_corners=False)
+    return F.grid_sample(x, grid, mode='bilinear', padding_mode='border', align_corners=False)
+
+
+def resize(x: torch.Tensor, size: int) -> torch.Tensor:
+    return x if x.shape[-1] == size else F.interpolate(x, size=(size, size), mode='bilinear', align_corners=False)
+
+
+def build_model(variant: str, args: argparse.Namespace) -> CPVT:
+    grid = args.image_size // args.patch
+    pe = dict(peg_positions=tuple(range(min(6, args.depth))) if variant == 'peg_0-5' else
+              (0,) if variant == 'peg_0' else (), pos_embed_grid=(grid, grid) if variant == 'learned' else None)
+    return CPVT(embed_dim=args.dim, depth=args.depth, num_heads=args.heads, patch_size=args.patch, in_chans=1,
+                num_classes=10, class_token=True, drop_path_rate=args.drop_path, **pe)
+
+
+def make_optimizer(model: CPVT, args: argparse.Namespace, total_steps: int):
+    """AdamW without decay on biases, norms, PEGs and the position table; linear warm-up then cosine."""
+    skip = model.no_weight_decay()
+    decay = [p for n, p in model.named_parameters() if p.ndim > 1 and n not in skip]
+    rest = [p for n, p in model.named_parameters() if p.ndim <= 1 or n in skip]
+    opt = torch.optim.AdamW([dict(params=decay, weight_decay=args.weight_decay), dict(params=rest, weight_decay=0.)],
+                            lr=args.lr)
+    warmup = max(1, total_steps // 10)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total_steps - warmup)))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def save_atomic(obj, path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + '.tmp')
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def placements(args: argparse.Namespace) -> List[Tuple[int, int]]:
+    """Top-left pixel offsets (patch-aligned) of the image on the placement canvas: corners, edge middles, centre."""
+    if not args.placement_canvas:
+        return []
+    free = args.placement_canvas - args.image_size
+    steps = (0, (free // 2) // args.patch * args.patch, free)
+    return [(r, c) for r in steps for c in steps]
+
+
+def size_keys(args: argparse.Namespace) -> List[str]:
+    """'56': the test images resized to 56 px; 'canvas56': at 28 px, centred on a blank 56 px canvas."""
+    return [str(s) for s in args.test_sizes] + [f'canvas{s}' for s in args.canvas_sizes]
+
+
+def placement_keys(args: argparse.Namespace) -> List[str]:
+    """'place56@0,28': at 28 px on a blank 56 px canvas, top-left corner at row 0, column 28."""
+    return [f'place{args.placement_canvas}@{r},{c}' for r, c in placements(args)]
+
+
+def test_keys(args: argparse.Namespace) -> List[str]:
+    return size_keys(args) + placement_keys(args)
+
+
+def prepare(x: torch.Tensor, key: str, patch: int) -> torch.Tensor:
+    """The test input for ``key`` (see ``test_keys``). Canvases are black, the Fashion-MNIST background, and
+    offsets are multiples of the patch, so the object falls on the same token grid as at the training size."""
+    if key.startswith('place'):
+        size, offsets = key[len('place'):].split('@')
+        (top, left), total = map(int, offsets.split(',')), int(size) - x.shape[-1]
+    elif key.startswith('canvas'):
+        total = int(key[len('canvas'):]) - x.shape[-1]
+        top = left = (total // 2) // patch * patch
+    else:
+        return resize(x, int(key))
+    return F.pad(x, (left, total - left, top, total - top), value=-MEAN / STD)
+
+
+@torch.inference_mode()
+def evaluate(model: CPVT, x: torch.Tensor, y: torch.Tensor, keys: Sequence[str], args: argparse.Namespace,
+             batch: int = 250):
+    """Top-1 (%) for each test key; placement tests use the first ``--placement-images`` images."""
+    model.eval()
+    out = {}
+    for key in keys:
+        n = min(len(x), args.placement_images) if key.startswith('place') else len(x)
+        xs, ys = x[:n], y[:n]
+        correct = sum((model(prepare(xs[i:i + batch], key, args.patch)).argmax(-1) == ys[i:i + batch]).sum().item()
+                      for i in range(0, n, batch))
+        out[key] = 100. * correct / n
+    return out
+
+
+@torch.inference_mode()
+def position_probe(model: CPVT, x: torch.Tensor, args: argparse.Namespace) -> Dict:
+    """What the network knows about where a token is, at sizes it never saw.
+
+    A ridge regression from the final patch-token features to the token's relative position in the image
+    (row and column centres in 0..1, the same for a given piece of content at every size) is fitted on the
+    first half of ``x`` at the training size and scored (R^2) on the second half at every test size. 'rows'
+    holds, per test size, the mean predicted relative row of each token row (true centres in 'true_rows').
+    A network that encodes relative position keeps R^2 near its 1x value; one that encodes distance from the
+    border in tokens does not, since resizing changes that distance."""
+    model.eval()
+    half = len(x) // 2
+
+    def tokens_and_targets(images: torch.Tensor, size: int):
+        tokens = model.forward_features(resize(images, size))[:, model.num_prefix_tokens:]
+        grid = size // args.patch
+        centres = (torch.arange(grid) + 0.5) / grid
+        target = torch.stack(torch.meshgrid(centres, centres, indexing='ij'), dim=-1).reshape(1, grid * grid, 2)
+        return tokens.reshape(-1, tokens.shape[-1]), target.expand(len(images), -1, -1).reshape(-1, 2), grid
+
+    features, targets, _ = tokens_and_targets(x[:half], args.image_size)
+    features = torch.cat((features, torch.ones(len(features), 1)), dim=1).double()
+    gram = features.T @ features
+    weights = torch.linalg.solve(gram + 1e-3 * gram.diagonal().mean() * torch.eye(len(gram), dtype=gram.dtype),
+                                 features.T @ targets.double())
+    out = dict(r2={}, rows={}, true_rows={})
+    for size in args.test_sizes:
+        features, targets, grid = tokens_and_targets(x[half:], size)
+        pred = torch.cat((features, torch.ones(len(features), 1)), dim=1).double() @ weights
+        residual = ((pred - targets) ** 2).sum()
+        total = ((targets - targets.mean(dim=0)) ** 2).sum()
+        out['r2'][str(size)] = round(float(1 - residual / total), 4)
+        out['rows'][str(size)] = [round(float(v), 4) for v in pred[:, 0].reshape(-1, grid, grid).mean(dim=(0, 2))]
+        out['true_rows'][str(size)] = [round((i + 0.5) / grid, 4) for i in range(grid)]
+    return out
+
+
+def train(variant: str, seed: int, args: argparse.Namespace, train_data, run_dir: Path):
+    """Train one model, resuming from its last finished epoch; returns it with its training record."""
+    x_train, y_train = train_data
+    torch.manual_seed(seed)
+    model = build_model(variant, args)
+    steps_per_epoch = len(x_train) // args.batch_size
+    if steps_per_epoch < 1:
+        raise SystemExit(f'[study] --batch-size {args.batch_size} is larger than --train-images {len(x_train)}')
+    opt, sched = make_optimizer(model, args, steps_per_epoch * args.epochs)
+    gen = torch.Generator().manual_seed(seed)
+    state = dict(epoch=0, log=[], train_seconds=0.)
+    ckpt_path = run_dir / 'checkpoint.pth'
+    if ckpt_path.is_file():
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        model.load_state_dict(ckpt['model'])
+        opt.load_state_dict(ckpt['optimizer'])
+        sched.load_state_dict(ckpt['scheduler'])
+        gen.set_state(ckpt['generator'])
+        torch.set_rng_state(ckpt['torch_rng'])
+        state = ckpt['state']
+        print(f'[study] {variant} seed {seed}: resuming after epoch {state["epoch"]}', flush=True)
+    for epoch in range(state['epoch'], args.epochs):
+        model.train()
+        start, loss_sum, correct = time.perf_counter(), 0., 0
+        order = torch.randperm(len(x_train), generator=gen)
+        for step in range(steps_per_epoch):
+            idx = order[step * args.batch_size:(step + 1) * args.batch_size]
+            xb = random_resized_crop(x_train[idx], args.image_size, args.crop_scale, gen)
+            logits = model(xb)
+            loss = F.cross_entropy(logits, y_train[idx], label_smoothing=0.1)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            loss_sum += loss.item()
+            correct += (logits.argmax(-1) == y_train[idx]).sum().item()
+        seconds = time.perf_counter() - start
+        state['epoch'] = epoch + 1
+        state['train_seconds'] += seconds
+        state['log'].append(dict(epoch=epoch + 1, loss=round(loss_sum / steps_per_epoch, 4),
+                                 train_top1=round(100. * correct / (steps_per_epoch * args.batch_size), 2),
+                                 seconds=round(seconds, 1)))
+        print(f'[study] {variant} seed {seed}: {state["log"][-1]}', flush=True)
+        save_atomic(dict(model=model.state_dict(), optimizer=opt.state_dict(), scheduler=sched.state_dict(),
+                         generator=gen.get_state(), torch_rng=torch.get_rng_state(), state=state), ckpt_path)
+    torch.save(model.state_dict(), run_dir / 'final.pth')
+    record = dict(variant=variant, seed=seed, top1={}, epochs=args.epochs, iterations=steps_per_epoch * args.epochs,
+                  params=sum(p.numel() for p in model.parameters()), train_seconds=round(state['train_seconds'], 1),
+                  eval_seconds=0., log=state['log'])
+    return model, record
+
+
+def run(variant: str, seed: int, args: argparse.Namespace, data, run_dir: Path) -> Dict:
+    """One (variant, seed): trained once, then tested on every test this invocation asks for. result.json
+    caches both; a test it lacks is run on the saved final weights, so tests can be added to a finished study."""
+    result_path = run_dir / 'result.json'
+    model, result = None, json.loads(result_path.read_text()) if result_path.is_file() else None
+    if result is None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        model, result = train(variant, seed, args, data[0], run_dir)
+    missing = [k for k in test_keys(args) if k not in result['top1']]
+    changed = bool(missing)
+    if missing:
+        if model is None:
+            model = build_model(variant, args)
+            model.load_state_dict(torch.load(run_dir / 'final.pth'))
         start = time.perf_counter()
-        Runner.from_cfg(cfg).train()
-        print(f'[study] {label} seed {seed}: {iters} iterations in {time.perf_counter() - start:.0f} s', flush=True)
-    return str(final)
+        result['top1'].update(evaluate(model, *data[1], missing, args))
+        result['eval_seconds'] = round(result['eval_seconds'] + time.perf_counter() - start, 1)
+        print(f'[study] {variant} seed {seed}: top-1 ' + ', '.join(f'{k} {result["top1"][k]:.2f}' for k in missing),
+              flush=True)
+    probe_sizes = [str(s) for s in args.test_sizes]
+    if args.probe_images and sorted(result.get('probe', {}).get('r2', {})) != sorted(probe_sizes):
+        if model is None:
+            model = build_model(variant, args)
+            model.load_state_dict(torch.load(run_dir / 'final.pth'))
+        result['probe'] = position_probe(model, data[1][0][:args.probe_images], args)
+        changed = True
+        print(f'[study] {variant} seed {seed}: position probe R^2 {result["probe"]["r2"]}', flush=True)
+    if changed:
+        result_path.write_text(json.dumps(result, indent=2))
+    return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--iters', type=int, default=1500)
-    parser.add_argument('--seeds', type=int, nargs='+', default=[0])
-    parser.add_argument('--out', default=str(ROOT / 'benchmarks/results'))
-    parser.add_argument('--work-dir', default='work_dirs/resolution_study')
-    args = parser.parse_args()
-    out, work = Path(args.out), Path(args.work_dir)
-    generate_shape_crops(ROOT / 'data/shapes_cls')
-    sizes = [round(TRAIN_SIZE * f) for f in FACTORS]
-    start = time.perf_counter()
+def summarise(results: List[Dict], args: argparse.Namespace) -> List[Dict]:
+    """One row per (variant, test): per-seed top-1, mean, standard deviation, and the change from the
+    training size (paired by seed)."""
+    rows = []
+    for variant in args.variants:
+        runs = sorted((r for r in results if r['variant'] == variant), key=lambda r: r['seed'])
+        for key in size_keys(args):
+            size = int(key.removeprefix('canvas'))
+            accs = [r['top1'][key] for r in runs]
+            (m, s), (dm, ds) = mean_std(accs), mean_std([r['top1'][key] - r['top1'][str(args.image_size)]
+                                                         for r in runs])
+            rows.append(dict(variant=variant, test='canvas' if key.startswith('canvas') else 'resize', size=size,
+                             factor=round(size / args.image_size, 2), grid=size // args.patch, top1_mean=m,
+                             top1_std=s, change_mean=dm, change_std=ds, top1_per_seed=[round(a, 2) for a in accs],
+                             seeds=[r['seed'] for r in runs]))
+    return rows
 
-    rows, curves = [], {}
-    for label, arch in VARIANTS.items():
-        per_seed = []
-        for seed in args.seeds:
-            tag = f'{label.split()[0].lower()}-seed{seed}'
-            checkpoint = train(label, arch, seed, args.iters, work / tag)
-            per_seed.append(sweep(CONFIG, checkpoint, sizes, work / tag, tag,
-                                  {'model.backbone.arch': dict(arch, _delete_=True)})[0])
-        means = [statistics.mean(r[i]['metric'] for r in per_seed) for i in range(len(sizes))]
-        curves[label] = [dict(size=s, metric=m) for s, m in zip(sizes, means)]
-        for i, size in enumerate(sizes):
-            rows.append(dict(variant=label, size=size, factor=FACTORS[i], top1_mean=round(means[i], 2),
-                             top1_per_seed=[round(r[i]['metric'], 2) for r in per_seed]))
-    minutes = (time.perf_counter() - start) / 60
 
+def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    train_grid = args.image_size // args.patch
+    panels = [('resize', 'top1', 'top-1 (%)', 'images resized'),
+              ('resize', 'change', f'change from {train_grid} x {train_grid} (points)', 'images resized')]
+    if args.canvas_sizes:
+        panels.append(('canvas', 'change', f'change from {train_grid} x {train_grid} (points)',
+                       f'{args.image_size} px images centred on a blank canvas'))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    for ax, (test, value, ylabel, title) in zip(axes[0], panels):
+        for variant in args.variants:
+            r = [row for row in rows if row['variant'] == variant and (row['test'] == test or
+                                                                       row['size'] == args.image_size)]
+            ax.errorbar([row['grid'] for row in r], [row[f'{value}_mean'] for row in r],
+                        yerr=[row[f'{value}_std'] for row in r], marker='o', capsize=3, label=VARIANTS[variant])
+        ax.axvline(train_grid, color='grey', ls=':', lw=1)
+        if value == 'change':
+            ax.axhline(0, color='black', lw=0.8)
+        ax.set_xlabel('test token grid (side); training grid dotted')
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(sorted({row['grid'] for row in rows}))
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f'Fashion-MNIST, trained at {args.image_size} px ({train_grid} x {train_grid} tokens), tested '
+                 f'without fine-tuning; mean +- std over {len(rows[0]["seeds"])} seeds', fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def summarise_placements(results: List[Dict], args: argparse.Namespace) -> List[Dict]:
+    rows = []
+    for variant in args.variants:
+        runs = sorted((r for r in results if r['variant'] == variant), key=lambda r: r['seed'])
+        for (top, left), key in zip(placements(args), placement_keys(args)):
+            accs = [r['top1'][key] for r in runs]
+            m, sd = mean_std(accs)
+            rows.append(dict(variant=variant, canvas=args.placement_canvas, top=top, left=left, top1_mean=m,
+                             top1_std=sd, top1_per_seed=[round(a, 2) for a in accs]))
+    return rows
+
+
+def plot_placements(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    offsets = sorted({row['top'] for row in rows})
+    fig, axes = plt.subplots(1, len(args.variants), figsize=(3.3 * len(args.variants) + 1, 3.6), squeeze=False)
+    for ax, variant in zip(axes[0], args.variants):
+        cells = {(row['top'], row['left']): row for row in rows if row['variant'] == variant}
+        grid = np.array([[cells[(r, c)]['top1_mean'] for c in offsets] for r in offsets])
+        image = ax.imshow(grid, vmin=0, vmax=100, cmap='viridis')
+        for i, r in enumerate(offsets):
+            for j, c in enumerate(offsets):
+                ax.text(j, i, f'{cells[(r, c)]["top1_mean"]:.0f}\n±{cells[(r, c)]["top1_std"]:.0f}', ha='center',
+                        va='center', fontsize=8, color='white' if grid[i, j] < 60 else 'black')
+        ax.set_xticks(range(len(offsets)), [f'x={c}' for c in offsets], fontsize=7)
+        ax.set_yticks(range(len(offsets)), [f'y={r}' for r in offsets], fontsize=7)
+        ax.set_title(VARIANTS[variant], fontsize=8)
+    fig.colorbar(image, ax=axes[0].tolist(), label='top-1 (%)', shrink=0.85)
+    fig.suptitle(f'Accuracy by position: {args.image_size} px images at 3 x 3 offsets (px) on a blank '
+                 f'{args.placement_canvas} px canvas (trained at {args.image_size} px, no canvas); '
+                 f'{args.placement_images} images, mean ± std over seeds', fontsize=9)
+    fig.savefig(path, dpi=120, bbox_inches='tight')
+    plt.close(fig)
+
+
+def summarise_probe(results: List[Dict], args: argparse.Namespace) -> List[Dict]:
+    rows = []
+    for variant in args.variants:
+        runs = sorted((r for r in results if r['variant'] == variant and 'probe' in r), key=lambda r: r['seed'])
+        for size in map(str, args.test_sizes if runs else []):
+            r2 = [r['probe']['r2'][size] for r in runs]
+            m, sd = mean_std(r2, digits=3)
+            rows.append(dict(variant=variant, size=int(size), r2_mean=m, r2_std=sd, r2_per_seed=r2,
+                             true_rows=runs[0]['probe']['true_rows'][size],
+                             predicted_rows=[round(statistics.mean(v), 4)
+                                             for v in zip(*(r['probe']['rows'][size] for r in runs))]))
+    return rows
+
+
+def plot_probe(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(args.variants), figsize=(3.4 * len(args.variants), 3.6), squeeze=False)
+    for ax, variant in zip(axes[0], args.variants):
+        for row in (r for r in rows if r['variant'] == variant):
+            ax.plot(row['true_rows'], row['predicted_rows'], marker='.',
+                    label=f'{row["size"]} px ({row["size"] // args.patch}x{row["size"] // args.patch}): '
+                          f'R² {row["r2_mean"]:.2f}')
+        ax.plot([0, 1], [0, 1], color='grey', ls=':', lw=1)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_xlabel('true relative row of the token')
+        ax.set_title(VARIANTS[variant], fontsize=8)
+        ax.legend(fontsize=6.5, loc='upper left')
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel('position read from its features')
+    fig.suptitle('Linear position probe: fitted on final token features at the training size, applied at larger '
+                 'sizes (mean over seeds)', fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+@torch.inference_mode()
+def peg_response(model: CPVT, x: torch.Tensor) -> torch.Tensor:
+    """What the first PEG adds to each token (the L2 norm of its convolution's output), as an (h, w) map; read
+    with a forward hook on ``pos_block.0.proj``."""
+    captured = []
+    handle = model.pos_block[0].proj.register_forward_hook(lambda module, inputs, output: captured.append(output))
+    try:
+        model.eval()
+        model(x)
+    finally:
+        handle.remove()
+    return captured[0][0].norm(dim=0)
+
+
+def plot_peg_response(args: argparse.Namespace, test_image: torch.Tensor, path: Path) -> None:
+    """For each PEG variant (lowest seed): the first PEG's response on a blank image and on a test image, at the
+    training size and at 2x (resized and on a canvas)."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    seed = min(args.seeds)
+    variants = [v for v in args.variants if v.startswith('peg')]
+    big = 2 * args.image_size
+    blank = torch.full_like(test_image, -MEAN / STD)
+    inputs = [('blank, 1x', blank), (f'blank, {big} px', resize(blank, big)), ('test image, 1x', test_image),
+              (f'test image resized to {big} px', resize(test_image, big)),
+              (f'test image on a {big} px canvas', prepare(test_image, f'canvas{big}', args.patch))]
+    fig, axes = plt.subplots(len(variants), len(inputs), figsize=(3.1 * len(inputs), 3 * len(variants)),
+                             squeeze=False)
+    for row, variant in zip(axes, variants):
+        model = build_model(variant, args)
+        model.load_state_dict(torch.load(Path(args.work_dir) / f'{variant}-seed{seed}' / 'final.pth'))
+        maps = [peg_response(model, x).numpy() for _, x in inputs]
+        vmax = max(float(m.max()) for m in maps)
+        for ax, (label, _), response in zip(row, inputs, maps):
+            image = ax.imshow(response, vmin=0, vmax=vmax, cmap='magma')
+            ax.set_title(label, fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        row[0].set_ylabel(f'{variant}, seed {seed}', fontsize=8)
+        fig.colorbar(image, ax=row.tolist(), shrink=0.8, label='|PEG output| per token')
+    fig.suptitle("What the first PEG adds to each token (its zero-padded convolution's output, L2 norm)",
+                 fontsize=9)
+    fig.savefig(path, dpi=120, bbox_inches='tight')
+    plt.close(fig)
+
+
+def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespace, meta: Dict) -> None:
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / 'resolution_study.csv', 'w', newline='') as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    meta = dict(config='configs/shapes/cpvt-tiny-gap_shapes-cls.py', train_size=TRAIN_SIZE, iters=args.iters,
-                seeds=args.seeds, minutes=round(minutes, 1))
-    (out / 'resolution_study.json').write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
-    header = '| variant | ' + ' | '.join(f'{s} px ({f}x)' for s, f in zip(sizes, FACTORS)) + ' |'
-    lines = [header, '|---|' + '---|' * len(sizes)]
-    for label, curve in curves.items():
-        lines.append(f'| {label} | ' + ' | '.join(f'{p["metric"]:.1f}' for p in curve) + ' |')
+    write_csv(rows, out / f'{args.name}.csv')
+    placement, probe = summarise_placements(results, args), summarise_probe(results, args)
+    (out / f'{args.name}.json').write_text(json.dumps(dict(meta=meta, rows=rows, placement=placement, probe=probe,
+                                                           runs=results), indent=2))
+
+    def heading(key):
+        size = int(key.removeprefix('canvas'))
+        grid = f'{size // args.patch}x{size // args.patch}'
+        return f'canvas {size} px, {grid}' if key.startswith('canvas') else \
+            f'{size} px, {grid} ({size / args.image_size:.2g}x)'
+    keys = size_keys(args)
+    lines = ['| position encoding | ' + ' | '.join(heading(k) for k in keys) + ' |', '|---|' + '---|' * len(keys)]
+    for variant in args.variants:
+        cells = []
+        for row in (r for r in rows if r['variant'] == variant):
+            cell = f'{row["top1_mean"]:.2f} ± {row["top1_std"]:.2f}'
+            if row['size'] != args.image_size:
+                cell += f' ({row["change_mean"]:+.2f} ± {row["change_std"]:.2f})'
+            cells.append(cell)
+        lines.append(f'| {VARIANTS[variant]} | ' + ' | '.join(cells) + ' |')
+    if placement:
+        spots = placements(args)
+        lines += ['', f'Accuracy by position on a blank {args.placement_canvas} px canvas (top-left offset y,x in px; '
+                  f'first {args.placement_images} test images):', '',
+                  '| position encoding | ' + ' | '.join(f'{r},{c}' for r, c in spots) + ' |',
+                  '|---|' + '---|' * len(spots)]
+        for variant in args.variants:
+            lines.append(f'| {VARIANTS[variant]} | ' + ' | '.join(
+                f'{row["top1_mean"]:.1f} ± {row["top1_std"]:.1f}' for row in placement
+                if row['variant'] == variant) + ' |')
+    if probe:
+        lines += ['', f'Position probe R² (relative token position read linearly from the final features; fitted at '
+                  f'{args.image_size} px on {args.probe_images // 2} images, scored on {args.probe_images // 2} others):',
+                  '', '| position encoding | ' + ' | '.join(f'{s} px' for s in args.test_sizes) + ' |',
+                  '|---|' + '---|' * len(args.test_sizes)]
+        for variant in args.variants:
+            lines.append(f'| {VARIANTS[variant]} | ' + ' | '.join(
+                f'{row["r2_mean"]:.3f} ± {row["r2_std"]:.3f}' for row in probe if row['variant'] == variant) + ' |')
     table = '\n'.join(lines)
-    (out / 'resolution_study.md').write_text(
-        table + f'\n\ntop-1 (%) on 400 held-out crops; trained at {TRAIN_SIZE} px for {args.iters} iterations, '
-        f'seeds {args.seeds}; {minutes:.0f} min on this machine\n')
-    plot(curves, 'top-1 accuracy (%)', out / 'resolution_study.png', TRAIN_SIZE)
+    (out / f'{args.name}.md').write_text(
+        table + f'\n\nTop-1 (%) on {meta["test_images"]} Fashion-MNIST test images, mean ± standard deviation over '
+        f'seeds {meta["seeds"]} (in brackets: change from the training size, paired by seed). "canvas": the '
+        f'{args.image_size} px image centred on a blank canvas (object size in tokens unchanged, grid larger). '
+        f'Trained at {args.image_size} px on {meta["train_images"]} images for {args.epochs} epochs '
+        f'({meta["iterations"]} iterations); parameters: {meta["params"]}. Study wall time {meta["wall_minutes"]} '
+        f'min (this invocation), {meta["run_minutes"]} min summed over runs.\n\n`{meta["command"]}`\n')
+    plot(rows, args, out / f'{args.name}.png')
+    if placement:
+        plot_placements(placement, args, out / f'{args.name}_placement.png')
+    if probe:
+        plot_probe(probe, args, out / f'{args.name}_probe.png')
     print(table)
-    print(f'[study] {minutes:.1f} min; results in {out}')
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
+    args = parse_args(argv)
+    ensure_data(args.data)
+    start = time.perf_counter()
+    data = (load_split(args.data, 'train', args.train_images), load_split(args.data, 'test', args.test_images))
+    work = Path(args.work_dir)
+    results = [run(v, seed, args, data, work / f'{v}-seed{seed}') for seed in args.seeds for v in args.variants]
+    rows = summarise(results, args)
+    meta = dict(run_meta('benchmarks/resolution_study.py', argv, start), dataset='Fashion-MNIST', train_images=args.train_images, test_images=args.test_images,
+                image_size=args.image_size, test_sizes=args.test_sizes,
+                canvas_sizes=args.canvas_sizes, seeds=args.seeds, epochs=args.epochs,
+                iterations=results[0]['iterations'], batch_size=args.batch_size, lr=args.lr,
+                weight_decay=args.weight_decay, drop_path=args.drop_path, crop_scale=args.crop_scale,
+                model=dict(dim=args.dim, depth=args.depth, heads=args.heads, patch=args.patch, class_token=True),
+                params={r['variant']: r['params'] for r in results},
+                run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1))
+    write_outputs(rows, results, args, meta)
+    if any(v.startswith('peg') for v in args.variants):
+        plot_peg_response(args, data[1][0][:1], Path(args.out) / f'{args.name}_peg_response.png')
+    print(f'[study] {meta["wall_minutes"]} min; results in {args.out}')
+    return rows
 
 
 if __name__ == '__main__':

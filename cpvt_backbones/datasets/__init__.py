@@ -1,4 +1,6 @@
-"""Small generated datasets that need no download (numpy and Pillow only)."""
+"""Datasets that need no download: generated shapes (numpy and Pillow) and Fashion-MNIST from local files."""
+from .fashion_mnist import load_fashion_mnist, read_idx
 from .shapes import CLASSES, PALETTE, ShapesSpec, generate_shape_crops, generate_shapes
 
-__all__ = ['CLASSES', 'PALETTE', 'ShapesSpec', 'generate_shape_crops', 'generate_shapes']
+__all__ = ['CLASSES', 'PALETTE', 'ShapesSpec', 'generate_shape_crops', 'generate_shapes', 'load_fashion_mnist',
+           'read_idx']

@@ -1,0 +1,223 @@
+"""Resolution generalisation on the dense tasks: PEG against the peer a user would pick, on the shapes data.
+
+    python benchmarks/dense_study.py [--seeds 0 1 2] [--det-iters 400] [--seg-iters 500] [--out DIR]
+
+RetinaNet and Semantic FPN as in the demo (configs/shapes), trained from scratch with three backbones that
+share widths (32/64/160/256), depths (2-2-2-2), heads (1/2/5/8), MLP ratio (4) and reduction ratios (8/4/2/1):
+
+  peg    pcpvt_tiny: a PEG after the first block of every stage
+  pvt    mmdet's own PyramidVisionTransformer (PVT v1), unmodified: a learned absolute embedding per stage for
+         the training scale, resized bilinearly to every input
+  none   pcpvt_tiny without PEGs: no position encoding
+
+Same data, schedule and seeds. Each model is tested on the held-out split resized (long side) to 0.5x, 0.7x,
+1x, 1.5x, 2x and 3x the training scale and at the images' native sizes: bbox mAP and mIoU, mean and standard
+deviation over seeds. Resumable: a finished run (trained and evaluated) is skipped, an interrupted training
+resumes from its last checkpoint. Writes NAME.{json,csv,md,png} under --out.
+"""
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / 'benchmarks'))
+from study_common import mean_std, run_meta, write_csv  # noqa: E402
+
+TASKS = {
+    'detection': dict(config='configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py', metric='coco/bbox_mAP',
+                      label='bbox mAP'),
+    'segmentation': dict(config='configs/shapes/fpn_pcpvt-tiny_shapes.py', metric='mIoU', label='mIoU (%)'),
+}
+VARIANTS = {
+    'peg': 'pcpvt_tiny (PEG)',
+    'pvt': "mmdet PVT v1 (learned abs. PE, resized)",
+    'none': 'pcpvt_tiny without PEG',
+}
+FACTORS = ('0.5', '0.7', '1', '1.5', '2', '3', 'native')
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--tasks', nargs='+', default=list(TASKS), choices=list(TASKS))
+    p.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
+    p.add_argument('--det-iters', type=int, default=400)
+    p.add_argument('--seg-iters', type=int, default=500)
+    p.add_argument('--factors', nargs='+', default=list(FACTORS), choices=list(FACTORS))
+    p.add_argument('--data', default='data/shapes', help='the shapes data (generated there if missing)')
+    p.add_argument('--num-train', type=int, default=800)
+    p.add_argument('--num-val', type=int, default=150)
+    p.add_argument('--work-dir', default='work_dirs/dense_study')
+    p.add_argument('--out', default=str(ROOT / 'benchmarks/results'))
+    p.add_argument('--name', default='dense_study')
+    return p.parse_args(argv)
+
+
+def backbone(variant: str, task: str, train_scale: Sequence[int]) -> dict:
+    if variant == 'peg':
+        return dict(type='PyramidCPVT', arch='pcpvt_tiny', drop_path_rate=0.0)
+    if variant == 'none':
+        return dict(type='PyramidCPVT', drop_path_rate=0.0,
+                    arch=dict(base='pcpvt_tiny', peg_positions=((), (), (), ())))
+    return dict(type='PyramidVisionTransformer' if task == 'detection' else
+                'mmdet.PyramidVisionTransformer', pretrain_img_size=max(train_scale), embed_dims=32,
+                num_layers=[2, 2, 2, 2], num_heads=[1, 2, 5, 8], mlp_ratios=[4, 4, 4, 4], sr_ratios=[8, 4, 2, 1],
+                patch_sizes=[4, 2, 2, 2], strides=[4, 2, 2, 2], drop_path_rate=0.0, out_indices=(0, 1, 2, 3))
+
+
+def make_config(task: str, variant: str, seed: int, args: argparse.Namespace, work_dir: Path):
+    from cpvt_backbones.adapters.runtime import load_config
+    cfg = load_config(str(ROOT / TASKS[task]['config']), work_dir=str(work_dir))
+    cfg.model.backbone = backbone(variant, task, cfg.train_scale)
+    if variant == 'pvt' and task == 'segmentation':
+        cfg.custom_imports['imports'] = list(cfg.custom_imports['imports']) + ['mmdet.models']
+    data_root = str(Path(args.data)) + '/'
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[loader].dataset.data_root = data_root
+    if task == 'detection':
+        for evaluator in ('val_evaluator', 'test_evaluator'):
+            cfg[evaluator].ann_file = data_root + 'annotations/val.json'
+    iters = args.det_iters if task == 'detection' else args.seg_iters
+    warmup = min(cfg.param_scheduler[0].end, max(1, iters // 10))
+    cfg.param_scheduler[0].end = warmup
+    cfg.param_scheduler[1].begin = warmup if task == 'segmentation' else 0
+    cfg.param_scheduler[1].end = iters
+    if 'T_max' in cfg.param_scheduler[1]:
+        cfg.param_scheduler[1].T_max = iters
+    cfg.train_cfg.max_iters = iters
+    cfg.train_cfg.val_interval = iters + 1  # evaluated afterwards at every size
+    cfg.default_hooks.checkpoint.interval = max(1, min(cfg.default_hooks.checkpoint.interval, iters // 4))
+    cfg.default_hooks.logger.interval = max(1, min(50, iters))
+    cfg.randomness = dict(seed=seed)
+    cfg.resume = True  # continue from the work dir's last checkpoint, if any
+    cfg.log_level = 'WARNING'
+    return cfg, iters
+
+
+def test_scale(cfg, factor: str):
+    return None if factor == 'native' else tuple(round(s * float(factor)) for s in cfg.train_scale)
+
+
+def run(task: str, variant: str, seed: int, args: argparse.Namespace, run_dir: Path) -> Dict:
+    """Train (or resume) one model, then evaluate it at every test size; cached in result.json."""
+    from mmengine.runner import Runner
+
+    from cpvt_backbones.adapters.runtime import evaluate, set_test_scale
+    result_path = run_dir / 'result.json'
+    if result_path.is_file():
+        return json.loads(result_path.read_text())
+    cfg, iters = make_config(task, variant, seed, args, run_dir)
+    final = run_dir / f'iter_{iters}.pth'
+    start = time.perf_counter()
+    if not final.is_file():
+        Runner.from_cfg(copy.deepcopy(cfg)).train()
+    train_seconds = time.perf_counter() - start
+    metric = TASKS[task]['metric']
+    scores = {}
+    start = time.perf_counter()
+    for factor in args.factors:
+        test_cfg = copy.deepcopy(cfg)
+        test_cfg.resume = False
+        set_test_scale(test_cfg, test_scale(cfg, factor))
+        metrics = evaluate(test_cfg, str(final), str(run_dir / 'eval'), f'{factor}x')
+        if metric not in metrics:  # mmdet's CocoMetric reports nothing when no box passes the score threshold
+            print(f'[dense] {task} {variant} seed {seed} @ {factor}: no detections, mAP 0', flush=True)
+        value = float(metrics.get(metric, 0.))
+        scores[factor] = value if metric == 'mIoU' else 100. * value
+        print(f'[dense] {task} {variant} seed {seed} @ {factor}: {TASKS[task]["label"]} {scores[factor]:.2f}',
+              flush=True)
+    result = dict(task=task, variant=variant, seed=seed, iterations=iters, scores=scores,
+                  train_seconds=round(train_seconds, 1), eval_seconds=round(time.perf_counter() - start, 1))
+    result_path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def summarise(results: List[Dict], args: argparse.Namespace) -> List[Dict]:
+    rows = []
+    for task in args.tasks:
+        for variant in args.variants:
+            runs = sorted((r for r in results if r['task'] == task and r['variant'] == variant), key=lambda r: r['seed'])
+            for factor in args.factors:
+                values = [r['scores'][factor] for r in runs]
+                m, sd = mean_std(values)
+                rows.append(dict(task=task, variant=variant, factor=factor, mean=m, std=sd,
+                                 per_seed=[round(v, 2) for v in values], seeds=[r['seed'] for r in runs]))
+    return rows
+
+
+def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    scaled = [f for f in args.factors if f != 'native']
+    fig, axes = plt.subplots(1, len(args.tasks), figsize=(5.5 * len(args.tasks), 4.2), squeeze=False)
+    for ax, task in zip(axes[0], args.tasks):
+        for i, variant in enumerate(args.variants):
+            r = {row['factor']: row for row in rows if row['task'] == task and row['variant'] == variant}
+            line = ax.errorbar([float(f) for f in scaled], [r[f]['mean'] for f in scaled],
+                               yerr=[r[f]['std'] for f in scaled], marker='o', capsize=3, label=VARIANTS[variant])
+            if 'native' in r:
+                ax.errorbar([3.35 + 0.06 * i], [r['native']['mean']], yerr=[r['native']['std']], marker='s',
+                            capsize=3, color=line[0].get_color())
+        ax.axvline(1, color='grey', ls=':', lw=1)
+        ax.set_xticks([float(f) for f in scaled] + ([3.4] if 'native' in args.factors else []))
+        ax.set_xticklabels(scaled + (['native'] if 'native' in args.factors else []))
+        ax.set_xlabel('test scale (x training scale, long side)')
+        ax.set_ylabel(TASKS[task]['label'])
+        ax.set_title(task)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f'shapes data, trained at 1x from scratch; mean +- std over {len(args.seeds)} seeds', fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespace, meta: Dict) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out / f'{args.name}.csv')
+    (out / f'{args.name}.json').write_text(json.dumps(dict(meta=meta, rows=rows, runs=results), indent=2))
+    lines = []
+    for task in args.tasks:
+        lines += [f'**{task}** ({TASKS[task]["label"]})', '',
+                  '| backbone | ' + ' | '.join(f if f == 'native' else f'{f}x' for f in args.factors) + ' |',
+                  '|---|' + '---|' * len(args.factors)]
+        for variant in args.variants:
+            r = {row['factor']: row for row in rows if row['task'] == task and row['variant'] == variant}
+            lines.append(f'| {VARIANTS[variant]} | ' + ' | '.join(
+                f'{r[f]["mean"]:.1f} ± {r[f]["std"]:.1f}' for f in args.factors) + ' |')
+        lines.append('')
+    table = '\n'.join(lines)
+    (out / f'{args.name}.md').write_text(
+        table + f'\nMean ± standard deviation over seeds {args.seeds} on the {args.num_val} held-out images. '
+        f'Iterations: detection {args.det_iters}, segmentation {args.seg_iters} (batch 8). Wall time '
+        f'{meta["wall_minutes"]} min (this invocation), {meta["run_minutes"]} min summed over runs.\n\n'
+        f'`{meta["command"]}`\n')
+    plot(rows, args, out / f'{args.name}.png')
+    print(table)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
+    args = parse_args(argv)
+    from cpvt_backbones.datasets import ShapesSpec, generate_shapes
+    start = time.perf_counter()
+    generate_shapes(args.data, ShapesSpec(num_train=args.num_train, num_val=args.num_val))
+    work = Path(args.work_dir)
+    results = [run(task, variant, seed, args, work / f'{task}-{variant}-seed{seed}')
+               for seed in args.seeds for task in args.tasks for variant in args.variants]
+    rows = summarise(results, args)
+    meta = dict(run_meta('benchmarks/dense_study.py', argv, start), seeds=args.seeds, det_iters=args.det_iters, seg_iters=args.seg_iters, factors=args.factors,
+                num_train=args.num_train, num_val=args.num_val,
+                run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1))
+    write_outputs(rows, results, args, meta)
+    print(f'[dense] {meta["wall_minutes"]} min; results in {args.out}')
+    return rows
+
+
+if __name__ == '__main__':
+    main()

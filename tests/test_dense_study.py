@@ -1,0 +1,65 @@
+"""The dense resolution study end to end on a tiny configuration: three backbones, both tasks, every test size."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip('mmdet')
+pytest.importorskip('mmseg')
+from mmengine.runner import Runner  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _study():
+    spec = importlib.util.spec_from_file_location('dense_study', ROOT / 'benchmarks/dense_study.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_variants_build_the_backbones_they_name(tmp_path):
+    """Same widths, depths and heads; mmdet's PVT v1 keeps its learned table for the training scale."""
+    study = _study()
+    args = study.parse_args(['--data', str(tmp_path / 'shapes')])
+    from mmdet.registry import MODELS
+    from mmengine.registry import DefaultScope
+
+    import cpvt_backbones.adapters.mmdet  # noqa: F401  (registers PyramidCPVT)
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        built = {}
+        for variant in study.VARIANTS:
+            cfg, iters = study.make_config('detection', variant, 0, args, tmp_path / variant)
+            assert iters == 400 and cfg.train_cfg.max_iters == 400 and cfg.resume
+            built[variant] = MODELS.build(cfg.model.backbone)
+    assert type(built['pvt']).__name__ == 'PyramidVisionTransformer'
+    assert type(built['peg']).__name__ == type(built['none']).__name__ == 'PyramidCPVT'
+    assert len(built['peg'].pos_block) == 4 and len(built['none'].pos_block) == 0
+    tables = [n for n, _ in built['pvt'].named_parameters() if n.endswith('pos_embed')]
+    assert len(tables) == 4
+    assert dict(built['pvt'].named_parameters())[tables[0]].shape == (1, 48 * 48, 32)  # 192 px / 4
+    assert [stage[0].projection.out_channels for stage in built['pvt'].layers] == [32, 64, 160, 256]
+    assert [len(stage[1]) for stage in built['pvt'].layers] == [3] * 4  # the table, then 2 blocks
+    n_peg, n_none = (sum(p.numel() for p in built[v].parameters()) for v in ('peg', 'none'))
+    assert n_peg - n_none == 9 * (32 + 64 + 160 + 256) + (32 + 64 + 160 + 256)  # 3x3 depthwise + bias
+
+
+@pytest.mark.heavy
+def test_dense_study_end_to_end_then_skips(tmp_path, monkeypatch):
+    study = _study()
+    argv = ['--data', str(tmp_path / 'shapes'), '--num-train', '8', '--num-val', '2', '--det-iters', '2',
+            '--seg-iters', '2', '--seeds', '0', '--factors', '0.5', 'native',
+            '--work-dir', str(tmp_path / 'work'), '--out', str(tmp_path / 'out')]
+    rows = study.main(argv)
+    assert len(rows) == 2 * 3 * 2
+    assert all(0 <= r['mean'] <= 100 and r['per_seed'] == [r['mean']] for r in rows)
+    saved = json.loads((tmp_path / 'out' / 'dense_study.json').read_text())
+    assert {(r['task'], r['variant']) for r in saved['runs']} == {
+        (t, v) for t in study.TASKS for v in study.VARIANTS}
+    assert saved['meta']['command'].startswith('python benchmarks/dense_study.py --data')
+    assert (tmp_path / 'out' / 'dense_study.png').read_bytes()[:4] == b'\x89PNG'
+    assert 'native' in (tmp_path / 'out' / 'dense_study.md').read_text()
+
+    monkeypatch.setattr(Runner, 'from_cfg', classmethod(lambda *a, **k: pytest.fail('a finished run ran again')))
+    assert study.main(argv) == rows

@@ -1,0 +1,236 @@
+"""The Fashion-MNIST loader and the classification resolution study, end to end on a tiny configuration."""
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cpvt_backbones.datasets import load_fashion_mnist, read_idx
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ['--train-images', '96', '--test-images', '40', '--epochs', '2', '--batch-size', '32', '--dim', '16',
+        '--depth', '2', '--heads', '2', '--test-sizes', '28', '40', '--placement-canvas', '36',
+        '--placement-images', '20', '--probe-images', '10', '--canvas-sizes', '40']
+
+
+def _study():
+    spec = importlib.util.spec_from_file_location('resolution_study', ROOT / 'benchmarks/resolution_study.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_idx(path: Path, array: np.ndarray, compress: bool = True) -> None:
+    header = bytes([0, 0, 8, array.ndim]) + b''.join(int(n).to_bytes(4, 'big') for n in array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    if compress:
+        with gzip.open(path, 'wb') as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+
+
+@pytest.fixture(scope='module')
+def fake_fmnist(tmp_path_factory):
+    """A Fashion-MNIST-shaped directory: class k is a bright bar at row 2k (position carries the label)."""
+    root = tmp_path_factory.mktemp('fmnist')
+    rng = np.random.default_rng(0)
+    for stem, n, compress in (('train', 160, True), ('t10k', 48, False)):
+        labels = rng.integers(0, 10, n)
+        images = rng.integers(0, 60, (n, 28, 28))
+        for i, k in enumerate(labels):
+            images[i, 2 * k + 4:2 * k + 6, 4:24] = 255
+        suffix = '.gz' if compress else ''
+        _write_idx(root / f'{stem}-images-idx3-ubyte{suffix}', images, compress)
+        _write_idx(root / f'{stem}-labels-idx1-ubyte{suffix}', labels, compress)
+    return root
+
+
+def test_loader_reads_gzipped_and_plain_idx(fake_fmnist):
+    x, y = load_fashion_mnist('train', fake_fmnist)
+    assert x.shape == (160, 28, 28) and x.dtype == np.uint8 and y.dtype == np.int64
+    x_test, _ = load_fashion_mnist('test', fake_fmnist)
+    assert x_test.shape == (48, 28, 28)
+    assert (x[np.arange(160), 2 * y + 4, 10] == 255).all()
+
+
+def test_loader_errors_name_the_problem(tmp_path, fake_fmnist):
+    with pytest.raises(FileNotFoundError, match='apt-get install dataset-fashion-mnist'):
+        load_fashion_mnist('train', tmp_path / 'missing')
+    with pytest.raises(FileNotFoundError, match='train-images-idx3-ubyte'):
+        load_fashion_mnist('train', tmp_path)
+    with pytest.raises(ValueError, match='split must be one of'):
+        load_fashion_mnist('val', fake_fmnist)
+    bad = tmp_path / 'bad-idx'
+    bad.write_bytes(b'\x00\x00\x0d\x03' + b'\x00' * 12)
+    with pytest.raises(ValueError, match='not an unsigned-byte IDX file with 3'):
+        read_idx(bad, 3)
+    short = tmp_path / 'short-idx'
+    _write_idx(short, np.zeros((2, 3, 3)), compress=False)
+    short.write_bytes(short.read_bytes()[:-1])
+    with pytest.raises(ValueError, match=r'header says shape \(2, 3, 3\)'):
+        read_idx(short, 3)
+
+
+def test_study_stops_in_one_line_without_data(tmp_path, capsys):
+    with pytest.raises(SystemExit, match='apt-get install dataset-fashion-mnist'):
+        _study().main(['--data', str(tmp_path)] + TINY)
+
+
+def test_random_resized_crop_stays_inside_and_flips():
+    study = _study()
+    x = torch.arange(28.).repeat(32, 1, 28, 1)  # value = column index
+    gen = torch.Generator().manual_seed(0)
+    out = study.random_resized_crop(x, 28, 1.0, gen)
+    assert out.shape == (32, 1, 28, 28)
+    assert out.min() >= 0 and out.max() <= 27
+    steps = out[:, 0, 14].diff(dim=-1)
+    rising, falling = (steps > 0).all(dim=-1), (steps < 0).all(dim=-1)
+    assert (rising | falling).all() and rising.any() and falling.any()  # monotone rows, both flips seen
+    small = study.random_resized_crop(x, 28, 0.25, gen)
+    span = (small[:, 0, 14, -1] - small[:, 0, 14, 0]).abs()
+    assert (span < 26).sum() > 16 and span.min() > 27 * 0.25 ** 0.5 * (3 / 4) ** 0.5 - 1  # zoomed, never a sliver
+
+
+def test_canvas_keeps_the_object_on_the_training_token_grid():
+    study = _study()
+    x = torch.randn(3, 1, 28, 28)
+    out = study.prepare(x, 'canvas56', patch=4)
+    assert out.shape == (3, 1, 56, 56)
+    assert torch.equal(out[..., 12:40, 12:40], x)  # 14 px each side, aligned down to the patch: 12
+    border = torch.ones(56, 56, dtype=torch.bool)
+    border[12:40, 12:40] = False
+    assert torch.allclose(out[..., border], torch.tensor(-study.MEAN / study.STD))  # a black background
+    assert study.prepare(x, '56', patch=4).shape == (3, 1, 56, 56)
+    assert study.prepare(x, '28', patch=4) is x
+
+
+def test_peg_response_sees_the_zero_padded_border():
+    """On a blank image the first PEG's output is the same for every interior token and differs only where its
+    3 x 3 window reaches the zero padding: the border ring that encodes absolute position."""
+    study = _study()
+    args = study.parse_args(TINY)
+    model = study.build_model('peg_0', args)
+    with torch.no_grad():
+        model.pos_block[0].proj[0].weight.normal_()
+    response = study.peg_response(model, torch.full((1, 1, 56, 56), 1.5))
+    assert response.shape == (14, 14)
+    interior = response[1:-1, 1:-1]
+    assert torch.allclose(interior, interior[0, 0].expand_as(interior), rtol=1e-4)
+    ring = torch.cat([response[0], response[-1], response[:, 0], response[:, -1]])
+    assert (ring - interior[0, 0]).abs().min() > 1e-3
+
+
+def test_position_probe_reads_relative_position_from_a_learned_table():
+    """A model whose tokens are just its interpolated position table carries relative position at every size:
+    the probe finds it (R^2 near 1 at 1x and after resizing); without any position encoding it finds nothing."""
+    study = _study()
+    args = study.parse_args(TINY)
+    table = study.build_model('learned', args)
+    blind = study.build_model('none', args)
+    with torch.no_grad():
+        for model in (table, blind):
+            for block in model.blocks:
+                for linear in (block.attn.proj, block.mlp.fc2):
+                    linear.weight.zero_()
+                    linear.bias.zero_()
+            model.patch_embed.proj.weight.zero_()
+        rows, cols = torch.meshgrid(torch.linspace(-1, 1, 7), torch.linspace(-1, 1, 7), indexing='ij')
+        table.pos_embed.zero_()
+        table.pos_embed[0, 1:, :2] = torch.stack((rows, cols), dim=-1).reshape(49, 2)
+        table.pos_embed[0, 1:, 2] = 10.  # a large constant keeps the final LayerNorm nearly linear
+    x = torch.randn(8, 1, 28, 28)
+    learned, none = study.position_probe(table, x, args), study.position_probe(blind, x, args)
+    assert learned['r2']['28'] > 0.99 and learned['r2']['40'] > 0.95
+    assert abs(none['r2']['28']) < 0.05
+    assert learned['true_rows']['40'] == [round((i + 0.5) / 10, 4) for i in range(10)]
+
+
+def test_bad_settings_are_refused(capsys):
+    study = _study()
+    for bad, message in ((['--test-sizes', '30'], 'not a multiple of the patch size'),
+                         (['--test-sizes', '56'], 'must include the training size'),
+                         (['--canvas-sizes', '28'], 'must be larger than the training size'),
+                         (['--placement-canvas', '42'], 'not a multiple of the patch size'),
+                         (['--crop-scale', '0'], 'crop-scale')):
+        with pytest.raises(SystemExit):
+            study.parse_args(bad)
+        assert message in capsys.readouterr().err
+
+
+def test_variants_differ_only_in_position_encoding():
+    study = _study()
+    args = study.parse_args(TINY)
+    models = {v: study.build_model(v, args) for v in study.VARIANTS}
+    keys = {v: set(m.state_dict()) for v, m in models.items()}
+    common = keys['none']
+    assert keys['learned'] - common == {'pos_embed'}
+    assert {k.split('.')[0] for k in keys['peg_0-5'] - common} == {'pos_block'}
+    assert len({k for k in keys['peg_0-5'] - common if k.endswith('weight')}) == 2  # depth 2: PEGs after 0, 1
+    assert len({k for k in keys['peg_0'] - common if k.endswith('weight')}) == 1
+    assert all(keys[v] >= common for v in keys)
+    assert models['learned'].pos_embed.shape == (1, 1 + 7 * 7, 16)
+
+
+def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
+    study = _study()
+    work, out = tmp_path / 'work', tmp_path / 'out'
+    argv = ['--data', str(fake_fmnist), '--work-dir', str(work), '--out', str(out), '--seeds', '0', '1'] + TINY
+
+    rows = study.main(argv)
+    assert len(rows) == 4 * 3
+    assert {(r['test'], r['size']) for r in rows} == {('resize', 28), ('resize', 40), ('canvas', 40)}
+    for row in rows:
+        assert len(row['top1_per_seed']) == 2
+        assert row['top1_std'] == pytest.approx(float(np.std(row['top1_per_seed'], ddof=1)), abs=0.01)
+        assert 0 <= row['top1_mean'] <= 100
+    saved = json.loads((out / 'resolution_study.json').read_text())
+    assert saved['meta']['seeds'] == [0, 1] and saved['meta']['iterations'] == 2 * (96 // 32)
+    assert saved['meta']['command'].startswith('python benchmarks/resolution_study.py --data')
+    assert {r['variant'] for r in saved['runs']} == set(study.VARIANTS)
+    assert (out / 'resolution_study.png').stat().st_size > 10_000
+    assert [(p['top'], p['left']) for p in saved['placement'][:9]] == [(r, c) for r in (0, 4, 8) for c in (0, 4, 8)]
+    assert len(saved['placement']) == 4 * 9 and all(len(p['top1_per_seed']) == 2 for p in saved['placement'])
+    assert all(r['top1'][key] * 20 % 100 == 0 for r in saved['runs'] for key in r['top1'] if key.startswith('place'))
+    assert [(p['variant'], p['size']) for p in saved['probe']] == [(v, s) for v in study.VARIANTS for s in (28, 40)]
+    assert all(p['r2_mean'] <= 1 and len(p['predicted_rows']) == p['size'] // 4 for p in saved['probe'])
+    for figure in ('placement', 'peg_response', 'probe'):
+        assert (out / f'resolution_study_{figure}.png').stat().st_size > 10_000
+    assert '±' in (out / 'resolution_study.md').read_text()
+
+    # A rerun skips every finished run, and a test added later runs on the saved weights of every finished
+    # run, without training.
+    monkeypatch.setattr(study, 'train', lambda *a: pytest.fail('a finished run was trained again'))
+    assert study.main(argv) == rows
+    more = study.main(argv[:-1] + ['40', '48'])
+    assert [r for r in more if (r['test'], r['size']) != ('canvas', 48)] == rows
+    assert len(more) == 4 * 4
+    assert all('canvas48' in json.loads((work / f'{v}-seed1' / 'result.json').read_text())['top1']
+               for v in study.VARIANTS)
+    monkeypatch.undo()
+
+    # Interrupted after its first epoch, a run resumes from its checkpoint and ends bitwise where an
+    # uninterrupted run ends (data order, augmentation and drop path all continue their random streams).
+    args = study.parse_args(argv)
+    data = (study.load_split(args.data, 'train', 96), study.load_split(args.data, 'test', 40))
+    resumed = tmp_path / 'resumed'
+    real_save = study.save_atomic
+
+    def save_then_crash(obj, path):
+        real_save(obj, path)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(study, 'save_atomic', save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        study.run('peg_0-5', 0, args, data, resumed)
+    monkeypatch.undo()
+    assert torch.load(resumed / 'checkpoint.pth', weights_only=False)['state']['epoch'] == 1
+    result = study.run('peg_0-5', 0, args, data, resumed)
+    reference = json.loads((work / 'peg_0-5-seed0' / 'result.json').read_text())
+    assert result['top1'] == {k: reference['top1'][k] for k in result['top1']}
+    assert [e['loss'] for e in result['log']] == [e['loss'] for e in reference['log']]
+    final = torch.load(resumed / 'final.pth')
+    uninterrupted = torch.load(work / 'peg_0-5-seed0' / 'final.pth')
+    assert all(torch.equal(final[k], uninterrupted[k]) for k in uninterrupted)
