@@ -578,8 +578,9 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
         f'seeds {meta["seeds"]} (in brackets: change from the training size, paired by seed). "canvas": the '
         f'{args.image_size} px image centred on a blank canvas (object size in tokens unchanged, grid larger). '
         f'Trained at {args.image_size} px on {meta["train_images"]} images for {args.epochs} epochs '
-        f'({meta["iterations"]} iterations); parameters: {meta["params"]}. Study wall time {meta["wall_minutes"]} '
-        f'min (this invocation), {meta["run_minutes"]} min summed over runs.\n\n`{meta["command"]}`\n')
+        f'({meta["iterations"]} iterations); parameters: {meta["params"]}. Run time summed over the runs: '
+        f'{meta["run_minutes"]} min (training {meta["train_minutes"]}, testing {meta["test_minutes"]}); this '
+        f'invocation: {meta["wall_minutes"]} min.\n\n`{meta["command"]}`\n')
     plot(rows, args, out / f'{args.name}.png')
     if placement:
         plot_placements(placement, args, out / f'{args.name}_placement.png')
@@ -603,7 +604,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
                 weight_decay=args.weight_decay, drop_path=args.drop_path, crop_scale=args.crop_scale,
                 model=dict(dim=args.dim, depth=args.depth, heads=args.heads, patch=args.patch, class_token=True),
                 params={r['variant']: r['params'] for r in results},
-                run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1))
+                run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1),
+                train_minutes=round(sum(r['train_seconds'] for r in results) / 60, 1),
+                test_minutes=round(sum(r['eval_seconds'] for r in results) / 60, 1))
     write_outputs(rows, results, args, meta)
     if any(v.startswith('peg') for v in args.variants):
         plot_peg_response(args, data[1][0][:1], Path(args.out) / f'{args.name}_peg_response.png')
