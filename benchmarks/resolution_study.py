@@ -207,18 +207,19 @@ def test_keys(args: argparse.Namespace) -> List[str]:
     return size_keys(args) + placement_keys(args)
 
 
-def prepare(x: torch.Tensor, key: str, patch: int) -> torch.Tensor:
-    """The test input for ``key`` (see ``test_keys``). Canvases are black, the Fashion-MNIST background, and
-    offsets are multiples of the patch, so the object falls on the same token grid as at the training size."""
+def prepare(x: torch.Tensor, key: str, args: argparse.Namespace) -> torch.Tensor:
+    """The test input for ``key`` (see ``test_keys``). Canvas tests put the image, at the training size, on a
+    black canvas (the Fashion-MNIST background) at patch-aligned offsets, so the object falls on the same token
+    grid as in training."""
     if key.startswith('place'):
         size, offsets = key[len('place'):].split('@')
-        (top, left), total = map(int, offsets.split(',')), int(size) - x.shape[-1]
+        (top, left), total = map(int, offsets.split(',')), int(size) - args.image_size
     elif key.startswith('canvas'):
-        total = int(key[len('canvas'):]) - x.shape[-1]
-        top = left = (total // 2) // patch * patch
+        total = int(key[len('canvas'):]) - args.image_size
+        top = left = (total // 2) // args.patch * args.patch
     else:
         return resize(x, int(key))
-    return F.pad(x, (left, total - left, top, total - top), value=-MEAN / STD)
+    return F.pad(resize(x, args.image_size), (left, total - left, top, total - top), value=-MEAN / STD)
 
 
 @torch.inference_mode()
@@ -230,7 +231,7 @@ def evaluate(model: CPVT, x: torch.Tensor, y: torch.Tensor, keys: Sequence[str],
     for key in keys:
         n = min(len(x), args.placement_images) if key.startswith('place') else len(x)
         xs, ys = x[:n], y[:n]
-        correct = sum((model(prepare(xs[i:i + batch], key, args.patch)).argmax(-1) == ys[i:i + batch]).sum().item()
+        correct = sum((model(prepare(xs[i:i + batch], key, args)).argmax(-1) == ys[i:i + batch]).sum().item()
                       for i in range(0, n, batch))
         out[key] = 100. * correct / n
     return out
@@ -510,7 +511,7 @@ def plot_peg_response(args: argparse.Namespace, test_image: torch.Tensor, path: 
     blank = torch.full_like(test_image, -MEAN / STD)
     inputs = [('blank, 1x', blank), (f'blank, {big} px', resize(blank, big)), ('test image, 1x', test_image),
               (f'test image resized to {big} px', resize(test_image, big)),
-              (f'test image on a {big} px canvas', prepare(test_image, f'canvas{big}', args.patch))]
+              (f'test image on a {big} px canvas', prepare(test_image, f'canvas{big}', args))]
     fig, axes = plt.subplots(len(variants), len(inputs), figsize=(3.1 * len(inputs), 3 * len(variants)),
                              squeeze=False)
     for row, variant in zip(axes, variants):

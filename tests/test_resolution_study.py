@@ -97,15 +97,19 @@ def test_random_resized_crop_stays_inside_and_flips():
 
 def test_canvas_keeps_the_object_on_the_training_token_grid():
     study = _study()
+    args = study.parse_args(TINY)
     x = torch.randn(3, 1, 28, 28)
-    out = study.prepare(x, 'canvas56', patch=4)
+    out = study.prepare(x, 'canvas56', args)
     assert out.shape == (3, 1, 56, 56)
     assert torch.equal(out[..., 12:40, 12:40], x)  # 14 px each side, aligned down to the patch: 12
     border = torch.ones(56, 56, dtype=torch.bool)
     border[12:40, 12:40] = False
     assert torch.allclose(out[..., border], torch.tensor(-study.MEAN / study.STD))  # a black background
-    assert study.prepare(x, '56', patch=4).shape == (3, 1, 56, 56)
-    assert study.prepare(x, '28', patch=4) is x
+    assert study.prepare(x, 'place56@0,28', args)[..., :28, 28:].equal(x)
+    assert study.prepare(x, '56', args).shape == (3, 1, 56, 56)
+    assert study.prepare(x, '28', args) is x
+    args.image_size = 40  # a larger training size: the canvas holds the image at that size
+    assert torch.equal(study.prepare(x, 'canvas56', args)[..., 8:48, 8:48], study.resize(x, 40))
 
 
 def test_peg_response_sees_the_zero_padded_border():
