@@ -7,6 +7,7 @@ import pytest
 
 pytest.importorskip('mmdet')
 pytest.importorskip('mmseg')
+from mmengine.registry import DefaultScope  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +25,6 @@ def test_variants_build_the_backbones_they_name(tmp_path):
     study = _study()
     args = study.parse_args(['--data', str(tmp_path / 'shapes')])
     from mmdet.registry import MODELS
-    from mmengine.registry import DefaultScope
 
     import cpvt_backbones.adapters.mmdet  # noqa: F401  (registers PyramidCPVT)
     with DefaultScope.overwrite_default_scope('mmdet'):
@@ -51,7 +51,8 @@ def test_dense_study_end_to_end_then_skips(tmp_path, monkeypatch):
     argv = ['--data', str(tmp_path / 'shapes'), '--num-train', '8', '--num-val', '2', '--det-iters', '2',
             '--seg-iters', '2', '--seeds', '0', '--factors', '0.5', 'native',
             '--work-dir', str(tmp_path / 'work'), '--out', str(tmp_path / 'out')]
-    rows = study.main(argv)
+    with DefaultScope.overwrite_default_scope('mmdet'):  # the study's Runners leave their scopes behind otherwise
+        rows = study.main(argv)
     assert len(rows) == 2 * 3 * 2
     assert all(0 <= r['mean'] <= 100 and r['per_seed'] == [r['mean']] for r in rows)
     saved = json.loads((tmp_path / 'out' / 'dense_study.json').read_text())
@@ -62,4 +63,5 @@ def test_dense_study_end_to_end_then_skips(tmp_path, monkeypatch):
     assert 'native' in (tmp_path / 'out' / 'dense_study.md').read_text()
 
     monkeypatch.setattr(Runner, 'from_cfg', classmethod(lambda *a, **k: pytest.fail('a finished run ran again')))
-    assert study.main(argv) == rows
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        assert study.main(argv) == rows

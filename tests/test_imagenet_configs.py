@@ -139,7 +139,8 @@ def test_recipe(name):
     train = cfg.train_dataloader
     assert train.batch_size == BATCH
     assert train.sampler == dict(type='RepeatAugSampler', num_repeats=3, shuffle=True)
-    sampler = DATA_SAMPLERS.build(train.sampler, default_args=dict(dataset=list(range(12)), seed=0))
+    with DefaultScope.overwrite_default_scope('mmpretrain'):  # not whichever scope an earlier Runner left
+        sampler = DATA_SAMPLERS.build(train.sampler, default_args=dict(dataset=list(range(12)), seed=0))
     assert type(sampler).__name__ == 'RepeatAugSampler' and sampler.num_repeats == 3
     assert (train.dataset.type, train.dataset.data_root, train.dataset.split) == ('ImageNet', 'data/imagenet', 'train')
     steps = {t.type: t for t in train.dataset.pipeline}
