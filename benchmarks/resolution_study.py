@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -178,9 +178,10 @@ def make_optimizer(model: CPVT, args: argparse.Namespace, total_steps: int):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def save_atomic(obj, path: Path) -> None:
+def save_atomic(write: Callable[[Path], object], path: Path) -> None:
+    """``write(tmp)`` then rename onto ``path``: a crash leaves the old file or the new one, never half of one."""
     tmp = path.with_suffix(path.suffix + '.tmp')
-    torch.save(obj, tmp)
+    write(tmp)
     os.replace(tmp, path)
 
 
@@ -317,9 +318,10 @@ def train(variant: str, seed: int, args: argparse.Namespace, train_data, run_dir
                                  train_top1=round(100. * correct / (steps_per_epoch * args.batch_size), 2),
                                  seconds=round(seconds, 1)))
         print(f'[study] {variant} seed {seed}: {state["log"][-1]}', flush=True)
-        save_atomic(dict(model=model.state_dict(), optimizer=opt.state_dict(), scheduler=sched.state_dict(),
-                         generator=gen.get_state(), torch_rng=torch.get_rng_state(), state=state), ckpt_path)
-    torch.save(model.state_dict(), run_dir / 'final.pth')
+        ckpt = dict(model=model.state_dict(), optimizer=opt.state_dict(), scheduler=sched.state_dict(),
+                    generator=gen.get_state(), torch_rng=torch.get_rng_state(), state=state)
+        save_atomic(lambda tmp: torch.save(ckpt, tmp), ckpt_path)
+    save_atomic(lambda tmp: torch.save(model.state_dict(), tmp), run_dir / 'final.pth')
     record = dict(variant=variant, seed=seed, top1={}, epochs=args.epochs, iterations=steps_per_epoch * args.epochs,
                   params=sum(p.numel() for p in model.parameters()), train_seconds=round(state['train_seconds'], 1),
                   eval_seconds=0., log=state['log'])
@@ -334,12 +336,18 @@ def run(variant: str, seed: int, args: argparse.Namespace, data, run_dir: Path) 
     if result is None:
         run_dir.mkdir(parents=True, exist_ok=True)
         model, result = train(variant, seed, args, data[0], run_dir)
+
+    def trained() -> CPVT:
+        if model is not None:
+            return model
+        saved = build_model(variant, args)
+        saved.load_state_dict(torch.load(run_dir / 'final.pth'))
+        return saved
+
     missing = [k for k in test_keys(args) if k not in result['top1']]
     changed = bool(missing)
     if missing:
-        if model is None:
-            model = build_model(variant, args)
-            model.load_state_dict(torch.load(run_dir / 'final.pth'))
+        model = trained()
         start = time.perf_counter()
         result['top1'].update(evaluate(model, *data[1], missing, args))
         result['eval_seconds'] = round(result['eval_seconds'] + time.perf_counter() - start, 1)
@@ -347,14 +355,11 @@ def run(variant: str, seed: int, args: argparse.Namespace, data, run_dir: Path) 
               flush=True)
     probe_sizes = [str(s) for s in args.test_sizes]
     if args.probe_images and sorted(result.get('probe', {}).get('r2', {})) != sorted(probe_sizes):
-        if model is None:
-            model = build_model(variant, args)
-            model.load_state_dict(torch.load(run_dir / 'final.pth'))
-        result['probe'] = position_probe(model, data[1][0][:args.probe_images], args)
+        result['probe'] = position_probe(trained(), data[1][0][:args.probe_images], args)
         changed = True
         print(f'[study] {variant} seed {seed}: position probe R^2 {result["probe"]["r2"]}', flush=True)
     if changed:
-        result_path.write_text(json.dumps(result, indent=2))
+        save_atomic(lambda tmp: tmp.write_text(json.dumps(result, indent=2)), result_path)
     return result
 
 

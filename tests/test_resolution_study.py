@@ -223,8 +223,8 @@ def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
     resumed = tmp_path / 'resumed'
     real_save = study.save_atomic
 
-    def save_then_crash(obj, path):
-        real_save(obj, path)
+    def save_then_crash(write, path):
+        real_save(write, path)
         raise KeyboardInterrupt
     monkeypatch.setattr(study, 'save_atomic', save_then_crash)
     with pytest.raises(KeyboardInterrupt):
