@@ -2,13 +2,18 @@
 
     python benchmarks/dense_study.py [--seeds 0 1 2] [--det-iters 400] [--seg-iters 500] [--out DIR]
 
-RetinaNet and Semantic FPN as in the demo (configs/shapes), trained from scratch with three backbones that
-share widths (32/64/160/256), depths (2-2-2-2), heads (1/2/5/8), MLP ratio (4) and reduction ratios (8/4/2/1):
+RetinaNet and Semantic FPN as in the demo (configs/shapes), with three backbones that share widths
+(32/64/160/256), depths (2-2-2-2), heads (1/2/5/8), MLP ratio (4) and reduction ratios (8/4/2/1):
 
   peg    pcpvt_tiny: a PEG after the first block of every stage
   pvt    mmdet's own PyramidVisionTransformer (PVT v1), unmodified: a learned absolute embedding per stage for
          the training scale, resized bilinearly to every input
   none   pcpvt_tiny without PEGs: no position encoding
+
+The detector is trained from scratch; the segmentor starts from the backbone of the detector with the same
+backbone and seed (the demo's stand-in for ImageNet pretraining; ``--seg-init scratch`` trains it from scratch
+too). PVT's table is made for the detector's training scale in both tasks, so it carries over whole and is
+resized to the segmentor's inputs, as a user fine-tuning pretrained PVT weights would have it.
 
 Same data, schedule and seeds. Each model is tested on the held-out split resized (long side) to 0.5x, 0.7x,
 1x, 1.5x, 2x and 3x the training scale and at the images' native sizes: bbox mAP and mIoU, mean and standard
@@ -47,6 +52,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     p.add_argument('--det-iters', type=int, default=400)
     p.add_argument('--seg-iters', type=int, default=500)
+    p.add_argument('--seg-init', choices=('detection', 'scratch'), default='detection',
+                   help="the segmentor's backbone: the same variant and seed's detector backbone, or random")
     p.add_argument('--factors', nargs='+', default=list(FACTORS), choices=list(FACTORS))
     p.add_argument('--data', default='data/shapes', help='the shapes data (generated there if missing)')
     p.add_argument('--num-train', type=int, default=800)
@@ -57,22 +64,24 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def backbone(variant: str, task: str, train_scale: Sequence[int]) -> dict:
+def backbone(variant: str, task: str, table_size: int) -> dict:
     if variant == 'peg':
         return dict(type='PyramidCPVT', arch='pcpvt_tiny', drop_path_rate=0.0)
     if variant == 'none':
         return dict(type='PyramidCPVT', drop_path_rate=0.0,
                     arch=dict(base='pcpvt_tiny', peg_positions=((), (), (), ())))
     return dict(type='PyramidVisionTransformer' if task == 'detection' else
-                'mmdet.PyramidVisionTransformer', pretrain_img_size=max(train_scale), embed_dims=32,
+                'mmdet.PyramidVisionTransformer', pretrain_img_size=table_size, embed_dims=32,
                 num_layers=[2, 2, 2, 2], num_heads=[1, 2, 5, 8], mlp_ratios=[4, 4, 4, 4], sr_ratios=[8, 4, 2, 1],
-                patch_sizes=[4, 2, 2, 2], strides=[4, 2, 2, 2], drop_path_rate=0.0, out_indices=(0, 1, 2, 3))
+                patch_sizes=[4, 2, 2, 2], strides=[4, 2, 2, 2], drop_path_rate=0.0, out_indices=(0, 1, 2, 3),
+                convert_weights=False)
 
 
 def make_config(task: str, variant: str, seed: int, args: argparse.Namespace, work_dir: Path):
     from cpvt_backbones.adapters.runtime import load_config
     cfg = load_config(str(ROOT / TASKS[task]['config']), work_dir=str(work_dir))
-    cfg.model.backbone = backbone(variant, task, cfg.train_scale)
+    det_scale = cfg.train_scale if task == 'detection' else load_config(str(ROOT / TASKS['detection']['config'])).train_scale
+    cfg.model.backbone = backbone(variant, task, max(det_scale))
     if variant == 'pvt' and task == 'segmentation':
         cfg.custom_imports['imports'] = list(cfg.custom_imports['imports']) + ['mmdet.models']
     data_root = str(Path(args.data)) + '/'
@@ -102,6 +111,28 @@ def test_scale(cfg, factor: str):
     return None if factor == 'native' else tuple(round(s * float(factor)) for s in cfg.train_scale)
 
 
+def start_from_detector(cfg, detector: Path, path: Path) -> None:
+    """Point the segmentor's backbone at the detector's, after checking that every key loads strictly
+    (mmdet's PVT loads ``init_cfg`` weights with ``strict=False``, which would skip a mismatch silently)."""
+    import torch
+    from mmengine.registry import DefaultScope
+    from mmseg.registry import MODELS
+
+    import mmdet.models  # noqa: F401  (registers mmdet's PVT)
+    import cpvt_backbones.adapters.mmseg  # noqa: F401
+    if not detector.is_file():
+        raise FileNotFoundError(f'the segmentor starts from the detector with the same backbone and seed, and '
+                                f'{detector} is missing: run the detection task first (--tasks detection '
+                                f'segmentation) or pass --seg-init scratch')
+    weights = torch.load(detector, map_location='cpu', weights_only=False)['state_dict']
+    weights = {k[len('backbone.'):]: v for k, v in weights.items() if k.startswith('backbone.')}
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        MODELS.build(cfg.model.backbone).load_state_dict(weights, strict=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(weights, path)
+    cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=str(path))
+
+
 def run(task: str, variant: str, seed: int, args: argparse.Namespace, run_dir: Path) -> Dict:
     """Train (or resume) one model, then evaluate it at every test size; cached in result.json."""
     from mmengine.runner import Runner
@@ -114,6 +145,9 @@ def run(task: str, variant: str, seed: int, args: argparse.Namespace, run_dir: P
     final = run_dir / f'iter_{iters}.pth'
     start = time.perf_counter()
     if not final.is_file():
+        if task == 'segmentation' and args.seg_init == 'detection':
+            start_from_detector(cfg, run_dir.parent / f'detection-{variant}-seed{seed}' / f'iter_{args.det_iters}.pth',
+                                run_dir / 'backbone_from_detector.pth')
         Runner.from_cfg(copy.deepcopy(cfg)).train()
     train_seconds = time.perf_counter() - start
     metric = TASKS[task]['metric']

@@ -45,6 +45,36 @@ def test_variants_build_the_backbones_they_name(tmp_path):
     assert n_peg - n_none == 9 * (32 + 64 + 160 + 256) + (32 + 64 + 160 + 256)  # 3x3 depthwise + bias
 
 
+def test_segmentor_starts_from_the_detector_backbone_strictly(tmp_path):
+    """The detector's backbone weights carry over whole (PVT's table included), a missing detector says what
+    to run, and weights that do not fit raise instead of being skipped as mmdet's PVT would."""
+    import torch
+    from mmdet.registry import MODELS
+
+    import cpvt_backbones.adapters.mmdet  # noqa: F401
+    study = _study()
+    args = study.parse_args(['--data', str(tmp_path / 'shapes')])
+    for variant in ('pvt', 'peg'):
+        det_cfg, _ = study.make_config('detection', variant, 0, args, tmp_path / 'det')
+        with DefaultScope.overwrite_default_scope('mmdet'):
+            detector_backbone = MODELS.build(det_cfg.model.backbone)
+        detector = tmp_path / f'{variant}.pth'
+        torch.save(dict(state_dict={f'backbone.{k}': v for k, v in detector_backbone.state_dict().items()}),
+                   detector)
+        cfg, _ = study.make_config('segmentation', variant, 0, args, tmp_path / 'seg')
+        study.start_from_detector(cfg, detector, tmp_path / variant / 'backbone.pth')
+        saved = torch.load(cfg.model.backbone.init_cfg['checkpoint'])
+        assert saved.keys() == detector_backbone.state_dict().keys()
+        assert all(torch.equal(saved[k], v) for k, v in detector_backbone.state_dict().items())
+
+    with pytest.raises(FileNotFoundError, match='--seg-init scratch'):
+        study.start_from_detector(cfg, tmp_path / 'missing.pth', tmp_path / 'x.pth')
+    cfg, _ = study.make_config('segmentation', 'pvt', 0, args, tmp_path / 'seg')
+    cfg.model.backbone.pretrain_img_size = 160  # a 40 x 40 table cannot take the detector's 48 x 48 one
+    with pytest.raises(RuntimeError, match='pos_embed'):
+        study.start_from_detector(cfg, tmp_path / 'pvt.pth', tmp_path / 'y.pth')
+
+
 @pytest.mark.heavy
 def test_dense_study_end_to_end_then_skips(tmp_path, monkeypatch):
     study = _study()
@@ -61,6 +91,8 @@ def test_dense_study_end_to_end_then_skips(tmp_path, monkeypatch):
     assert saved['meta']['command'].startswith('python benchmarks/dense_study.py --data')
     assert (tmp_path / 'out' / 'dense_study.png').read_bytes()[:4] == b'\x89PNG'
     assert 'native' in (tmp_path / 'out' / 'dense_study.md').read_text()
+    assert all((tmp_path / 'work' / f'segmentation-{v}-seed0' / 'backbone_from_detector.pth').is_file()
+               for v in study.VARIANTS)
 
     monkeypatch.setattr(Runner, 'from_cfg', classmethod(lambda *a, **k: pytest.fail('a finished run ran again')))
     with DefaultScope.overwrite_default_scope('mmdet'):

@@ -113,13 +113,20 @@ def test_killed_run_resumes_to_the_same_weights(workdir):
     env = dict(os.environ, OMP_NUM_THREADS='1')
     proc = subprocess.Popen([sys.executable] + [str(a) for a in args], cwd=workdir, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def last_saved():
+        # mmengine writes iter_N.pth first and then `last_checkpoint` (plain open/write, so it can be read
+        # empty): only a complete marker says N is resumable.
+        marker = wd / 'last_checkpoint'
+        name = marker.read_text().strip() if marker.exists() else ''
+        return int(name.rsplit('_', 1)[1].split('.')[0]) if name.endswith('.pth') else 0
+
     deadline = time.time() + 300
-    while not (wd / 'iter_6.pth').exists() and time.time() < deadline and proc.poll() is None:
+    while last_saved() < 6 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (wd / f'iter_{total}.pth').exists(), 'the run ended before it could be killed'
-    last = int((wd / 'last_checkpoint').read_text().strip().rsplit('_', 1)[1].split('.')[0])
+    last = last_saved()
     assert last >= 6
     out = train(DET, wd, workdir, '--resume', max_iters=total, options=options)
     assert f'resumed epoch: 0, iter: {last}' in out.stdout + out.stderr
