@@ -8,7 +8,7 @@ env:
 	@bash tools/setup_env.sh
 
 test: env
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=20 $(PYTEST_ARGS) tests
 
 test-quick: env
 	$(PY) -m pytest -q -p no:cacheprovider -m "not heavy" $(PYTEST_ARGS) tests

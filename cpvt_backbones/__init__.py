@@ -3,7 +3,7 @@
 The package root and ``layers``, ``models``, ``convert`` need only torch. The OpenMMLab registrations live in
 ``cpvt_backbones.adapters.{mmdet,mmseg,mmpretrain}`` and are imported by configs through ``custom_imports``.
 """
-from .models import CPVT, PyramidCPVT, create_model, list_models
+from .models import CPVT, PyramidCPVT, create_model, list_models, optimize
 
 __version__ = '0.1.0'
-__all__ = ['CPVT', 'PyramidCPVT', 'create_model', 'list_models']
+__all__ = ['CPVT', 'PyramidCPVT', 'create_model', 'list_models', 'optimize']

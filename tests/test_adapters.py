@@ -1,5 +1,7 @@
 """The OpenMMLab adapters: registration, building from config dicts, strict Pretrained loading."""
 import importlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -94,9 +96,12 @@ def test_pretrained_loads_strictly_through_detector(tmp_path):
 
 
 def test_pretrained_with_prefix_from_mmengine_checkpoint(tmp_path):
-    """A whole detector checkpoint saved by mmengine (with its log objects in message_hub) loads safely."""
+    """A whole detector checkpoint saved by mmengine (with its log objects in message_hub) by a run with the
+    checkpoint opt-in loads safely where the opt-in is imported; elsewhere the error says what to import."""
     from mmengine.logging import HistoryBuffer
     import numpy as np
+
+    import cpvt_backbones.adapters.checkpoint  # noqa: F401
     fw = 'mmseg'
     sd, _ = _classifier_weights(tmp_path)
     buffer = HistoryBuffer()
@@ -106,6 +111,9 @@ def test_pretrained_with_prefix_from_mmengine_checkpoint(tmp_path):
                            'decode_head.conv_seg.weight': torch.zeros(2, 8, 1, 1)}}
     path = tmp_path / 'segmentor.pth'
     torch.save(ckpt, path)
+    refused = subprocess.run([sys.executable, '-c', 'import sys; from cpvt_backbones.convert import load_weights_file; '
+                              'load_weights_file(sys.argv[1])', str(path)], capture_output=True, text=True)
+    assert refused.returncode == 1 and 'cpvt_backbones.adapters.checkpoint is imported' in refused.stderr
     model = _build(fw, dict(type='PyramidCPVT', arch='pcpvt_tiny',
                               init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix='backbone')))
     model.init_weights()

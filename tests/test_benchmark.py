@@ -1,4 +1,4 @@
-"""tools/benchmark.py: the three implementations agree before anything is timed, and the JSON has its schema."""
+"""tools/benchmark.py: the implementations agree before anything is timed, and the JSON has its schema."""
 import json
 import subprocess
 import sys
@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-KEYS = {'name', 'shape', 'mode', 'ours_s', 'mmseg_s', 'timm_s', 'ours_peak_mb', 'mmseg_peak_mb', 'timm_peak_mb',
-        'max_abs_diff_mmseg', 'max_abs_diff_timm', 'gflops', 'ours_gflops_per_s', 'matmul_gflops',
-        'fraction_of_matmul'}
+KEYS = {'name', 'shape', 'mode', 'ours_s', 'plain_s', 'mmseg_s', 'timm_s', 'onnxruntime_s', 'bf16_s',
+        'ours_peak_mb', 'plain_peak_mb', 'mmseg_peak_mb', 'timm_peak_mb', 'max_abs_diff_plain', 'max_abs_diff_mmseg',
+        'max_abs_diff_timm', 'max_abs_diff_onnxruntime', 'gflops', 'ours_gflops_per_s', 'matmul_mkl_gflops',
+        'matmul_gflops', 'fraction_of_matmul'}
 
 
 def bench(tmp_path, *args):
@@ -24,13 +25,15 @@ def bench(tmp_path, *args):
 def test_peers_agree_and_schema(tmp_path):
     pytest.importorskip('mmseg')
     pytest.importorskip('timm')
-    result, stdout = bench(tmp_path, 'pcpvt_small', '--cases', 'infer224', 'train512')
-    assert result['matmul_gflops'] > 0
+    result, stdout = bench(tmp_path, 'pcpvt_small', '--cases', 'infer224', 'train512', '--no-onnx')
+    assert result['matmul_gflops'] > 0 and result['isa'] in stdout and result['cpu']
     infer, train = result['cases']
     assert KEYS <= set(infer) and infer['shape'] == [8, 3, 224, 224] and train['mode'] == 'train'
     for row in result['cases']:
-        assert row['max_abs_diff_mmseg'] < 1e-4 and row['max_abs_diff_timm'] < 1e-4
-        assert all(row[f'{k}_s'] > 0 for k in ('ours', 'mmseg', 'timm'))
+        assert max(row[f'max_abs_diff_{p}'] for p in ('plain', 'mmseg', 'timm')) < 1e-4
+        assert all(row[f'{k}_s'] > 0 for k in ('ours', 'plain', 'mmseg', 'timm'))
+    assert all(row['matmul_gflops'] == max(row[f'matmul_{lib}_gflops'] for lib in ('mkl', 'onednn')
+                                           if f'matmul_{lib}_gflops' in row) for row in result['cases'])
     assert abs(infer['gflops'] - 60.9) < 0.1  # 8 images at 224: 7.6 GFLOPs each (2 per multiply-add)
     assert '| infer224 |' in stdout
 
@@ -56,3 +59,24 @@ def test_breakdown_accounts_for_all_time_and_flops(tmp_path):
     pixels = (2 * 512 * 512) / (8 * 224 * 224)
     assert train['gflops'] > 2.5 * pixels * infer['gflops']  # forward + backward: about 3x the forward's FLOPs
     assert '| infer224 |' in stdout and '| train512 |' in stdout
+
+
+@pytest.mark.heavy
+def test_onnxruntime_runs_our_export_and_agrees(tmp_path):
+    """The deployer's alternative: our ONNX export in onnxruntime gives our maps (a shallow model keeps the
+    export short; every block is the same code)."""
+    pytest.importorskip('onnxruntime')
+    import torch
+
+    sys.path.insert(0, str(ROOT / 'tools'))
+    from benchmark import _OnnxRuntime
+
+    from cpvt_backbones import create_model
+    torch.manual_seed(0)
+    model = create_model('pcpvt_tiny', features_only=True, depths=(1, 1, 1, 1)).eval()
+    runtime = _OnnxRuntime(model, tmp_path / 'm.onnx')
+    assert runtime.inference_only
+    x = torch.randn(2, 3, 75, 99)
+    with torch.no_grad():
+        for a, b in zip(model(x), runtime(x)):
+            assert a.shape == b.shape and (a - b).abs().max() < 1e-3

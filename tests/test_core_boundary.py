@@ -46,3 +46,31 @@ assert not [k for k in sys.modules if k.split('.')[0] in {FORBIDDEN!r}]
 def test_adapters_are_outside_the_core():
     adapters = {p.stem for p in (PKG / 'adapters').glob('*.py')}
     assert {'mmdet', 'mmseg', 'mmpretrain'} <= adapters
+
+
+def test_importing_an_adapter_only_registers_the_backbones():
+    """Nothing but the registries' new entries changes: file backends, torch's safe globals, pickling rules,
+    hooks and every other registry are as they were. The checkpoint and hook opt-ins do change them."""
+    code = '''
+import copyreg, importlib, sys
+import torch
+from mmengine.fileio.backends import registry_utils
+from mmengine.registry import HOOKS, MODELS
+framework = sys.argv[1]
+importlib.import_module(framework + '.registry')
+def state():
+    return (dict(registry_utils.backends), dict(registry_utils.prefix_to_backends), list(torch.serialization.get_safe_globals()),
+            dict(copyreg.dispatch_table), sorted(HOOKS.module_dict), sorted(MODELS.module_dict))
+before = state()
+registry = importlib.import_module(framework + '.registry').MODELS
+known = set(registry.module_dict)
+importlib.import_module('cpvt_backbones.adapters.' + framework)
+assert state() == before, 'importing the adapter changed more than its registry'
+assert set(registry.module_dict) - known == {'PyramidCPVT', 'CPVT'}, set(registry.module_dict) - known
+import cpvt_backbones.adapters.checkpoint, cpvt_backbones.adapters.hooks
+after = state()
+assert after[0]['local'] is not before[0]['local'] and len(after[2]) > len(before[2]) and after[4] != before[4]
+assert 'RNGStateHook' in after[4]
+'''
+    for framework in ('mmdet', 'mmseg', 'mmpretrain'):
+        subprocess.run([sys.executable, '-c', code, framework], check=True)

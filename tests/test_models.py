@@ -104,10 +104,38 @@ def test_peg_settings_are_honoured():
                          peg_positions=((0, 1), (), (1,), (0,)))
     assert len(model.pos_block) == 4
     assert model.pos_block[0].proj[0].kernel_size == (5, 5) and len(model.pos_block[0].proj) == 2
-    assert model._peg_after == [{0: 0, 1: 1}, {}, {1: 2}, {0: 3}]
+    assert model.peg_after == {(0, 0): 0, (0, 1): 1, (2, 1): 2, (3, 0): 3}
     col = create_model('cpvt_tiny', peg_positions=(0,), peg_kernel_size=7)
     assert len(col.pos_block) == 1 and col.pos_block[0].proj[0].padding == (3, 3)
     assert len(create_model('cpvt_tiny').pos_block) == 6  # the paper's best: after blocks 0-5
+
+
+@pytest.mark.parametrize('name,positions', [('pcpvt_tiny', ((0, 1), (), (1,), (0,))), ('cpvt_tiny', (0, 3, 11))])
+def test_peg_after_is_the_order_the_network_runs(name, positions):
+    """In both models ``peg_after[(stage, j)] = k`` means PEG k runs right after block j of that stage."""
+    model = create_model(name, peg_positions=positions)
+    stages = model.blocks if name.startswith('pcpvt') else [model.blocks]
+    order = []
+    for i, stage in enumerate(stages):
+        for j, blk in enumerate(stage):
+            blk.register_forward_hook(lambda *_, key=(i, j): order.append(key))
+    for k, peg in enumerate(model.pos_block):
+        peg.register_forward_hook(lambda *_, k=k: order.append(k))
+    model(torch.randn(1, 3, 64, 64))
+    follows = {order[n - 1]: k for n, k in enumerate(order) if isinstance(k, int)}
+    assert follows == model.peg_after and len(model.peg_after) == len(model.pos_block)
+
+
+@pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
+def test_strides_and_channels_describe_the_returned_maps(name):
+    for out_indices in ((0, 1, 2, 3), (1, 3)):
+        model = create_model(name, features_only=True, out_indices=out_indices)
+        outs = model(torch.randn(1, 3, 70, 45))
+        assert model.out_indices == out_indices and len(model.strides) == len(model.out_channels) == len(outs)
+        assert [tuple(o.shape[1:]) for o in outs] == [(c, -(-70 // s), -(-45 // s))
+                                                      for c, s in zip(model.out_channels, model.strides)]
+    classifier = create_model(name)
+    assert classifier.out_indices == classifier.strides == classifier.out_channels == ()
 
 
 def test_peg_changes_the_output():

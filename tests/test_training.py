@@ -85,9 +85,9 @@ def test_two_processes_on_cpu(workdir):
 
 
 def load_checkpoint(path):
-    """torch.load with its default weights_only=True: our adapters register mmengine's log classes as safe."""
+    """torch.load with its default weights_only=True (the checkpoint opt-in registers mmengine's log classes)."""
     import torch
-    import cpvt_backbones.adapters.mmdet  # noqa: F401
+    import cpvt_backbones.adapters.checkpoint  # noqa: F401  (mmengine's log buffers load safely)
     return torch.load(path, map_location='cpu')
 
 

@@ -1,4 +1,6 @@
-"""Speed and memory of our pyramid CPVT backbone against mmseg's ``PCPVT`` and timm's ``twins_pcpvt_*``.
+"""Speed and memory of our pyramid CPVT backbone, optimized (``cpvt_backbones.optimize``, the fused CPU path)
+and plain, against mmseg's ``PCPVT``, timm's ``twins_pcpvt_*`` and onnxruntime running our ONNX export (what a
+CPU deployer would pick instead); on CPUs with AVX512-BF16 or AMX also the plain model under bf16 autocast.
 
     python tools/benchmark.py [NAME ...] [--json PATH] [--repeats 5] [--cases infer224 infer512 ...]
     python tools/benchmark.py --scaling [--sizes 128 256 ...] [--json PATH] [--plot PATH]
@@ -14,8 +16,10 @@ drop path 0. Peak memory is the rise of the process's resident-set high-water ma
 through /proc/self/clear_refs, Linux only). GFLOPs are ours, counted by torch's FlopCounterMode with the CPU
 flash-attention kernels registered: 2 FLOPs per multiply-add of every matmul, convolution and attention
 product (backward included for the training step); norms, activations, softmax and adds are not counted.
-The matmul rate is the median of fp32 2048 x 2048 x 2048 products on this machine, the practical limit,
-timed in the same interleaved rounds as the models (the speed of a shared machine drifts from minute to minute).
+The matmul rate is the practical limit: fp32 2048 x 2048 x 2048 products through MKL (``torch.mm``) and
+through oneDNN (the library of the fused path), timed in the same interleaved rounds as the models (the speed
+of a shared machine drifts from minute to minute); the faster median counts. (On AMD CPUs MKL runs its AVX2
+code even where oneDNN uses AVX-512.) Every result records the CPU's vector ISA.
 Names without an mmseg/timm counterpart (``cpvt_*``, ``pcpvt_tiny``) are timed alone.
 
 ``--breakdown`` profiles one call of ours per case (torch.profiler, self time of each op) and splits time and
@@ -24,12 +28,14 @@ kind's rate as a fraction of the matmul rate, and the ``ceiling``: the fraction 
 the rest took no time at all.
 """
 import argparse
+import copy
 import ctypes
 import gc
 import json
 import platform
 import re
 import statistics
+import sys
 import time
 from pathlib import Path
 from functools import partial
@@ -38,7 +44,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
 
-from cpvt_backbones import create_model
+from cpvt_backbones import create_model, optimize
 from cpvt_backbones.convert import twins_to_mmseg
 from cpvt_backbones.models import PyramidCPVT, model_settings
 
@@ -49,7 +55,7 @@ CASES = {
     'train512': dict(mode='train', batch=2, size=(512, 512)),
 }
 SCALING_SIZES = (128, 256, 384, 512, 768, 1024, 1280, 1536)
-PEERS = ('mmseg', 'timm')
+PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'bf16')
 aten = torch.ops.aten
 
 
@@ -63,25 +69,62 @@ def _sdpa_cpu_backward_flops(grad_out, query, key, value, *args, out_shape=None,
     return sdpa_backward_flop_count(grad_out, query, key, value)
 
 
-if hasattr(torch.ops.mkldnn, '_linear_pointwise'):  # our fused linear layers (cpvt_backbones.layers.fused)
+if hasattr(torch.ops.mkldnn, '_linear_pointwise'):  # the optimized model's fused linear layers
     @register_flop_formula(torch.ops.mkldnn._linear_pointwise)
     def _onednn_linear_flops(x, *args, out_shape=None, **kwargs) -> int:
         return 2 * x.numel() * out_shape[-1]  # (M, K) input, (M, N) output; also the .binary overload
 
 
 # ---------------------------------------------------------------------------------------------- the models
-def build(name: str, peers: bool = True) -> Dict[str, Callable]:
-    """{'ours': fn, 'mmseg': fn, 'timm': fn}: each maps a batch to its tuple of four NCHW maps."""
+def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None) -> Dict[str, Callable]:
+    """{'ours': optimized, 'plain': ours unoptimized, 'mmseg', 'timm', 'onnxruntime' (with ``onnx_dir``),
+    'bf16' (on CPUs with native bf16)}: each maps a batch to its tuple of four NCHW maps."""
     torch.manual_seed(0)
     classifier = create_model(name)
     weights = classifier.state_dict()
-    ours = create_model(name, features_only=True)
-    ours.load_state_dict({k: v for k, v in weights.items() if not k.startswith(('norm.', 'head.'))})
-    impls = {'ours': ours}
+    plain = create_model(name, features_only=True)
+    plain.load_state_dict({k: v for k, v in weights.items() if not k.startswith(('norm.', 'head.'))})
+    impls = {'ours': optimize(copy.deepcopy(plain)), 'plain': plain}
+    if has_fast_bf16(cpu_info()):
+        impls['bf16'] = _Autocast(plain)
     if peers and name in ('pcpvt_small', 'pcpvt_base', 'pcpvt_large'):
         impls['mmseg'] = _mmseg(name, weights)
         impls['timm'] = _timm(name, weights)
+    if peers and onnx_dir is not None:
+        impls['onnxruntime'] = _OnnxRuntime(plain, Path(onnx_dir) / f'{name}.onnx')
     return impls
+
+
+class _Autocast(torch.nn.Module):
+    """The plain model under CPU bf16 autocast (where the CPU has native bf16 GEMMs)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            return tuple(o.float() for o in self.model(x))
+
+
+class _OnnxRuntime(torch.nn.Module):
+    """onnxruntime (CPU provider, default graph optimisations) on our ONNX export with dynamic H and W."""
+
+    inference_only = True
+
+    def __init__(self, model, path: Path):
+        super().__init__()
+        import onnxruntime as ort
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from export_onnx import export
+        path.parent.mkdir(parents=True, exist_ok=True)
+        export(model.eval(), str(path), [f'stride{s}' for s in model.strides])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        self.session = ort.InferenceSession(str(path), options, providers=['CPUExecutionProvider'])
+
+    def forward(self, x):
+        return tuple(torch.from_numpy(o) for o in self.session.run(None, {'image': x.contiguous().numpy()}))
 
 
 def _mmseg(name: str, weights) -> torch.nn.Module:
@@ -116,19 +159,43 @@ def _timm(name: str, weights) -> torch.nn.Module:
 
 # ---------------------------------------------------------------------------------------------- measuring
 class Matmul:
-    """The reference: an fp32 2048 x 2048 x 2048 product, timed beside the models so that its rate and theirs
-    come from the same minutes on a machine whose speed drifts."""
+    """The reference: an fp32 2048 x 2048 x 2048 product through ``library`` (``'mkl'``: ``torch.mm``;
+    ``'onednn'``: oneDNN's linear), timed beside the models so that its rate and theirs come from the same
+    minutes on a machine whose speed drifts."""
 
     n = 2048
 
-    def __init__(self):
+    def __init__(self, library: str = 'mkl'):
         self.a, self.b = torch.randn(self.n, self.n), torch.randn(self.n, self.n)
+        self.library = library
 
     def __call__(self) -> None:
-        torch.mm(self.a, self.b)
+        if self.library == 'onednn':
+            torch.ops.mkldnn._linear_pointwise(self.a, self.b, None, 'none', [], '')
+        else:
+            torch.mm(self.a, self.b)
 
     def gflops(self, seconds: float) -> float:
         return 2 * self.n ** 3 / seconds / 1e9
+
+
+def gemm_libraries() -> List[str]:
+    return ['mkl'] + (['onednn'] if hasattr(torch.ops.mkldnn, '_linear_pointwise') else [])
+
+
+def cpu_info() -> Dict:
+    """The CPU model, the vector ISA torch dispatches to, and the flags that decide bf16 support."""
+    text = Path('/proc/cpuinfo').read_text() if Path('/proc/cpuinfo').is_file() else ''
+    model = re.search(r'^model name\s*:\s*(.+)$', text, re.M)
+    flag_line = re.search(r'^flags\s*:\s*(.+)$', text, re.M)
+    flags = set(flag_line.group(1).split()) if flag_line else set()
+    wanted = ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile')
+    return dict(cpu=model.group(1).strip() if model else platform.processor() or platform.machine(),
+                isa=torch.backends.cpu.get_cpu_capability(), flags=[f for f in wanted if f in flags])
+
+
+def has_fast_bf16(info: Dict) -> bool:
+    return bool({'avx512_bf16', 'amx_bf16'} & set(info['flags']))
 
 
 def _timed(fn: Callable[[], None]) -> float:
@@ -196,13 +263,14 @@ def run_case(impls: Dict[str, torch.nn.Module], case: str, repeats: int) -> dict
         model.train(mode == 'train')
     with torch.inference_mode():
         outs = {k: m(x) for k, m in impls.items()}
+    impls = {k: m for k, m in impls.items() if mode == 'infer' or not getattr(m, 'inference_only', False)}
     row = dict(name=case, shape=[spec['batch'], 3, *spec['size']], mode=mode)
     for peer in PEERS:
         row[f'max_abs_diff_{peer}'] = max_abs_diff(outs['ours'], outs[peer]) if peer in impls else None
     del outs
-    matmul = Matmul()
+    matmuls = {f'matmul_{lib}': Matmul(lib) for lib in gemm_libraries()}
     runs: Dict[str, Callable[[], None]] = {k: partial(_step, m, x, mode) for k, m in impls.items()}
-    runs['matmul'] = matmul
+    runs.update(matmuls)
     times: Dict[str, List[float]] = {k: [] for k in runs}
     for rnd in range(repeats + 1):  # round 0 warms up
         for key, run in runs.items():
@@ -214,7 +282,9 @@ def run_case(impls: Dict[str, torch.nn.Module], case: str, repeats: int) -> dict
         row[f'{key}_peak_mb'] = peak_mb(impls[key], x, mode) if key in impls else None
     row['gflops'] = gflops(impls['ours'], x, mode)
     row['ours_gflops_per_s'] = row['gflops'] / row['ours_s']
-    row['matmul_gflops'] = matmul.gflops(statistics.median(times['matmul']))
+    for key, matmul in matmuls.items():
+        row[f'{key}_gflops'] = matmul.gflops(statistics.median(times[key]))
+    row['matmul_gflops'] = max(row[f'{key}_gflops'] for key in matmuls)
     row['fraction_of_matmul'] = row['ours_gflops_per_s'] / row['matmul_gflops']
     return row
 
@@ -255,9 +325,8 @@ def breakdown(model: torch.nn.Module, case: str) -> dict:
     spec = CASES[case]
     model.train(spec['mode'] == 'train')
     x = torch.randn(spec['batch'], 3, *spec['size'])
-    matmul = Matmul()
     _step(model, x, spec['mode'])
-    matmul_s = min(_timed(matmul) for _ in range(5))
+    matmul_gflops = max(m.gflops(min(_timed(m) for _ in range(5))) for m in map(Matmul, gemm_libraries()))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         _step(model, x, spec['mode'])
     with FlopCounterMode(display=False) as counter:
@@ -269,7 +338,6 @@ def breakdown(model: torch.nn.Module, case: str) -> dict:
         kinds[_kind(str(op))]['gflops'] += flops / 1e9
     total_s = sum(k['seconds'] for k in kinds.values())
     total_gflops = sum(k['gflops'] for k in kinds.values())
-    matmul_gflops = matmul.gflops(matmul_s)
     for k in kinds.values():
         k['share'] = k['seconds'] / total_s
         k['fraction_of_matmul'] = k['gflops'] / k['seconds'] / matmul_gflops if k['gflops'] else None
@@ -285,18 +353,19 @@ def _fmt(value, spec: str) -> str:
 
 
 def table(rows: List[dict]) -> str:
-    lines = ['| case | shape | ours s | mmseg s | timm s | x mmseg | x timm | ours img/s | GFLOPs | % of matmul '
-             '| peak MiB ours / mmseg / timm | max diff mmseg / timm |',
-             '|---|---|---|---|---|---|---|---|---|---|---|---|']
+    """Ours is the optimized model; ``x peer`` is the peer's time over ours."""
+    lines = ['| case | shape | ours s | ' + ' | '.join(f'{p} s' for p in PEERS) + ' | '
+             + ' | '.join(f'x {p}' for p in PEERS) + ' | ours img/s | GFLOPs | % of matmul | peak MiB ours / '
+             + ' / '.join(PEERS) + ' | max diff ' + ' / '.join(PEERS) + ' |',
+             '|---|---|---|' + '---|' * (2 * len(PEERS)) + '---|---|---|---|---|']
     for r in rows:
-        vs = {p: (r[f'{p}_s'] / r['ours_s'] if r[f'{p}_s'] else None) for p in PEERS}
-        lines.append(
-            f"| {r['name']} | {'x'.join(map(str, r['shape']))} | {r['ours_s']:.3f} | {_fmt(r['mmseg_s'], '.3f')} "
-            f"| {_fmt(r['timm_s'], '.3f')} | {_fmt(vs['mmseg'], '.2f')} | {_fmt(vs['timm'], '.2f')} "
-            f"| {r['shape'][0] / r['ours_s']:.2f} | {r['gflops']:.1f} "
-            f"| {100 * r['fraction_of_matmul']:.0f}% | {_fmt(r['ours_peak_mb'], '.0f')} / "
-            f"{_fmt(r['mmseg_peak_mb'], '.0f')} / {_fmt(r['timm_peak_mb'], '.0f')} "
-            f"| {_fmt(r['max_abs_diff_mmseg'], '.1e')} / {_fmt(r['max_abs_diff_timm'], '.1e')} |")
+        times = ' | '.join(_fmt(r[f'{p}_s'], '.3f') for p in PEERS)
+        ratios = ' | '.join(_fmt(r[f'{p}_s'] / r['ours_s'] if r[f'{p}_s'] else None, '.2f') for p in PEERS)
+        peaks = ' / '.join(_fmt(r[f'{k}_peak_mb'], '.0f') for k in ('ours',) + PEERS)
+        diffs = ' / '.join(_fmt(r[f'max_abs_diff_{p}'], '.1e') for p in PEERS)
+        lines.append(f"| {r['name']} | {'x'.join(map(str, r['shape']))} | {r['ours_s']:.3f} | {times} | {ratios} "
+                     f"| {r['shape'][0] / r['ours_s']:.2f} | {r['gflops']:.1f} | {100 * r['fraction_of_matmul']:.0f}% "
+                     f"| {peaks} | {diffs} |")
     return '\n'.join(lines)
 
 
@@ -355,11 +424,15 @@ def main() -> None:
     parser.add_argument('--breakdown', action='store_true', help='where our time goes, by kind of op')
     parser.add_argument('--sizes', type=int, nargs='+', default=list(SCALING_SIZES), help='for --scaling')
     parser.add_argument('--json', help='write the results here')
+    parser.add_argument('--onnx-dir', default='work_dirs/bench_onnx', help='where our ONNX export is written')
+    parser.add_argument('--no-onnx', action='store_true', help='leave onnxruntime out')
     parser.add_argument('--plot', default='benchmarks/results/scaling.png', help='for --scaling')
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    meta = dict(torch=torch.__version__, threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine())
+    meta = dict(torch=torch.__version__, threads=torch.get_num_threads(), **cpu_info())
+    print(f"[bench] {meta['cpu']}: {meta['isa']} ({', '.join(meta['flags']) or 'no AVX flags'}), "
+          f"{meta['threads']} threads, torch {meta['torch']}", flush=True)
     result = dict(meta)
     if args.scaling:
         name = args.names[0]
@@ -377,7 +450,7 @@ def main() -> None:
     else:
         result['cases'] = []
         for name in args.names:
-            impls = build(name)
+            impls = build(name, onnx_dir=None if args.no_onnx else args.onnx_dir)
             rows = []
             for case in args.cases:
                 rows.append(dict(run_case(impls, case, args.repeats), model=name))

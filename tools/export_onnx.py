@@ -47,7 +47,7 @@ class Flatten(nn.Module):
 def backbone(name: str, checkpoint: str = None, out_indices: Sequence[int] = (0, 1, 2, 3)):
     """(module, output names) for the features-only backbone of a model name."""
     model = create_model(name, pretrained=checkpoint, features_only=True, out_indices=tuple(out_indices))
-    return model.eval(), [f'stride{4 * 2 ** i}' for i in model.out_indices]
+    return model.eval(), [f'stride{s}' for s in model.strides]
 
 
 def framework_model(config: str, checkpoint: str, cfg_options=None):

@@ -4,11 +4,12 @@
 
 Writes visualisations (boxes or masks drawn on the image) under OUT_DIR/vis and predictions (JSON for boxes,
 PNG label maps for masks) under OUT_DIR/preds, through mmdet's DetInferencer / mmseg's MMSegInferencer.
+Our backbones run optimized (``cpvt_backbones.optimize``); ``--plain`` keeps the plain model.
 """
 import argparse
 from pathlib import Path
 
-from cpvt_backbones.adapters.runtime import DictAction, load_config, set_test_scale
+from cpvt_backbones.adapters.runtime import DictAction, load_config, optimize_backbone, set_test_scale
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
 
@@ -39,9 +40,12 @@ def main() -> None:
     parser.add_argument('--score-thr', type=float, default=0.3, help='boxes drawn above this score')
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    parser.add_argument('--plain', action='store_true', help='do not optimize our backbone')
     args = parser.parse_args()
 
     cfg = load_config(args.config, args.cfg_options)
+    if not args.plain:
+        optimize_backbone(cfg)
     if args.scale or args.native:
         set_test_scale(cfg, None if args.native else args.scale)
     images = collect_images(args.inputs)

@@ -1,13 +1,16 @@
 """Evaluate a checkpoint with the config's test dataloader and evaluator (mmengine's Runner).
 
-    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--cfg-options k=v ...]
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--cfg-options k=v ...] [--plain]
+
+Our backbones run optimized (``cpvt_backbones.optimize``: same weights, same outputs to float32 rounding,
+faster on a CPU); ``--plain`` keeps the plain model (for hooks on its inner layers).
 """
 import argparse
 import os
 
 from mmengine.runner import Runner
 
-from cpvt_backbones.adapters.runtime import add_common_args, launched, load_config
+from cpvt_backbones.adapters.runtime import add_common_args, launched, load_config, optimize_backbone
 
 
 def main() -> None:
@@ -15,11 +18,14 @@ def main() -> None:
     parser.add_argument('config')
     parser.add_argument('checkpoint')
     add_common_args(parser)
+    parser.add_argument('--plain', action='store_true', help='do not optimize our backbone')
     args = parser.parse_args()
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
 
     cfg = load_config(args.config, args.cfg_options, args.work_dir)
     cfg.load_from = args.checkpoint
+    if not args.plain:
+        optimize_backbone(cfg)
     with launched(cfg, args.launcher):
         Runner.from_cfg(cfg).test()
 

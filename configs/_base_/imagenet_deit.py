@@ -5,7 +5,9 @@ _base_ = [
     'mmpretrain::_base_/schedules/imagenet_bs1024_adamw_swin.py',
     'mmpretrain::_base_/default_runtime.py',
 ]
-custom_imports = dict(imports=['cpvt_backbones.adapters.mmpretrain'], allow_failed_imports=False)
+# the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
+custom_imports = dict(imports=['cpvt_backbones.adapters.mmpretrain', 'cpvt_backbones.adapters.checkpoint',
+                               'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
 custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
 
 # Sizes the evaluation tool tests at without fine-tuning: ResizeEdge(short side round(size / crop_ratio),

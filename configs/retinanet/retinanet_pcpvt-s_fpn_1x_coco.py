@@ -2,7 +2,9 @@
 # ImageNet head that the Twins code kept in its backbone; 33.84M here without it).
 # Set the ImageNet checkpoint with --cfg-options model.backbone.init_cfg.checkpoint=PATH (see README).
 _base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
-custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet'], allow_failed_imports=False)
+# the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
+custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet', 'cpvt_backbones.adapters.checkpoint',
+                               'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
 custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
 
 model = dict(

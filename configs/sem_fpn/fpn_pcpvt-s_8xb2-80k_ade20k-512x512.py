@@ -6,7 +6,9 @@ _base_ = [
     'mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_80k.py'
 ]
-custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg'], allow_failed_imports=False)
+# the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
+custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg', 'cpvt_backbones.adapters.checkpoint',
+                               'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
 custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
 
 crop_size = (512, 512)

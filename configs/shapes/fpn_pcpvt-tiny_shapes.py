@@ -2,7 +2,9 @@
 # (python tools/make_shapes.py writes data/shapes). Images keep their own size: no crop, no padding to a
 # multiple of 32 beyond what batching needs.
 _base_ = ['mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/default_runtime.py']
-custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg'], allow_failed_imports=False)
+# the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
+custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg', 'cpvt_backbones.adapters.checkpoint',
+                               'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
 custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
 
 classes = ('background', 'circle', 'square', 'triangle', 'star')

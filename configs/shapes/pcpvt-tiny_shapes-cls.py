@@ -1,7 +1,9 @@
 # pcpvt_tiny classifying the 64 x 64 shape crops (mmpretrain; `python tools/make_shapes.py --classification`
 # writes them to data/shapes_cls). A minute of CPU.
 _base_ = 'mmpretrain::_base_/default_runtime.py'
-custom_imports = dict(imports=['cpvt_backbones.adapters.mmpretrain'], allow_failed_imports=False)
+# the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
+custom_imports = dict(imports=['cpvt_backbones.adapters.mmpretrain', 'cpvt_backbones.adapters.checkpoint',
+                               'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
 custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
 
 classes = ('circle', 'square', 'triangle', 'star')

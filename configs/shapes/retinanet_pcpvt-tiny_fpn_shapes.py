@@ -2,7 +2,9 @@
 # (python tools/make_shapes.py writes data/shapes). No padding to a multiple of 32: the backbone takes any
 # size, so the detector trains and predicts on images as they are.
 _base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
-custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet'], allow_failed_imports=False)
+# the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
+custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet', 'cpvt_backbones.adapters.checkpoint',
+                               'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
 custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
 
 classes = ('circle', 'square', 'triangle', 'star')

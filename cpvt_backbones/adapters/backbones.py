@@ -9,7 +9,6 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Union
 import torch
 
 from .. import models as core
-from . import checkpoint, hooks  # noqa: F401  (safe, atomic checkpoints; RNGStateHook)
 from ..convert import load_into, load_weights_file, unwrap_state_dict
 from ..models import model_settings
 
@@ -19,10 +18,12 @@ _PRETRAINED_KEYS = {'type', 'checkpoint', 'prefix', 'map_location'}
 
 class _OpenMMLabBackbone:
     """Mixin placed before a core model class. ``arch`` is a model name or a dict of that class's
-    constructor arguments (``base='<name>'`` starts from a named variant)."""
+    constructor arguments (``base='<name>'`` starts from a named variant). ``optimize=True`` applies
+    ``cpvt_backbones.optimize`` (the fused CPU inference path: same weights, same outputs to float32 rounding)."""
 
     def _setup(self, arch: Union[str, Mapping[str, Any]], out_indices: Optional[Sequence[int]], out_type: str,
-               drop_path_rate: float, frozen_stages: int, with_cp: bool, init_cfg: Optional[dict]) -> None:
+               drop_path_rate: float, frozen_stages: int, with_cp: bool, optimize: bool,
+               init_cfg: Optional[dict]) -> None:
         core_cls = next(c for c in type(self).__mro__ if c in (core.PyramidCPVT, core.CPVT))
         if out_type not in OUT_TYPES:
             raise ValueError(f'out_type must be one of {OUT_TYPES}, got {out_type!r}')
@@ -36,6 +37,8 @@ class _OpenMMLabBackbone:
         if clash:
             raise ValueError(f'{clash} are arguments of the backbone itself, not of arch; set them next to arch')
         core_cls.__init__(self, **settings, **fixed)
+        if optimize:
+            core.optimize(self)
         if init_cfg is not None:
             if not isinstance(init_cfg, Mapping) or init_cfg.get('type') != 'Pretrained':
                 raise ValueError("init_cfg must be None or dict(type='Pretrained', checkpoint=PATH[, prefix=...]); "
@@ -79,8 +82,8 @@ class PyramidCPVT(_OpenMMLabBackbone, core.PyramidCPVT):
     def __init__(self, arch: Union[str, Mapping[str, Any]] = 'pcpvt_small',
                  out_indices: Optional[Sequence[int]] = None, out_type: str = 'featmap',
                  drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
-                 init_cfg: Optional[dict] = None):
-        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, init_cfg)
+                 optimize: bool = False, init_cfg: Optional[dict] = None):
+        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, optimize, init_cfg)
 
 
 class CPVT(_OpenMMLabBackbone, core.CPVT):
@@ -90,5 +93,5 @@ class CPVT(_OpenMMLabBackbone, core.CPVT):
     def __init__(self, arch: Union[str, Mapping[str, Any]] = 'cpvt_small_gap',
                  out_indices: Optional[Sequence[int]] = None, out_type: str = 'featmap',
                  drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
-                 init_cfg: Optional[dict] = None):
-        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, init_cfg)
+                 optimize: bool = False, init_cfg: Optional[dict] = None):
+        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, optimize, init_cfg)

@@ -4,13 +4,14 @@ mmengine 0.10.7 checkpoints hold its log buffers (``HistoryBuffer``) and numpy s
 their statistics methods through ``getattr``, which the safe unpickler rightly refuses, so ``--resume``,
 ``tools/test.py`` and ``load_from`` fail. Instead of switching safety off we (1) pickle ``HistoryBuffer`` as a
 plain constructor call on its numbers, and (2) allow exactly that class and numpy's data-only types.
-Importing any adapter module applies both, so checkpoints written by a run that imported it load safely in
-mmengine's own code paths too. Files written without it still fail, with torch's message naming the global.
+Importing this module applies both (our configs opt in through ``custom_imports``), so checkpoints written by
+a run that imported it load safely in mmengine's own code paths too. Files written without it still fail,
+with torch's message naming the global.
 
 It also makes local checkpoint writes atomic: mmengine's ``LocalBackend.put`` opens the target path and
 writes into it, so a crash or SIGKILL part-way leaves a truncated ``iter_N.pth`` that ``--resume`` then picks.
 ``AtomicLocalBackend`` writes a temporary file in the same directory, fsyncs it and renames it over the target,
-so the file is either the old one, absent, or complete.
+so the file is either the old one, absent, or complete; it replaces mmengine's ``local`` backend on import.
 """
 import copyreg
 import os

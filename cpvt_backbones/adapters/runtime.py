@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
 
-__all__ = ['DictAction', 'add_common_args', 'enable_amp', 'evaluate', 'launched', 'load_config',
+__all__ = ['DictAction', 'add_common_args', 'enable_amp', 'evaluate', 'launched', 'load_config', 'optimize_backbone',
            'prepare_launch', 'set_cls_test_size', 'set_test_scale']
 _CLS_RESIZE_STEPS = ('Resize', 'ResizeEdge', 'RandomResize', 'CenterCrop', 'RandomResizedCrop')
 
@@ -112,10 +112,21 @@ def set_cls_test_size(cfg: Config, size: int, crop_ratio: Optional[float] = None
         dataset.pipeline = steps
 
 
+def optimize_backbone(cfg: Config) -> bool:
+    """Have the config build its backbone with ``optimize=True`` (``cpvt_backbones.optimize``, the fused CPU
+    inference path) if the backbone is one of ours; returns whether it is."""
+    backbone = cfg.model.get('backbone') or {}
+    ours = str(backbone.get('type', '')).rsplit('.', 1)[-1] in ('PyramidCPVT', 'CPVT')
+    if ours:
+        backbone['optimize'] = True
+    return ours
+
+
 def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str) -> dict:
-    """Run the config's test loop on ``checkpoint`` and return its metrics."""
+    """Run the config's test loop on ``checkpoint`` (our backbones optimized) and return its metrics."""
     from mmengine.runner import Runner
     cfg = copy.deepcopy(cfg)
+    optimize_backbone(cfg)
     cfg.load_from = checkpoint
     cfg.work_dir = work_dir
     cfg.experiment_name = name

@@ -33,9 +33,9 @@ def _is_state_dict(obj: Mapping) -> bool:
 def load_weights_file(path: Union[str, Path]) -> StateDict:
     """Load a ``.pth``/``.pt``/``.bin`` file with ``torch.load(weights_only=True)`` or a ``.safetensors`` file.
 
-    A pickle that would construct arbitrary objects is refused (the OpenMMLab adapters allow mmengine's log
-    buffers and numpy scalars globally: ``cpvt_backbones.adapters.checkpoint``). Truncated or corrupt files
-    raise a ``ValueError`` that names the file.
+    A pickle that would construct arbitrary objects is refused (the opt-in ``cpvt_backbones.adapters.checkpoint``
+    allows mmengine's log buffers and numpy scalars globally). Truncated or corrupt files raise a ``ValueError``
+    that names the file.
     """
     path = Path(path)
     if not path.is_file():
@@ -55,7 +55,9 @@ def load_weights_file(path: Union[str, Path]) -> StateDict:
             raise ValueError(
                 f'{path} contains pickled objects that torch refuses to load with weights_only=True '
                 f'(they could run code). Save a plain state dict (torch.save(model.state_dict(), f)) or '
-                f'convert it with tools/convert_checkpoint.py. Detail: {detail}') from e
+                f'convert it with tools/convert_checkpoint.py; an mmengine checkpoint loads once '
+                f'cpvt_backbones.adapters.checkpoint is imported (our configs list it in custom_imports). '
+                f'Detail: {detail}') from e
         raise ValueError(f'{path} is not a readable weight file (truncated or corrupt?): {detail}') from e
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
         raise ValueError(f'{path} is not a readable weight file (truncated or corrupt?): {e}') from e

@@ -1,11 +1,10 @@
 """Multi-head attention with optional spatial reduction of keys and values (PVT's SRA, Twins' GSA)."""
-from typing import Callable, Tuple
+from typing import Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fused import any_linear, linear, linear_add
 from .layout import map_to_tokens, pad_to_multiple, tokens_to_map
 
 
@@ -40,21 +39,16 @@ class Attention(nn.Module):
             self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
             self.norm = nn.LayerNorm(dim)
 
-    def _attend(self, x: torch.Tensor, hw: Tuple[int, int],
-                project: Callable[[torch.Tensor, nn.Linear], torch.Tensor]) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         """Attention output before the output projection, (B, N, C)."""
         B, N, C = x.shape
         head_dim = C // self.num_heads
-        q = project(x, self.q).reshape(B, N, self.num_heads, head_dim).transpose(1, 2)
+        q = self.q(x).reshape(B, N, self.num_heads, head_dim).transpose(1, 2)
         if self.sr_ratio > 1:
             x = self.norm(map_to_tokens(self.sr(pad_to_multiple(tokens_to_map(x, hw), self.sr_ratio))))
-        k, v = project(x, self.kv).reshape(B, -1, 2, self.num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        k, v = self.kv(x).reshape(B, x.shape[1], 2, self.num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.)
         return out.transpose(1, 2).reshape(B, N, C)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        return self.proj_drop(any_linear(self._attend(x, hw, any_linear), self.proj))
-
-    def forward_fused(self, x: torch.Tensor, hw: Tuple[int, int], residual: torch.Tensor) -> torch.Tensor:
-        """``residual + forward(x, hw)`` through the fused inference kernels (``layers.fused``)."""
-        return linear_add(self._attend(x, hw, linear), self.proj, residual)
+        return self.proj_drop(self.proj(self.attend(x, hw)))

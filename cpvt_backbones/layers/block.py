@@ -5,11 +5,6 @@ import torch
 from torch import nn
 
 from .attention import Attention
-from .fused import any_linear, linear, use_fused
-
-# Tokens per chunk of the fused MLP: the chunk's hidden activation (4-16 MiB of float32) stays in cache
-# between the two GEMMs and the GELU instead of going out to memory and back (2048 measured best of 1024-8192).
-MLP_CHUNK_TOKENS = 2048
 
 
 class DropPath(nn.Module):
@@ -39,15 +34,7 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(any_linear(self.drop(self.act(any_linear(x, self.fc1))), self.fc2))
-
-    def add_fused_(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-        """``x += forward(norm(x))`` in place, through the fused inference kernels, a chunk of tokens at a time."""
-        flat = x.view(-1, x.shape[-1])
-        for start in range(0, flat.shape[0], MLP_CHUNK_TOKENS):
-            part = flat[start:start + MLP_CHUNK_TOKENS]
-            part += linear(torch.ops.aten.gelu_(linear(norm(part), self.fc1)), self.fc2)
-        return x
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 
 class Block(nn.Module):
@@ -63,7 +50,5 @@ class Block(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        if use_fused(self, x):
-            return self.mlp.add_fused_(self.attn.forward_fused(self.norm1(x), hw, x), self.norm2)
         x = x + self.drop_path(self.attn(self.norm1(x), hw))
         return x + self.drop_path(self.mlp(self.norm2(x)))

@@ -1,21 +1,34 @@
-"""The CPU fast path: oneDNN GEMMs that fuse a linear layer's bias (training too) or residual add (inference).
+"""The CPU fast path: modules that run a block through oneDNN GEMMs with the bias and the residual add fused.
 
 In eager PyTorch a linear layer is a GEMM plus a pass that copies the bias into the output, and GELU and the
 residual add are passes of their own over activations up to 8x wider than the tokens; on a CPU those passes
-cost as much as a third of a PCPVT forward. oneDNN (the library torch.compile's CPU backend fuses into) adds
-the bias and the residual in the GEMM's epilogue, and the MLP runs a chunk of tokens at a time so that its
-wide hidden activation is written, activated and read back while it is still in cache. The models take this
-path only where it computes the same function: eval mode, no autograd, float32 on a CPU, no autocast, and not
-while tracing, compiling or exporting (those see the plain ops and fuse on their own). Training keeps only the
-bias fusion (``linear``, an autograd function whose backward is the usual two GEMMs and a bias sum),
-which saves the pass that ``addmm`` spends copying the bias into every output row.
+cost as much as a third of a PCPVT forward. oneDNN adds the bias and the residual in the GEMM's epilogue, and
+the MLP runs a chunk of tokens at a time so that its wide hidden activation is written, activated and read
+back while it is still in cache.
+
+These modules are not part of the models: ``cpvt_backbones.models.optimize`` swaps them in for a built model's
+blocks and linear layers, sharing the same parameters. They read ``weight``/``bias`` directly, so hooks on the
+linear layers inside a fused block do not fire in the fused path; the plain model is the one to instrument.
+The fused path runs only where it computes the same function: eval mode, no autograd, float32 on a CPU, no
+autocast, and not while tracing, compiling or exporting (those record the plain ops). Elsewhere the modules
+take the plain path, except that ``FusedLinear`` also adds its bias in the GEMM under autograd (its backward
+is the usual two GEMMs and a bias sum).
 """
+from typing import Optional, Tuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .layout import symbolic_shapes
 
-def _onednn_linear():
+# Tokens per chunk of the fused MLP: the chunk's hidden activation (4-16 MiB of float32) stays in cache
+# between the two GEMMs and the GELU instead of going out to memory and back (2048 measured best of 1024-8192).
+MLP_CHUNK_TOKENS = 2048
+
+
+def onednn_linear():
+    """oneDNN's fused linear operator, or None where this torch build has no oneDNN."""
     if not torch.backends.mkldnn.is_available():
         return None
     try:
@@ -24,43 +37,18 @@ def _onednn_linear():
         return None
 
 
-_LINEAR = _onednn_linear()
-
-
-def _is_compiling() -> bool:
-    compiler = getattr(torch, 'compiler', None)
-    if compiler is not None and hasattr(compiler, 'is_compiling'):
-        return compiler.is_compiling()
-    return torch._dynamo.is_compiling()  # torch < 2.3
-
-
-def symbolic_shapes() -> bool:
-    """True while torch.compile, torch.export, ONNX export or TorchScript tracing records the model: then
-    shape-dependent Python branches would be baked into (or guard) the recorded graph."""
-    return _is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-
-
-def _autocast_cpu() -> bool:
-    try:
-        return torch.is_autocast_enabled('cpu')
-    except TypeError:  # torch < 2.4
-        return torch.is_autocast_cpu_enabled()
+_LINEAR = onednn_linear()
 
 
 def can_fuse_linear(x: torch.Tensor) -> bool:
-    """Whether the bias-fused ``linear`` may replace ``F.linear`` for ``x`` (any mode, autograd allowed)."""
-    return (_LINEAR is not None and x.device.type == 'cpu' and x.dtype == torch.float32 and not _autocast_cpu()
-            and not symbolic_shapes())
-
-
-def use_fused(module: nn.Module, x: torch.Tensor) -> bool:
-    """Whether ``module`` may run ``x`` through all the fused inference kernels (see the module docstring)."""
-    return not module.training and not torch.is_grad_enabled() and can_fuse_linear(x)
+    """Whether the bias-fused GEMM may replace ``F.linear`` for ``x`` (any mode, autograd allowed)."""
+    return (_LINEAR is not None and x.device.type == 'cpu' and x.dtype == torch.float32
+            and not torch.is_autocast_enabled('cpu') and not symbolic_shapes())
 
 
 class _BiasFusedLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         return _LINEAR(x, weight, bias, 'none', [], '')
@@ -73,24 +61,52 @@ class _BiasFusedLinear(torch.autograd.Function):
                 grad.sum(0) if need_b and ctx.has_bias else None)
 
 
-def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """``layer(x)`` in one oneDNN call, the bias added in the GEMM; differentiable. (oneDNN's GELU epilogue is
-    slower on AVX2 than torch's own in-place GELU over the cache-resident result, so activations stay outside.)"""
+def _linear(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     out = _BiasFusedLinear.apply(x.reshape(-1, x.shape[-1]), layer.weight, layer.bias)
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def linear_add(x: torch.Tensor, layer: nn.Linear, other: torch.Tensor) -> torch.Tensor:
+def _linear_add(x: torch.Tensor, layer: nn.Module, other: torch.Tensor) -> torch.Tensor:
     """``layer(x) + other`` in one oneDNN call (a residual connection)."""
     out = _LINEAR.binary(x.reshape(-1, x.shape[-1]), other.reshape(-1, other.shape[-1]), layer.weight, layer.bias,
                          'add')
     return out.view(other.shape)
 
 
-def plain_linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    return F.linear(x, layer.weight, layer.bias)
+class FusedLinear(nn.Module):
+    """An ``nn.Linear``'s parameters (shared, same key names) applied with the bias added inside the GEMM
+    where ``can_fuse_linear`` allows, else with ``F.linear``."""
+
+    def __init__(self, layer: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.weight = layer.weight
+        self.bias = layer.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _linear(x, self) if can_fuse_linear(x) else F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f'in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}'
 
 
-def any_linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """``layer(x)``: bias-fused where ``can_fuse_linear`` allows, else ``F.linear``."""
-    return (linear if can_fuse_linear(x) else plain_linear)(x, layer)
+class FusedBlock(nn.Module):
+    """A ``layers.Block``'s submodules (shared, same key names) run through the fused kernels in inference:
+    attention's output projection with the residual add in its GEMM, then the MLP a chunk of tokens at a time
+    with the residual added in place."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.norm1, self.attn, self.norm2, self.mlp, self.drop_path = (
+            block.norm1, block.attn, block.norm2, block.mlp, block.drop_path)
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        if self.training or torch.is_grad_enabled() or not can_fuse_linear(x):
+            x = x + self.drop_path(self.attn(self.norm1(x), hw))
+            return x + self.drop_path(self.mlp(self.norm2(x)))
+        x = _linear_add(self.attn.attend(self.norm1(x), hw), self.attn.proj, x)
+        flat = x.view(-1, x.shape[-1])
+        for start in range(0, flat.shape[0], MLP_CHUNK_TOKENS):
+            part = flat[start:start + MLP_CHUNK_TOKENS]
+            part += _linear(torch.ops.aten.gelu_(_linear(self.norm2(part), self.mlp.fc1)), self.mlp.fc2)
+        return x

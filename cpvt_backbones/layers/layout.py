@@ -10,7 +10,12 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-from .fused import symbolic_shapes
+
+
+def symbolic_shapes() -> bool:
+    """True while torch.compile, torch.export, ONNX export or TorchScript tracing records the model: then
+    shape-dependent Python branches would be baked into (or guard) the recorded graph."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
 
 def tokens_to_map(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
@@ -21,17 +26,18 @@ def tokens_to_map(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
 
 def map_to_tokens(x: torch.Tensor) -> torch.Tensor:
     """(B, C, H, W) map -> (B, H * W, C) tokens, a view when the map is channels-last."""
-    B, C = x.shape[:2]
-    return x.permute(0, 2, 3, 1).reshape(B, -1, C)
+    B, C, H, W = x.shape
+    return x.permute(0, 2, 3, 1).reshape(B, H * W, C)
 
 
 def pad_to_multiple(x: torch.Tensor, multiple: int) -> torch.Tensor:
     """Zero-pad a map bottom/right so that H and W are multiples of ``multiple``.
 
     While a graph is being recorded the pad is always applied (possibly by zero), so that one graph serves
-    every input size instead of one per divisibility case. (Sizes stay non-negative in the arithmetic: ONNX's
-    integer division truncates where Python's floors.)"""
-    pad_h, pad_w = (multiple - x.shape[-2] % multiple) % multiple, (multiple - x.shape[-1] % multiple) % multiple
+    every input size instead of one per divisibility case. The pad is a ceiling division (sizes stay
+    non-negative, so ONNX's truncating division agrees with Python's flooring one), a form the symbolic-shape
+    engine simplifies at once: through the four stages' nested pads a ``%`` form made tracing take minutes."""
+    pad_h, pad_w = ((n + multiple - 1) // multiple * multiple - n for n in x.shape[-2:])
     if symbolic_shapes() or pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x

@@ -1,6 +1,7 @@
-"""What the columnar and the pyramid CPVT share: input checks, weight init, freezing, checkpointing."""
+"""What the columnar and the pyramid CPVT share: input checks, the constructor skeleton (outputs, PEG placement,
+freezing), weight init, running the blocks, checkpointing."""
 import math
-from typing import Iterable, List, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
@@ -66,18 +67,68 @@ def init_weights(m: nn.Module) -> None:
 
 
 class CPVTBase(nn.Module):
-    """Common behaviour. Subclasses end their ``__init__`` with ``self._finish_init(frozen, ...)``.
+    """The constructor skeleton and behaviour both models share. A subclass's ``__init__`` calls
+    ``_setup_outputs`` (classifier or dense backbone), ``_setup_pegs`` (PEG placement) and ends with
+    ``_finish_init(frozen, ...)`` (init, freezing). The attributes mean the same in both models:
 
-    ``unbuilt_prefixes`` lists the key prefixes of the full classification layout that an instance does not
-    build (a dense backbone has no head; a truncated one no later stages): checkpoint loading drops exactly
-    these and nothing else.
+    * ``out_indices``, ``out_channels``, ``strides``: for a dense backbone, the levels it returns, their
+      channels and strides (aligned; all empty for a classifier);
+    * ``peg_after``: ``{(stage, block): k}``, PEG ``pos_block.{k}`` follows that block (a columnar model
+      has one stage, 0);
+    * ``unbuilt_prefixes``: the key prefixes of the full classification layout that an instance does not
+      build (a dense backbone has no head; a truncated one no later stages): checkpoint loading drops exactly
+      these and nothing else.
     """
 
     in_chans: int
     check_finite: bool
     features_only: bool
+    num_classes: int
     out_indices: Tuple[int, ...]
+    out_channels: Tuple[int, ...]
+    strides: Tuple[int, ...]
+    peg_after: Dict[Tuple[int, int], int]
     unbuilt_prefixes: Tuple[str, ...]
+
+    def _setup_outputs(self, features_only: bool, num_classes: int, out_indices: Optional[Sequence[int]],
+                       num_levels: int) -> None:
+        """A classifier (``out_indices=()``), or a dense backbone returning ``out_indices`` of ``num_levels``
+        maps (default: all)."""
+        if features_only:
+            if num_classes:
+                raise ValueError('features_only=True builds no classifier: pass num_classes=0')
+            out_indices = tuple(range(num_levels)) if out_indices is None else out_indices
+            self.out_indices = check_out_indices(out_indices, num_levels)
+        else:
+            if out_indices is not None:
+                raise ValueError('out_indices selects feature maps and needs features_only=True')
+            self.out_indices = ()
+        self.features_only = features_only
+        self.num_classes = num_classes
+
+    def _setup_pegs(self, dims: Sequence[int], positions: Sequence[Sequence[int]], kernel_size: int,
+                    peg_type: str) -> None:
+        """One PEG after each block in ``positions[stage]`` (checked indices), numbered in network order."""
+        self.peg_after = {}
+        peg_dims = []
+        for stage, (dim, blocks) in enumerate(zip(dims, positions)):
+            for j in blocks:
+                self.peg_after[(stage, j)] = len(peg_dims)
+                peg_dims.append(dim)
+        self.pos_block = nn.ModuleList(PEG(d, kernel_size, peg_type) for d in peg_dims)
+
+    def _pegs_after(self, stage: int, blocks: Iterable[int]) -> List[nn.Module]:
+        """The PEGs that follow the given blocks of ``stage`` (what freezing those blocks also freezes)."""
+        return [self.pos_block[self.peg_after[(stage, j)]] for j in blocks if (stage, j) in self.peg_after]
+
+    def _run_blocks(self, blocks: nn.ModuleList, stage: int, x: torch.Tensor, hw: Tuple[int, int],
+                    num_prefix_tokens: int = 0) -> torch.Tensor:
+        for j, blk in enumerate(blocks):
+            x = self._block(blk, x, hw)
+            k = self.peg_after.get((stage, j))
+            if k is not None:
+                x = self.pos_block[k](x, hw, num_prefix_tokens)
+        return x
 
     def _finish_init(self, frozen: List, grad_checkpointing: bool) -> None:
         self.apply(init_weights)
@@ -111,7 +162,3 @@ class CPVTBase(nn.Module):
         """Names of parameters that the recipes exclude from weight decay (PEG, class token, position table)."""
         names = {n for n, _ in self.named_parameters() if n.startswith('pos_block.')}
         return names | {n for n in ('cls_token', 'pos_embed') if getattr(self, n, None) is not None}
-
-
-def make_pegs(dims: Sequence[int], kernel_size: int, peg_type: str) -> nn.ModuleList:
-    return nn.ModuleList(PEG(d, kernel_size, peg_type) for d in dims)

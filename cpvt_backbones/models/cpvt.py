@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers import Block, LayerNorm2d, PatchEmbed, tokens_to_map
-from .base import CPVTBase, check_out_indices, check_peg_positions, make_pegs
+from .base import CPVTBase, check_peg_positions
 
 PYRAMID_STRIDES = (4, 8, 16, 32)
 
@@ -28,7 +28,7 @@ class CPVT(CPVTBase):
     """DeiT-style vision transformer with conditional positional encodings (CPVT, arXiv 2102.10882).
 
     There is no position embedding: ``pos_block.{k}`` is the k-th PEG, following block ``peg_positions[k]``
-    (the paper's best: blocks 0-5). ``class_token=False`` is the GAP variant (average of the normed patch
+    (the paper's best: blocks 0-5; ``peg_after[(0, j)] = k``). ``class_token=False`` is the GAP variant (average of the normed patch
     tokens, > 1 point better top-1 in the paper). The patch embedding is DeiT's (a convolution, no norm).
 
     ``features_only=True`` turns it into a dense backbone: the normed stride-16 patch tokens are laid out as
@@ -75,24 +75,14 @@ class CPVT(CPVTBase):
             pos_embed_grid = tuple(pos_embed_grid)
             if len(pos_embed_grid) != 2 or any(not isinstance(n, int) or n < 1 for n in pos_embed_grid):
                 raise ValueError(f'pos_embed_grid must be (h, w) positive ints, got {pos_embed_grid!r}')
-        if features_only:
-            if num_classes:
-                raise ValueError('features_only=True builds no classifier: pass num_classes=0')
-            if patch_size != 16:
-                raise ValueError(f'the simple feature pyramid is built on stride-16 tokens, got patch_size '
-                                 f'{patch_size}')
-            self.out_indices = check_out_indices((0, 1, 2, 3) if out_indices is None else out_indices, 4)
-        else:
-            if out_indices is not None:
-                raise ValueError('out_indices selects feature maps and needs features_only=True')
-            self.out_indices = ()
+        self._setup_outputs(features_only, num_classes, out_indices, len(PYRAMID_STRIDES))
+        if features_only and patch_size != 16:
+            raise ValueError(f'the simple feature pyramid is built on stride-16 tokens, got patch_size {patch_size}')
         if not -1 <= frozen_stages <= depth:
             raise ValueError(f'frozen_stages must be within -1..{depth} (blocks), got {frozen_stages}')
 
         self.in_chans = in_chans
         self.check_finite = check_finite
-        self.num_classes = num_classes
-        self.features_only = features_only
         self.embed_dim = embed_dim
         self.num_prefix_tokens = int(class_token)
         self.strides = tuple(PYRAMID_STRIDES[i] for i in self.out_indices)
@@ -108,8 +98,7 @@ class CPVT(CPVTBase):
         self.blocks = nn.ModuleList(
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, dpr[j], 1, norm_eps)
             for j in range(depth))
-        self._peg_after = {j: k for k, j in enumerate(positions)}
-        self.pos_block = make_pegs([embed_dim] * len(positions), peg_kernel_size, peg_type)
+        self._setup_pegs([embed_dim], [positions], peg_kernel_size, peg_type)
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
         if features_only:
             self.simple_fpn = nn.ModuleDict({str(i): _simple_pyramid_level(i, embed_dim) for i in self.out_indices})
@@ -121,10 +110,7 @@ class CPVT(CPVTBase):
         frozen: List = []
         if frozen_stages >= 0:
             frozen += [self.patch_embed] + [p for p in (self.cls_token, self.pos_embed) if p is not None]
-        for j in range(max(frozen_stages, 0)):
-            frozen.append(self.blocks[j])
-            if j in self._peg_after:
-                frozen.append(self.pos_block[self._peg_after[j]])
+        frozen += list(self.blocks[:max(frozen_stages, 0)]) + self._pegs_after(0, range(max(frozen_stages, 0)))
         self._finish_init(frozen, grad_checkpointing)
         for token in (self.cls_token, self.pos_embed):
             if token is not None:
@@ -148,12 +134,7 @@ class CPVT(CPVTBase):
             x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
         if self.pos_embed is not None:
             x = x + self._position_embedding(hw)
-        x = self.pos_drop(x)
-        for j, blk in enumerate(self.blocks):
-            x = self._block(blk, x, hw)
-            k = self._peg_after.get(j)
-            if k is not None:
-                x = self.pos_block[k](x, hw, self.num_prefix_tokens)
+        x = self._run_blocks(self.blocks, 0, self.pos_drop(x), hw, self.num_prefix_tokens)
         return self.norm(x), hw
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,12 @@
 """Pyramid CPVT (Twins-PCPVT): PVT's four stages with spatial-reduction attention, a PEG, and GAP."""
+import math
 from typing import List, Optional, Sequence
 
 import torch
 from torch import nn
 
 from ..layers import Block, PatchEmbed, tokens_to_map
-from .base import CPVTBase, check_out_indices, check_peg_positions, make_pegs
+from .base import CPVTBase, check_peg_positions
 
 
 class PyramidCPVT(CPVTBase):
@@ -21,7 +22,8 @@ class PyramidCPVT(CPVTBase):
       final norm and no stage beyond ``max(out_indices)``, so every parameter it owns receives a gradient.
 
     ``peg_positions[i]`` lists the blocks of stage i that a PEG follows (official: the first block of every
-    stage). PEGs are numbered in network order as ``pos_block.{k}``; with one PEG per stage, k is the stage.
+    stage). PEGs are numbered in network order as ``pos_block.{k}`` (``peg_after[(i, j)] = k``); with one PEG
+    per stage, k is the stage.
     ``frozen_stages=k`` freezes the first patch embedding for k = 0 and stages 0..k-1 entirely for k >= 1.
     ``check_finite=True`` makes forward raise a ValueError on NaN or Inf inputs (off by default: a pass over
     the input). Inputs in either memory format, contiguous or not, give the same result.
@@ -62,38 +64,22 @@ class PyramidCPVT(CPVTBase):
             raise TypeError('peg_positions of a pyramid model is one sequence of block indices per stage, '
                             f'e.g. ((0,), (0,), (0,), (0,)); got {peg_positions!r}')
         positions = [check_peg_positions(p, d, f'[{i}]') for i, (p, d) in enumerate(zip(peg_positions, depths))]
-        if features_only:
-            if num_classes:
-                raise ValueError('features_only=True builds no classifier: pass num_classes=0')
-            self.out_indices = check_out_indices((0, 1, 2, 3)[:num_stages] if out_indices is None else out_indices,
-                                                 num_stages)
-            num_built = self.out_indices[-1] + 1
-        else:
-            if out_indices is not None:
-                raise ValueError('out_indices selects feature maps and needs features_only=True')
-            self.out_indices = ()
-            num_built = num_stages
+        self._setup_outputs(features_only, num_classes, out_indices, num_stages)
+        num_built = self.out_indices[-1] + 1 if features_only else num_stages
         if not -1 <= frozen_stages <= num_built:
             raise ValueError(f'frozen_stages must be within -1..{num_built} (built stages), got {frozen_stages}')
 
         self.in_chans = in_chans
         self.check_finite = check_finite
-        self.num_classes = num_classes
-        self.features_only = features_only
         self.embed_dims = tuple(embed_dims)
+        stage_strides = [math.prod(patch_sizes[:i + 1]) for i in range(num_stages)]
         self.out_channels = tuple(self.embed_dims[i] for i in self.out_indices)
-        strides, s = [], 1
-        for p in patch_sizes:
-            s *= p
-            strides.append(s)
-        self.strides = tuple(strides)
+        self.strides = tuple(stage_strides[i] for i in self.out_indices)
 
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
         self.patch_embeds = nn.ModuleList()
         self.pos_drops = nn.ModuleList()
         self.blocks = nn.ModuleList()
-        self._peg_after = []
-        peg_dims = []
         prev, start = in_chans, 0
         for i in range(num_built):
             self.patch_embeds.append(PatchEmbed(prev, embed_dims[i], patch_sizes[i]))
@@ -101,14 +87,10 @@ class PyramidCPVT(CPVTBase):
             self.blocks.append(nn.ModuleList(
                 Block(embed_dims[i], num_heads[i], mlp_ratios[i], qkv_bias, drop_rate, attn_drop_rate,
                       dpr[start + j], sr_ratios[i], norm_eps) for j in range(depths[i])))
-            peg_at = {}
-            for j in positions[i]:
-                peg_at[j] = len(peg_dims)
-                peg_dims.append(embed_dims[i])
-            self._peg_after.append(peg_at)
             prev, start = embed_dims[i], start + depths[i]
-        self.pos_block = make_pegs(peg_dims, peg_kernel_size, peg_type)
-        unbuilt_pegs = range(len(peg_dims), len(peg_dims) + sum(len(p) for p in positions[num_built:]))
+        self._setup_pegs(embed_dims[:num_built], positions[:num_built], peg_kernel_size, peg_type)
+        num_pegs = len(self.pos_block)
+        unbuilt_pegs = range(num_pegs, num_pegs + sum(len(p) for p in positions[num_built:]))
         unbuilt = [f'{name}.{i}.' for i in range(num_built, num_stages) for name in ('patch_embeds', 'blocks')]
         unbuilt += [f'pos_block.{k}.' for k in unbuilt_pegs]
         if features_only:
@@ -124,7 +106,7 @@ class PyramidCPVT(CPVTBase):
         if frozen_stages >= 0:
             frozen.append(self.patch_embeds[0])
         for i in range(max(frozen_stages, 0)):
-            frozen += [self.patch_embeds[i], self.blocks[i]] + [self.pos_block[k] for k in self._peg_after[i].values()]
+            frozen += [self.patch_embeds[i], self.blocks[i]] + self._pegs_after(i, range(depths[i]))
         self._finish_init(frozen, grad_checkpointing)
 
     def _stages(self, x: torch.Tensor, keep_maps: bool):
@@ -133,12 +115,7 @@ class PyramidCPVT(CPVTBase):
         hw = (0, 0)
         for i, embed in enumerate(self.patch_embeds):
             x, hw = embed(x if i == 0 else tokens_to_map(x, hw))
-            x = self.pos_drops[i](x)
-            for j, blk in enumerate(self.blocks[i]):
-                x = self._block(blk, x, hw)
-                k = self._peg_after[i].get(j)
-                if k is not None:
-                    x = self.pos_block[k](x, hw)
+            x = self._run_blocks(self.blocks[i], i, self.pos_drops[i](x), hw)
             if keep_maps and i in self.out_indices:
                 maps.append(tokens_to_map(x, hw).contiguous())
         return x, hw, maps

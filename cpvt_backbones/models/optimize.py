@@ -1,0 +1,51 @@
+"""``optimize(model)``: the CPU fast path as an explicit transform of a built model.
+
+The models themselves only call their submodules (hooks, wrappers, quantisation and FLOP counters see every
+layer). For CPU inference, ``optimize`` swaps each transformer block for a ``layers.FusedBlock`` and each
+linear layer for a ``layers.FusedLinear`` that share the block's parameters: the state dict is unchanged and
+the outputs agree with the plain model to float32 rounding. It refuses a model it cannot fuse faithfully.
+"""
+import torch
+from torch import nn
+
+from ..layers import Block
+from ..layers.fused import FusedBlock, FusedLinear, onednn_linear
+
+_BLOCK_LAYERS = {'norm1': nn.LayerNorm, 'norm2': nn.LayerNorm, 'attn.q': nn.Linear, 'attn.kv': nn.Linear,
+                 'attn.proj': nn.Linear, 'mlp.fc1': nn.Linear, 'mlp.act': nn.GELU, 'mlp.fc2': nn.Linear}
+
+
+def _check_block(name: str, block: Block) -> None:
+    for path, kind in _BLOCK_LAYERS.items():
+        layer = block.get_submodule(path)
+        if type(layer) is not kind:
+            raise ValueError(f'optimize: {name}.{path} is a {type(layer).__name__}, not a plain {kind.__name__}; '
+                             'the fused kernels read its parameters directly and would bypass it '
+                             '(apply wrappers such as LoRA after optimize, or do not optimize)')
+    if block.mlp.act.approximate != 'none':
+        raise ValueError(f"optimize: {name}.mlp.act uses approximate={block.mlp.act.approximate!r}; the fused "
+                         "MLP computes the exact GELU")
+    for sub_name, sub in block.named_modules(prefix=name):
+        if sub._forward_hooks or sub._forward_pre_hooks:
+            raise ValueError(f'optimize: {sub_name} has forward hooks, which the fused kernels would not call; '
+                             'register them on the optimized model\'s blocks, or instrument the plain model')
+
+
+def optimize(model: nn.Module) -> nn.Module:
+    """Swap in the fused CPU modules, in place; returns ``model``. The model must be float32 on the CPU (it
+    may be moved later: elsewhere the fused modules run the plain computation). Calling it again is a no-op."""
+    if onednn_linear() is None:
+        raise RuntimeError('optimize needs oneDNN (torch.backends.mkldnn), which this torch build lacks')
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if tensor.device.type != 'cpu' or tensor.dtype != torch.float32:
+            raise ValueError(f'optimize works on a float32 CPU model; {name} is {tensor.dtype} on {tensor.device}')
+    blocks = [(name, m) for name, m in model.named_modules() if type(m) is Block]
+    if not blocks and not any(isinstance(m, FusedBlock) for m in model.modules()):
+        raise ValueError(f'optimize: {type(model).__name__} has no cpvt_backbones transformer block to fuse')
+    for name, block in blocks:
+        _check_block(name, block)
+    for name, block in blocks:
+        model.set_submodule(name, FusedBlock(block))
+    for name, layer in [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]:
+        model.set_submodule(name, FusedLinear(layer))
+    return model

@@ -1,0 +1,115 @@
+"""``optimize(model)``: the fused CPU path as a transform that keeps the weights and the function."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from cpvt_backbones import create_model, optimize
+from cpvt_backbones.layers import Block, FusedBlock, FusedLinear, fused
+
+CASES = [('pcpvt_tiny', False), ('pcpvt_tiny', True), ('cpvt_tiny', False), ('cpvt_tiny_gap', False),
+         ('cpvt_tiny', True)]
+
+
+def pair(name: str, features_only: bool):
+    torch.manual_seed(0)
+    plain = create_model(name, features_only=features_only)
+    return plain, optimize(copy.deepcopy(plain))
+
+
+def as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize('name,features_only', CASES)
+def test_same_state_dict_and_outputs(name, features_only, monkeypatch):
+    plain, fast = pair(name, features_only)
+    assert not any(isinstance(m, (Block, nn.Linear)) for m in fast.modules())
+    ref_state, state = plain.state_dict(), fast.state_dict()
+    assert list(state) == list(ref_state) and all(torch.equal(state[k], ref_state[k]) for k in state)
+    calls = []
+    original = fused._linear_add
+    monkeypatch.setattr(fused, '_linear_add', lambda *a: calls.append(1) or original(*a))
+    x = torch.randn(2, 3, 97, 131)
+    with torch.no_grad():
+        for a, b in zip(as_tuple(plain.eval()(x)), as_tuple(fast.eval()(x))):
+            assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-5), (a - b).abs().max()
+    assert len(calls) == sum(isinstance(m, FusedBlock) for m in fast.modules()), 'the fused path was not taken'
+
+
+@pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
+def test_training_computes_the_same_gradients(name):
+    plain, fast = pair(name, False)
+    x = torch.randn(2, 3, 64, 48)
+    for model in (plain, fast):
+        model.train()
+        model(x).square().mean().backward()
+    for (n, p), q in zip(plain.named_parameters(), fast.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), n
+
+
+def test_parameters_are_shared_not_copied():
+    """An optimizer built on the model before ``optimize`` keeps training the same tensors."""
+    torch.manual_seed(0)
+    model = create_model('pcpvt_tiny')
+    before = {n: p for n, p in model.named_parameters()}
+    optimize(model)
+    assert all(p is before[n] for n, p in model.named_parameters())
+    assert optimize(model) is model and sum(isinstance(m, FusedBlock) for m in model.modules()) == 8
+
+
+def test_mlp_chunks_cover_every_token(monkeypatch):
+    """A token count that is not a multiple of the chunk size still runs every token through the MLP."""
+    monkeypatch.setattr(fused, 'MLP_CHUNK_TOKENS', 7)
+    torch.manual_seed(0)
+    blk = Block(16, 2, 4., qkv_bias=True, sr_ratio=2).eval()
+    fast = FusedBlock(blk)
+    x = torch.randn(3, 5 * 9, 16)
+    with torch.no_grad():
+        assert torch.allclose(fast(x, (5, 9)), blk(x, (5, 9)), atol=1e-5)
+
+
+class Wrapper(nn.Module):
+    def __init__(self, base):
+        super().__init__()
+        self.base = base
+
+    def forward(self, x):
+        return self.base(x)
+
+
+def test_refuses_what_it_cannot_fuse_faithfully():
+    torch.manual_seed(0)
+    wrapped = create_model('pcpvt_tiny')
+    wrapped.blocks[1][0].mlp.fc1 = Wrapper(wrapped.blocks[1][0].mlp.fc1)
+    with pytest.raises(ValueError, match=r'blocks\.1\.0\.mlp\.fc1 is a Wrapper'):
+        optimize(wrapped)
+    assert not any(isinstance(m, (FusedBlock, FusedLinear)) for m in wrapped.modules()), 'left half-optimized'
+
+    hooked = create_model('cpvt_tiny')
+    hooked.blocks[3].attn.q.register_forward_hook(lambda *a: None)
+    with pytest.raises(ValueError, match=r'blocks\.3\.attn\.q has forward hooks'):
+        optimize(hooked)
+
+    with pytest.raises(ValueError, match='float32 CPU model.*float64'):
+        optimize(create_model('cpvt_tiny').double())
+    with pytest.raises(ValueError, match='no cpvt_backbones transformer block'):
+        optimize(nn.Sequential(nn.Linear(4, 4)))
+
+
+def test_selectable_from_an_openmmlab_config():
+    pytest.importorskip('mmdet')
+    from mmdet.registry import MODELS
+    from mmengine.registry import DefaultScope
+
+    import cpvt_backbones.adapters.mmdet  # noqa: F401
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        fast = MODELS.build(dict(type='PyramidCPVT', arch='pcpvt_tiny', optimize=True)).eval()
+        torch.manual_seed(0)
+        plain = MODELS.build(dict(type='PyramidCPVT', arch='pcpvt_tiny')).eval()
+    assert sum(isinstance(m, FusedBlock) for m in fast.modules()) == 8
+    fast.load_state_dict(plain.state_dict(), strict=True)
+    x = torch.randn(1, 3, 75, 61)
+    with torch.no_grad():
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(plain(x), fast(x)))
