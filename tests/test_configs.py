@@ -102,10 +102,15 @@ def test_every_custom_key_matches_a_parameter(path):
         assert any(n.startswith('backbone.pos_block.') for n in names)
 
 
+# The safe/atomic checkpoint and RNGStateHook opt-ins (importing an adapter only registers the backbones).
+OPT_INS = ['cpvt_backbones.adapters.checkpoint', 'cpvt_backbones.adapters.hooks']
+
+
 @pytest.mark.parametrize('path', [p for p in DENSE if 'shapes' not in str(p)], ids=lambda p: p.name)
 def test_paper_configs_follow_the_recipe(path):
     cfg = Config.fromfile(str(path))
-    assert cfg.custom_imports.imports == [f'cpvt_backbones.adapters.{cfg.default_scope}']
+    assert cfg.custom_imports.imports == [f'cpvt_backbones.adapters.{cfg.default_scope}', *OPT_INS]
+    assert cfg.custom_hooks == [dict(type='RNGStateHook')]
     init = cfg.model.backbone.init_cfg
     assert init.type == 'Pretrained' and re.fullmatch(r'checkpoints/\w+_in1k\.pth', init.checkpoint)
     opt = cfg.optim_wrapper.optimizer

@@ -99,7 +99,8 @@ def lr_per_epoch(cfg, epoch_length=3):
 def test_recipe(name):
     cfg = load(name)
     kind, arch, width, drop_path, _, _ = EXPECTED[name]
-    assert cfg.custom_imports.imports == ['cpvt_backbones.adapters.mmpretrain']
+    assert cfg.custom_imports.imports == ['cpvt_backbones.adapters.mmpretrain', 'cpvt_backbones.adapters.checkpoint',
+                                          'cpvt_backbones.adapters.hooks']
     assert not cfg.custom_imports.allow_failed_imports
     assert cfg.default_scope == 'mmpretrain'
 
