@@ -80,7 +80,8 @@ def backbone(variant: str, task: str, table_size: int) -> dict:
 def make_config(task: str, variant: str, seed: int, args: argparse.Namespace, work_dir: Path):
     from cpvt_backbones.adapters.runtime import load_config
     cfg = load_config(str(ROOT / TASKS[task]['config']), work_dir=str(work_dir))
-    det_scale = cfg.train_scale if task == 'detection' else load_config(str(ROOT / TASKS['detection']['config'])).train_scale
+    det_cfg = cfg if task == 'detection' else load_config(str(ROOT / TASKS['detection']['config']))
+    det_scale = det_cfg.train_scale
     cfg.model.backbone = backbone(variant, task, max(det_scale))
     if variant == 'pvt' and task == 'segmentation':
         cfg.custom_imports['imports'] = list(cfg.custom_imports['imports']) + ['mmdet.models']
@@ -205,7 +206,8 @@ def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
         ax.set_title(task)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f'shapes data, trained at 1x from scratch; mean +- std over {len(args.seeds)} seeds', fontsize=10)
+    start = 'from scratch' if args.seg_init == 'scratch' else "segmentor from the detector's backbone"
+    fig.suptitle(f'shapes data, trained at 1x ({start}); mean +- std over {len(args.seeds)} seeds', fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -227,10 +229,13 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
                 f'{r[f]["mean"]:.1f} ± {r[f]["std"]:.1f}' for f in args.factors) + ' |')
         lines.append('')
     table = '\n'.join(lines)
+    init = 'at random' if args.seg_init == 'scratch' else 'from the detector backbone of the same variant and seed'
     (out / f'{args.name}.md').write_text(
         table + f'\nMean ± standard deviation over seeds {args.seeds} on the {args.num_val} held-out images. '
-        f'Iterations: detection {args.det_iters}, segmentation {args.seg_iters} (batch 8). Wall time '
-        f'{meta["wall_minutes"]} min (this invocation), {meta["run_minutes"]} min summed over runs.\n\n'
+        f'Iterations: detection {args.det_iters}, segmentation {args.seg_iters} (batch 8); segmentor initialised '
+        f'{init}. Run time summed over runs (training and evaluation, one thread each): {meta["run_minutes"]} min; '
+        f'this invocation: {meta["wall_minutes"]} min of wall time (runs already finished are read from their '
+        f'result.json).\n\n'
         f'`{meta["command"]}`\n')
     plot(rows, args, out / f'{args.name}.png')
     print(table)

@@ -4,4 +4,5 @@ from .factory import MODEL_SPECS, ModelSpec, create_model, list_models, model_se
 from .optimize import optimize
 from .pcpvt import PyramidCPVT
 
-__all__ = ['CPVT', 'MODEL_SPECS', 'ModelSpec', 'PyramidCPVT', 'create_model', 'list_models', 'model_settings', 'optimize']
+__all__ = ['CPVT', 'MODEL_SPECS', 'ModelSpec', 'PyramidCPVT', 'create_model', 'list_models', 'model_settings',
+           'optimize']
