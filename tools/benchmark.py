@@ -277,6 +277,7 @@ def run_case(impls: Dict[str, torch.nn.Module], case: str, repeats: int) -> dict
             elapsed = _timed(run)
             if rnd:
                 times[key].append(elapsed)
+    row['round_s'] = {key: times[key] for key in impls}  # every timed round, for paired A/B comparisons
     for key in ('ours',) + PEERS:
         row[f'{key}_s'] = statistics.median(times[key]) if key in impls else None
         row[f'{key}_peak_mb'] = peak_mb(impls[key], x, mode) if key in impls else None
