@@ -105,3 +105,26 @@ def test_flop_counter_counts_every_linear_layer(name):
         model(torch.randn(2, 3, 64, 96))
     counts = {str(op): n for op, n in counter.get_flop_counts()['Global'].items()}
     assert counts.get('aten.addmm', 0) + counts.get('aten.mm', 0) == sum(expected) > 0
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_mmengine_flop_analyzer_sees_every_linear_layer(name):
+    """mmdet's get_flops.py path: every q/kv/proj/fc1/fc2 is called and has its multiply-adds in the
+    per-module table (tokens * in * out)."""
+    pytest.importorskip('mmengine')
+    from mmengine.analysis import FlopAnalyzer
+    model = build(name).eval()
+    analyzer = FlopAnalyzer(model, (torch.randn(1, 3, 64, 96),))
+    analyzer.unsupported_ops_warnings(False)
+    analyzer.uncalled_modules_warnings(False)
+    layers = {f'{name}.{path}': block.get_submodule(path) for name, block in model.named_modules()
+              if isinstance(block, Block) for path in ('attn.q', 'attn.kv', 'attn.proj', 'mlp.fc1', 'mlp.fc2')}
+    tokens = {}
+    for n, layer in layers.items():
+        layer.register_forward_hook(lambda m, inp, out, n=n: tokens.__setitem__(n, inp[0].numel() // m.in_features))
+    with torch.no_grad():
+        model(torch.randn(1, 3, 64, 96))
+    by_module, uncalled = analyzer.by_module(), analyzer.uncalled_modules()
+    assert len(tokens) == len(layers) == 5 * len(blocks(model))
+    for n, layer in layers.items():
+        assert n not in uncalled and by_module[n] == tokens[n] * layer.in_features * layer.out_features, n
