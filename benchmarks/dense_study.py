@@ -81,8 +81,7 @@ def make_config(task: str, variant: str, seed: int, args: argparse.Namespace, wo
     from cpvt_backbones.adapters.runtime import load_config
     cfg = load_config(str(ROOT / TASKS[task]['config']), work_dir=str(work_dir))
     det_cfg = cfg if task == 'detection' else load_config(str(ROOT / TASKS['detection']['config']))
-    det_scale = det_cfg.train_scale
-    cfg.model.backbone = backbone(variant, task, max(det_scale))
+    cfg.model.backbone = backbone(variant, task, max(det_cfg.train_scale))
     if variant == 'pvt' and task == 'segmentation':
         cfg.custom_imports['imports'] = list(cfg.custom_imports['imports']) + ['mmdet.models']
     data_root = str(Path(args.data)) + '/'

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .block import Block
 from .layout import symbolic_shapes
 
 # Tokens per chunk of the fused MLP: the chunk's hidden activation (4-16 MiB of float32) stays in cache
@@ -88,8 +89,7 @@ class FusedBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         if self.training or not can_fuse(x):
-            x = x + self.drop_path(self.attn(self.norm1(x), hw))
-            return x + self.drop_path(self.mlp(self.norm2(x)))
+            return Block.forward(self, x, hw)
         x = _linear_add(self.attn.attend(self.norm1(x), hw), self.attn.proj, x)
         flat = x.view(-1, x.shape[-1])
         for start in range(0, flat.shape[0], MLP_CHUNK_TOKENS):

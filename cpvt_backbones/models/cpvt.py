@@ -28,8 +28,9 @@ class CPVT(CPVTBase):
     """DeiT-style vision transformer with conditional positional encodings (CPVT, arXiv 2102.10882).
 
     There is no position embedding: ``pos_block.{k}`` is the k-th PEG, following block ``peg_positions[k]``
-    (the paper's best: blocks 0-5; ``peg_after[(0, j)] = k``). ``class_token=False`` is the GAP variant (average of the normed patch
-    tokens, > 1 point better top-1 in the paper). The patch embedding is DeiT's (a convolution, no norm).
+    (the paper's best: blocks 0-5; ``peg_after[(0, j)] = k``). ``class_token=False`` is the GAP variant
+    (average of the normed patch tokens, > 1 point better top-1 in the paper). The patch embedding is DeiT's
+    (a convolution, no norm).
 
     ``features_only=True`` turns it into a dense backbone: the normed stride-16 patch tokens are laid out as
     a map and a ViTDet-style simple feature pyramid makes maps at strides 4, 8, 16, 32 with dim/4, dim/2,
