@@ -61,13 +61,16 @@ _MMSEG_RULES = [
     ('blocks.{i}.{j}.mlp.fc2.{p}', 'layers.{i}.{j}.ffn.layers.1.{p}'),
 ]
 _to_mmseg = _renamer(_MMSEG_RULES)
-_from_mmseg = _renamer([(b, a) for a, b in _MMSEG_RULES])
+# mmseg's own converter (tools/model_converters/twins2mmseg.py, which made its published PCPVT weights) keeps
+# the classifier's final ``norm``; mmseg's backbone ignores it on load, and so does our dense backbone.
+_from_mmseg = _renamer([(b, a) for a, b in _MMSEG_RULES] + [('norm.{p}', 'norm.{p}')])
 _IN_PROJ = re.compile(r'layers\.(\d+)\.(\d+)\.attn\.attn\.in_proj_(weight|bias)')
 _Q_OR_KV = re.compile(r'blocks\.(\d+)\.(\d+)\.attn\.(q|kv)\.(weight|bias)')
 
 
 def mmseg_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
-    """mmseg 1.x ``PCPVT`` backbone keys -> ours. ``in_proj`` (q; k; v stacked) splits into ``q`` and ``kv``."""
+    """mmseg 1.x ``PCPVT`` backbone keys -> ours. ``in_proj`` (q; k; v stacked) splits into ``q`` and ``kv``;
+    a final ``norm`` (as mmseg's converter writes it) is kept."""
     out: StateDict = {}
     unknown: List[str] = []
     for key, value in state_dict.items():

@@ -1,7 +1,7 @@
 """What the columnar and the pyramid CPVT share: input checks, the constructor skeleton (outputs, PEG placement,
 freezing), weight init, running the blocks, checkpointing."""
 import math
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from torch import nn
@@ -50,6 +50,22 @@ def check_peg_positions(positions: Iterable[int], depth: int, where: str) -> Tup
     return tuple(sorted(out))
 
 
+def take_indices(num: int, indices: Union[None, int, Sequence[int]]) -> Tuple[List[int], int]:
+    """timm's ``indices`` convention for intermediate features: None = all ``num``, an int n = the last n, a
+    sequence = those (negative ones count from the end). Returns the absolute indices and the largest."""
+    if indices is None:
+        indices = num
+    if isinstance(indices, int):
+        if not 0 < indices <= num:
+            raise ValueError(f'indices={indices} asks for the last {indices} of {num} feature levels')
+        taken = list(range(num - indices, num))
+    else:
+        taken = [i + num if i < 0 else i for i in indices]
+        if not taken or any(not 0 <= i < num for i in taken):
+            raise ValueError(f'indices must pick feature levels within -{num}..{num - 1}, got {indices!r}')
+    return taken, max(taken)
+
+
 def init_weights(m: nn.Module) -> None:
     """The Twins/timm initialisation, so that training from scratch matches the official recipe."""
     if isinstance(m, nn.Linear):
@@ -75,6 +91,9 @@ class CPVTBase(nn.Module):
       channels and strides (aligned; all empty for a classifier);
     * ``peg_after``: ``{(stage, block): k}``, PEG ``pos_block.{k}`` follows that block (a columnar model
       has one stage, 0);
+    * ``num_features``: channels of the pooled features the head sees (timm's meaning);
+    * ``feature_info``: timm's list of taps ``forward_intermediates`` can return (``module``, ``num_chs``,
+      ``reduction``): the stages of a pyramid model, the blocks of a columnar one;
     * ``unbuilt_prefixes``: the key prefixes of the full classification layout that an instance does not
       build (a dense backbone has no head; a truncated one no later stages): checkpoint loading drops exactly
       these and nothing else.
@@ -88,6 +107,8 @@ class CPVTBase(nn.Module):
     out_channels: Tuple[int, ...]
     strides: Tuple[int, ...]
     peg_after: Dict[Tuple[int, int], int]
+    num_features: int
+    feature_info: List[Dict[str, object]]
     unbuilt_prefixes: Tuple[str, ...]
 
     def _setup_outputs(self, features_only: bool, num_classes: int, out_indices: Optional[Sequence[int]],
@@ -122,13 +143,59 @@ class CPVTBase(nn.Module):
         return [self.pos_block[self.peg_after[(stage, j)]] for j in blocks if (stage, j) in self.peg_after]
 
     def _run_blocks(self, blocks: nn.ModuleList, stage: int, x: torch.Tensor, hw: Tuple[int, int],
-                    num_prefix_tokens: int = 0) -> torch.Tensor:
+                    num_prefix_tokens: int = 0, tap: Optional[Callable[[int, torch.Tensor], None]] = None,
+                    stop: Optional[int] = None) -> torch.Tensor:
+        """Blocks 0..``stop`` (all by default), each followed by its PEG if it has one; ``tap(j, x)`` sees
+        the tokens after block j and its PEG."""
         for j, blk in enumerate(blocks):
+            if stop is not None and j > stop:
+                break
             x = self._block(blk, x, hw)
             k = self.peg_after.get((stage, j))
             if k is not None:
                 x = self.pos_block[k](x, hw, num_prefix_tokens)
+            if tap is not None:
+                tap(j, x)
         return x
+
+    def _truncate_pegs(self, kept: Callable[[int, int], bool]) -> List[str]:
+        """Drop the PEGs after blocks that ``kept(stage, block)`` rejects (a prefix, as PEGs are numbered in
+        network order); returns the key prefixes of the dropped ones."""
+        self.peg_after = {sj: k for sj, k in self.peg_after.items() if kept(*sj)}
+        num = len(self.peg_after)
+        dropped = [f'pos_block.{k}.' for k in range(num, len(self.pos_block))]
+        self.pos_block = self.pos_block[:num]
+        return dropped
+
+    def _prune_end(self, dropped: List[str], prune_norm: bool, prune_head: bool, num_features: int) -> None:
+        """What ``prune_intermediate_layers`` does after cutting blocks: no final norm or head where they are
+        not wanted (or where the cut left them sized for features that are gone)."""
+        cut = bool(dropped)
+        if prune_norm or cut:
+            self.norm = nn.Identity()
+            dropped.append('norm.')
+        self.num_features = num_features
+        if prune_head or cut:
+            self.reset_classifier(0)
+        self.unbuilt_prefixes = tuple(dict.fromkeys(self.unbuilt_prefixes + tuple(dropped)))
+
+    def _check_prunable(self) -> None:
+        if self.features_only:
+            raise ValueError('prune_intermediate_layers applies to a classifier; a features_only model already '
+                             'builds nothing beyond max(out_indices)')
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A fresh linear head for ``num_classes`` (0: none, ``forward`` returns the pooled features), with
+        torch's default init, as timm's ``reset_classifier``."""
+        if self.features_only:
+            raise ValueError('a features_only model has no classifier')
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
+        rest = tuple(p for p in self.unbuilt_prefixes if p != 'head.')
+        self.unbuilt_prefixes = rest if num_classes else rest + ('head.',)
 
     def _finish_init(self, frozen: List, grad_checkpointing: bool) -> None:
         self.apply(init_weights)

@@ -1,12 +1,12 @@
 """Columnar (DeiT-style) CPVT: a plain ViT whose position embedding is replaced by PEGs."""
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..layers import Block, LayerNorm2d, PatchEmbed, tokens_to_map
-from .base import CPVTBase, check_peg_positions
+from .base import CPVTBase, check_peg_positions, take_indices
 
 PYRAMID_STRIDES = (4, 8, 16, 32)
 
@@ -101,12 +101,15 @@ class CPVT(CPVTBase):
             for j in range(depth))
         self._setup_pegs([embed_dim], [positions], peg_kernel_size, peg_type)
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
+        self.num_features = embed_dim
+        self.feature_info = [dict(module=f'blocks.{j}', num_chs=embed_dim, reduction=patch_size)
+                             for j in range(depth)]
         if features_only:
             self.simple_fpn = nn.ModuleDict({str(i): _simple_pyramid_level(i, embed_dim) for i in self.out_indices})
             self.unbuilt_prefixes = ('head.',)
         else:
-            self.head = nn.Linear(embed_dim, num_classes) if num_classes else nn.Identity()
-            self.unbuilt_prefixes = () if num_classes else ('head.',)
+            self.unbuilt_prefixes = ()
+            self.reset_classifier(num_classes)
 
         frozen: List = []
         if frozen_stages >= 0:
@@ -128,20 +131,20 @@ class CPVT(CPVTBase):
             grid = grid.flatten(2).transpose(1, 2)
         return torch.cat((prefix, grid), dim=1)
 
-    def _tokens(self, x: torch.Tensor):
-        """Normed tokens (B, prefix + h * w, C) and the token map size (h, w)."""
+    def _tokens(self, x: torch.Tensor, tap=None, stop: Optional[int] = None):
+        """Tokens (B, prefix + h * w, C) after the blocks up to ``stop`` (default: all; see ``_run_blocks``),
+        not yet normed, and the token map size (h, w)."""
         x, hw = self.patch_embed(x)
         if self.cls_token is not None:
             x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
         if self.pos_embed is not None:
             x = x + self._position_embedding(hw)
-        x = self._run_blocks(self.blocks, 0, self.pos_drop(x), hw, self.num_prefix_tokens)
-        return self.norm(x), hw
+        return self._run_blocks(self.blocks, 0, self.pos_drop(x), hw, self.num_prefix_tokens, tap, stop), hw
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Normed tokens (B, prefix + N, C)."""
         self._check_input(x)
-        return self._tokens(x)[0]
+        return self.norm(self._tokens(x)[0])
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = x[:, 0] if self.num_prefix_tokens else x.mean(dim=1)
@@ -150,12 +153,50 @@ class CPVT(CPVTBase):
     def forward(self, x: torch.Tensor):
         self._check_input(x)
         if not self.features_only:
-            return self.forward_head(self._tokens(x)[0])
+            return self.forward_head(self.norm(self._tokens(x)[0]))
         H, W = x.shape[-2:]
         tokens, hw = self._tokens(x)
-        feat = tokens_to_map(tokens[:, self.num_prefix_tokens:], hw)
+        feat = tokens_to_map(self.norm(tokens)[:, self.num_prefix_tokens:], hw)
         outs = []
         for i in self.out_indices:
             s = PYRAMID_STRIDES[i]
             outs.append(self.simple_fpn[str(i)](feat)[..., :(H + s - 1) // s, :(W + s - 1) // s].contiguous())
         return tuple(outs)
+
+    def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None,
+                              norm: bool = False, stop_early: bool = False, output_fmt: str = 'NCHW',
+                              intermediates_only: bool = False):
+        """timm's feature API (as for its ViTs): the patch tokens after the blocks ``indices`` picks
+        (``base.take_indices``; each after its PEG), as stride-``patch_size`` NCHW maps, normed if ``norm``;
+        unless ``intermediates_only`` also the normed tokens after the last block run, for ``forward_head``."""
+        self._check_input(x)
+        if output_fmt not in ('NCHW', 'NLC'):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take, max_index = take_indices(len(self.blocks), indices)
+        maps = []
+        prefix = self.num_prefix_tokens
+
+        def tap(j: int, tokens: torch.Tensor) -> None:
+            if j in take:
+                tokens = (self.norm(tokens) if norm else tokens)[:, prefix:]
+                maps.append(tokens_to_map(tokens, hw).contiguous() if output_fmt == 'NCHW' else tokens)
+
+        p = self.patch_embed.patch_size
+        hw = tuple((n + p - 1) // p for n in x.shape[-2:])
+        stop = max_index if stop_early or intermediates_only else None
+        tokens, _ = self._tokens(x, tap, stop)
+        return maps if intermediates_only else (self.norm(tokens), maps)
+
+    def prune_intermediate_layers(self, indices: Union[None, int, Sequence[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
+        """timm's pruning: keep the blocks up to the last one ``indices`` picks (and their PEGs), and drop the
+        head (and the norm) where asked. Returns the absolute indices."""
+        self._check_prunable()
+        take, max_index = take_indices(len(self.blocks), indices)
+        keep = max_index + 1
+        dropped = [f'blocks.{j}.' for j in range(keep, len(self.blocks))]
+        self.blocks = self.blocks[:keep]
+        self.feature_info = self.feature_info[:keep]
+        dropped += self._truncate_pegs(lambda _, j: j < keep)
+        self._prune_end(dropped, prune_norm, prune_head, self.num_features)
+        return take

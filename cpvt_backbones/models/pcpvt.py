@@ -1,12 +1,12 @@
 """Pyramid CPVT (Twins-PCPVT): PVT's four stages with spatial-reduction attention, a PEG, and GAP."""
 import math
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
 from ..layers import Block, PatchEmbed, tokens_to_map
-from .base import CPVTBase, check_peg_positions
+from .base import CPVTBase, check_peg_positions, take_indices
 
 
 class PyramidCPVT(CPVTBase):
@@ -93,14 +93,13 @@ class PyramidCPVT(CPVTBase):
         unbuilt_pegs = range(num_pegs, num_pegs + sum(len(p) for p in positions[num_built:]))
         unbuilt = [f'{name}.{i}.' for i in range(num_built, num_stages) for name in ('patch_embeds', 'blocks')]
         unbuilt += [f'pos_block.{k}.' for k in unbuilt_pegs]
-        if features_only:
-            unbuilt += ['norm.', 'head.']
-        else:
+        self.num_features = embed_dims[num_built - 1]
+        self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dims[i], reduction=stage_strides[i])
+                             for i in range(num_built)]
+        self.unbuilt_prefixes = tuple(unbuilt + (['norm.', 'head.'] if features_only else []))
+        if not features_only:
             self.norm = nn.LayerNorm(embed_dims[-1], eps=norm_eps)
-            self.head = nn.Linear(embed_dims[-1], num_classes) if num_classes else nn.Identity()
-            if not num_classes:
-                unbuilt.append('head.')
-        self.unbuilt_prefixes = tuple(unbuilt)
+            self.reset_classifier(num_classes)
 
         frozen: List = []
         if frozen_stages >= 0:
@@ -109,15 +108,20 @@ class PyramidCPVT(CPVTBase):
             frozen += [self.patch_embeds[i], self.blocks[i]] + self._pegs_after(i, range(depths[i]))
         self._finish_init(frozen, grad_checkpointing)
 
-    def _stages(self, x: torch.Tensor, keep_maps: bool):
-        """Run every built stage; return the last stage's tokens, its (H, W) and the NCHW maps kept."""
+    def _stages(self, x: torch.Tensor, take: Sequence[int] = (), stop: Optional[int] = None,
+                norm_last: bool = False):
+        """Run the built stages up to ``stop`` (default: all); return the last run stage's tokens, its (H, W)
+        and the NCHW maps of the stages in ``take`` (the last built one normed if ``norm_last``)."""
         maps = []
         hw = (0, 0)
+        last = len(self.blocks) - 1
         for i, embed in enumerate(self.patch_embeds):
+            if stop is not None and i > stop:
+                break
             x, hw = embed(x if i == 0 else tokens_to_map(x, hw))
             x = self._run_blocks(self.blocks[i], i, self.pos_drops[i](x), hw)
-            if keep_maps and i in self.out_indices:
-                maps.append(tokens_to_map(x, hw).contiguous())
+            if i in take:
+                maps.append(tokens_to_map(self.norm(x) if norm_last and i == last else x, hw).contiguous())
         return x, hw, maps
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -125,7 +129,7 @@ class PyramidCPVT(CPVTBase):
         self._check_input(x)
         if self.features_only:
             raise RuntimeError('a features_only model has no final norm; call forward() for its feature maps')
-        return self.norm(self._stages(x, keep_maps=False)[0])
+        return self.norm(self._stages(x)[0])
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = x.mean(dim=1)
@@ -134,5 +138,38 @@ class PyramidCPVT(CPVTBase):
     def forward(self, x: torch.Tensor):
         if self.features_only:
             self._check_input(x)
-            return tuple(self._stages(x, keep_maps=True)[2])
+            return tuple(self._stages(x, take=self.out_indices)[2])
         return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None,
+                              norm: bool = False, stop_early: bool = False, output_fmt: str = 'NCHW',
+                              intermediates_only: bool = False):
+        """timm's feature API: the NCHW maps after the stages ``indices`` picks (``base.take_indices``), and
+        unless ``intermediates_only`` the normed last-stage tokens for ``forward_head``. ``norm`` applies the
+        final norm to the last stage's map, the only one it is sized for."""
+        self._check_input(x)
+        if output_fmt != 'NCHW':
+            raise ValueError(f"PyramidCPVT returns NCHW maps; output_fmt={output_fmt!r} is not supported")
+        if norm and self.features_only:
+            raise ValueError('a features_only model has no final norm: pass norm=False')
+        take, max_index = take_indices(len(self.blocks), indices)
+        stop = max_index if stop_early or intermediates_only else None
+        x, _, maps = self._stages(x, take, stop, norm_last=norm)
+        if intermediates_only:
+            return maps
+        return (x if self.features_only or stop is not None else self.norm(x)), maps
+
+    def prune_intermediate_layers(self, indices: Union[None, int, Sequence[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
+        """timm's pruning: keep the stages up to the last one ``indices`` picks, and drop the head (and the
+        norm) where asked or where stages were cut. Returns the absolute indices."""
+        self._check_prunable()
+        take, max_index = take_indices(len(self.blocks), indices)
+        keep = max_index + 1
+        dropped = [f'{name}.{i}.' for i in range(keep, len(self.blocks)) for name in ('patch_embeds', 'blocks')]
+        for name in ('patch_embeds', 'pos_drops', 'blocks'):
+            setattr(self, name, getattr(self, name)[:keep])
+        self.feature_info = self.feature_info[:keep]
+        dropped += self._truncate_pegs(lambda stage, _: stage < keep)
+        self._prune_end(dropped, prune_norm, prune_head, self.feature_info[-1]['num_chs'])
+        return take
