@@ -8,7 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 for _framework in ('mmengine', 'mmdet', 'mmseg'):
     pytest.importorskip(_framework)
@@ -207,3 +209,18 @@ def test_infer_on_a_folder_at_any_resolution(cfg, package, workdir):
         vis = sorted(p.name for p in (out / 'vis').iterdir())
         preds = sorted(p.name for p in (out / 'preds').iterdir())
         assert len(vis) == 4 and len(preds) == 4, (vis, preds)
+    # Every size the backbones take: predictions for all; an image the visualiser cannot draw gets one line.
+    odd = workdir / f'odd_{package}'
+    odd.mkdir(exist_ok=True)
+    sizes = [(1, 1), (9, 13), (37, 523), (700, 95)]
+    for w, h in sizes:
+        Image.fromarray(np.random.default_rng(w).integers(0, 255, (h, w, 3), dtype=np.uint8)).save(odd / f'{w}x{h}.png')
+    out = workdir / f'infer_out_{package}_odd'
+    res = run([ROOT / 'tools/infer.py', cfg, wd / 'iter_1.pth', odd, '--out-dir', out, '--native'], workdir)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    preds = sorted(p.stem for p in (out / 'preds').iterdir())
+    assert preds == sorted(f'{w}x{h}' for w, h in sizes), preds
+    drawn = {p.stem for p in (out / 'vis').iterdir()}
+    not_drawn = [line for line in res.stdout.splitlines() if 'not drawn' in line]
+    assert len(drawn) + len(not_drawn) == len(sizes) and {'9x13', '37x523', '700x95'} <= drawn, (drawn, not_drawn)
+    assert all(line.startswith('[infer] 1x1.png: not drawn (') for line in not_drawn), not_drawn

@@ -5,14 +5,18 @@ Steps: generate data/shapes; train RetinaNet from scratch, then Semantic FPN sta
 backbone (our stand-in for ImageNet pretraining, loaded through init_cfg=Pretrained), with mmengine's
 progress logs; evaluate COCO bbox mAP (mmdet's CocoMetric) and mIoU (mmseg's IoUMetric) on the held-out
 split at the training scale and at smaller, larger, odd-aspect and native sizes (most not divisible by 32);
-draw predictions at unseen sizes under work_dirs/demo/vis; print and save a summary table
+draw confident predictions at unseen sizes under work_dirs/demo/vis (vis/sheet.png: one image at several
+sizes, both tasks); print and save a summary table
 (work_dirs/demo/summary.{md,json}). A finished training run in work_dirs/demo is reused unless --retrain.
 """
 import argparse
 import json
 import time
 from pathlib import Path
+from typing import List, Tuple
 
+import numpy as np
+from matplotlib.patches import Rectangle
 from mmengine.runner import Runner
 
 from cpvt_backbones.adapters.runtime import evaluate, load_config, set_test_scale
@@ -33,7 +37,8 @@ TEST_SIZES = [
     ('odd aspect (stretched to 1.6x W, 0.8x H)', (1.6, .8), False),
     ('native image size (128-288 px)', None, True),
 ]
-VIS_SIZES = [('0.7x', (.7, .7)), ('native', None), ('2x', (2., 2.))]
+VIS_SIZES = [('0.7x', (.7, .7)), ('1x', (1., 1.)), ('native', None), ('2x', (2., 2.))]
+SCORE_THR = 0.5  # boxes drawn: confident ones only (RetinaNet returns up to 100 low-score candidates per image)
 
 
 def scaled(cfg, factors):
@@ -56,20 +61,73 @@ def train(name: str, config: str, out: Path, retrain: bool, init_from: str = Non
     return str(final)
 
 
-def visualise(name: str, config: str, checkpoint: str, out: Path) -> None:
-    val_images = sorted((Path('data/shapes/val/images')).glob('*.jpg'))[:4]
-    for tag, factors in VIS_SIZES:
-        cfg = load_config(config)
-        set_test_scale(cfg, scaled(cfg, factors))
-        target = out / 'vis' / name / tag
-        if name == 'detection':
-            from mmdet.apis import DetInferencer
-            inferencer = DetInferencer(model=cfg, weights=checkpoint, device='cpu', show_progress=False)
-            inferencer([str(p) for p in val_images], out_dir=str(target), pred_score_thr=0.3, no_save_pred=True)
-        else:
-            from mmseg.apis import MMSegInferencer
-            inferencer = MMSegInferencer(model=cfg, weights=checkpoint, device='cpu')
-            inferencer([str(p) for p in val_images], out_dir=str(target), img_out_dir='vis')
+def predict(name: str, config: str, checkpoint: str, images: List[str], factors) -> Tuple[list, dict]:
+    """Data samples for ``images`` tested at ``factors`` of the training scale (None: native size)."""
+    cfg = load_config(config)
+    set_test_scale(cfg, scaled(cfg, factors))
+    if name == 'detection':
+        from mmdet.apis import DetInferencer
+        inferencer = DetInferencer(model=cfg, weights=checkpoint, device='cpu', show_progress=False)
+    else:
+        from mmseg.apis import MMSegInferencer
+        inferencer = MMSegInferencer(model=cfg, weights=checkpoint, device='cpu')
+    samples = inferencer(images, return_datasamples=True)['predictions']
+    return samples if isinstance(samples, list) else [samples], inferencer.model.dataset_meta
+
+
+def draw(ax, image: np.ndarray, sample, meta: dict, name: str, title: str) -> None:
+    """Boxes scoring at least SCORE_THR (label and score in a fixed, legible font), or the mask over the image."""
+    ax.imshow(image)
+    if name == 'detection':
+        inst = sample.pred_instances
+        keep = inst.scores >= SCORE_THR
+        for box, score, label in zip(inst.bboxes[keep].tolist(), inst.scores[keep].tolist(),
+                                     inst.labels[keep].tolist()):
+            colour = np.array(meta['palette'][label]) / 255 if 'palette' in meta else 'yellow'
+            ax.add_patch(Rectangle(box[:2], box[2] - box[0], box[3] - box[1], fill=False, lw=2, ec=colour))
+            ax.text(box[0], box[1] - 2, f'{meta["classes"][label]} {score:.2f}', fontsize=8, color='white',
+                    va='bottom', bbox=dict(fc=colour, ec='none', pad=1, alpha=0.85))
+        title += f'\n{int(keep.sum())} boxes >= {SCORE_THR}'
+    else:
+        seg = sample.pred_sem_seg.data[0].numpy()
+        palette = np.array(meta['palette'], dtype=np.float32) / 255
+        overlay = np.concatenate([palette[seg], np.where(seg > 0, 0.55, 0.)[..., None]], axis=-1)
+        ax.imshow(overlay)
+    ax.set_title(title, fontsize=9)
+    ax.axis('off')
+
+
+def visualise(out: Path, checkpoints: dict) -> None:
+    """Per task and size, the first four held-out images with their predictions; and one sheet with one image
+    at every drawn size, both tasks side by side (vis/sheet.png)."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    images = [str(p) for p in sorted(Path('data/shapes/val/images').glob('*.jpg'))[:4]]
+    pixels = [np.asarray(Image.open(p).convert('RGB')) for p in images]
+    sheet, axes = plt.subplots(len(TASKS), len(VIS_SIZES), figsize=(3.4 * len(VIS_SIZES), 3.6 * len(TASKS)),
+                               squeeze=False)
+    for r, (name, task) in enumerate(TASKS.items()):
+        for c, (tag, factors) in enumerate(VIS_SIZES):
+            samples, meta = predict(name, task['config'], checkpoints[name], images, factors)
+            fig, row = plt.subplots(1, len(images), figsize=(3.4 * len(images), 3.6), squeeze=False)
+            for ax, image, path, sample in zip(row[0], pixels, images, samples):
+                h, w = sample.metainfo['img_shape'][:2]
+                draw(ax, image, sample, meta, name, f'{Path(path).name}, tested at {w}x{h}')
+            target = out / 'vis' / name / f'{tag}.png'
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fig.tight_layout()
+            fig.savefig(target, dpi=100)
+            plt.close(fig)
+            h, w = samples[0].metainfo['img_shape'][:2]
+            draw(axes[r, c], pixels[0], samples[0], meta, name, f'{name}, {tag}: tested at {w}x{h}')
+    sheet.suptitle(f'{Path(images[0]).name} ({pixels[0].shape[1]}x{pixels[0].shape[0]}) at several test sizes; '
+                   'predictions drawn on the original image', fontsize=11)
+    sheet.tight_layout(rect=(0, 0, 1, 0.95))
+    sheet.savefig(out / 'vis' / 'sheet.png', dpi=100)
+    plt.close(sheet)
 
 
 def main() -> None:
@@ -81,7 +139,7 @@ def main() -> None:
     start = time.perf_counter()
     print('[demo] data:', generate_shapes('data/shapes'))
 
-    results, checkpoint = {}, None
+    results, checkpoint, checkpoints = {}, None, {}
     for name, task in TASKS.items():
         checkpoint = train(name, task['config'], out, args.retrain, init_from=checkpoint)
         results[name] = {}
@@ -92,8 +150,9 @@ def main() -> None:
             value = metrics[task['metric']]
             results[name][label] = float(value) / 100 if task['metric'] == 'mIoU' else float(value)
             print(f'[demo] {name:<12} {label:<36} {task["label"]} = {results[name][label]:.3f}')
-        visualise(name, task['config'], checkpoint, out)
+        checkpoints[name] = checkpoint
 
+    visualise(out, checkpoints)
     lines = ['| test resolution | ' + ' | '.join(t['label'] for t in TASKS.values()) + ' |',
              '|---|' + '---|' * len(TASKS)]
     for label, _, _ in TEST_SIZES:

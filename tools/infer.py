@@ -2,9 +2,11 @@
 
     python tools/infer.py CONFIG CHECKPOINT INPUT [INPUT ...] [--out-dir DIR] [--scale W H | --native]
 
-Writes visualisations (boxes or masks drawn on the image) under OUT_DIR/vis and predictions (JSON for boxes,
-PNG label maps for masks) under OUT_DIR/preds, through mmdet's DetInferencer / mmseg's MMSegInferencer.
-Our backbones run optimized (``cpvt_backbones.optimize``); ``--plain`` keeps the plain model.
+Writes predictions (JSON for boxes, PNG label maps for masks) under OUT_DIR/preds for every image, and
+visualisations (boxes or masks drawn on the image) under OUT_DIR/vis, through mmdet's DetInferencer / mmseg's
+MMSegInferencer. The backbones take any size down to 1 x 1; where a framework's visualiser cannot draw an image
+(mmseg's fails on a 1 x 1 one), that image gets one line saying so and the run goes on. Our backbones run
+optimized (``cpvt_backbones.optimize``); ``--plain`` keeps the plain model.
 """
 import argparse
 from pathlib import Path
@@ -26,6 +28,23 @@ def collect_images(inputs):
     if not files:
         raise SystemExit(f'no images found in {inputs}')
     return [str(f) for f in files]
+
+
+class DrawOrSay:
+    """Mixed in before an inferencer: images are drawn one at a time, and one its visualiser cannot draw is
+    reported in one line instead of ending the run (inferencers draw every image before they save any
+    prediction, so one failure would lose them all)."""
+
+    def visualize(self, inputs, preds, **kwargs):
+        drawn = []
+        for one, pred in zip(inputs, preds):
+            try:
+                drawn.append(super().visualize([one], [pred], **kwargs))
+            except Exception as e:  # any failure of drawing; the prediction is kept
+                name = Path(one).name if isinstance(one, str) else 'an array'
+                print(f'[infer] {name}: not drawn ({type(e).__name__}: {e}); prediction written')
+        images = [img for out in drawn if out is not None for img in out]
+        return images if kwargs.get('return_vis') else None
 
 
 def main() -> None:
@@ -51,12 +70,17 @@ def main() -> None:
     images = collect_images(args.inputs)
     if cfg.default_scope == 'mmdet':
         from mmdet.apis import DetInferencer
-        inferencer = DetInferencer(model=cfg, weights=args.checkpoint, device=args.device, show_progress=False)
+        inferencer = type('DetInferencer', (DrawOrSay, DetInferencer), {})(
+            model=cfg, weights=args.checkpoint, device=args.device, show_progress=False)
         inferencer(images, out_dir=args.out_dir, pred_score_thr=args.score_thr, no_save_pred=False)
     elif cfg.default_scope == 'mmseg':
         from mmseg.apis import MMSegInferencer
-        inferencer = MMSegInferencer(model=cfg, weights=args.checkpoint, device=args.device)
+        inferencer = type('MMSegInferencer', (DrawOrSay, MMSegInferencer), {})(
+            model=cfg, weights=args.checkpoint, device=args.device)
         inferencer(images, out_dir=args.out_dir, img_out_dir='vis', pred_out_dir='preds')
+        preds = Path(args.out_dir) / 'preds'
+        for i, image in enumerate(images):  # mmseg numbers its label maps in input order; name them as mmdet does
+            (preds / f'{i:08d}_pred.png').replace(preds / f'{Path(image).stem}.png')
     else:
         raise SystemExit(f'infer.py handles mmdet and mmseg configs; {args.config} is for {cfg.default_scope}')
     print(f'{len(images)} image(s) -> {args.out_dir}/vis, {args.out_dir}/preds')

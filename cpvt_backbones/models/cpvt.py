@@ -95,7 +95,7 @@ class CPVT(CPVTBase):
         self.pos_embed = None if pos_embed_grid is None else nn.Parameter(
             torch.zeros(1, self.num_prefix_tokens + pos_embed_grid[0] * pos_embed_grid[1], embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
         self.blocks = nn.ModuleList(
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, dpr[j], 1, norm_eps)
             for j in range(depth))

@@ -76,7 +76,7 @@ class PyramidCPVT(CPVTBase):
         self.out_channels = tuple(self.embed_dims[i] for i in self.out_indices)
         self.strides = tuple(stage_strides[i] for i in self.out_indices)
 
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        dpr = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
         self.patch_embeds = nn.ModuleList()
         self.pos_drops = nn.ModuleList()
         self.blocks = nn.ModuleList()
