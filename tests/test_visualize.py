@@ -32,6 +32,9 @@ def test_picture_for_classifiers_and_detector_checkpoints(tmp_path, image, name,
         state = {**{f'backbone.{k}': v for k, v in state.items()}, 'neck.conv.weight': torch.zeros(1),
                  'bbox_head.cls.weight': torch.zeros(1)}
         state = {'state_dict': state, 'meta': {}}
+        if importlib.util.find_spec('mmengine'):  # an mmengine checkpoint holds its log buffers too
+            from mmengine.logging import HistoryBuffer
+            state['message_hub'] = {'log_scalars': {'train/loss': HistoryBuffer()}}
     torch.save(state, tmp_path / 'w.pth')
     out = visualize.main([str(tmp_path / 'w.pth'), str(image), '--queries', '0.3,0.6', '1,1',
                           '--out', str(tmp_path / 'pic.png')])

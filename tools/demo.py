@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 import numpy as np
-from matplotlib.patches import Rectangle
+from matplotlib.patches import Patch, Rectangle
 from mmengine.runner import Runner
 
 from cpvt_backbones.adapters.runtime import evaluate, load_config, set_test_scale
@@ -71,12 +71,14 @@ def predict(name: str, config: str, checkpoint: str, images: List[str], factors)
     else:
         from mmseg.apis import MMSegInferencer
         inferencer = MMSegInferencer(model=cfg, weights=checkpoint, device='cpu')
-    samples = inferencer(images, return_datasamples=True)['predictions']
+    result = inferencer(images, return_datasamples=True)  # mmdet: a dict; mmseg: the samples themselves
+    samples = result['predictions'] if isinstance(result, dict) else result
     return samples if isinstance(samples, list) else [samples], inferencer.model.dataset_meta
 
 
 def draw(ax, image: np.ndarray, sample, meta: dict, name: str, title: str) -> None:
-    """Boxes scoring at least SCORE_THR (label and score in a fixed, legible font), or the mask over the image."""
+    """Boxes scoring at least SCORE_THR (label and score in a fixed, legible font), or the mask over the image
+    with a legend of the classes it shows."""
     ax.imshow(image)
     if name == 'detection':
         inst = sample.pred_instances
@@ -85,14 +87,16 @@ def draw(ax, image: np.ndarray, sample, meta: dict, name: str, title: str) -> No
                                      inst.labels[keep].tolist()):
             colour = np.array(meta['palette'][label]) / 255 if 'palette' in meta else 'yellow'
             ax.add_patch(Rectangle(box[:2], box[2] - box[0], box[3] - box[1], fill=False, lw=2, ec=colour))
-            ax.text(box[0], box[1] - 2, f'{meta["classes"][label]} {score:.2f}', fontsize=8, color='white',
-                    va='bottom', bbox=dict(fc=colour, ec='none', pad=1, alpha=0.85))
+            ax.text(box[0] + 2, box[1] + 2, f'{meta["classes"][label]} {score:.2f}', fontsize=8, color='white',
+                    va='top', bbox=dict(fc=colour, ec='none', pad=1, alpha=0.85))
         title += f'\n{int(keep.sum())} boxes >= {SCORE_THR}'
     else:
         seg = sample.pred_sem_seg.data[0].numpy()
         palette = np.array(meta['palette'], dtype=np.float32) / 255
-        overlay = np.concatenate([palette[seg], np.where(seg > 0, 0.55, 0.)[..., None]], axis=-1)
+        overlay = np.concatenate([palette[seg], np.where(seg > 0, 0.6, 0.)[..., None]], axis=-1)
         ax.imshow(overlay)
+        ax.legend(handles=[Patch(color=palette[c], label=meta['classes'][c]) for c in np.unique(seg) if c > 0],
+                  loc='lower left', fontsize=7, framealpha=0.8, handlelength=1)
     ax.set_title(title, fontsize=9)
     ax.axis('off')
 
@@ -107,12 +111,12 @@ def visualise(out: Path, checkpoints: dict) -> None:
 
     images = [str(p) for p in sorted(Path('data/shapes/val/images').glob('*.jpg'))[:4]]
     pixels = [np.asarray(Image.open(p).convert('RGB')) for p in images]
-    sheet, axes = plt.subplots(len(TASKS), len(VIS_SIZES), figsize=(3.4 * len(VIS_SIZES), 3.6 * len(TASKS)),
+    sheet, axes = plt.subplots(len(TASKS), len(VIS_SIZES), figsize=(3.4 * len(VIS_SIZES), 3.9 * len(TASKS)),
                                squeeze=False)
     for r, (name, task) in enumerate(TASKS.items()):
         for c, (tag, factors) in enumerate(VIS_SIZES):
             samples, meta = predict(name, task['config'], checkpoints[name], images, factors)
-            fig, row = plt.subplots(1, len(images), figsize=(3.4 * len(images), 3.6), squeeze=False)
+            fig, row = plt.subplots(1, len(images), figsize=(3.4 * len(images), 3.9), squeeze=False)
             for ax, image, path, sample in zip(row[0], pixels, images, samples):
                 h, w = sample.metainfo['img_shape'][:2]
                 draw(ax, image, sample, meta, name, f'{Path(path).name}, tested at {w}x{h}')
@@ -152,7 +156,6 @@ def main() -> None:
             print(f'[demo] {name:<12} {label:<36} {task["label"]} = {results[name][label]:.3f}')
         checkpoints[name] = checkpoint
 
-    visualise(out, checkpoints)
     lines = ['| test resolution | ' + ' | '.join(t['label'] for t in TASKS.values()) + ' |',
              '|---|' + '---|' * len(TASKS)]
     for label, _, _ in TEST_SIZES:
@@ -163,7 +166,9 @@ def main() -> None:
     (out / 'summary.json').write_text(json.dumps(dict(results=results, minutes=minutes), indent=2))
     print('\n[demo] held-out split (150 images); training scale (long side): detection 192, segmentation 160\n'
           + table)
-    print(f'[demo] visualisations in {out / "vis"}; summary in {out / "summary.md"}; {minutes:.1f} min in total')
+    visualise(out, checkpoints)
+    print(f'[demo] visualisations in {out / "vis"}; summary in {out / "summary.md"}; '
+          f'{(time.perf_counter() - start) / 60:.1f} min in total')
 
 
 if __name__ == '__main__':

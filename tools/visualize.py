@@ -17,6 +17,7 @@ registered model whose layout the weights fit. One PNG (default: IMAGE's name + 
 Everything is read through forward hooks on the plain model (``attn.q``, ``attn.kv``, ``pos_block.k``).
 """
 import argparse
+import importlib.util
 import math
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
@@ -232,6 +233,8 @@ def main(argv=None) -> Path:
                         metavar='X,Y', help='query points as fractions of width, height (default 0.5,0.5 0.1,0.1)')
     parser.add_argument('--out', help='PNG path (default: next to the image)')
     args = parser.parse_args(argv)
+    if importlib.util.find_spec('mmengine') is not None:
+        import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the opt-in that reads mmengine checkpoints)
     state, dense = backbone_weights(args.checkpoint)
     name, model = build(state, dense, args.model)
     rgb, x = read_image(args.image, args.size)
