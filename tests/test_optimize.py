@@ -6,36 +6,50 @@ import torch
 from torch import nn
 
 from cpvt_backbones import create_model, optimize
+from cpvt_backbones.models.optimize import pick_gemm
 from cpvt_backbones.layers import Block, FusedBlock, FusedLinear, fused
 
 CASES = [('pcpvt_tiny', False), ('pcpvt_tiny', True), ('cpvt_tiny', False), ('cpvt_tiny_gap', False),
          ('cpvt_tiny', True)]
 
 
-def pair(name: str, features_only: bool):
+def pair(name: str, features_only: bool, gemm: str = 'auto'):
     torch.manual_seed(0)
     plain = create_model(name, features_only=features_only)
-    return plain, optimize(copy.deepcopy(plain))
+    return plain, optimize(copy.deepcopy(plain), gemm)
 
 
 def as_tuple(out):
     return out if isinstance(out, tuple) else (out,)
 
 
+@pytest.mark.parametrize('gemm', fused.GEMMS)
 @pytest.mark.parametrize('name,features_only', CASES)
-def test_same_state_dict_and_outputs(name, features_only, monkeypatch):
-    plain, fast = pair(name, features_only)
+def test_same_state_dict_and_outputs(name, features_only, gemm, monkeypatch):
+    plain, fast = pair(name, features_only, gemm)
     assert not any(isinstance(m, (Block, nn.Linear)) for m in fast.modules())
+    assert {m.gemm for m in fast.modules() if isinstance(m, (FusedBlock, FusedLinear))} == {gemm}
     ref_state, state = plain.state_dict(), fast.state_dict()
     assert list(state) == list(ref_state) and all(torch.equal(state[k], ref_state[k]) for k in state)
     calls = []
-    original = fused._linear_add
-    monkeypatch.setattr(fused, '_linear_add', lambda *a: calls.append(1) or original(*a))
+    original = fused._RESIDUALS[gemm]
+    monkeypatch.setitem(fused._RESIDUALS, gemm, lambda *a: calls.append(1) or original(*a))
     x = torch.randn(2, 3, 97, 131)
     with torch.no_grad():
         for a, b in zip(as_tuple(plain.eval()(x)), as_tuple(fast.eval()(x))):
             assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-5), (a - b).abs().max()
     assert len(calls) == sum(isinstance(m, FusedBlock) for m in fast.modules()), 'the fused path was not taken'
+
+
+def test_auto_picks_one_library_for_the_whole_model():
+    plain, fast = pair('pcpvt_tiny', True)
+    assert len({m.gemm for m in fast.modules() if isinstance(m, (FusedBlock, FusedLinear))}) == 1
+    assert pick_gemm(plain.blocks[0][0]) in fused.GEMMS
+    # The swapped-in modules keep the mode of the ones they replace: an eval model stays on the fused path.
+    evaluated = optimize(create_model('pcpvt_tiny').eval())
+    assert not any(m.training for m in evaluated.modules())
+    with pytest.raises(ValueError, match="gemm must be 'mkl' or 'onednn', got 'blas'"):
+        optimize(plain, 'blas')
 
 
 @pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
@@ -64,10 +78,10 @@ def test_mlp_chunks_cover_every_token(monkeypatch):
     monkeypatch.setattr(fused, 'MLP_CHUNK_TOKENS', 7)
     torch.manual_seed(0)
     blk = Block(16, 2, 4., qkv_bias=True, sr_ratio=2).eval()
-    fast = FusedBlock(blk)
     x = torch.randn(3, 5 * 9, 16)
-    with torch.no_grad():
-        assert torch.allclose(fast(x, (5, 9)), blk(x, (5, 9)), atol=1e-5)
+    for gemm in fused.GEMMS:
+        with torch.no_grad():
+            assert torch.allclose(FusedBlock(blk, gemm)(x, (5, 9)), blk(x, (5, 9)), atol=1e-5)
 
 
 class Wrapper(nn.Module):

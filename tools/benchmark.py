@@ -69,7 +69,12 @@ def _sdpa_cpu_backward_flops(grad_out, query, key, value, *args, out_shape=None,
     return sdpa_backward_flop_count(grad_out, query, key, value)
 
 
-if hasattr(torch.ops.mkldnn, '_linear_pointwise'):  # the optimized model's fused linear layers
+@register_flop_formula(aten.addmm_)
+def _addmm_inplace_flops(self, mat1, mat2, *args, out_shape=None, **kwargs) -> int:
+    return 2 * mat1[0] * mat1[1] * mat2[1]  # shapes; the optimized model's MKL residual GEMMs
+
+
+if hasattr(torch.ops.mkldnn, '_linear_pointwise'):  # the optimized model's fused linear layers (oneDNN)
     @register_flop_formula(torch.ops.mkldnn._linear_pointwise)
     def _onednn_linear_flops(x, *args, out_shape=None, **kwargs) -> int:
         return 2 * x.numel() * out_shape[-1]  # (M, K) input, (M, N) output; also the .binary overload

@@ -5,11 +5,13 @@ layer). For CPU inference, ``optimize`` swaps each transformer block for a ``lay
 linear layer for a ``layers.FusedLinear`` that share the block's parameters: the state dict is unchanged and
 the outputs agree with the plain model to float32 rounding. It refuses a model it cannot fuse faithfully.
 """
+import time
+
 import torch
 from torch import nn
 
 from ..layers import Block
-from ..layers.fused import FusedBlock, FusedLinear, onednn_linear
+from ..layers.fused import GEMMS, FusedBlock, FusedLinear, check_gemm, fused_gemms
 
 _BLOCK_LAYERS = {'norm1': nn.LayerNorm, 'norm2': nn.LayerNorm, 'attn.q': nn.Linear, 'attn.kv': nn.Linear,
                  'attn.proj': nn.Linear, 'mlp.fc1': nn.Linear, 'mlp.act': nn.GELU, 'mlp.fc2': nn.Linear}
@@ -31,11 +33,30 @@ def _check_block(name: str, block: Block) -> None:
                              'register them on the optimized model\'s blocks, or instrument the plain model')
 
 
-def optimize(model: nn.Module) -> nn.Module:
+def pick_gemm(block: Block, tokens: int = 1024, repeats: int = 7) -> str:
+    """The GEMM library (``layers.fused.GEMMS``) that runs ``block``'s fused GEMMs faster on this machine: the
+    output projection with its residual and the MLP on ``tokens`` random tokens with each library, interleaved
+    ``repeats`` times after two warm-up rounds; the lower median wins (well under a second). Which wins depends
+    on the CPU (oneDNN's AVX-512 kernels against MKL's AVX2 ones on AMD CPUs, say)."""
+    if len(GEMMS) == 1:
+        return GEMMS[0]
+    x = torch.randn(tokens, block.mlp.fc1.in_features)
+    times = {g: [] for g in GEMMS}
+    with torch.no_grad():
+        for _ in range(repeats + 2):
+            for gemm in GEMMS:
+                start = time.perf_counter()
+                fused_gemms(x, block, gemm)
+                times[gemm].append(time.perf_counter() - start)
+    return min(GEMMS, key=lambda g: sorted(times[g][2:])[repeats // 2])
+
+
+def optimize(model: nn.Module, gemm: str = 'auto') -> nn.Module:
     """Swap in the fused CPU modules, in place; returns ``model``. The model must be float32 on the CPU (it
-    may be moved later: elsewhere the fused modules run the plain computation). Calling it again is a no-op."""
-    if onednn_linear() is None:
-        raise RuntimeError('optimize needs oneDNN (torch.backends.mkldnn), which this torch build lacks')
+    may be moved later: elsewhere the fused modules run the plain computation). ``gemm``: 'mkl', 'onednn', or
+    'auto' (``pick_gemm``). Calling it again is a no-op."""
+    if gemm != 'auto':
+        check_gemm(gemm)
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
         if tensor.device.type != 'cpu' or tensor.dtype != torch.float32:
             raise ValueError(f'optimize works on a float32 CPU model; {name} is {tensor.dtype} on {tensor.device}')
@@ -44,8 +65,10 @@ def optimize(model: nn.Module) -> nn.Module:
         raise ValueError(f'optimize: {type(model).__name__} has no cpvt_backbones transformer block to fuse')
     for name, block in blocks:
         _check_block(name, block)
+    if blocks and gemm == 'auto':
+        gemm = pick_gemm(blocks[0][1])
     for name, block in blocks:
-        model.set_submodule(name, FusedBlock(block))
+        model.set_submodule(name, FusedBlock(block, gemm))
     for name, layer in [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]:
-        model.set_submodule(name, FusedLinear(layer))
+        model.set_submodule(name, FusedLinear(layer, gemm))
     return model
