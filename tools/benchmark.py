@@ -203,7 +203,13 @@ def has_fast_bf16(info: Dict) -> bool:
     return bool({'avx512_bf16', 'amx_bf16'} & set(info['flags']))
 
 
+# Idle time before each timed call: a runtime's worker threads keep spinning for a while after a call
+# (onnxruntime's pool, OpenMP's), which would slow whatever is timed next on the same cores.
+SETTLE_S = 0.1
+
+
 def _timed(fn: Callable[[], None]) -> float:
+    time.sleep(SETTLE_S)
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start

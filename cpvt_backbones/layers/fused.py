@@ -9,7 +9,7 @@ back while it is still in cache.
 Two GEMM libraries can do it, and which is faster depends on the CPU: oneDNN adds the bias and the residual in
 its GEMM epilogue (and runs AVX-512 code where MKL runs AVX2 code, on AMD CPUs); MKL's ``addmm`` accumulates
 into the residual (beta = 1) and biases the cached chunk in place. ``GEMMS`` names them; ``FusedBlock`` and
-``FusedLinear`` take one (``models.optimize`` picks the faster by timing both on the model's own MLP).
+``FusedLinear`` take one (``models.optimize`` picks the faster by timing both on the model's first block).
 
 These modules are not part of the models: ``cpvt_backbones.models.optimize`` swaps them in for a built model's
 blocks and linear layers, sharing the same parameters. They read ``weight``/``bias`` directly, so hooks on the
@@ -79,6 +79,7 @@ GEMMS = tuple(g for g in ('mkl', 'onednn') if g == 'mkl' or _LINEAR is not None)
 
 
 def check_gemm(gemm: str) -> str:
+    """``gemm`` if it names a library this torch build has, else a clear error."""
     if gemm not in ('mkl', 'onednn'):
         raise ValueError(f"gemm must be 'mkl' or 'onednn', got {gemm!r}")
     if gemm not in GEMMS:
