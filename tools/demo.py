@@ -123,14 +123,14 @@ def visualise(out: Path, checkpoints: dict) -> None:
             target = out / 'vis' / name / f'{tag}.png'
             target.parent.mkdir(parents=True, exist_ok=True)
             fig.tight_layout()
-            fig.savefig(target, dpi=100)
+            fig.savefig(target, dpi=100, bbox_inches='tight')
             plt.close(fig)
             h, w = samples[0].metainfo['img_shape'][:2]
             draw(axes[r, c], pixels[0], samples[0], meta, name, f'{name}, {tag}: tested at {w}x{h}')
     sheet.suptitle(f'{Path(images[0]).name} ({pixels[0].shape[1]}x{pixels[0].shape[0]}) at several test sizes; '
                    'predictions drawn on the original image', fontsize=11)
     sheet.tight_layout(rect=(0, 0, 1, 0.95))
-    sheet.savefig(out / 'vis' / 'sheet.png', dpi=100)
+    sheet.savefig(out / 'vis' / 'sheet.png', dpi=100, bbox_inches='tight')
     plt.close(sheet)
 
 
