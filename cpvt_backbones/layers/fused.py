@@ -9,7 +9,7 @@ back while it is still in cache.
 Two GEMM libraries can do it, and which is faster depends on the CPU: oneDNN adds the bias and the residual in
 its GEMM epilogue (and runs AVX-512 code where MKL runs AVX2 code, on AMD CPUs); MKL's ``addmm`` accumulates
 into the residual (beta = 1) and biases the cached chunk in place. ``GEMMS`` names them; ``FusedBlock`` and
-``FusedLinear`` take one (``models.optimize`` picks the faster by timing both on the model's first block).
+``FusedLinear`` take one (``models.optimize`` picks the faster by timing both on one of the model's blocks).
 
 These modules are not part of the models: ``cpvt_backbones.models.optimize`` swaps them in for a built model's
 blocks and linear layers, sharing the same parameters. They read ``weight``/``bias`` directly, so hooks on the
