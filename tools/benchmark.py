@@ -17,9 +17,9 @@ through /proc/self/clear_refs, Linux only). GFLOPs are ours, counted by torch's 
 flash-attention kernels registered: 2 FLOPs per multiply-add of every matmul, convolution and attention
 product (backward included for the training step); norms, activations, softmax and adds are not counted.
 The matmul rate is the practical limit: fp32 2048 x 2048 x 2048 products through MKL (``torch.mm``) and
-through oneDNN (the two libraries the fused path chooses from), timed in the same interleaved rounds as the models (the speed
-of a shared machine drifts from minute to minute); the faster median counts. (On AMD CPUs MKL runs its AVX2
-code even where oneDNN uses AVX-512.) Every result records the CPU's vector ISA.
+through oneDNN (the two libraries the fused path chooses from), timed in the same interleaved rounds as the
+models (the speed of a shared machine drifts from minute to minute); the faster median counts. (On AMD CPUs
+MKL runs its AVX2 code even where oneDNN uses AVX-512.) Every result records the CPU's vector ISA.
 Names without an mmseg/timm counterpart (``cpvt_*``, ``pcpvt_tiny``) are timed alone.
 
 ``--breakdown`` profiles one call of ours per case (torch.profiler, self time of each op) and splits time and

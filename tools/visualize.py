@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from cpvt_backbones import list_models
-from cpvt_backbones.convert import load_weights_file, to_twins
+from cpvt_backbones.convert import built_weights, load_weights_file, to_twins
 from cpvt_backbones.convert.loading import compare
 from cpvt_backbones.models import CPVT, create_model
 
@@ -57,7 +57,7 @@ def build(state: Dict[str, torch.Tensor], dense: bool, name: str = None):
     for candidate in names:
         with torch.device('meta'):
             probe = create_model(candidate, **kwargs)
-        sd = {k: v for k, v in state.items() if not k.startswith(probe.unbuilt_prefixes)}
+        sd = built_weights(probe, state)
         if name or not compare(probe, sd):
             model = create_model(candidate, **kwargs)
             model.load_state_dict(sd, strict=True)

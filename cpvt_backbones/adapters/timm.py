@@ -13,7 +13,7 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, register_model
 
-from ..convert import to_twins, unwrap_state_dict
+from ..convert import built_weights, unwrap_state_dict
 from ..models.cpvt import CPVT
 from ..models.factory import MODEL_SPECS, create_model
 
@@ -33,8 +33,7 @@ default_cfgs = {name: _pretrained_cfg(name) for name in MODEL_SPECS}
 
 def _filter_weights(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module) -> Dict[str, torch.Tensor]:
     """Any layout we read -> ours, without what the model does not build (as ``convert.load_into``)."""
-    return {k: v for k, v in to_twins(unwrap_state_dict(state_dict)).items()
-            if not k.startswith(tuple(model.unbuilt_prefixes))}
+    return built_weights(model, unwrap_state_dict(state_dict))
 
 
 def _entrypoint(name: str):

@@ -1,6 +1,6 @@
 """Strict loading of any known layout into a model, with errors that list what does not fit."""
 from pathlib import Path
-from typing import List, Mapping, NamedTuple, Tuple, Union
+from typing import Dict, List, Mapping, NamedTuple, Tuple, Union
 
 import torch
 from torch import nn
@@ -49,6 +49,12 @@ def compare(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> LoadRep
                           for k in set(own) & set(state_dict) if state_dict[k].shape != own[k].shape))
 
 
+def built_weights(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """``state_dict`` (any known layout) in ours, without the parts the model deliberately does not build
+    (``model.unbuilt_prefixes``: a classifier head for a dense backbone, ...)."""
+    return {k: v for k, v in to_twins(state_dict).items() if not k.startswith(tuple(model.unbuilt_prefixes))}
+
+
 def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True,
               source: str = 'checkpoint') -> LoadReport:
     """Convert ``state_dict`` from any known layout to ours, drop the parts the model deliberately does not
@@ -58,7 +64,7 @@ def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: 
     shape-mismatched keys before anything is copied. ``strict=False`` copies only the keys whose names and
     shapes match and returns the report of the rest.
     """
-    sd = {k: v for k, v in to_twins(state_dict).items() if not k.startswith(tuple(model.unbuilt_prefixes))}
+    sd = built_weights(model, state_dict)
     report = compare(model, sd)
     if report and strict:
         raise CheckpointMismatchError(report, source)

@@ -98,10 +98,10 @@ def fused_mlp(part: torch.Tensor, norm: nn.Module, fc1: nn.Module, fc2: nn.Modul
         part.addmm_(hidden, fc2.weight.t())
 
 
-def fused_gemms(attended: torch.Tensor, block: nn.Module, gemm: str, residual: torch.Tensor = None) -> torch.Tensor:
+def fused_gemms(attended: torch.Tensor, block: nn.Module, gemm: str, residual: torch.Tensor) -> torch.Tensor:
     """What follows attention in a block, on 2-D tokens: ``x = residual + proj(attended)``, then
-    ``x += mlp(norm2(x))`` a chunk at a time; ``residual`` defaults to ``attended`` (for timing)."""
-    flat = _RESIDUALS[gemm](attended, block.attn.proj, attended if residual is None else residual)
+    ``x += mlp(norm2(x))`` a chunk at a time."""
+    flat = _RESIDUALS[gemm](attended, block.attn.proj, residual)
     for start in range(0, flat.shape[0], MLP_CHUNK_TOKENS):
         fused_mlp(flat[start:start + MLP_CHUNK_TOKENS], block.norm2, block.mlp.fc1, block.mlp.fc2, gemm)
     return flat

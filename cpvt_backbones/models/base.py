@@ -167,22 +167,31 @@ class CPVTBase(nn.Module):
         self.pos_block = self.pos_block[:num]
         return dropped
 
-    def _prune_end(self, dropped: List[str], prune_norm: bool, prune_head: bool, num_features: int) -> None:
-        """What ``prune_intermediate_layers`` does after cutting blocks: no final norm or head where they are
-        not wanted (or where the cut left them sized for features that are gone)."""
-        cut = bool(dropped)
-        if prune_norm or cut:
-            self.norm = nn.Identity()
-            dropped.append('norm.')
-        self.num_features = num_features
-        if prune_head or cut:
-            self.reset_classifier(0)
-        self.unbuilt_prefixes = tuple(dict.fromkeys(self.unbuilt_prefixes + tuple(dropped)))
+    def _cut_to(self, keep: int) -> List[str]:
+        """Keep the first ``keep`` taps of ``feature_info`` (stages or blocks) and the PEGs after them; return
+        the key prefixes of what was dropped (subclasses)."""
+        raise NotImplementedError
 
-    def _check_prunable(self) -> None:
+    def prune_intermediate_layers(self, indices: Union[None, int, Sequence[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
+        """timm's pruning: keep the taps up to the last one ``indices`` picks (``take_indices``), and drop the
+        head and the final norm where asked or where the cut left them sized for features that are gone.
+        Returns the absolute indices."""
         if self.features_only:
             raise ValueError('prune_intermediate_layers applies to a classifier; a features_only model already '
                              'builds nothing beyond max(out_indices)')
+        take, max_index = take_indices(len(self.feature_info), indices)
+        keep = max_index + 1
+        dropped = self._cut_to(keep)
+        self.feature_info = self.feature_info[:keep]
+        if prune_norm or dropped:
+            self.norm = nn.Identity()
+            dropped.append('norm.')
+        self.num_features = self.feature_info[-1]['num_chs']
+        if prune_head or dropped:
+            self.reset_classifier(0)
+        self.unbuilt_prefixes = tuple(dict.fromkeys(self.unbuilt_prefixes + tuple(dropped)))
+        return take
 
     def get_classifier(self) -> nn.Module:
         return self.head

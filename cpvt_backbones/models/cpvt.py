@@ -187,16 +187,7 @@ class CPVT(CPVTBase):
         tokens, _ = self._tokens(x, tap, stop)
         return maps if intermediates_only else (self.norm(tokens), maps)
 
-    def prune_intermediate_layers(self, indices: Union[None, int, Sequence[int]] = 1, prune_norm: bool = False,
-                                  prune_head: bool = True) -> List[int]:
-        """timm's pruning: keep the blocks up to the last one ``indices`` picks (and their PEGs), and drop the
-        head (and the norm) where asked. Returns the absolute indices."""
-        self._check_prunable()
-        take, max_index = take_indices(len(self.blocks), indices)
-        keep = max_index + 1
+    def _cut_to(self, keep: int) -> List[str]:
         dropped = [f'blocks.{j}.' for j in range(keep, len(self.blocks))]
         self.blocks = self.blocks[:keep]
-        self.feature_info = self.feature_info[:keep]
-        dropped += self._truncate_pegs(lambda _, j: j < keep)
-        self._prune_end(dropped, prune_norm, prune_head, self.num_features)
-        return take
+        return dropped + self._truncate_pegs(lambda _, j: j < keep)

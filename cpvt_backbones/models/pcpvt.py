@@ -159,17 +159,8 @@ class PyramidCPVT(CPVTBase):
             return maps
         return (x if self.features_only or stop is not None else self.norm(x)), maps
 
-    def prune_intermediate_layers(self, indices: Union[None, int, Sequence[int]] = 1, prune_norm: bool = False,
-                                  prune_head: bool = True) -> List[int]:
-        """timm's pruning: keep the stages up to the last one ``indices`` picks, and drop the head (and the
-        norm) where asked or where stages were cut. Returns the absolute indices."""
-        self._check_prunable()
-        take, max_index = take_indices(len(self.blocks), indices)
-        keep = max_index + 1
+    def _cut_to(self, keep: int) -> List[str]:
         dropped = [f'{name}.{i}.' for i in range(keep, len(self.blocks)) for name in ('patch_embeds', 'blocks')]
         for name in ('patch_embeds', 'pos_drops', 'blocks'):
             setattr(self, name, getattr(self, name)[:keep])
-        self.feature_info = self.feature_info[:keep]
-        dropped += self._truncate_pegs(lambda stage, _: stage < keep)
-        self._prune_end(dropped, prune_norm, prune_head, self.feature_info[-1]['num_chs'])
-        return take
+        return dropped + self._truncate_pegs(lambda stage, _: stage < keep)
