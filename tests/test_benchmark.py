@@ -10,12 +10,12 @@ ROOT = Path(__file__).resolve().parents[1]
 KEYS = {'name', 'shape', 'mode', 'ours_s', 'plain_s', 'mmseg_s', 'timm_s', 'onnxruntime_s', 'bf16_s',
         'ours_peak_mb', 'plain_peak_mb', 'mmseg_peak_mb', 'timm_peak_mb', 'max_abs_diff_plain', 'max_abs_diff_mmseg',
         'max_abs_diff_timm', 'max_abs_diff_onnxruntime', 'gflops', 'ours_gflops_per_s', 'matmul_mkl_gflops',
-        'matmul_gflops', 'fraction_of_matmul'}
+        'matmul_gflops', 'fraction_of_matmul', 'ours_faults', 'plain_faults', 'mmseg_faults', 'timm_faults'}
 
 
-def bench(tmp_path, *args):
+def bench(tmp_path, *args, repeats=1):
     out = tmp_path / 'bench.json'
-    res = subprocess.run([sys.executable, ROOT / 'tools/benchmark.py', *args, '--repeats', '1', '--json', out],
+    res = subprocess.run([sys.executable, ROOT / 'tools/benchmark.py', *args, '--repeats', str(repeats), '--json', out],
                          capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return json.loads(out.read_text()), res.stdout
@@ -36,6 +36,19 @@ def test_peers_agree_and_schema(tmp_path):
                                            if f'matmul_{lib}_gflops' in row) for row in result['cases'])
     assert abs(infer['gflops'] - 60.9) < 0.1  # 8 images at 224: 7.6 GFLOPs each (2 per multiply-add)
     assert '| infer224 |' in stdout
+
+
+def test_page_faults_counted_and_freed_memory_retained(tmp_path):
+    """By default glibc hands the plain model's large freed activations back to the OS, so every call faults
+    fresh pages in (about 14,000 per call for pcpvt_tiny at 2 x 512^2, 55 MiB); with --retain-freed-memory the
+    timed calls (medians of five) reuse the warm-up's memory."""
+    default, stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer512', '--no-onnx', repeats=5)
+    retained, retained_stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer512', '--no-onnx',
+                                      '--retain-freed-memory', repeats=5)
+    assert default['allocator'].startswith('glibc defaults') and 'allocator: glibc defaults' in stdout
+    assert retained['allocator'].startswith('glibc, freed memory retained') and 'retained' in retained_stdout
+    (row,), (kept,) = default['cases'], retained['cases']
+    assert row['plain_faults'] > 5_000 and kept['plain_faults'] < row['plain_faults'] / 10
 
 
 def test_scaling_without_peers(tmp_path):

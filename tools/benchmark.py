@@ -3,6 +3,7 @@ and plain, against mmseg's ``PCPVT``, timm's ``twins_pcpvt_*`` and onnxruntime r
 CPU deployer would pick instead); on CPUs with AVX512-BF16 or AMX also the plain model under bf16 autocast.
 
     python tools/benchmark.py [NAME ...] [--json PATH] [--repeats 5] [--cases infer224 infer512 ...]
+                              [--retain-freed-memory]
     python tools/benchmark.py --scaling [--sizes 128 256 ...] [--json PATH] [--plot PATH]
     python tools/benchmark.py --breakdown [--cases ...] [--json PATH]
     make bench
@@ -19,7 +20,11 @@ product (backward included for the training step); norms, activations, softmax a
 The matmul rate is the practical limit: fp32 2048 x 2048 x 2048 products through MKL (``torch.mm``) and
 through oneDNN (the two libraries the fused path chooses from), timed in the same interleaved rounds as the
 models (the speed of a shared machine drifts from minute to minute); the faster median counts. (On AMD CPUs
-MKL runs its AVX2 code even where oneDNN uses AVX-512.) Every result records the CPU's vector ISA.
+MKL runs its AVX2 code even where oneDNN uses AVX-512.) Every result records the CPU's vector ISA and the
+allocator settings, and each timed call's minor page faults: glibc returns large freed blocks to the OS, so a
+model whose activations exceed its mmap threshold (at most 32 MiB) pays for fresh zeroed pages on every call.
+``--retain-freed-memory`` makes glibc keep them (as onnxruntime's arena or jemalloc do) for every
+implementation in the process, which shows how much of a difference is allocation rather than compute.
 Names without an mmseg/timm counterpart (``cpvt_*``, ``pcpvt_tiny``) are timed alone.
 
 ``--breakdown`` profiles one call of ours per case (torch.profiler, self time of each op) and splits time and
@@ -32,14 +37,16 @@ import copy
 import ctypes
 import gc
 import json
+import os
 import platform
 import re
+import resource
 import statistics
 import sys
 import time
 from pathlib import Path
 from functools import partial
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
@@ -209,10 +216,43 @@ SETTLE_S = 0.1
 
 
 def _timed(fn: Callable[[], None]) -> float:
+    return _timed_faults(fn)[0]
+
+
+def _timed_faults(fn: Callable[[], None]) -> Tuple[float, int]:
+    """Seconds of one call and the minor page faults it took (fresh pages the kernel had to zero)."""
     time.sleep(SETTLE_S)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.perf_counter()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+
+
+# glibc's mallopt parameters, and the thresholds --retain-freed-memory sets them to.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+RETAIN_LIMIT = 1 << 30
+
+
+def retain_freed_memory(limit: int = RETAIN_LIMIT) -> None:
+    """Make glibc keep freed memory for reuse instead of handing it back to the OS (as onnxruntime's arena,
+    jemalloc or tcmalloc do). By default glibc serves blocks above its mmap threshold (at most 32 MiB) with
+    fresh mappings and trims the heap top, so a model whose activations are larger pays a page fault per 4 KiB
+    page of them on every call. Process-wide, so the benchmark applies it to every implementation alike."""
+    try:
+        libc = ctypes.CDLL('libc.so.6')
+        done = libc.mallopt(M_MMAP_THRESHOLD, limit) and libc.mallopt(M_TRIM_THRESHOLD, limit)
+    except (OSError, AttributeError) as err:
+        raise RuntimeError(f'--retain-freed-memory needs glibc (libc.so.6 with mallopt): {err}') from err
+    if not done:
+        raise RuntimeError('glibc refused mallopt(M_MMAP_THRESHOLD / M_TRIM_THRESHOLD)')
+
+
+def allocator_info(retained: bool) -> str:
+    """What decides how this process allocates: our setting and any MALLOC_* / LD_PRELOAD in the environment."""
+    settings = [f'{k}={v}' for k, v in sorted(os.environ.items()) if k.startswith('MALLOC_') or k == 'LD_PRELOAD']
+    base = (f'glibc, freed memory retained (mmap and trim thresholds {RETAIN_LIMIT >> 30} GiB)' if retained
+            else 'glibc defaults')
+    return ', '.join([base] + settings)
 
 
 def _step(model: torch.nn.Module, x: torch.Tensor, mode: str) -> None:
@@ -283,14 +323,17 @@ def run_case(impls: Dict[str, torch.nn.Module], case: str, repeats: int) -> dict
     runs: Dict[str, Callable[[], None]] = {k: partial(_step, m, x, mode) for k, m in impls.items()}
     runs.update(matmuls)
     times: Dict[str, List[float]] = {k: [] for k in runs}
+    faults: Dict[str, List[int]] = {k: [] for k in runs}
     for rnd in range(repeats + 1):  # round 0 warms up
         for key, run in runs.items():
-            elapsed = _timed(run)
+            elapsed, count = _timed_faults(run)
             if rnd:
                 times[key].append(elapsed)
+                faults[key].append(count)
     row['round_s'] = {key: times[key] for key in impls}  # every timed round, for paired A/B comparisons
     for key in ('ours',) + PEERS:
         row[f'{key}_s'] = statistics.median(times[key]) if key in impls else None
+        row[f'{key}_faults'] = statistics.median(faults[key]) if key in impls else None
         row[f'{key}_peak_mb'] = peak_mb(impls[key], x, mode) if key in impls else None
     row['gflops'] = gflops(impls['ours'], x, mode)
     row['ours_gflops_per_s'] = row['gflops'] / row['ours_s']
@@ -368,16 +411,19 @@ def table(rows: List[dict]) -> str:
     """Ours is the optimized model; ``x peer`` is the peer's time over ours."""
     lines = ['| case | shape | ours s | ' + ' | '.join(f'{p} s' for p in PEERS) + ' | '
              + ' | '.join(f'x {p}' for p in PEERS) + ' | ours img/s | GFLOPs | % of matmul | peak MiB ours / '
-             + ' / '.join(PEERS) + ' | max diff ' + ' / '.join(PEERS) + ' |',
-             '|---|---|---|' + '---|' * (2 * len(PEERS)) + '---|---|---|---|---|']
+             + ' / '.join(PEERS) + ' | page faults per call, thousands, ours / ' + ' / '.join(PEERS)
+             + ' | max diff ' + ' / '.join(PEERS) + ' |',
+             '|---|---|---|' + '---|' * (2 * len(PEERS)) + '---|---|---|---|---|---|']
     for r in rows:
         times = ' | '.join(_fmt(r[f'{p}_s'], '.3f') for p in PEERS)
         ratios = ' | '.join(_fmt(r[f'{p}_s'] / r['ours_s'] if r[f'{p}_s'] else None, '.2f') for p in PEERS)
         peaks = ' / '.join(_fmt(r[f'{k}_peak_mb'], '.0f') for k in ('ours',) + PEERS)
+        faults = ' / '.join(_fmt(r[f'{k}_faults'] / 1e3 if r[f'{k}_faults'] is not None else None, '.0f')
+                            for k in ('ours',) + PEERS)
         diffs = ' / '.join(_fmt(r[f'max_abs_diff_{p}'], '.1e') for p in PEERS)
         lines.append(f"| {r['name']} | {'x'.join(map(str, r['shape']))} | {r['ours_s']:.3f} | {times} | {ratios} "
                      f"| {r['shape'][0] / r['ours_s']:.2f} | {r['gflops']:.1f} | {100 * r['fraction_of_matmul']:.0f}% "
-                     f"| {peaks} | {diffs} |")
+                     f"| {peaks} | {faults} | {diffs} |")
     return '\n'.join(lines)
 
 
@@ -439,12 +485,17 @@ def main() -> None:
     parser.add_argument('--onnx-dir', default='work_dirs/bench_onnx', help='where our ONNX export is written')
     parser.add_argument('--no-onnx', action='store_true', help='leave onnxruntime out')
     parser.add_argument('--plot', default='benchmarks/results/scaling.png', help='for --scaling')
+    parser.add_argument('--retain-freed-memory', action='store_true',
+                        help='make glibc keep freed memory for reuse (see retain_freed_memory)')
     args = parser.parse_args()
+    if args.retain_freed_memory:
+        retain_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
-    meta = dict(torch=torch.__version__, threads=torch.get_num_threads(), **cpu_info())
+    meta = dict(torch=torch.__version__, threads=torch.get_num_threads(), **cpu_info(),
+                allocator=allocator_info(args.retain_freed_memory))
     print(f"[bench] {meta['cpu']}: {meta['isa']} ({', '.join(meta['flags']) or 'no AVX flags'}), "
-          f"{meta['threads']} threads, torch {meta['torch']}", flush=True)
+          f"{meta['threads']} threads, torch {meta['torch']}, allocator: {meta['allocator']}", flush=True)
     result = dict(meta)
     if args.scaling:
         name = args.names[0]

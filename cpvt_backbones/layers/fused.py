@@ -1,10 +1,11 @@
 """The CPU fast path: modules that run a block with the bias and the residual add fused into its GEMMs.
 
 In eager PyTorch a linear layer is a GEMM plus a pass that copies the bias into the output, and GELU and the
-residual add are passes of their own over activations up to 8x wider than the tokens; on a CPU those passes
-cost as much as a third of a PCPVT forward. Here the residual is accumulated by the GEMM itself and the MLP
-runs a chunk of tokens at a time, so that its wide hidden activation is written, biased, activated and read
-back while it is still in cache.
+residual add are passes of their own over activations up to 8x wider than the tokens. Here the residual is
+accumulated by the GEMM itself and the MLP runs a chunk of tokens at a time, so that its wide hidden
+activation is written, biased, activated and read back while it is still in cache, and is never allocated
+whole: under glibc's default allocator a block that large goes back to the OS when freed, and the plain model
+then pays a page fault per 4 KiB of it on every call (most of this path's lead; docs/performance.md).
 
 Two GEMM libraries can do it, and which is faster depends on the CPU: oneDNN adds the bias and the residual in
 its GEMM epilogue (and runs AVX-512 code where MKL runs AVX2 code, on AMD CPUs); MKL's ``addmm`` accumulates
@@ -29,7 +30,7 @@ from .block import Block
 from .layout import symbolic_shapes
 
 # Tokens per chunk of the fused MLP: the chunk's hidden activation (4-16 MiB of float32) stays in cache
-# between the two GEMMs and the GELU instead of going out to memory and back (2048 measured best of 1024-8192).
+# between the two GEMMs and the GELU instead of going out to memory and back (2048 measured best of 512-8192).
 MLP_CHUNK_TOKENS = 2048
 
 
