@@ -119,12 +119,13 @@ def start_from_detector(cfg, detector: Path, path: Path) -> None:
     from mmseg.registry import MODELS
 
     import mmdet.models  # noqa: F401  (registers mmdet's PVT)
+    import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the detector's log buffers load safely)
     import cpvt_backbones.adapters.mmseg  # noqa: F401
     if not detector.is_file():
         raise FileNotFoundError(f'the segmentor starts from the detector with the same backbone and seed, and '
                                 f'{detector} is missing: run the detection task first (--tasks detection '
                                 f'segmentation) or pass --seg-init scratch')
-    weights = torch.load(detector, map_location='cpu', weights_only=False)['state_dict']
+    weights = torch.load(detector, map_location='cpu', weights_only=True)['state_dict']
     weights = {k[len('backbone.'):]: v for k, v in weights.items() if k.startswith('backbone.')}
     with DefaultScope.overwrite_default_scope('mmseg'):
         MODELS.build(cfg.model.backbone).load_state_dict(weights, strict=True)
