@@ -1,6 +1,7 @@
 """What our train/test tools add to mmengine's Runner: config overrides, resume, AMP, CPU multi-process."""
 import contextlib
 import copy
+import gc
 import os
 from pathlib import Path
 from typing import Optional, Sequence
@@ -61,12 +62,15 @@ def prepare_launch(cfg: Config, launcher: str) -> None:
 def launched(cfg: Config, launcher: str):
     """``prepare_launch``, and on the way out an orderly end of the process group: the ranks meet at a
     barrier, then each destroys its group. A gloo group left to the interpreter's exit is torn down while its
-    peers may already be gone, which aborts a rank now and then ("terminate called without an active
-    exception") after all the work is done. (After an error there is no barrier: a peer may never come.)"""
+    peers may already be gone, or while the interpreter itself is being finalised, which aborts a rank now and
+    then ("terminate called without an active exception") after all the work is done. The runner's DDP
+    wrapper holds the group too, and the runner lives in reference cycles (its loops point back at it), so it
+    is collected first. (After an error there is no barrier: a peer may never come.)"""
     prepare_launch(cfg, launcher)
     try:
         yield
         if dist.is_initialized():
+            gc.collect()
             dist.barrier()
     finally:
         if dist.is_initialized():
