@@ -69,7 +69,7 @@ def backbone(variant: str, task: str, table_size: int) -> dict:
         return dict(type='PyramidCPVT', arch='pcpvt_tiny', drop_path_rate=0.0)
     if variant == 'none':
         return dict(type='PyramidCPVT', drop_path_rate=0.0,
-                    arch=dict(base='pcpvt_tiny', peg_positions=((), (), (), ())))
+                    arch=dict(base='pcpvt_tiny', pos_encoding='none'))
     return dict(type='PyramidVisionTransformer' if task == 'detection' else
                 'mmdet.PyramidVisionTransformer', pretrain_img_size=table_size, embed_dims=32,
                 num_layers=[2, 2, 2, 2], num_heads=[1, 2, 5, 8], mlp_ratios=[4, 4, 4, 4], sr_ratios=[8, 4, 2, 1],

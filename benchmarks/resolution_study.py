@@ -1,29 +1,34 @@
-"""CPVT's central claim on real images: train at one resolution, test at larger ones without fine-tuning.
+"""CPVT's position-encoding comparison and its resolution test, on real images (Fashion-MNIST).
 
-    python benchmarks/resolution_study.py [--seeds 0 1 2] [--train-images 20000] [--epochs 4] [--out DIR]
+    python benchmarks/resolution_study.py --name NAME [--variants ...] [--head cls|gap] [--image-size 14 --patch 2
+        --test-sizes 14 20 28 42] [--seeds 0 1 2] [--shard K/N] [--out DIR]
 
-Fashion-MNIST (Debian's ``dataset-fashion-mnist``; installed here when running as root, else a one-line
-message says how to get it). One DeiT-style CPVT (``--depth`` blocks, ``--dim`` wide, class token, patch
-``--patch``) is trained from scratch four ways that differ only in position encoding:
+One DeiT-style ``CPVT`` (``--depth`` blocks, ``--dim`` wide, patch ``--patch``, a class token or global average
+pooling, ``--head``) is trained from scratch once per position encoding in ``VARIANTS`` (the rows of the
+paper's ablation table, plus 2-D RoPE), with the same data subset, schedule, augmentation and seeds.
 
-  peg_0-5   a PEG after each of blocks 0-5 (the paper's best)
-  peg_0     one PEG after block 0 (the paper's default)
-  learned   DeiT's learned absolute embedding for the training grid, bicubically interpolated at test
-  none      no position encoding
+Training images are random resized crops (area ``--crop-scale``..1, aspect 3/4..4/3, flips) of the 28 px
+originals, resampled to ``--image-size``; tests are the whole test images resized to ``--test-sizes``. Two
+protocols follow from the sizes:
 
-Same data subset, schedule, augmentation (random resized crops, scale ``--crop-scale``..1, and flips) and
-seeds. 28 px images with patch 4 give a 7 x 7 training grid; each model is tested on the test set resized to
-``--test-sizes`` (default 28/44/56/84 px: 7/11/14/21 tokens a side, 1x/1.57x/2x/3x; no padding anywhere).
+* ``--image-size 14 --patch 2`` (the paper's ImageNet protocol): training below the originals' resolution,
+  so testing at 20 px (1.43x) and 28 px (2x) shows real extra detail, as ImageNet's 384 px tests do, and
+  random crops make training objects look larger than in a whole test image (the FixRes effect); 42 px (3x)
+  is upsampled;
+* ``--image-size 28 --patch 4``: training at the originals' resolution, so every larger test is upsampled
+  (no new detail, objects only cover more tokens).
 
-Diagnostics, from the same models: the 28 px images centred on blank canvases (``--canvas-sizes``: a larger
-grid, the object unchanged) and placed at 3 x 3 positions on one (``--placement-canvas``: accuracy by
-position); a linear position probe (``position_probe``: how well relative token position can be read from
-the final features at each test size); and the first PEG's response on a blank and a real image.
+Diagnostics, from the same models: a linear position probe (``position_probe``: how well relative token
+position can be read from the final features at each test size), the first PEG's response on a blank and a
+real image, and optionally the images centred on blank canvases (``--canvas-sizes``) and placed at 3 x 3
+positions on one (``--placement-canvas``).
 
-Resumable: every run (variant, seed) keeps a checkpoint per epoch and a result.json under --work-dir; a rerun
-continues an interrupted run from its last epoch, skips finished ones, and runs only the tests a finished run
-lacks (on its saved weights). Writes NAME.{json,csv,md,png} and NAME_{placement,probe,peg_response}.png
-under --out with the per-seed numbers, mean and standard deviation, the command and the wall time.
+Resumable: every run (variant, seed) keeps a checkpoint per epoch and a result.json under --work-dir/NAME; a
+rerun continues an interrupted run from its last epoch, skips finished ones, and runs only the tests a finished
+run lacks (on its saved weights). ``--shard K/N`` takes every N-th run from the K-th (0-based), so N
+single-thread processes can share a study; the outputs are written by whichever invocation finds every run
+finished. Writes NAME.{json,csv,md,png} and NAME_{probe,peg_response[,placement]}.png under --out with the
+per-seed numbers, mean and standard deviation, the paper's figure per variant, the command and the wall time.
 """
 import argparse
 import json
@@ -35,7 +40,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -49,11 +54,39 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / 'benchmarks'))
 from study_common import mean_std, run_meta, write_csv  # noqa: E402
 MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training-set pixel statistics
-VARIANTS = {
-    'peg_0-5': 'PEG after blocks 0-5 (CPVT)',
-    'peg_0': 'PEG after block 0 (CPVT)',
-    'learned': 'learned abs. PE, interpolated (DeiT)',
-    'none': 'no position encoding',
+
+
+class Variant(NamedTuple):
+    label: str
+    paper: Optional[float]      # DeiT-tiny, ImageNet top-1 at 224 (CPVT paper); None: not in its table
+    spec: Callable[[int, int], object]   # (training image size in px, patch) -> pos_encoding
+
+
+# The rows of the CPVT paper's position-encoding ablation (DeiT-tiny on ImageNet, class token), in its order,
+# then 2-D RoPE (Heo et al.) alone and with a PEG. "At -1" acts on the patch embedding's output; "after 0" on
+# block 0's. The wide PEG's kernel spans the whole grid from any token (2 * grid - 1: the paper's 27 at 14 x 14).
+VARIANTS: Dict[str, Variant] = {
+    'none': Variant('no position encoding', 68.2, lambda size, patch: 'none'),
+    'learned': Variant('learned table, resized (DeiT)', 72.2,
+                       lambda size, patch: dict(type='learned', img_size=size)),
+    'sincos': Variant('2-D sin-cos table', 72.3, lambda size, patch: 'sincos'),
+    'rpe': Variant('relative position bias (K = 8)', 70.5, lambda size, patch: dict(type='rpe', max_distance=8)),
+    'peg_-1': Variant('PEG at -1', 70.6, lambda size, patch: dict(type='peg', positions=(-1,))),
+    'peg_-1_wide': Variant('PEG at -1, (2g-1)^2 kernel', 72.5, lambda size, patch: dict(
+        type='peg', positions=(-1,), kernel_size=2 * (size // patch) - 1)),
+    'peg_0': Variant('PEG after block 0 (CPVT)', 72.4, lambda size, patch: dict(type='peg', positions=(0,))),
+    'peg_0-5': Variant('PEG after blocks 0-5 (CPVT)', 73.4,
+                       lambda size, patch: dict(type='peg', positions=tuple(range(6)))),
+    'peg_frozen': Variant('PEG after 0, frozen random', 71.3,
+                          lambda size, patch: dict(type='peg', positions=(0,), frozen=True)),
+    'peg_qk': Variant('PEG on Q, K only (block 1)', 71.3, lambda size, patch: dict(type='peg_qk', positions=(1,))),
+    'conv1x1': Variant('1x1 convs after every block', 68.6, lambda size, patch: 'conv1x1'),
+    'learned+peg_0': Variant('learned table + PEG after 0', None, lambda size, patch: [
+        dict(type='learned', img_size=size), dict(type='peg', positions=(0,))]),
+    'rope_axial': Variant('RoPE-Axial', None, lambda size, patch: 'rope_axial'),
+    'rope_mixed': Variant('RoPE-Mixed', None, lambda size, patch: 'rope_mixed'),
+    'rope_mixed+peg_0': Variant('RoPE-Mixed + PEG after 0', None,
+                                lambda size, patch: ['rope_mixed', dict(type='peg', positions=(0,))]),
 }
 
 
@@ -61,14 +94,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--data', default=str(DEFAULT_ROOT), help='directory with the Fashion-MNIST IDX files')
     p.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument('--head', choices=('cls', 'gap'), default='cls', help='class token, or global average pooling')
+    p.add_argument('--shard', default='0/1', help='K/N: run every N-th (variant, seed) from the K-th (0-based)')
     p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     p.add_argument('--train-images', type=int, default=20000, help='a fixed random subset of the 60,000')
     p.add_argument('--test-images', type=int, default=5000, help='the first N of the 10,000')
-    p.add_argument('--image-size', type=int, default=28, help='training resolution (the images are 28 px)')
-    p.add_argument('--test-sizes', type=int, nargs='+', default=[28, 44, 56, 84])
-    p.add_argument('--canvas-sizes', type=int, nargs='*', default=[56],
+    p.add_argument('--image-size', type=int, default=14, help='training resolution (the originals are 28 px)')
+    p.add_argument('--test-sizes', type=int, nargs='+', default=[14, 20, 28, 42])
+    p.add_argument('--canvas-sizes', type=int, nargs='*', default=[],
                    help='also test the training-size images centred on blank canvases of these sizes')
-    p.add_argument('--placement-canvas', type=int, default=56,
+    p.add_argument('--placement-canvas', type=int, default=0,
                    help='accuracy by position: the images placed at 3 x 3 positions on a canvas this large '
                         '(0: skip)')
     p.add_argument('--placement-images', type=int, default=1000, help='the first N test images, per position')
@@ -84,16 +119,23 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--dim', type=int, default=64)
     p.add_argument('--depth', type=int, default=6)
     p.add_argument('--heads', type=int, default=2)
-    p.add_argument('--patch', type=int, default=4)
-    p.add_argument('--work-dir', default='work_dirs/resolution_study')
+    p.add_argument('--patch', type=int, default=2)
+    p.add_argument('--work-dir', default='work_dirs/resolution_study', help='runs go to WORK_DIR/NAME/')
     p.add_argument('--out', default=str(ROOT / 'benchmarks/results'))
     p.add_argument('--name', default='resolution_study')
     args = p.parse_args(argv)
+    try:
+        args.shard_index, args.num_shards = map(int, args.shard.split('/'))
+        assert 0 <= args.shard_index < args.num_shards
+    except (ValueError, AssertionError):
+        p.error(f'--shard must be K/N with 0 <= K < N, got {args.shard!r}')
     for size in [args.image_size] + args.test_sizes + args.canvas_sizes:
         if size % args.patch:
             p.error(f'size {size} is not a multiple of the patch size {args.patch} (the study avoids padding)')
     if args.image_size not in args.test_sizes:
         p.error(f'--test-sizes must include the training size {args.image_size} (changes are measured from it)')
+    if args.depth < 6 and 'peg_0-5' in args.variants:
+        p.error(f'variant peg_0-5 needs --depth >= 6, got {args.depth}')
     if any(s <= args.image_size for s in args.canvas_sizes + [args.placement_canvas or args.image_size + 1]):
         p.error(f'--canvas-sizes and --placement-canvas must be larger than the training size {args.image_size}')
     if args.placement_canvas % args.patch:
@@ -151,15 +193,15 @@ def random_resized_crop(x: torch.Tensor, size: int, min_scale: float, gen: torch
 
 
 def resize(x: torch.Tensor, size: int) -> torch.Tensor:
-    return x if x.shape[-1] == size else F.interpolate(x, size=(size, size), mode='bilinear', align_corners=False)
+    """Bilinear, antialiased when shrinking (as PIL resizes ImageNet's test images)."""
+    return x if x.shape[-1] == size else F.interpolate(x, size=(size, size), mode='bilinear', align_corners=False,
+                                                       antialias=size < x.shape[-1])
 
 
 def build_model(variant: str, args: argparse.Namespace) -> CPVT:
-    grid = args.image_size // args.patch
-    pe = dict(peg_positions=tuple(range(min(6, args.depth))) if variant == 'peg_0-5' else
-              (0,) if variant == 'peg_0' else (), pos_embed_grid=(grid, grid) if variant == 'learned' else None)
     return CPVT(embed_dim=args.dim, depth=args.depth, num_heads=args.heads, patch_size=args.patch, in_chans=1,
-                num_classes=10, class_token=True, drop_path_rate=args.drop_path, **pe)
+                num_classes=10, class_token=args.head == 'cls', drop_path_rate=args.drop_path,
+                pos_encoding=VARIANTS[variant].spec(args.image_size, args.patch))
 
 
 def make_optimizer(model: CPVT, args: argparse.Namespace, total_steps: int):
@@ -397,7 +439,7 @@ def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
             r = [row for row in rows if row['variant'] == variant and (row['test'] == test or
                                                                        row['size'] == args.image_size)]
             ax.errorbar([row['grid'] for row in r], [row[f'{value}_mean'] for row in r],
-                        yerr=[row[f'{value}_std'] for row in r], marker='o', capsize=3, label=VARIANTS[variant])
+                        yerr=[row[f'{value}_std'] for row in r], marker='o', capsize=3, label=VARIANTS[variant].label)
         ax.axvline(train_grid, color='grey', ls=':', lw=1)
         if value == 'change':
             ax.axhline(0, color='black', lw=0.8)
@@ -442,7 +484,7 @@ def plot_placements(rows: List[Dict], args: argparse.Namespace, path: Path) -> N
                         va='center', fontsize=8, color='white' if grid[i, j] < 60 else 'black')
         ax.set_xticks(range(len(offsets)), [f'x={c}' for c in offsets], fontsize=7)
         ax.set_yticks(range(len(offsets)), [f'y={r}' for r in offsets], fontsize=7)
-        ax.set_title(VARIANTS[variant], fontsize=8)
+        ax.set_title(VARIANTS[variant].label, fontsize=8)
     fig.colorbar(image, ax=axes[0].tolist(), label='top-1 (%)', shrink=0.85)
     fig.suptitle(f'Accuracy by position: {args.image_size} px images at 3 x 3 offsets (px) on a blank '
                  f'{args.placement_canvas} px canvas (trained at {args.image_size} px, no canvas); '
@@ -469,8 +511,12 @@ def plot_probe(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(args.variants), figsize=(3.4 * len(args.variants), 3.6), squeeze=False)
-    for ax, variant in zip(axes[0], args.variants):
+    cols = min(5, len(args.variants))
+    nrows = -(-len(args.variants) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.4 * cols, 3.4 * nrows), squeeze=False)
+    for ax in axes.flat[len(args.variants):]:
+        ax.axis('off')
+    for ax, variant in zip(axes.flat, args.variants):
         for row in (r for r in rows if r['variant'] == variant):
             ax.plot(row['true_rows'], row['predicted_rows'], marker='.',
                     label=f'{row["size"]} px ({row["size"] // args.patch}x{row["size"] // args.patch}): '
@@ -479,10 +525,11 @@ def plot_probe(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
         ax.set_xlim(0, 1)
         ax.set_ylim(-0.05, 1.05)
         ax.set_xlabel('true relative row of the token')
-        ax.set_title(VARIANTS[variant], fontsize=8)
+        ax.set_title(VARIANTS[variant].label, fontsize=8)
         ax.legend(fontsize=6.5, loc='upper left')
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel('position read from its features')
+    for row in axes:
+        row[0].set_ylabel('position read from its features')
     fig.suptitle('Linear position probe: fitted on final token features at the training size, applied at larger '
                  'sizes (mean over seeds)', fontsize=9)
     fig.tight_layout()
@@ -511,8 +558,9 @@ def plot_peg_response(args: argparse.Namespace, test_image: torch.Tensor, path: 
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     seed = min(args.seeds)
-    variants = [v for v in args.variants if v.startswith('peg')]
+    variants = [v for v in ('peg_0', 'peg_0-5', 'peg_-1_wide') if v in args.variants]
     big = 2 * args.image_size
+    test_image = resize(test_image, args.image_size)
     blank = torch.full_like(test_image, -MEAN / STD)
     inputs = [('blank, 1x', blank), (f'blank, {big} px', resize(blank, big)), ('test image, 1x', test_image),
               (f'test image resized to {big} px', resize(test_image, big)),
@@ -521,7 +569,7 @@ def plot_peg_response(args: argparse.Namespace, test_image: torch.Tensor, path: 
                              squeeze=False)
     for row, variant in zip(axes, variants):
         model = build_model(variant, args)
-        model.load_state_dict(torch.load(Path(args.work_dir) / f'{variant}-seed{seed}' / 'final.pth'))
+        model.load_state_dict(torch.load(run_dir(args, variant, seed) / 'final.pth'))
         maps = [peg_response(model, x).numpy() for _, x in inputs]
         vmax = max(float(m.max()) for m in maps)
         for ax, (label, _), response in zip(row, inputs, maps):
@@ -535,6 +583,11 @@ def plot_peg_response(args: argparse.Namespace, test_image: torch.Tensor, path: 
                  fontsize=9)
     fig.savefig(path, dpi=120, bbox_inches='tight')
     plt.close(fig)
+
+
+def paper(variant: str) -> str:
+    value = VARIANTS[variant].paper
+    return '—' if value is None else f'{value:.1f}'
 
 
 def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespace, meta: Dict) -> None:
@@ -551,7 +604,8 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
         return f'canvas {size} px, {grid}' if key.startswith('canvas') else \
             f'{size} px, {grid} ({size / args.image_size:.2g}x)'
     keys = size_keys(args)
-    lines = ['| position encoding | ' + ' | '.join(heading(k) for k in keys) + ' |', '|---|' + '---|' * len(keys)]
+    lines = ['| position encoding | paper (DeiT-tiny, ImageNet) | ' + ' | '.join(heading(k) for k in keys) + ' |',
+             '|---|---|' + '---|' * len(keys)]
     for variant in args.variants:
         cells = []
         for row in (r for r in rows if r['variant'] == variant):
@@ -559,7 +613,7 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
             if row['size'] != args.image_size:
                 cell += f' ({row["change_mean"]:+.2f} ± {row["change_std"]:.2f})'
             cells.append(cell)
-        lines.append(f'| {VARIANTS[variant]} | ' + ' | '.join(cells) + ' |')
+        lines.append(f'| {VARIANTS[variant].label} | {paper(variant)} | ' + ' | '.join(cells) + ' |')
     if placement:
         spots = placements(args)
         lines += ['', f'Accuracy by position on a blank {args.placement_canvas} px canvas (top-left offset y,x in px; '
@@ -567,7 +621,7 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
                   '| position encoding | ' + ' | '.join(f'{r},{c}' for r, c in spots) + ' |',
                   '|---|' + '---|' * len(spots)]
         for variant in args.variants:
-            lines.append(f'| {VARIANTS[variant]} | ' + ' | '.join(
+            lines.append(f'| {VARIANTS[variant].label} | ' + ' | '.join(
                 f'{row["top1_mean"]:.1f} ± {row["top1_std"]:.1f}' for row in placement
                 if row['variant'] == variant) + ' |')
     if probe:
@@ -576,17 +630,21 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
                   '', '| position encoding | ' + ' | '.join(f'{s} px' for s in args.test_sizes) + ' |',
                   '|---|' + '---|' * len(args.test_sizes)]
         for variant in args.variants:
-            lines.append(f'| {VARIANTS[variant]} | ' + ' | '.join(
+            lines.append(f'| {VARIANTS[variant].label} | ' + ' | '.join(
                 f'{row["r2_mean"]:.3f} ± {row["r2_std"]:.3f}' for row in probe if row['variant'] == variant) + ' |')
     table = '\n'.join(lines)
     (out / f'{args.name}.md').write_text(
         table + f'\n\nTop-1 (%) on {meta["test_images"]} Fashion-MNIST test images, mean ± standard deviation over '
-        f'seeds {meta["seeds"]} (in brackets: change from the training size, paired by seed). "canvas": the '
-        f'{args.image_size} px image centred on a blank canvas (object size in tokens unchanged, grid larger). '
-        f'Trained at {args.image_size} px on {meta["train_images"]} images for {args.epochs} epochs '
-        f'({meta["iterations"]} iterations); parameters: {meta["params"]}. Run time summed over the runs: '
-        f'{meta["run_minutes"]} min (training {meta["train_minutes"]}, testing {meta["test_minutes"]}); this '
-        f'invocation: {meta["wall_minutes"]} min.\n\n`{meta["command"]}`\n')
+        f'seeds {meta["seeds"]} (in brackets: change from the training size, paired by seed); head: '
+        f'{"class token" if args.head == "cls" else "global average pooling"}. Trained on random resized crops '
+        f'(area {args.crop_scale}-1) of the 28 px originals at {args.image_size} px (patch {args.patch}: a '
+        f'{args.image_size // args.patch} x {args.image_size // args.patch} token grid) on {meta["train_images"]} '
+        f'images for {args.epochs} epochs ({meta["iterations"]} iterations); tested on the whole images resized. '
+        f'"canvas": the {args.image_size} px image centred on a blank canvas. The paper column is DeiT-tiny\'s '
+        f'ImageNet top-1 at 224 from the CPVT paper\'s ablations (—: not in its tables here). Parameters: '
+        f'{meta["params"]}. Run time summed over the runs: {meta["run_minutes"]} min (training '
+        f'{meta["train_minutes"]}, testing {meta["test_minutes"]}); this invocation: {meta["wall_minutes"]} min.'
+        f'\n\n`{meta["command"]}`\n')
     plot(rows, args, out / f'{args.name}.png')
     if placement:
         plot_placements(placement, args, out / f'{args.name}_placement.png')
@@ -595,26 +653,37 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
     print(table)
 
 
+def run_dir(args: argparse.Namespace, variant: str, seed: int) -> Path:
+    return Path(args.work_dir) / args.name / f'{variant}-seed{seed}'
+
+
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
     args = parse_args(argv)
     ensure_data(args.data)
     start = time.perf_counter()
     data = (load_split(args.data, 'train', args.train_images), load_split(args.data, 'test', args.test_images))
-    work = Path(args.work_dir)
-    results = [run(v, seed, args, data, work / f'{v}-seed{seed}') for seed in args.seeds for v in args.variants]
+    runs = [(v, seed) for seed in args.seeds for v in args.variants]
+    for variant, seed in runs[args.shard_index::args.num_shards]:
+        run(variant, seed, args, data, run_dir(args, variant, seed))
+    pending = [f'{v}-seed{s}' for v, s in runs if not (run_dir(args, v, s) / 'result.json').is_file()]
+    if pending:
+        print(f'[study] this shard is done; {len(pending)} run(s) of other shards pending ({", ".join(pending[:6])}'
+              f'{" ..." if len(pending) > 6 else ""}): outputs are written once every run has finished')
+        return []
+    results = [run(v, seed, args, data, run_dir(args, v, seed)) for v, seed in runs]
     rows = summarise(results, args)
-    meta = dict(run_meta('benchmarks/resolution_study.py', argv, start), dataset='Fashion-MNIST', train_images=args.train_images, test_images=args.test_images,
-                image_size=args.image_size, test_sizes=args.test_sizes,
-                canvas_sizes=args.canvas_sizes, seeds=args.seeds, epochs=args.epochs,
+    meta = dict(run_meta('benchmarks/resolution_study.py', argv, start), dataset='Fashion-MNIST',
+                train_images=args.train_images, test_images=args.test_images, image_size=args.image_size,
+                test_sizes=args.test_sizes, canvas_sizes=args.canvas_sizes, seeds=args.seeds, epochs=args.epochs,
                 iterations=results[0]['iterations'], batch_size=args.batch_size, lr=args.lr,
                 weight_decay=args.weight_decay, drop_path=args.drop_path, crop_scale=args.crop_scale,
-                model=dict(dim=args.dim, depth=args.depth, heads=args.heads, patch=args.patch, class_token=True),
+                model=dict(dim=args.dim, depth=args.depth, heads=args.heads, patch=args.patch, head=args.head),
                 params={r['variant']: r['params'] for r in results},
                 run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1),
                 train_minutes=round(sum(r['train_seconds'] for r in results) / 60, 1),
                 test_minutes=round(sum(r['eval_seconds'] for r in results) / 60, 1))
     write_outputs(rows, results, args, meta)
-    if any(v.startswith('peg') for v in args.variants):
+    if any(v in args.variants for v in ('peg_0', 'peg_0-5', 'peg_-1_wide')):
         plot_peg_response(args, data[1][0][:1], Path(args.out) / f'{args.name}_peg_response.png')
     print(f'[study] {meta["wall_minutes"]} min; results in {args.out}')
     return rows

@@ -89,19 +89,20 @@ def test_pos_embed_baseline_is_honoured():
     """The DeiT-style baseline of the study: a learned table resized to the token grid, frozen with the
     stem, excluded from weight decay; without a table and without PEGs the model is blind to position."""
     from cpvt_backbones import create_model
-    ape = create_model('cpvt_tiny_gap', peg_positions=(), pos_embed_grid=(4, 4), frozen_stages=0)
-    assert ape.pos_embed.shape == (1, 16, 192) and not ape.pos_embed.requires_grad
-    assert 'pos_embed' in ape.no_weight_decay()
+    table = dict(type='learned', img_size=64)
+    ape = create_model('cpvt_tiny_gap', pos_encoding=table, frozen_stages=0)
+    assert ape.pos_embed.table(0).shape == (1, 16, 192) and not ape.pos_embed.table(0).requires_grad
+    assert 'pos_embed.0' in ape.no_weight_decay()
     ape.eval()
     with torch.no_grad():
-        ape.pos_embed.normal_(std=1.0)
+        ape.pos_embed.table(0).normal_(std=1.0)
         assert ape(torch.randn(2, 3, 97, 131)).shape == (2, 1000)  # 7 x 9 grid from a 4 x 4 table
-        blind = create_model('cpvt_tiny_gap', peg_positions=()).eval()
+        blind = create_model('cpvt_tiny_gap', pos_encoding='none').eval()
         x = torch.randn(1, 3, 64, 64)
         shuffled = x.reshape(1, 3, 4, 16, 4, 16).flip(2).reshape(1, 3, 64, 64)  # patches rows reversed
         assert torch.allclose(blind(x), blind(shuffled), atol=1e-5)
-        ape_cls = create_model('cpvt_tiny', peg_positions=(), pos_embed_grid=(4, 4)).eval()
-        ape_cls.pos_embed.normal_(std=1.0)
+        ape_cls = create_model('cpvt_tiny', pos_encoding=table).eval()
+        ape_cls.pos_embed.table(0).normal_(std=1.0)
         assert not torch.allclose(ape_cls(x), ape_cls(shuffled), atol=1e-3)
-    with pytest.raises(ValueError, match='pos_embed_grid'):
-        create_model('cpvt_tiny', pos_embed_grid=(4,))
+    with pytest.raises(ValueError, match='img_size'):
+        create_model('cpvt_tiny', pos_encoding=dict(type='learned', img_size=(4,)))

@@ -190,9 +190,9 @@ def test_deit_weights_match_timm_vit_with_identity_pegs():
     sd = deit.state_dict()
     assert detect_layout(sd) == 'deit'
     ours = create_model('cpvt_tiny').eval()
-    with pytest.raises(CheckpointMismatchError, match=r'unexpected keys \(1\): pos_embed'):
+    with pytest.raises(CheckpointMismatchError, match=r'unexpected keys \(1\): pos_embed.0'):
         load_into(ours, to_twins(sd))
-    with_table = create_model('cpvt_tiny', pos_embed_grid=(14, 14), peg_positions=()).eval()
+    with_table = create_model('cpvt_tiny', pos_encoding='learned').eval()
     load_into(with_table, sd)  # DeiT itself, strictly
     with torch.no_grad():
         for size in ((320, 288), (160, 208), (224, 224)):  # the table resized as timm does at other sizes

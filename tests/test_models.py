@@ -100,12 +100,12 @@ def test_out_indices_build_only_what_they_use(name):
 
 
 def test_peg_settings_are_honoured():
-    model = create_model('pcpvt_tiny', peg_kernel_size=5, peg_type='separable',
-                         peg_positions=((0, 1), (), (1,), (0,)))
+    model = create_model('pcpvt_tiny', pos_encoding=dict(type='peg', kernel_size=5, peg_type='separable',
+                                                         positions=((0, 1), (), (1,), (0,))))
     assert len(model.pos_block) == 4
     assert model.pos_block[0].proj[0].kernel_size == (5, 5) and len(model.pos_block[0].proj) == 2
     assert model.peg_after == {(0, 0): 0, (0, 1): 1, (2, 1): 2, (3, 0): 3}
-    col = create_model('cpvt_tiny', peg_positions=(0,), peg_kernel_size=7)
+    col = create_model('cpvt_tiny', pos_encoding=dict(type='peg', positions=(0,), kernel_size=7))
     assert len(col.pos_block) == 1 and col.pos_block[0].proj[0].padding == (3, 3)
     assert len(create_model('cpvt_tiny').pos_block) == 6  # the paper's best: after blocks 0-5
 
@@ -113,7 +113,7 @@ def test_peg_settings_are_honoured():
 @pytest.mark.parametrize('name,positions', [('pcpvt_tiny', ((0, 1), (), (1,), (0,))), ('cpvt_tiny', (0, 3, 11))])
 def test_peg_after_is_the_order_the_network_runs(name, positions):
     """In both models ``peg_after[(stage, j)] = k`` means PEG k runs right after block j of that stage."""
-    model = create_model(name, peg_positions=positions)
+    model = create_model(name, pos_encoding=dict(type='peg', positions=positions))
     stages = model.blocks if name.startswith('pcpvt') else [model.blocks]
     order = []
     for i, stage in enumerate(stages):
@@ -143,7 +143,7 @@ def test_peg_changes_the_output():
     torch.manual_seed(1)
     a = create_model('pcpvt_tiny').eval()
     torch.manual_seed(1)
-    b = create_model('pcpvt_tiny', peg_positions=((), (), (), ())).eval()
+    b = create_model('pcpvt_tiny', pos_encoding='none').eval()
     b.load_state_dict({k: v for k, v in a.state_dict().items() if not k.startswith('pos_block')})
     with torch.no_grad():
         assert not torch.allclose(a(x), b(x))
@@ -221,10 +221,10 @@ def test_bad_input(name, features_only, x, error, match):
 
 
 @pytest.mark.parametrize('kwargs, error, match', [
-    (dict(peg_kernel_size=4), ValueError, 'odd'),
-    (dict(peg_type='dense'), ValueError, 'peg_type'),
-    (dict(peg_positions=((0,), (0,), (9,), (0,))), ValueError, r'peg_positions\[2\]'),
-    (dict(peg_positions=(0, 0, 0, 0)), TypeError, 'one sequence of block indices per stage'),
+    (dict(pos_encoding=dict(type='peg', kernel_size=4)), ValueError, 'odd'),
+    (dict(pos_encoding=dict(type='peg', peg_type='dense')), ValueError, 'peg_type'),
+    (dict(pos_encoding=dict(type='peg', positions=((0,), (0,), (9,), (0,)))), ValueError, r'positions\[2\]'),
+    (dict(pos_encoding=dict(type='peg', positions=(0, 0, 0, 0))), TypeError, 'one sequence of block indices'),
     (dict(depths=(2, 2, 2)), ValueError, 'one entry per stage'),
     (dict(features_only=True, out_indices=(0, 4)), ValueError, 'out_indices'),
     (dict(out_indices=(0, 1)), ValueError, 'features_only'),
@@ -238,8 +238,8 @@ def test_bad_settings(kwargs, error, match):
 
 
 def test_bad_columnar_settings():
-    with pytest.raises(ValueError, match='within 0..11'):
-        create_model('cpvt_tiny', peg_positions=(0, 12))
+    with pytest.raises(ValueError, match='within -1..11'):
+        create_model('cpvt_tiny', pos_encoding=dict(type='peg', positions=(0, 12)))
     with pytest.raises(ValueError, match='within -1..12'):
         create_model('cpvt_tiny', frozen_stages=13)
     with pytest.raises(ValueError, match="unknown model 'cpvt_huge'; valid names"):

@@ -4,6 +4,7 @@ import torch
 
 from cpvt_backbones import create_model
 from cpvt_backbones.layers import PEG
+from cpvt_backbones.layers.position import Geometry, PEGEncoding
 
 
 def _peg(dim=8, k=3, peg_type='depthwise'):
@@ -59,16 +60,25 @@ def test_zero_padding_encodes_absolute_position():
 
 def test_class_token_bypasses():
     peg = _peg()
+    with_cls = PEG(8, 3, num_prefix_tokens=1)
+    with_cls.load_state_dict(peg.state_dict())
     x = torch.randn(2, 1 + 16, 8)
-    y = peg(x, (4, 4), num_prefix_tokens=1)
+    y = with_cls(x, (4, 4))
     assert torch.equal(y[:, 0], x[:, 0])
     torch.testing.assert_close(y[:, 1:], peg(x[:, 1:], (4, 4)))
 
 
-@pytest.mark.parametrize('k', [2, 1, 4])
-def test_even_or_small_kernel_rejected(k):
-    with pytest.raises(ValueError, match='odd and >= 3'):
+@pytest.mark.parametrize('k', [2, 0, 4])
+def test_even_kernel_rejected(k):
+    with pytest.raises(ValueError, match='odd'):
         PEG(8, k)
+
+
+@pytest.mark.parametrize('k', [1, 2, 4])
+def test_peg_encoding_needs_a_window(k):
+    """A 1 x 1 kernel is the paper's no-locality control (``conv1x1``), not a PEG."""
+    with pytest.raises(ValueError, match='odd and >= 3'):
+        PEGEncoding(Geometry((8,), (2,), (1,), (4,), (1,)), kernel_size=k)
 
 
 def test_model_is_permutation_sensitive_only_with_peg():
@@ -79,8 +89,8 @@ def test_model_is_permutation_sensitive_only_with_peg():
     perm = torch.randperm(16)
     shuffled = patches.reshape(1, 3, 16, 16, 16)[:, :, perm].reshape(1, 3, 4, 4, 16, 16)
     shuffled = shuffled.permute(0, 1, 2, 4, 3, 5).reshape(1, 3, 64, 64)
-    for positions, invariant in (((), True), ((0,), False)):
-        model = create_model('cpvt_tiny_gap', peg_positions=positions, depth=2).eval()
+    for encoding, invariant in (('none', True), (dict(type='peg', positions=(0,)), False)):
+        model = create_model('cpvt_tiny_gap', pos_encoding=encoding, depth=2).eval()
         with torch.no_grad():
             same = torch.allclose(model(x), model(shuffled), atol=1e-5)
         assert same is invariant

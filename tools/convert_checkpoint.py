@@ -1,6 +1,6 @@
 """Convert a weight file between layouts (ours = official Twins/CPVT = timm; mmseg; mmpretrain; DeiT).
 
-    python tools/convert_checkpoint.py SRC DST [--to twins|backbone|mmseg|mmpretrain] [--prefix backbone.]
+    python tools/convert_checkpoint.py SRC DST [--to twins|backbone|mmseg|mmpretrain|rope_vit] [--prefix backbone.]
                                        [--drop-pos-embed] [--check MODEL_NAME]
 
 SRC may be wrapped (``state_dict``/``model``/``module``) and may be ``.safetensors``; it is read with
@@ -32,7 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('src')
     parser.add_argument('dst')
-    parser.add_argument('--to', default='twins', choices=['twins', 'backbone', 'mmseg', 'mmpretrain'])
+    parser.add_argument('--to', default='twins', choices=['twins', 'backbone', 'mmseg', 'mmpretrain', 'rope_vit'])
     parser.add_argument('--prefix', help='keep only keys under this prefix, stripped (e.g. backbone.)')
     parser.add_argument('--drop-pos-embed', action='store_true',
                         help="discard a DeiT checkpoint's position embedding (CPVT has none)")

@@ -11,8 +11,8 @@ import torch
 
 StateDict = Dict[str, torch.Tensor]
 
-TWINS_ROOTS = ('patch_embeds.', 'patch_embed.', 'cls_token', 'pos_embed', 'blocks.', 'pos_block.', 'norm.', 'head.',
-               'simple_fpn.')
+TWINS_ROOTS = ('patch_embeds.', 'patch_embed.', 'cls_token', 'pos_embed.', 'blocks.', 'pos_block.', 'pos_qk.', 'rel_pos.',
+               'rope.', 'norm.', 'head.', 'simple_fpn.')
 # Keys of the classifier that mmseg's / mmpretrain's dense backbones have no place for.
 CLASSIFIER_ONLY = ('norm.', 'head.')
 
@@ -171,14 +171,16 @@ _DEIT_RULES = [('cls_token', 'cls_token'), ('patch_embed.proj.{p}', 'patch_embed
     for m in ('norm1', 'norm2', 'attn.proj', 'mlp.fc1', 'mlp.fc2')]
 _from_deit = _renamer(_DEIT_RULES)
 _QKV = re.compile(r'blocks\.(\d+)\.attn\.qkv\.(weight|bias)')
+_Q_OR_KV_COLUMNAR = re.compile(r'blocks\.(\d+)\.attn\.(q|kv)\.(weight|bias)')
 
 
 def deit_to_twins(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool = False) -> StateDict:
     """DeiT / timm ViT keys (fused ``attn.qkv``) -> our columnar CPVT (``attn.q`` + ``attn.kv``).
 
-    DeiT's ``pos_embed`` is kept (it fits a CPVT built with ``pos_embed_grid``, and is an unexpected key for
-    one without) unless ``drop_pos_embed=True``: starting CPVT from DeiT weights, whose PEGs then start fresh
-    (load with ``strict=False``). Distillation tokens and heads have no counterpart and raise.
+    DeiT's ``pos_embed`` becomes ``pos_embed.0`` (it fits a CPVT built with ``pos_encoding=dict(type='learned',
+    img_size=224)``, and is an unexpected key for one without) unless ``drop_pos_embed=True``: starting CPVT
+    from DeiT weights, whose PEGs then start fresh (load with ``strict=False``). Distillation tokens and heads
+    have no counterpart and raise.
     """
     out: StateDict = {}
     unknown: List[str] = []
@@ -191,7 +193,7 @@ def deit_to_twins(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool =
             out[f'blocks.{j}.attn.kv.{p}'] = value[dim:]
         elif key == 'pos_embed':
             if not drop_pos_embed:
-                out[key] = value
+                out['pos_embed.0'] = value
         else:
             new = _from_deit(key)
             if new is None:
@@ -200,6 +202,75 @@ def deit_to_twins(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool =
                 out[new] = value
     if unknown:
         raise UnknownKeysError('DeiT/timm ViT', unknown)
+    return out
+
+
+_ROPE_VIT_SAME = _renamer(_DEIT_RULES[:2] + _DEIT_RULES[3:])
+_ROPE_VIT_ONLY = re.compile(r'rope\.freqs|blocks\.\d+\.gamma_[12]')
+_OUR_ROPE = re.compile(r'rope\.freqs\.(\d+)')
+_OUR_SCALE = re.compile(r'blocks\.(\d+)\.ls([12])\.gamma')
+
+
+def rope_vit_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+    """timm's RoPE ViTs (Heo et al.; ``timm.models.eva``'s ``vit_*_patch16_rope_224`` and
+    ``..._rope_mixed_224``) -> our columnar model built as they are: ``pos_encoding='rope_axial'`` or
+    ``'rope_mixed'``, ``layer_scale_init`` set (``tests/test_position.py`` has the settings).
+
+    ``attn.qkv`` splits into ``attn.q`` / ``attn.kv`` (as DeiT's), ``gamma_1/2`` are the layer scales
+    ``ls1/ls2.gamma``, and ``rope.freqs`` (2, depth, heads, head_dim / 2) splits into one ``rope.freqs.{j}``
+    per block. Anything else raises ``UnknownKeysError``."""
+    out: StateDict = {}
+    unknown: List[str] = []
+    for key, value in state_dict.items():
+        qkv, gamma = _QKV.fullmatch(key), re.fullmatch(r'blocks\.(\d+)\.gamma_([12])', key)
+        if key == 'rope.freqs':
+            out.update({f'rope.freqs.{j}': value[:, j].clone() for j in range(value.shape[1])})
+        elif qkv:
+            j, p = qkv.groups()
+            dim = value.shape[0] // 3
+            out[f'blocks.{j}.attn.q.{p}'], out[f'blocks.{j}.attn.kv.{p}'] = value[:dim], value[dim:]
+        elif gamma:
+            out[f'blocks.{gamma.group(1)}.ls{gamma.group(2)}.gamma'] = value
+        elif _ROPE_VIT_SAME(key) is not None:
+            out[_ROPE_VIT_SAME(key)] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        raise UnknownKeysError('timm RoPE ViT', unknown)
+    return out
+
+
+def twins_to_rope_vit(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+    """Ours (a columnar model with RoPE, see ``rope_vit_to_twins``) -> timm's RoPE ViT keys; keys of other
+    position encodings (a PEG) have no place there and raise ``UnknownKeysError``."""
+    out: StateDict = {}
+    unknown: List[str] = []
+    pending: Dict[Tuple[str, str], Dict[str, torch.Tensor]] = {}
+    freqs: Dict[int, torch.Tensor] = {}
+    for key, value in state_dict.items():
+        rope, scale, qkv = _OUR_ROPE.fullmatch(key), _OUR_SCALE.fullmatch(key), _Q_OR_KV_COLUMNAR.fullmatch(key)
+        if rope:
+            freqs[int(rope.group(1))] = value
+        elif scale:
+            out[f'blocks.{scale.group(1)}.gamma_{scale.group(2)}'] = value
+        elif qkv:
+            j, which, p = qkv.groups()
+            pending.setdefault((j, p), {})[which] = value
+        elif _ROPE_VIT_SAME(key) is not None:
+            out[_ROPE_VIT_SAME(key)] = value
+        else:
+            unknown.append(key)
+    for (j, p), parts in pending.items():
+        if set(parts) != {'q', 'kv'}:
+            unknown += [f'blocks.{j}.attn.{w}.{p}' for w in parts]
+        else:
+            out[f'blocks.{j}.attn.qkv.{p}'] = torch.cat((parts['q'], parts['kv']))
+    if freqs:
+        if sorted(freqs) != list(range(len(freqs))):
+            raise ValueError(f'rope.freqs.{{j}} must cover blocks 0..{len(freqs) - 1}, got {sorted(freqs)}')
+        out['rope.freqs'] = torch.stack([freqs[j] for j in range(len(freqs))], dim=1)
+    if unknown:
+        raise UnknownKeysError('our columnar model with RoPE', unknown)
     return out
 
 
@@ -226,13 +297,16 @@ def _is_our_classifier(keys: Sequence[str]) -> bool:
         for k in keys)
 
 
-LAYOUTS = ('twins', 'classifier', 'mmseg', 'mmpretrain', 'deit')
+LAYOUTS = ('twins', 'classifier', 'mmseg', 'mmpretrain', 'deit', 'rope_vit')
 
 
 def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
     """One of ``LAYOUTS``: 'twins' (ours, official Twins/CPVT, timm ``twins_pcpvt_*``), 'classifier' (ours
-    inside an mmpretrain classifier), 'mmseg', 'mmpretrain' (its own ``PCPVT``) or 'deit'."""
+    inside an mmpretrain classifier), 'mmseg', 'mmpretrain' (its own ``PCPVT``), 'deit' or 'rope_vit' (timm's
+    RoPE ViTs)."""
     keys = list(state_dict)
+    if any(_ROPE_VIT_ONLY.fullmatch(k) for k in keys):
+        return 'rope_vit'
     if any(_QKV.fullmatch(k) for k in keys):
         return 'deit'
     if keys and all(k.startswith(TWINS_ROOTS) for k in keys):
@@ -245,7 +319,8 @@ def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
         return 'mmseg'
     raise ValueError('unrecognised checkpoint layout; expected official Twins/CPVT or timm keys '
                      '(patch_embeds.*, blocks.*, pos_block.*), mmseg PCPVT keys (layers.*), mmpretrain PCPVT '
-                     f'keys (backbone.stages.*) or DeiT keys (blocks.N.attn.qkv.*); first keys: {keys[:8]}')
+                     f'keys (backbone.stages.*), DeiT keys (blocks.N.attn.qkv.*) or timm RoPE ViT keys (blocks.N.gamma_1); '
+                     f'first keys: {keys[:8]}')
 
 
 def to_twins(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool = False) -> StateDict:
@@ -253,14 +328,15 @@ def to_twins(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool = Fals
     layout = detect_layout(state_dict)
     if layout == 'deit':
         return deit_to_twins(state_dict, drop_pos_embed)
-    readers = {'twins': dict, 'classifier': classifier_to_twins, 'mmseg': mmseg_to_twins,
+    readers = {'rope_vit': rope_vit_to_twins, 'twins': dict, 'classifier': classifier_to_twins, 'mmseg': mmseg_to_twins,
                'mmpretrain': mmpretrain_to_twins}
     return readers[layout](state_dict)
 
 
 def from_twins(state_dict: Mapping[str, torch.Tensor], layout: str) -> StateDict:
-    """Ours -> ``layout``: 'twins' (unchanged), 'backbone' (no head), 'mmseg' or 'mmpretrain'."""
-    writers = {'twins': dict, 'backbone': backbone_only, 'mmseg': twins_to_mmseg, 'mmpretrain': twins_to_mmpretrain}
+    """Ours -> ``layout``: 'twins' (unchanged), 'backbone' (no head), 'mmseg', 'mmpretrain' or 'rope_vit'."""
+    writers = {'twins': dict, 'backbone': backbone_only, 'mmseg': twins_to_mmseg, 'mmpretrain': twins_to_mmpretrain,
+               'rope_vit': twins_to_rope_vit}
     if layout not in writers:
         raise ValueError(f'cannot write layout {layout!r}; choose one of {sorted(writers)}')
     return writers[layout](state_dict)

@@ -1,11 +1,12 @@
 """Multi-head attention with optional spatial reduction of keys and values (PVT's SRA, Twins' GSA)."""
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .layout import map_to_tokens, pad_to_multiple, tokens_to_map
+from .position.base import AttentionPosition, rotate
 
 
 class Attention(nn.Module):
@@ -15,6 +16,9 @@ class Attention(nn.Module):
     layer-normed before the key/value projection, so attention costs O(N * N / sr^2) instead of O(N^2).
     A map whose side is not a multiple of ``sr_ratio`` is zero-padded bottom/right first, so every row and
     column of the input is represented among the keys and any map size (even 1 x 1) works.
+
+    A position encoding that acts inside attention passes an ``AttentionPosition``: a module that makes the
+    query/key input (values keep the tokens), rotary angles for queries and keys, or a bias on the logits.
 
     The projections keep the official key names (``q``, ``kv``, ``sr``, ``norm``, ``proj``) and attention runs
     through ``F.scaled_dot_product_attention``. The reduction's LayerNorm uses torch's default eps 1e-5, as
@@ -39,16 +43,33 @@ class Attention(nn.Module):
             self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
             self.norm = nn.LayerNorm(dim)
 
-    def attend(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        """Attention output before the output projection, (B, N, C)."""
-        B, N, C = x.shape
-        head_dim = C // self.num_heads
-        q = self.q(x).reshape(B, N, self.num_heads, head_dim).transpose(1, 2)
+    def _keys_values(self, x: torch.Tensor, hw: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, heads, M, head_dim) from the (reduced) token map."""
+        B, _, C = x.shape
         if self.sr_ratio > 1:
             x = self.norm(map_to_tokens(self.sr(pad_to_multiple(tokens_to_map(x, hw), self.sr_ratio))))
-        k, v = self.kv(x).reshape(B, x.shape[1], 2, self.num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.)
+        k, v = self.kv(x).reshape(B, x.shape[1], 2, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        return k, v
+
+    def attend(self, x: torch.Tensor, hw: Tuple[int, int], pos: Optional[AttentionPosition] = None
+               ) -> torch.Tensor:
+        """Attention output before the output projection, (B, N, C)."""
+        B, N, C = x.shape
+        qk_input = x if pos is None or pos.qk_input is None else pos.qk_input(x, hw)
+        q = self.q(qk_input).reshape(B, N, self.num_heads, C // self.num_heads).transpose(1, 2)
+        k, v = self._keys_values(x, hw)
+        if qk_input is not x:
+            k = self._keys_values(qk_input, hw)[0]
+        bias = None
+        if pos is not None:
+            if pos.rotary is not None:
+                q, k = rotate(q, pos.rotary.query), rotate(k, pos.rotary.key)
+            if pos.bias is not None:
+                bias = pos.bias.to(q.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                             dropout_p=self.attn_drop if self.training else 0.)
         return out.transpose(1, 2).reshape(B, N, C)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        return self.proj_drop(self.proj(self.attend(x, hw)))
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int], pos: Optional[AttentionPosition] = None
+                ) -> torch.Tensor:
+        return self.proj_drop(self.proj(self.attend(x, hw, pos)))

@@ -1,10 +1,12 @@
-"""Pre-norm transformer encoder block, its MLP and stochastic depth."""
-from typing import Tuple
+"""Pre-norm transformer encoder block built from parts (attention, MLP, norm), its MLP, layer scale and
+stochastic depth."""
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import nn
 
 from .attention import Attention
+from .position.base import AttentionPosition
 
 
 class DropPath(nn.Module):
@@ -25,6 +27,17 @@ class DropPath(nn.Module):
         return f'drop_prob={self.drop_prob}'
 
 
+class LayerScale(nn.Module):
+    """Per-channel scale of a residual branch (CaiT), ``gamma`` initialised to ``init``."""
+
+    def __init__(self, dim: int, init: float):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
 class Mlp(nn.Module):
     def __init__(self, dim: int, hidden_dim: int, drop: float = 0.):
         super().__init__()
@@ -38,17 +51,30 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    """``x + attn(norm1(x))`` then ``x + mlp(norm2(x))``; keys ``norm1``, ``attn``, ``norm2``, ``mlp``."""
+    """``x + ls1(attn(norm1(x)))`` then ``x + ls2(mlp(norm2(x)))``; keys ``norm1``, ``attn``, ``norm2``,
+    ``mlp`` (and ``ls1.gamma``/``ls2.gamma`` with ``layer_scale_init``; otherwise ``ls1``/``ls2`` are
+    identities).
+
+    The parts are passed by keyword: ``attn_layer(dim, num_heads, qkv_bias=, attn_drop=, proj_drop=,
+    sr_ratio=)``, ``mlp_layer(dim, hidden_dim, drop=)``, ``norm_layer(dim, eps=)``. ``pos`` (from the model's
+    position encodings) goes to the attention.
+    """
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool = True, drop: float = 0.,
-                 attn_drop: float = 0., drop_path: float = 0., sr_ratio: int = 1, norm_eps: float = 1e-6):
+                 attn_drop: float = 0., drop_path: float = 0., sr_ratio: int = 1, norm_eps: float = 1e-6,
+                 layer_scale_init: Optional[float] = None, attn_layer: Callable[..., nn.Module] = Attention,
+                 mlp_layer: Callable[..., nn.Module] = Mlp, norm_layer: Callable[..., nn.Module] = nn.LayerNorm):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, drop, sr_ratio)
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop)
+        self.norm1 = norm_layer(dim, eps=norm_eps)
+        self.attn = attn_layer(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
+                               sr_ratio=sr_ratio)
+        self.ls1 = nn.Identity() if layer_scale_init is None else LayerScale(dim, layer_scale_init)
+        self.norm2 = norm_layer(dim, eps=norm_eps)
+        self.mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=drop)
+        self.ls2 = nn.Identity() if layer_scale_init is None else LayerScale(dim, layer_scale_init)
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x), hw))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int], pos: Optional[AttentionPosition] = None
+                ) -> torch.Tensor:
+        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), hw, pos)))
+        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))

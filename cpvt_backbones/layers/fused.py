@@ -20,7 +20,7 @@ float32 on a CPU, no autocast, and not while tracing, compiling or exporting (th
 Elsewhere, training included, the modules take the plain path. (A bias-fused GEMM with its own backward was
 measured for training: 2.8% faster per step, with a round-to-round spread of 3%, so it is not used.)
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ from torch import nn
 
 from .block import Block
 from .layout import symbolic_shapes
+from .position.base import AttentionPosition
 
 # Tokens per chunk of the fused MLP: the chunk's hidden activation (4-16 MiB of float32) stays in cache
 # between the two GEMMs and the GELU instead of going out to memory and back (2048 measured best of 512-8192).
@@ -134,19 +135,21 @@ class FusedLinear(nn.Module):
 class FusedBlock(nn.Module):
     """A ``layers.Block``'s submodules (shared, same key names) run through the fused kernels in inference:
     attention's output projection with the residual accumulated by its GEMM, then the MLP a chunk of tokens at
-    a time with the residual added in place."""
+    a time with the residual added in place. Position encodings inside attention (``pos``) are unaffected:
+    fusion starts after attention. A block with layer scale is not fused (``models.optimize`` refuses it)."""
 
     def __init__(self, block: nn.Module, gemm: str = 'onednn'):
         super().__init__()
         self.gemm = check_gemm(gemm)
-        self.norm1, self.attn, self.norm2, self.mlp, self.drop_path = (
-            block.norm1, block.attn, block.norm2, block.mlp, block.drop_path)
+        self.norm1, self.attn, self.ls1, self.norm2, self.mlp, self.ls2, self.drop_path = (
+            block.norm1, block.attn, block.ls1, block.norm2, block.mlp, block.ls2, block.drop_path)
         self.train(block.training)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int], pos: Optional[AttentionPosition] = None
+                ) -> torch.Tensor:
         if self.training or not can_fuse(x):
-            return Block.forward(self, x, hw)
-        attended = self.attn.attend(self.norm1(x), hw)
+            return Block.forward(self, x, hw, pos)
+        attended = self.attn.attend(self.norm1(x), hw, pos)
         return fused_gemms(attended.reshape(-1, attended.shape[-1]), self, self.gemm, x.reshape(-1, x.shape[-1])
                            ).view(x.shape)
 

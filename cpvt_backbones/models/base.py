@@ -1,5 +1,5 @@
-"""What the columnar and the pyramid CPVT share: input checks, the constructor skeleton (outputs, PEG placement,
-freezing), weight init, running the blocks, checkpointing."""
+"""What the columnar and the pyramid CPVT share: input checks, the constructor skeleton (outputs, position
+encodings, freezing), weight init, running the blocks, checkpointing."""
 import math
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import PEG
+from ..layers.position import Geometry, PositionEncoding, build_position_encodings, merge_attention
 
 
 def check_input(x, in_chans: int, check_finite: bool = False) -> None:
@@ -38,16 +38,6 @@ def check_out_indices(out_indices: Sequence[int], num_outputs: int) -> Tuple[int
         raise ValueError(f'out_indices must be increasing, distinct and within 0..{num_outputs - 1}, '
                          f'got {out_indices!r}')
     return out
-
-
-def check_peg_positions(positions: Iterable[int], depth: int, where: str) -> Tuple[int, ...]:
-    out = tuple(positions)
-    if any(not isinstance(p, int) or isinstance(p, bool) for p in out):
-        raise TypeError(f'peg_positions{where} must hold block indices (ints), got {out!r}')
-    if any(not 0 <= p < depth for p in out) or len(set(out)) != len(out):
-        raise ValueError(f'peg_positions{where} must be distinct block indices within 0..{depth - 1} '
-                         f'(the PEG follows that block), got {out!r}')
-    return tuple(sorted(out))
 
 
 def take_indices(num: int, indices: Union[None, int, Sequence[int]]) -> Tuple[List[int], int]:
@@ -84,13 +74,16 @@ def init_weights(m: nn.Module) -> None:
 
 class CPVTBase(nn.Module):
     """The constructor skeleton and behaviour both models share. A subclass's ``__init__`` calls
-    ``_setup_outputs`` (classifier or dense backbone), ``_setup_pegs`` (PEG placement) and ends with
-    ``_finish_init(frozen, ...)`` (init, freezing). The attributes mean the same in both models:
+    ``_setup_outputs`` (classifier or dense backbone), ``_setup_position`` (the position encodings, mounted
+    under their ``attr`` names) and ends with ``_finish_init(frozen, ...)`` (init, freezing). A stage runs as
+    ``_embed_position`` (after its patch embedding) then ``_run_blocks``. The attributes mean the same in both
+    models:
 
     * ``out_indices``, ``out_channels``, ``strides``: for a dense backbone, the levels it returns, their
       channels and strides (aligned; all empty for a classifier);
+    * ``pos_encodings``: the position-encoding modules (``layers.position``), in the order they act;
     * ``peg_after``: ``{(stage, block): k}``, PEG ``pos_block.{k}`` follows that block (a columnar model
-      has one stage, 0);
+      has one stage, 0; empty without a PEG);
     * ``num_features``: channels of the pooled features the head sees (timm's meaning);
     * ``feature_info``: timm's list of taps ``forward_intermediates`` can return (``module``, ``num_chs``,
       ``reduction``): the stages of a pyramid model, the blocks of a columnar one;
@@ -106,7 +99,7 @@ class CPVTBase(nn.Module):
     out_indices: Tuple[int, ...]
     out_channels: Tuple[int, ...]
     strides: Tuple[int, ...]
-    peg_after: Dict[Tuple[int, int], int]
+    pos_encoding_attrs: Tuple[str, ...]
     num_features: int
     feature_info: List[Dict[str, object]]
     unbuilt_prefixes: Tuple[str, ...]
@@ -127,45 +120,61 @@ class CPVTBase(nn.Module):
         self.features_only = features_only
         self.num_classes = num_classes
 
-    def _setup_pegs(self, dims: Sequence[int], positions: Sequence[Sequence[int]], kernel_size: int,
-                    peg_type: str) -> None:
-        """One PEG after each block in ``positions[stage]`` (checked indices), numbered in network order."""
-        self.peg_after = {}
-        peg_dims = []
-        for stage, (dim, blocks) in enumerate(zip(dims, positions)):
-            for j in blocks:
-                self.peg_after[(stage, j)] = len(peg_dims)
-                peg_dims.append(dim)
-        self.pos_block = nn.ModuleList(PEG(d, kernel_size, peg_type) for d in peg_dims)
+    def _setup_position(self, geometry: Geometry, pos_encoding, built_depths: Sequence[int]) -> List[str]:
+        """Build the encodings ``pos_encoding`` names for the whole ``geometry``, mount each under its
+        ``attr``, and keep only the parts of the first ``built_depths[i]`` blocks of every stage (a dense
+        backbone builds no stage beyond its last output); returns the dropped key prefixes."""
+        encodings = build_position_encodings(pos_encoding, geometry)
+        for enc in encodings:
+            if hasattr(self, enc.attr):
+                raise ValueError(f'position encoding {enc.name!r} would replace the model\'s {enc.attr!r}')
+            setattr(self, enc.attr, enc)
+        self.pos_encoding_attrs = tuple(enc.attr for enc in encodings)
+        return self._cut_position(built_depths) if tuple(built_depths) != geometry.depths else []
 
-    def _pegs_after(self, stage: int, blocks: Iterable[int]) -> List[nn.Module]:
-        """The PEGs that follow the given blocks of ``stage`` (what freezing those blocks also freezes)."""
-        return [self.pos_block[self.peg_after[(stage, j)]] for j in blocks if (stage, j) in self.peg_after]
+    @property
+    def pos_encodings(self) -> List[PositionEncoding]:
+        return [getattr(self, attr) for attr in self.pos_encoding_attrs]
+
+    @property
+    def peg_after(self) -> Dict[Tuple[int, int], int]:
+        peg = getattr(self, 'pos_block', None)
+        return dict(peg.peg_after) if peg is not None else {}
+
+    def _position_parts(self, stage: int, blocks: Iterable[int], embedding: bool = False) -> List:
+        """The position-encoding parts tied to these blocks of ``stage`` (and its patch embedding): what
+        freezing them also freezes."""
+        blocks = list(blocks)
+        return [part for enc in self.pos_encodings for part in enc.parts_of(stage, blocks, embedding)]
+
+    def _cut_position(self, kept_depths: Sequence[int]) -> List[str]:
+        """Drop the encodings' parts beyond the first ``kept_depths[i]`` blocks of each stage; returns the
+        dropped key prefixes (``attr.``-qualified)."""
+        return [f'{enc.attr}.{key}' for enc in self.pos_encodings for key in enc.cut(kept_depths)]
+
+    def _embed_position(self, stage: int, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        for enc in self.pos_encodings:
+            x = enc.embed(stage, x, hw)
+        return x
 
     def _run_blocks(self, blocks: nn.ModuleList, stage: int, x: torch.Tensor, hw: Tuple[int, int],
-                    num_prefix_tokens: int = 0, tap: Optional[Callable[[int, torch.Tensor], None]] = None,
+                    tap: Optional[Callable[[int, torch.Tensor], None]] = None,
                     stop: Optional[int] = None) -> torch.Tensor:
-        """Blocks 0..``stop`` (all by default), each followed by its PEG if it has one; ``tap(j, x)`` sees
-        the tokens after block j and its PEG."""
+        """Blocks 0..``stop`` (all by default), each given its attention's position input and followed by the
+        encodings' ``after_block`` (a PEG); ``tap(j, x)`` sees the tokens after block j and its PEG."""
+        encodings = self.pos_encodings
+        per_block = [enc.attention(stage, hw) for enc in encodings]
+        names = [enc.name for enc in encodings]
         for j, blk in enumerate(blocks):
             if stop is not None and j > stop:
                 break
-            x = self._block(blk, x, hw)
-            k = self.peg_after.get((stage, j))
-            if k is not None:
-                x = self.pos_block[k](x, hw, num_prefix_tokens)
+            pos = merge_attention([p[j] if p is not None else None for p in per_block], names)
+            x = self._block(blk, x, hw, pos)
+            for enc in encodings:
+                x = enc.after_block(stage, j, x, hw)
             if tap is not None:
                 tap(j, x)
         return x
-
-    def _truncate_pegs(self, kept: Callable[[int, int], bool]) -> List[str]:
-        """Drop the PEGs after blocks that ``kept(stage, block)`` rejects (a prefix, as PEGs are numbered in
-        network order); returns the key prefixes of the dropped ones."""
-        self.peg_after = {sj: k for sj, k in self.peg_after.items() if kept(*sj)}
-        num = len(self.peg_after)
-        dropped = [f'pos_block.{k}.' for k in range(num, len(self.pos_block))]
-        self.pos_block = self.pos_block[:num]
-        return dropped
 
     def _cut_to(self, keep: int) -> List[str]:
         """Keep the first ``keep`` taps of ``feature_info`` (stages or blocks) and the PEGs after them; return
@@ -229,12 +238,14 @@ class CPVTBase(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
 
-    def _block(self, blk: nn.Module, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+    def _block(self, blk: nn.Module, x: torch.Tensor, hw: Tuple[int, int], pos) -> torch.Tensor:
         if self.grad_checkpointing and torch.is_grad_enabled():
-            return checkpoint(blk, x, hw, use_reentrant=False)
-        return blk(x, hw)
+            return checkpoint(blk, x, hw, pos, use_reentrant=False)
+        return blk(x, hw, pos)
 
     def no_weight_decay(self) -> Set[str]:
-        """Names of parameters that the recipes exclude from weight decay (PEG, class token, position table)."""
-        names = {n for n, _ in self.named_parameters() if n.startswith('pos_block.')}
-        return names | {n for n in ('cls_token', 'pos_embed') if getattr(self, n, None) is not None}
+        """Names of parameters that the recipes exclude from weight decay: every position encoding's (PEG, as
+        Twins; tables, biases and RoPE frequencies, as DeiT, Swin and RoPE-ViT) and the class token."""
+        prefixes = tuple(f'{attr}.' for attr in self.pos_encoding_attrs)
+        names = {n for n, _ in self.named_parameters() if n.startswith(prefixes)}
+        return names | ({'cls_token'} if getattr(self, 'cls_token', None) is not None else set())

@@ -1,12 +1,12 @@
 """Columnar (DeiT-style) CPVT: a plain ViT whose position embedding is replaced by PEGs."""
-from typing import List, Optional, Sequence, Tuple, Union
+from types import MappingProxyType
+from typing import Any, List, Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..layers import Block, LayerNorm2d, PatchEmbed, tokens_to_map
-from .base import CPVTBase, check_peg_positions, take_indices
+from ..layers import Block, Geometry, LayerNorm2d, PatchEmbed, tokens_to_map
+from .base import CPVTBase, take_indices
 
 PYRAMID_STRIDES = (4, 8, 16, 32)
 
@@ -27,22 +27,23 @@ def _simple_pyramid_level(level: int, dim: int) -> nn.Module:
 class CPVT(CPVTBase):
     """DeiT-style vision transformer with conditional positional encodings (CPVT, arXiv 2102.10882).
 
-    There is no position embedding: ``pos_block.{k}`` is the k-th PEG, following block ``peg_positions[k]``
-    (the paper's best: blocks 0-5; ``peg_after[(0, j)] = k``). ``class_token=False`` is the GAP variant
-    (average of the normed patch tokens, > 1 point better top-1 in the paper). The patch embedding is DeiT's
-    (a convolution, no norm).
+    There is no position table: by default ``pos_block.{k}`` is the k-th PEG, after blocks 0-5 (the paper's
+    best; ``peg_after[(0, j)] = k``). ``pos_encoding`` chooses any other (``cpvt_backbones.layers.position``):
+    ``dict(type='peg', positions=(0,))`` (the paper's default), ``'learned'`` (DeiT's table for a 224 px
+    input, resized to any other), ``'sincos'``, ``'rpe'``, ``'rope_axial'``, ``'rope_mixed'``, ``'none'``, the
+    controls ``'conv1x1'``, ``'peg_qk'`` and ``dict(type='peg', frozen=True)``, or combinations
+    (``'learned+peg'``). ``layer_scale_init`` adds CaiT's layer scale to every block (timm's RoPE ViTs use
+    1e-5). ``class_token=False`` is the GAP variant (average of the normed patch tokens, > 1 point better
+    top-1 in the paper). The patch embedding is DeiT's (a convolution, no norm).
 
     ``features_only=True`` turns it into a dense backbone: the normed stride-16 patch tokens are laid out as
     a map and a ViTDet-style simple feature pyramid makes maps at strides 4, 8, 16, 32 with dim/4, dim/2,
     dim, dim channels and spatial size ceil(H / s) x ceil(W / s) (upsampled maps are cropped to that size;
     the rows they drop come from padding). Only the levels in ``out_indices`` are built.
-    ``frozen_stages=k`` freezes the patch embedding and class token for k = 0 and also blocks 0..k-1 and
-    the PEGs after them for k >= 1. ``check_finite=True`` makes forward raise a ValueError on NaN or Inf
-    inputs (off by default: a pass over the input).
-
-    ``pos_embed_grid=(h, w)`` adds what CPVT replaces, for controlled comparisons: DeiT's learned absolute
-    position embedding (key ``pos_embed``) for an h x w token grid, bicubically interpolated to any other grid.
-    With ``peg_positions=()`` as well it is DeiT; with neither, a ViT without position information.
+    ``frozen_stages=k`` freezes the patch embedding, class token and position table for k = 0 and also
+    blocks 0..k-1 and their position-encoding parts (the PEGs after them, their RoPE frequencies or relative
+    biases) for k >= 1. ``check_finite=True`` makes forward raise a ValueError on NaN or Inf inputs (off by
+    default: a pass over the input).
     """
 
     def __init__(
@@ -60,22 +61,15 @@ class CPVT(CPVTBase):
         attn_drop_rate: float = 0.,
         drop_path_rate: float = 0.,
         norm_eps: float = 1e-6,
-        peg_kernel_size: int = 3,
-        peg_type: str = 'depthwise',
-        peg_positions: Sequence[int] = (0, 1, 2, 3, 4, 5),
+        pos_encoding: Any = MappingProxyType(dict(type='peg', positions=(0, 1, 2, 3, 4, 5))),
+        layer_scale_init: Optional[float] = None,
         features_only: bool = False,
         out_indices: Optional[Sequence[int]] = None,
         frozen_stages: int = -1,
         grad_checkpointing: bool = False,
         check_finite: bool = False,
-        pos_embed_grid: Optional[Tuple[int, int]] = None,
     ):
         super().__init__()
-        positions = check_peg_positions(peg_positions, depth, '')
-        if pos_embed_grid is not None:
-            pos_embed_grid = tuple(pos_embed_grid)
-            if len(pos_embed_grid) != 2 or any(not isinstance(n, int) or n < 1 for n in pos_embed_grid):
-                raise ValueError(f'pos_embed_grid must be (h, w) positive ints, got {pos_embed_grid!r}')
         self._setup_outputs(features_only, num_classes, out_indices, len(PYRAMID_STRIDES))
         if features_only and patch_size != 16:
             raise ValueError(f'the simple feature pyramid is built on stride-16 tokens, got patch_size {patch_size}')
@@ -91,15 +85,13 @@ class CPVT(CPVTBase):
 
         self.patch_embed = PatchEmbed(in_chans, embed_dim, patch_size, norm=False)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        self.pos_embed_grid = pos_embed_grid
-        self.pos_embed = None if pos_embed_grid is None else nn.Parameter(
-            torch.zeros(1, self.num_prefix_tokens + pos_embed_grid[0] * pos_embed_grid[1], embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
         dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
         self.blocks = nn.ModuleList(
-            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, dpr[j], 1, norm_eps)
-            for j in range(depth))
-        self._setup_pegs([embed_dim], [positions], peg_kernel_size, peg_type)
+            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, dpr[j], 1, norm_eps,
+                  layer_scale_init) for j in range(depth))
+        self._setup_position(Geometry((embed_dim,), (depth,), (num_heads,), (patch_size,), (1,),
+                                      self.num_prefix_tokens), pos_encoding, [depth])
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
         self.num_features = embed_dim
         self.feature_info = [dict(module=f'blocks.{j}', num_chs=embed_dim, reduction=patch_size)
@@ -113,23 +105,12 @@ class CPVT(CPVTBase):
 
         frozen: List = []
         if frozen_stages >= 0:
-            frozen += [self.patch_embed] + [p for p in (self.cls_token, self.pos_embed) if p is not None]
-        frozen += list(self.blocks[:max(frozen_stages, 0)]) + self._pegs_after(0, range(max(frozen_stages, 0)))
+            frozen += [self.patch_embed] + ([self.cls_token] if self.cls_token is not None else [])
+            frozen += self._position_parts(0, (), embedding=True)
+        frozen += list(self.blocks[:max(frozen_stages, 0)]) + self._position_parts(0, range(max(frozen_stages, 0)))
         self._finish_init(frozen, grad_checkpointing)
-        for token in (self.cls_token, self.pos_embed):
-            if token is not None:
-                nn.init.trunc_normal_(token, std=.02)
-
-    def _position_embedding(self, hw: Tuple[int, int]) -> torch.Tensor:
-        """The learned table for an ``hw`` token grid: the grid part resized bicubically with antialiasing, as
-        timm resamples DeiT's table for other image sizes."""
-        prefix, grid = self.pos_embed[:, :self.num_prefix_tokens], self.pos_embed[:, self.num_prefix_tokens:]
-        if tuple(hw) != self.pos_embed_grid:
-            gh, gw = self.pos_embed_grid
-            grid = grid.reshape(1, gh, gw, -1).permute(0, 3, 1, 2)
-            grid = F.interpolate(grid, size=hw, mode='bicubic', align_corners=False, antialias=True)
-            grid = grid.flatten(2).transpose(1, 2)
-        return torch.cat((prefix, grid), dim=1)
+        if self.cls_token is not None:
+            nn.init.trunc_normal_(self.cls_token, std=.02)
 
     def _tokens(self, x: torch.Tensor, tap=None, stop: Optional[int] = None):
         """Tokens (B, prefix + h * w, C) after the blocks up to ``stop`` (default: all; see ``_run_blocks``),
@@ -137,9 +118,8 @@ class CPVT(CPVTBase):
         x, hw = self.patch_embed(x)
         if self.cls_token is not None:
             x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
-        if self.pos_embed is not None:
-            x = x + self._position_embedding(hw)
-        return self._run_blocks(self.blocks, 0, self.pos_drop(x), hw, self.num_prefix_tokens, tap, stop), hw
+        x = self.pos_drop(self._embed_position(0, x, hw))
+        return self._run_blocks(self.blocks, 0, x, hw, tap, stop), hw
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Normed tokens (B, prefix + N, C)."""
@@ -190,4 +170,4 @@ class CPVT(CPVTBase):
     def _cut_to(self, keep: int) -> List[str]:
         dropped = [f'blocks.{j}.' for j in range(keep, len(self.blocks))]
         self.blocks = self.blocks[:keep]
-        return dropped + self._truncate_pegs(lambda _, j: j < keep)
+        return dropped + self._cut_position([keep])

@@ -77,8 +77,10 @@ def _check_kwargs(cls: Type[nn.Module], kwargs: Mapping[str, Any]) -> None:
 
 
 def create_model(name: str, pretrained: Optional[str] = None, **overrides: Any) -> nn.Module:
-    """Build a named model. ``overrides`` are constructor arguments (``peg_kernel_size``, ``peg_positions``,
-    ``peg_type``, ``drop_path_rate``, ``features_only``, ``out_indices``, ``frozen_stages``, ...).
+    """Build a named model. ``overrides`` are constructor arguments (``pos_encoding``, ``drop_path_rate``,
+    ``features_only``, ``out_indices``, ``frozen_stages``, ...); ``pos_encoding`` takes a name (``'rope_mixed'``,
+    ``'learned+peg'``), a dict (``dict(type='peg', positions=(0,), kernel_size=5)``) or a list of those
+    (``cpvt_backbones.layers.position``).
     ``features_only=True`` implies ``num_classes=0``. ``pretrained`` is a weight file in any layout that
     ``cpvt_backbones.convert`` knows; it is loaded strictly into what the model builds."""
     spec = _spec(name)

@@ -3,7 +3,9 @@
 The models themselves only call their submodules (hooks, wrappers, quantisation and FLOP counters see every
 layer). For CPU inference, ``optimize`` swaps each transformer block for a ``layers.FusedBlock`` and each
 linear layer for a ``layers.FusedLinear`` that share the block's parameters: the state dict is unchanged and
-the outputs agree with the plain model to float32 rounding. It refuses a model it cannot fuse faithfully.
+the outputs agree with the plain model to float32 rounding. Every position encoding is kept as it is (they act
+before a block's fused part: on the tokens, or inside attention). It refuses a model it cannot fuse
+faithfully (wrapped or hooked layers, layer scale).
 """
 import time
 
@@ -14,13 +16,17 @@ from ..layers import Block
 from ..layers.fused import GEMMS, FusedBlock, FusedLinear, check_gemm, fused_gemms
 
 _BLOCK_LAYERS = {'norm1': nn.LayerNorm, 'norm2': nn.LayerNorm, 'attn.q': nn.Linear, 'attn.kv': nn.Linear,
-                 'attn.proj': nn.Linear, 'mlp.fc1': nn.Linear, 'mlp.act': nn.GELU, 'mlp.fc2': nn.Linear}
+                 'attn.proj': nn.Linear, 'mlp.fc1': nn.Linear, 'mlp.act': nn.GELU, 'mlp.fc2': nn.Linear,
+                 'ls1': nn.Identity, 'ls2': nn.Identity}
 
 
 def _check_block(name: str, block: Block) -> None:
     for path, kind in _BLOCK_LAYERS.items():
         layer = block.get_submodule(path)
         if type(layer) is not kind:
+            if path.startswith('ls'):
+                raise ValueError(f'optimize: {name}.{path} is a {type(layer).__name__} (layer_scale_init); the fused '
+                                 'kernels add the residual branches unscaled, so a layer-scaled model is not fused')
             raise ValueError(f'optimize: {name}.{path} is a {type(layer).__name__}, not a plain {kind.__name__}; '
                              'the fused kernels read its parameters directly and would bypass it '
                              '(apply wrappers such as LoRA after optimize, or do not optimize)')

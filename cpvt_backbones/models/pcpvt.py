@@ -1,12 +1,12 @@
 """Pyramid CPVT (Twins-PCPVT): PVT's four stages with spatial-reduction attention, a PEG, and GAP."""
 import math
-from typing import List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
-from ..layers import Block, PatchEmbed, tokens_to_map
-from .base import CPVTBase, check_peg_positions, take_indices
+from ..layers import Block, Geometry, PatchEmbed, tokens_to_map
+from .base import CPVTBase, take_indices
 
 
 class PyramidCPVT(CPVTBase):
@@ -21,9 +21,11 @@ class PyramidCPVT(CPVTBase):
       size ceil(H / s) x ceil(W / s) at strides s = 4, 8, 16, 32, for any H, W >= 1. It builds no head, no
       final norm and no stage beyond ``max(out_indices)``, so every parameter it owns receives a gradient.
 
-    ``peg_positions[i]`` lists the blocks of stage i that a PEG follows (official: the first block of every
-    stage). PEGs are numbered in network order as ``pos_block.{k}`` (``peg_after[(i, j)] = k``); with one PEG
-    per stage, k is the stage.
+    ``pos_encoding`` chooses how the network learns where a token is (``cpvt_backbones.layers.position``):
+    by default ``'peg'``, a PEG after the first block of every stage (Twins), numbered in network order as
+    ``pos_block.{k}`` (``peg_after[(i, j)] = k``; with one PEG per stage, k is the stage); or e.g.
+    ``dict(type='peg', positions=((0, 1), (0,), (0,), (0,)), kernel_size=5)``, ``'rope_mixed'``,
+    ``'learned+peg'``, ``'none'``. ``layer_scale_init`` adds CaiT's layer scale to every block.
     ``frozen_stages=k`` freezes the first patch embedding for k = 0 and stages 0..k-1 entirely for k >= 1.
     ``check_finite=True`` makes forward raise a ValueError on NaN or Inf inputs (off by default: a pass over
     the input). Inputs in either memory format, contiguous or not, give the same result.
@@ -44,9 +46,8 @@ class PyramidCPVT(CPVTBase):
         attn_drop_rate: float = 0.,
         drop_path_rate: float = 0.,
         norm_eps: float = 1e-6,
-        peg_kernel_size: int = 3,
-        peg_type: str = 'depthwise',
-        peg_positions: Sequence[Sequence[int]] = ((0,), (0,), (0,), (0,)),
+        pos_encoding: Any = 'peg',
+        layer_scale_init: Optional[float] = None,
         features_only: bool = False,
         out_indices: Optional[Sequence[int]] = None,
         frozen_stages: int = -1,
@@ -55,15 +56,11 @@ class PyramidCPVT(CPVTBase):
     ):
         super().__init__()
         per_stage = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
-                         sr_ratios=sr_ratios, patch_sizes=patch_sizes, peg_positions=peg_positions)
+                         sr_ratios=sr_ratios, patch_sizes=patch_sizes)
         lengths = {k: len(v) for k, v in per_stage.items()}
         if len(set(lengths.values())) != 1:
             raise ValueError(f'per-stage settings must all have one entry per stage, got lengths {lengths}')
         num_stages = len(depths)
-        if any(isinstance(p, int) for p in peg_positions):
-            raise TypeError('peg_positions of a pyramid model is one sequence of block indices per stage, '
-                            f'e.g. ((0,), (0,), (0,), (0,)); got {peg_positions!r}')
-        positions = [check_peg_positions(p, d, f'[{i}]') for i, (p, d) in enumerate(zip(peg_positions, depths))]
         self._setup_outputs(features_only, num_classes, out_indices, num_stages)
         num_built = self.out_indices[-1] + 1 if features_only else num_stages
         if not -1 <= frozen_stages <= num_built:
@@ -86,13 +83,12 @@ class PyramidCPVT(CPVTBase):
             self.pos_drops.append(nn.Dropout(drop_rate))
             self.blocks.append(nn.ModuleList(
                 Block(embed_dims[i], num_heads[i], mlp_ratios[i], qkv_bias, drop_rate, attn_drop_rate,
-                      dpr[start + j], sr_ratios[i], norm_eps) for j in range(depths[i])))
+                      dpr[start + j], sr_ratios[i], norm_eps, layer_scale_init) for j in range(depths[i])))
             prev, start = embed_dims[i], start + depths[i]
-        self._setup_pegs(embed_dims[:num_built], positions[:num_built], peg_kernel_size, peg_type)
-        num_pegs = len(self.pos_block)
-        unbuilt_pegs = range(num_pegs, num_pegs + sum(len(p) for p in positions[num_built:]))
+        geometry = Geometry(tuple(embed_dims), tuple(depths), tuple(num_heads), tuple(stage_strides),
+                            tuple(sr_ratios))
         unbuilt = [f'{name}.{i}.' for i in range(num_built, num_stages) for name in ('patch_embeds', 'blocks')]
-        unbuilt += [f'pos_block.{k}.' for k in unbuilt_pegs]
+        unbuilt += self._setup_position(geometry, pos_encoding, list(depths[:num_built]))
         self.num_features = embed_dims[num_built - 1]
         self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dims[i], reduction=stage_strides[i])
                              for i in range(num_built)]
@@ -103,9 +99,9 @@ class PyramidCPVT(CPVTBase):
 
         frozen: List = []
         if frozen_stages >= 0:
-            frozen.append(self.patch_embeds[0])
+            frozen += [self.patch_embeds[0]] + self._position_parts(0, (), embedding=True)
         for i in range(max(frozen_stages, 0)):
-            frozen += [self.patch_embeds[i], self.blocks[i]] + self._pegs_after(i, range(depths[i]))
+            frozen += [self.patch_embeds[i], self.blocks[i]] + self._position_parts(i, range(depths[i]), True)
         self._finish_init(frozen, grad_checkpointing)
 
     def _stages(self, x: torch.Tensor, take: Sequence[int] = (), stop: Optional[int] = None,
@@ -119,7 +115,7 @@ class PyramidCPVT(CPVTBase):
             if stop is not None and i > stop:
                 break
             x, hw = embed(x if i == 0 else tokens_to_map(x, hw))
-            x = self._run_blocks(self.blocks[i], i, self.pos_drops[i](x), hw)
+            x = self._run_blocks(self.blocks[i], i, self.pos_drops[i](self._embed_position(i, x, hw)), hw)
             if i in take:
                 maps.append(tokens_to_map(self.norm(x) if norm_last and i == last else x, hw).contiguous())
         return x, hw, maps
@@ -161,6 +157,7 @@ class PyramidCPVT(CPVTBase):
 
     def _cut_to(self, keep: int) -> List[str]:
         dropped = [f'{name}.{i}.' for i in range(keep, len(self.blocks)) for name in ('patch_embeds', 'blocks')]
+        kept_depths = [len(b) for b in self.blocks[:keep]]
         for name in ('patch_embeds', 'pos_drops', 'blocks'):
             setattr(self, name, getattr(self, name)[:keep])
-        return dropped + self._truncate_pegs(lambda stage, _: stage < keep)
+        return dropped + self._cut_position(kept_depths)

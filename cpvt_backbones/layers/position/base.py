@@ -1,0 +1,237 @@
+"""The position-encoding interface both model families use.
+
+A position encoding may act at three places of a network, and each encoding overrides only the ones it uses:
+
+* ``embed(stage, x, hw)``: on a stage's tokens right after its patch embedding (and class token), as a
+  learned or sin-cos table is added;
+* ``attention(stage, hw)``: inside attention, as one ``AttentionPosition`` per block of the stage: a module that
+  makes the query/key input (a PEG on Q and K only), rotary angles for queries and keys (RoPE), or an
+  additive bias on the attention logits (relative position bias);
+* ``after_block(stage, block, x, hw)``: on the tokens after a block, as a PEG.
+
+An encoding is an ``nn.Module`` mounted on the model under its ``attr`` name (``pos_block`` for the PEG, so
+official Twins/timm keys ``pos_block.{k}.proj.0.*`` are unchanged; ``pos_embed``, ``rope``, ``rel_pos``,
+``pos_qk`` for the others). It is built from the model's ``Geometry`` and its own keyword options, owns its
+initialisation, and says which of its parts belong to which blocks (``parts_of``, for freezing) and how to
+drop the parts of blocks a model does not build (``cut``).
+"""
+from dataclasses import dataclass
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+HW = Tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What an encoding needs to know of the network: per stage the token width, the number of blocks and
+    heads, the stride of its token grid in input pixels and the key/value reduction ratio; and the number of
+    leading tokens (a class token) that carry no position."""
+    dims: Tuple[int, ...]
+    depths: Tuple[int, ...]
+    heads: Tuple[int, ...]
+    strides: Tuple[int, ...]
+    sr_ratios: Tuple[int, ...]
+    num_prefix_tokens: int = 0
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.depths)
+
+    def block_index(self, stage: int, block: int) -> int:
+        """The block's index in network order (over all stages)."""
+        return sum(self.depths[:stage]) + block
+
+    def key_hw(self, stage: int, hw: HW) -> HW:
+        """Size of the key/value map of a stage's attention for an ``hw`` query map (``layers.Attention``
+        pads to a multiple of the reduction ratio, then reduces)."""
+        sr = self.sr_ratios[stage]
+        return (hw[0] + sr - 1) // sr, (hw[1] + sr - 1) // sr
+
+
+class Rotary(NamedTuple):
+    """Rotation angles (heads or 1, tokens, head_dim // 2) for the non-prefix queries and keys; channel pairs
+    (2i, 2i + 1) of a head rotate by angle i (timm's interleaved layout)."""
+    query: torch.Tensor
+    key: torch.Tensor
+
+
+class AttentionPosition(NamedTuple):
+    """What an encoding contributes to one block's attention; any field may be None.
+
+    * ``qk_input``: a module called as ``qk_input(x, hw)`` on the normed tokens; its output replaces them as
+      the input of the query and key projections (values still see the tokens);
+    * ``rotary``: angles that rotate queries and keys after the projections (``rotate``);
+    * ``bias``: an additive (heads, queries, keys) bias on the attention logits.
+    """
+    qk_input: Optional[nn.Module] = None
+    rotary: Optional[Rotary] = None
+    bias: Optional[torch.Tensor] = None
+
+
+def merge_attention(parts: Sequence[Optional[AttentionPosition]], names: Sequence[str]
+                    ) -> Optional[AttentionPosition]:
+    """One ``AttentionPosition`` from several encodings' (each field from at most one of them)."""
+    fields = {}
+    for part, name in zip(parts, names):
+        for field, value in (part or AttentionPosition())._asdict().items():
+            if value is None:
+                continue
+            if field in fields:
+                raise ValueError(f'two position encodings ({fields[field][0]} and {name}) both set the attention '
+                                 f'{field}; combine at most one of each kind')
+            fields[field] = (name, value)
+    return AttentionPosition(**{f: v for f, (_, v) in fields.items()}) if fields else None
+
+
+def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding on (B, heads, N, head_dim): channel pair (2i, 2i + 1) of each of the last
+    ``angles.shape[-2]`` tokens turns by ``angles[..., i]``; leading (class) tokens pass unchanged. The
+    result is computed in float32 and returned in ``x``'s dtype."""
+    prefix = x.shape[-2] - angles.shape[-2]
+    tokens = x[..., prefix:, :].float().unflatten(-1, (-1, 2))
+    a, b = tokens.unbind(-1)
+    cos, sin = angles.cos(), angles.sin()
+    out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).to(x.dtype)
+    return torch.cat((x[..., :prefix, :], out), dim=-2) if prefix else out
+
+
+def grid_coordinates(hw: HW, step: float = 1., device=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Row and column coordinates (flattened, row-major) of an ``hw`` token grid whose tokens are ``step``
+    units apart, each at the centre of its cell: 0, 1, 2 ... for step 1; (step - 1) / 2 + step * i for the
+    tokens of a map reduced ``step`` times (their centres in the unreduced grid's units)."""
+    offset = (step - 1) / 2
+    rows = torch.arange(hw[0], device=device, dtype=torch.float32) * step + offset
+    cols = torch.arange(hw[1], device=device, dtype=torch.float32) * step + offset
+    y, x = torch.meshgrid(rows, cols, indexing='ij')
+    return y.reshape(-1), x.reshape(-1)
+
+
+def check_positions(positions, depths: Sequence[int], name: str, default: Callable[[int], Sequence[int]],
+                    first: int = 0) -> Tuple[Tuple[int, ...], ...]:
+    """Per-stage block indices, validated: ``None`` takes ``default(depth)`` for every stage; a flat sequence
+    of ints is accepted for a one-stage (columnar) model; each index within ``first``..depth - 1."""
+    if positions is None:
+        return tuple(tuple(default(d)) for d in depths)
+    positions = tuple(positions)
+    if all(isinstance(p, int) and not isinstance(p, bool) for p in positions):
+        if len(depths) != 1:
+            raise TypeError(f'{name} of a {len(depths)}-stage model is one sequence of block indices per stage, '
+                            f'e.g. {tuple((0,) for _ in depths)}; got {positions!r}')
+        positions = (positions,)
+    if len(positions) != len(depths):
+        raise ValueError(f'{name} needs one entry per stage ({len(depths)}), got {positions!r}')
+    out = []
+    for stage, (blocks, depth) in enumerate(zip(positions, depths)):
+        blocks = tuple(blocks)
+        where = f'{name}[{stage}]' if len(depths) > 1 else name
+        if any(not isinstance(b, int) or isinstance(b, bool) for b in blocks):
+            raise TypeError(f'{where} must hold block indices (ints), got {blocks!r}')
+        if any(not first <= b < depth for b in blocks) or len(set(blocks)) != len(blocks):
+            raise ValueError(f'{where} must be distinct block indices within {first}..{depth - 1}, got {blocks!r}')
+        out.append(tuple(sorted(blocks)))
+    return tuple(out)
+
+
+def check_int(value, name: str, low: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f'{name} must be an int >= {low}, got {value!r}')
+    return value
+
+
+Part = Union[nn.Module, nn.Parameter]
+
+
+class PositionEncoding(nn.Module):
+    """Base class: no effect at any of the three places. See the module docstring.
+
+    Subclasses set ``attr`` (where the model mounts them: the prefix of their state-dict keys) and override
+    what they use. ``name`` is the registry name (``cpvt_backbones.layers.position.ENCODINGS``).
+    """
+    attr: str = ''
+    name: str = ''
+
+    def __init__(self, geometry: Geometry):
+        super().__init__()
+        self.geometry = geometry
+
+    def embed(self, stage: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
+        return x
+
+    def attention(self, stage: int, hw: HW) -> Optional[List[Optional[AttentionPosition]]]:
+        """One entry per block of ``stage`` (or None: nothing for any block)."""
+        return None
+
+    def after_block(self, stage: int, block: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
+        return x
+
+    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> List[Part]:
+        """The modules/parameters that belong to these blocks of ``stage`` (and, with ``embedding``, to the
+        stage's patch embedding): what freezing them also freezes. A part shared with blocks not listed is
+        not returned."""
+        return []
+
+    def cut(self, kept_depths: Sequence[int]) -> List[str]:
+        """Keep the parts of the first ``kept_depths[i]`` blocks of every stage i (0: the stage is dropped),
+        drop the rest; return the dropped key prefixes relative to ``attr`` (e.g. ``'3.'``)."""
+        return []
+
+    def describe(self) -> str:
+        """A short label, e.g. for plots."""
+        return self.name
+
+
+class Placed:
+    """Mixin for an encoding whose modules sit at (stage, block) places: they are its children ``'0'``,
+    ``'1'``, ... in network order (so their keys read ``{attr}.{k}.*``), ``self[k]`` is the k-th."""
+    places: List[Tuple[int, int]]
+
+    def _place(self, places: Sequence[Tuple[int, int]], modules: Sequence[nn.Module]) -> None:
+        self.places = list(places)
+        for k, module in enumerate(modules):
+            self.add_module(str(k), module)
+
+    def __getitem__(self, k: int) -> nn.Module:
+        return self._modules[str(range(len(self.places))[k])]
+
+    def __len__(self) -> int:
+        return len(self.places)
+
+    def at(self, stage: int, block: int) -> Optional[nn.Module]:
+        """The module at that place, or None."""
+        place = (stage, block)
+        return self[self.places.index(place)] if place in self.places else None
+
+    def placed_parts(self, stage: int, blocks: Sequence[int]) -> List[nn.Module]:
+        return [self[k] for k, (s, b) in enumerate(self.places) if s == stage and b in blocks]
+
+    def keep_placed(self, kept_depths: Sequence[int]) -> List[str]:
+        """Keep the modules of kept blocks (a prefix, as they are in network order); return the dropped
+        ones' key prefixes."""
+        kept = [k for k, (s, b) in enumerate(self.places) if s < len(kept_depths) and b < kept_depths[s]]
+        if kept != list(range(len(kept))):
+            raise AssertionError('kept places must be a prefix of the network order')
+        dropped = [f'{k}.' for k in range(len(kept), len(self.places))]
+        for k in range(len(kept), len(self.places)):
+            del self._modules[str(k)]
+        self.places = self.places[:len(kept)]
+        return dropped
+
+
+def sincos_angles(values: torch.Tensor, num: int, temperature: float) -> torch.Tensor:
+    """(N, num) angles ``value / temperature ** (i / num)``, i = 0..num - 1 (the frequencies of the
+    Transformer's sinusoidal encoding)."""
+    freqs = temperature ** (-torch.arange(num, dtype=torch.float32, device=values.device) / num)
+    return values[:, None] * freqs[None]
+
+
+def uniform_magnitudes(head_dim: int, temperature: float) -> torch.Tensor:
+    """RoPE's (head_dim // 4) frequency magnitudes 1 / temperature ** (4i / head_dim) (Heo et al.)."""
+    return 1. / temperature ** (torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim)
+
+
+__all__ = ['AttentionPosition', 'Geometry', 'HW', 'Placed', 'PositionEncoding', 'Rotary', 'check_int',
+           'check_positions', 'grid_coordinates', 'merge_attention', 'rotate', 'sincos_angles',
+           'uniform_magnitudes']

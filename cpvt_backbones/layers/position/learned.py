@@ -1,0 +1,73 @@
+"""A learned absolute position table (DeiT, PVT), resized to the input's token grid."""
+from typing import List, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..layout import symbolic_shapes
+from .base import HW, Geometry, PositionEncoding
+
+INTERPOLATIONS = ('bicubic', 'bilinear')
+
+
+def resize_table(table: torch.Tensor, grid: HW, hw: HW, mode: str = 'bicubic') -> torch.Tensor:
+    """A (1, gh * gw, C) table for a ``grid`` resized to (1, h * w, C) for ``hw``, as timm resamples DeiT's
+    table for another image size (align_corners=False, antialiased when shrinking). At ``hw == grid`` the
+    result equals the table (the kernel then samples the grid points themselves)."""
+    gh, gw = grid
+    table = table.reshape(1, gh, gw, -1).permute(0, 3, 1, 2)
+    table = F.interpolate(table, size=hw, mode=mode, align_corners=False, antialias=True)
+    return table.flatten(2).transpose(1, 2)
+
+
+class LearnedEncoding(PositionEncoding):
+    """``learned``: a table per stage, added to the tokens after the patch embedding, learned for the token
+    grid of an ``img_size`` input (int or (h, w); per stage ceil(img_size / stride)) and resized
+    (``interpolation``: 'bicubic' as DeiT/timm, or 'bilinear' as PVT) to any other grid. A class token has
+    its own entry. Keys ``pos_embed.{stage}`` (1, prefix + gh * gw, C); initialised N(0, 0.02) truncated."""
+    attr = 'pos_embed'
+    name = 'learned'
+
+    def __init__(self, geometry: Geometry, img_size: Union[int, Tuple[int, int]] = 224,
+                 interpolation: str = 'bicubic'):
+        super().__init__(geometry)
+        size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        if len(size) != 2 or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in size):
+            raise ValueError(f'learned img_size must be a positive int or (h, w), got {img_size!r}')
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(f'learned interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}')
+        self.img_size, self.interpolation = size, interpolation
+        self.grids = [tuple((n + s - 1) // s for n in size) for s in geometry.strides]
+        for stage, (dim, (gh, gw)) in enumerate(zip(geometry.dims, self.grids)):
+            prefix = geometry.num_prefix_tokens if stage == 0 else 0
+            table = nn.Parameter(torch.zeros(1, prefix + gh * gw, dim))
+            nn.init.trunc_normal_(table, std=.02)
+            self.register_parameter(str(stage), table)
+
+    def table(self, stage: int) -> nn.Parameter:
+        return getattr(self, str(stage))
+
+    def embed(self, stage: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
+        table = self.table(stage)
+        prefix = table.shape[1] - self.grids[stage][0] * self.grids[stage][1]
+        grid = table[:, prefix:]
+        if symbolic_shapes() or tuple(hw) != self.grids[stage]:
+            grid = resize_table(grid, self.grids[stage], hw, self.interpolation)
+        return x + (torch.cat((table[:, :prefix], grid), dim=1) if prefix else grid)
+
+    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> List[nn.Parameter]:
+        return [self.table(stage)] if embedding else []
+
+    def cut(self, kept_depths: Sequence[int]) -> List[str]:
+        dropped = [i for i in range(len(self.grids)) if i >= len(kept_depths) or not kept_depths[i]]
+        for i in dropped:
+            delattr(self, str(i))
+        self.grids = self.grids[:len(self.grids) - len(dropped)]
+        return [str(i) for i in dropped]
+
+    def describe(self) -> str:
+        return f'learned ({self.grids[0][0]}x{self.grids[0][1]} grid, {self.interpolation})'
+
+
+__all__ = ['INTERPOLATIONS', 'LearnedEncoding', 'resize_table']

@@ -1,0 +1,109 @@
+"""Positional Encoding Generator (PEG), the conditional positional encoding of CPVT, as an encoding."""
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..layout import map_to_tokens, tokens_to_map
+from .base import HW, Geometry, Placed, PositionEncoding, check_positions
+
+PEG_TYPES = ('depthwise', 'separable')
+
+
+class PEG(nn.Module):
+    """Adds a zero-padded convolution of the token map to the tokens.
+
+    The tokens are laid back out as a (B, C, H, W) map; a k x k depthwise convolution with zero padding k // 2
+    sees the image border through its padding, which is what lets it encode absolute position, and it works at
+    any H x W because it is conditioned on the input rather than on a table of fixed length. The leading
+    ``num_prefix_tokens`` (a class token) bypass it.
+
+    ``peg_type='separable'`` follows the depthwise convolution with a pointwise one (the paper's
+    "separable convolution" variant). The layers live in ``proj`` (a Sequential) so that official Twins/CPVT
+    and timm weights load under their key names (``proj.0.*``). ``kernel_size`` 1 is the paper's control
+    without any spatial extent (``conv1x1``); a PEG proper has k >= 3 (the ``peg`` encoding checks it).
+    """
+
+    def __init__(self, dim: int, kernel_size: int = 3, peg_type: str = 'depthwise', num_prefix_tokens: int = 0):
+        super().__init__()
+        if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f'kernel_size must be an odd int (zero padding k // 2 keeps the map size), '
+                             f'got {kernel_size!r}')
+        if peg_type not in PEG_TYPES:
+            raise ValueError(f'peg_type must be one of {PEG_TYPES}, got {peg_type!r}')
+        layers = [nn.Conv2d(dim, dim, kernel_size, 1, kernel_size // 2, groups=dim)]
+        if peg_type == 'separable':
+            layers.append(nn.Conv2d(dim, dim, 1))
+        self.proj = nn.Sequential(*layers)
+        self.num_prefix_tokens = num_prefix_tokens
+
+    def forward(self, x: torch.Tensor, hw: HW) -> torch.Tensor:
+        prefix = self.num_prefix_tokens
+        feat = tokens_to_map(x[:, prefix:], hw)
+        out = map_to_tokens(self.proj(feat) + feat)
+        return torch.cat((x[:, :prefix], out), dim=1) if prefix else out
+
+
+class PEGEncoding(Placed, PositionEncoding):
+    """``peg``: a PEG after each block in ``positions`` (per stage; default: the first block of every stage,
+    the paper's "position 0" and Twins' placement). Position -1 puts one on the patch embedding's output,
+    before block 0. PEGs are ``pos_block.{k}``, numbered in network order (``peg_after[(stage, block)] = k``).
+
+    ``kernel_size`` (odd, >= 3), ``peg_type`` ('depthwise' or 'separable'); ``frozen=True`` keeps the PEGs at
+    their random initialisation (no gradient: the paper's "fixed random PEG" control).
+    """
+    attr = 'pos_block'
+    name = 'peg'
+    min_kernel = 3
+
+    def __init__(self, geometry: Geometry, positions=None, kernel_size: int = 3, peg_type: str = 'depthwise',
+                 frozen: bool = False):
+        super().__init__(geometry)
+        if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size < self.min_kernel \
+                or kernel_size % 2 == 0:
+            raise ValueError(f'{self.name} kernel_size must be odd and >= {self.min_kernel} (zero padding k // 2 '
+                             f'keeps the map size), got {kernel_size!r}')
+        if not isinstance(frozen, bool):
+            raise TypeError(f'{self.name} frozen must be True or False, got {frozen!r}')
+        self.positions = check_positions(positions, geometry.depths, f'{self.name} positions', self.default_positions,
+                                         first=-1)
+        self.kernel_size, self.peg_type, self.frozen = kernel_size, peg_type, frozen
+        places = [(s, b) for s, blocks in enumerate(self.positions) for b in blocks]
+        self._place(places, [PEG(geometry.dims[s], kernel_size, peg_type, geometry.num_prefix_tokens)
+                             for s, _ in places])
+        if frozen:
+            self.requires_grad_(False)
+
+    @staticmethod
+    def default_positions(depth: int) -> Sequence[int]:
+        return (0,)
+
+    @property
+    def peg_after(self) -> Dict[Tuple[int, int], int]:
+        """``{(stage, block): k}``: PEG ``pos_block.{k}`` follows that block (block -1: the patch embedding)."""
+        return {place: k for k, place in enumerate(self.places)}
+
+    def _apply_at(self, stage: int, block: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
+        peg = self.at(stage, block)
+        return x if peg is None else peg(x, hw)
+
+    def embed(self, stage: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
+        return self._apply_at(stage, -1, x, hw)
+
+    def after_block(self, stage: int, block: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
+        return self._apply_at(stage, block, x, hw)
+
+    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> List[nn.Module]:
+        return self.placed_parts(stage, list(blocks) + ([-1] if embedding else []))
+
+    def cut(self, kept_depths: Sequence[int]) -> List[str]:
+        return self.keep_placed(kept_depths)
+
+    def describe(self) -> str:
+        where = ';'.join(','.join(map(str, p)) for p in self.positions)
+        extra = (f', {self.kernel_size}x{self.kernel_size}' if self.kernel_size != 3 else '') + \
+            (', separable' if self.peg_type == 'separable' else '') + (', frozen' if self.frozen else '')
+        return f'{self.name} after {where}{extra}'
+
+
+__all__ = ['PEG', 'PEGEncoding', 'PEG_TYPES']
