@@ -1,14 +1,17 @@
-"""Resolution generalisation on the dense tasks: PEG against the peer a user would pick, on the shapes data.
+"""Resolution generalisation on the dense tasks: the position encodings against the peer a user would pick, on the
+shapes data.
 
-    python benchmarks/dense_study.py [--seeds 0 1 2] [--det-iters 400] [--seg-iters 500] [--out DIR]
+    python benchmarks/dense_study.py [--seeds 0 1 2] [--det-iters 400] [--seg-iters 500] [--shard K/N] [--out DIR]
 
-RetinaNet and Semantic FPN as in the demo (configs/shapes), with three backbones that share widths
+RetinaNet and Semantic FPN as in the demo (configs/shapes), with five backbones that share widths
 (32/64/160/256), depths (2-2-2-2), heads (1/2/5/8), MLP ratio (4) and reduction ratios (8/4/2/1):
 
-  peg    pcpvt_tiny: a PEG after the first block of every stage
-  pvt    mmdet's own PyramidVisionTransformer (PVT v1), unmodified: a learned absolute embedding per stage for
-         the training scale, resized bilinearly to every input
-  none   pcpvt_tiny without PEGs: no position encoding
+  peg         pcpvt_tiny: a PEG after the first block of every stage
+  pvt         mmdet's own PyramidVisionTransformer (PVT v1), unmodified: a learned absolute embedding per stage
+              for the training scale, resized bilinearly to every input
+  none        pcpvt_tiny without PEGs: no position encoding
+  learned     pcpvt_tiny with our learned table per stage for the training scale, resized bicubically
+  rope_mixed  pcpvt_tiny with RoPE-Mixed (Heo et al.) in every block's attention
 
 The detector is trained from scratch; the segmentor starts from the backbone of the detector with the same
 backbone and seed (the demo's stand-in for ImageNet pretraining; ``--seg-init scratch`` trains it from scratch
@@ -16,9 +19,13 @@ too). PVT's table is made for the detector's training scale in both tasks, so it
 resized to the segmentor's inputs, as a user fine-tuning pretrained PVT weights would have it.
 
 Same data, schedule and seeds. Each model is tested on the held-out split resized (long side) to 0.5x, 0.7x,
-1x, 1.5x, 2x and 3x the training scale and at the images' native sizes: bbox mAP and mIoU, mean and standard
-deviation over seeds. Resumable: a finished run (trained and evaluated) is skipped, an interrupted training
-resumes from its last checkpoint. Writes NAME.{json,csv,md,png} under --out.
+1x, 1.5x, 2x and 3x the training scale and at the images' native sizes, and on the same held-out scenes drawn
+natively at those long sides (``drawnF``: crisp edges and texture at the test resolution, where a resize only
+interpolates; ``datasets.shapes.generate_drawn_split``): bbox mAP and mIoU, mean and standard deviation over
+seeds. Resumable: a finished run (trained and evaluated) is skipped, a test it lacks is run on its final
+weights, an interrupted training resumes from its last checkpoint; ``--shard K/N`` takes every N-th run from the
+K-th, so N single-thread processes can share the study. Writes NAME.{json,csv,md,png} under --out once every
+run has finished.
 """
 import argparse
 import copy
@@ -30,7 +37,7 @@ from typing import Dict, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / 'benchmarks'))
-from study_common import mean_std, run_meta, write_csv  # noqa: E402
+from study_common import mean_std, parse_shard, run_meta, save_atomic, study_dir, write_csv  # noqa: E402
 
 TASKS = {
     'detection': dict(config='configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py', metric='coco/bbox_mAP',
@@ -41,8 +48,11 @@ VARIANTS = {
     'peg': 'pcpvt_tiny (PEG)',
     'pvt': "mmdet PVT v1 (learned abs. PE, resized)",
     'none': 'pcpvt_tiny without PEG',
+    'learned': 'pcpvt_tiny, learned table (ours, resized)',
+    'rope_mixed': 'pcpvt_tiny, RoPE-Mixed',
 }
-FACTORS = ('0.5', '0.7', '1', '1.5', '2', '3', 'native')
+SCALES = ('0.5', '0.7', '1', '1.5', '2', '3')
+FACTORS = SCALES + ('native',) + tuple(f'drawn{f}' for f in SCALES)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -58,18 +68,22 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--data', default='data/shapes', help='the shapes data (generated there if missing)')
     p.add_argument('--num-train', type=int, default=800)
     p.add_argument('--num-val', type=int, default=150)
-    p.add_argument('--work-dir', default='work_dirs/dense_study')
+    p.add_argument('--shard', default='0/1', help='K/N: run every N-th (task, variant, seed) from the K-th (0-based)')
+    p.add_argument('--work-dir', default=str(study_dir('dense_study')))
     p.add_argument('--out', default=str(ROOT / 'benchmarks/results'))
     p.add_argument('--name', default='dense_study')
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.shard_index, args.num_shards = parse_shard(p, args.shard)
+    return args
 
 
 def backbone(variant: str, task: str, table_size: int) -> dict:
     if variant == 'peg':
         return dict(type='PyramidCPVT', arch='pcpvt_tiny', drop_path_rate=0.0)
-    if variant == 'none':
+    encodings = dict(none='none', learned=dict(type='learned', img_size=table_size), rope_mixed='rope_mixed')
+    if variant in encodings:
         return dict(type='PyramidCPVT', drop_path_rate=0.0,
-                    arch=dict(base='pcpvt_tiny', pos_encoding='none'))
+                    arch=dict(base='pcpvt_tiny', pos_encoding=encodings[variant]))
     return dict(type='PyramidVisionTransformer' if task == 'detection' else
                 'mmdet.PyramidVisionTransformer', pretrain_img_size=table_size, embed_dims=32,
                 num_layers=[2, 2, 2, 2], num_heads=[1, 2, 5, 8], mlp_ratios=[4, 4, 4, 4], sr_ratios=[8, 4, 2, 1],
@@ -108,7 +122,22 @@ def make_config(task: str, variant: str, seed: int, args: argparse.Namespace, wo
 
 
 def test_scale(cfg, factor: str):
-    return None if factor == 'native' else tuple(round(s * float(factor)) for s in cfg.train_scale)
+    """The (W, H) bound the test pipeline resizes to; None for images taken at their own size."""
+    return None if factor == 'native' or factor.startswith('drawn') else \
+        tuple(round(s * float(factor)) for s in cfg.train_scale)
+
+
+def use_drawn_split(cfg, factor: str, args: argparse.Namespace) -> None:
+    """Point the test at the held-out scenes drawn natively with the long side of the ``factor`` resize."""
+    from cpvt_backbones.datasets import ShapesSpec, generate_drawn_split
+    long_side = round(float(factor[len('drawn'):]) * max(cfg.train_scale))
+    root = generate_drawn_split(f'{args.data}_drawn/{long_side}',
+                                ShapesSpec(num_train=args.num_train, num_val=args.num_val), long_side)
+    for loader in ('val_dataloader', 'test_dataloader'):
+        cfg[loader].dataset.data_root = f'{root}/'
+    for evaluator in ('val_evaluator', 'test_evaluator'):
+        if 'ann_file' in cfg[evaluator]:
+            cfg[evaluator].ann_file = f'{root}/annotations/val.json'
 
 
 def start_from_detector(cfg, detector: Path, path: Path) -> None:
@@ -140,8 +169,9 @@ def run(task: str, variant: str, seed: int, args: argparse.Namespace, run_dir: P
 
     from cpvt_backbones.adapters.runtime import evaluate, set_test_scale
     result_path = run_dir / 'result.json'
-    if result_path.is_file():
-        return json.loads(result_path.read_text())
+    result = json.loads(result_path.read_text()) if result_path.is_file() else None
+    if result is not None and all(f in result['scores'] for f in args.factors):
+        return result
     cfg, iters = make_config(task, variant, seed, args, run_dir)
     final = run_dir / f'iter_{iters}.pth'
     start = time.perf_counter()
@@ -152,12 +182,14 @@ def run(task: str, variant: str, seed: int, args: argparse.Namespace, run_dir: P
         Runner.from_cfg(copy.deepcopy(cfg)).train()
     train_seconds = time.perf_counter() - start
     metric = TASKS[task]['metric']
-    scores = {}
+    scores = dict(result['scores']) if result else {}
     start = time.perf_counter()
-    for factor in args.factors:
+    for factor in (f for f in args.factors if f not in scores):
         test_cfg = copy.deepcopy(cfg)
         test_cfg.resume = False
         set_test_scale(test_cfg, test_scale(cfg, factor))
+        if factor.startswith('drawn'):
+            use_drawn_split(test_cfg, factor, args)
         metrics = evaluate(test_cfg, str(final), str(run_dir / 'eval'), f'{factor}x')
         if metric not in metrics:  # mmdet's CocoMetric reports nothing when no box passes the score threshold
             print(f'[dense] {task} {variant} seed {seed} @ {factor}: no detections, mAP 0', flush=True)
@@ -165,9 +197,11 @@ def run(task: str, variant: str, seed: int, args: argparse.Namespace, run_dir: P
         scores[factor] = value if metric == 'mIoU' else 100. * value
         print(f'[dense] {task} {variant} seed {seed} @ {factor}: {TASKS[task]["label"]} {scores[factor]:.2f}',
               flush=True)
+    previous = result or dict(train_seconds=0., eval_seconds=0.)
     result = dict(task=task, variant=variant, seed=seed, iterations=iters, scores=scores,
-                  train_seconds=round(train_seconds, 1), eval_seconds=round(time.perf_counter() - start, 1))
-    result_path.write_text(json.dumps(result, indent=2))
+                  train_seconds=round(previous['train_seconds'] + train_seconds, 1),
+                  eval_seconds=round(previous['eval_seconds'] + time.perf_counter() - start, 1))
+    save_atomic(lambda tmp: tmp.write_text(json.dumps(result, indent=2)), result_path)
     return result
 
 
@@ -175,7 +209,8 @@ def summarise(results: List[Dict], args: argparse.Namespace) -> List[Dict]:
     rows = []
     for task in args.tasks:
         for variant in args.variants:
-            runs = sorted((r for r in results if r['task'] == task and r['variant'] == variant), key=lambda r: r['seed'])
+            runs = sorted((r for r in results if r['task'] == task and r['variant'] == variant),
+                          key=lambda r: r['seed'])
             for factor in args.factors:
                 values = [r['scores'][factor] for r in runs]
                 m, sd = mean_std(values)
@@ -188,24 +223,29 @@ def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    scaled = [f for f in args.factors if f != 'native']
-    fig, axes = plt.subplots(1, len(args.tasks), figsize=(5.5 * len(args.tasks), 4.2), squeeze=False)
+    scaled = [f for f in SCALES if f in args.factors]
+    drawn = [f for f in SCALES if f'drawn{f}' in args.factors]
+    fig, axes = plt.subplots(1, len(args.tasks), figsize=(5.8 * len(args.tasks), 4.4), squeeze=False)
     for ax, task in zip(axes[0], args.tasks):
         for i, variant in enumerate(args.variants):
             r = {row['factor']: row for row in rows if row['task'] == task and row['variant'] == variant}
             line = ax.errorbar([float(f) for f in scaled], [r[f]['mean'] for f in scaled],
                                yerr=[r[f]['std'] for f in scaled], marker='o', capsize=3, label=VARIANTS[variant])
+            colour = line[0].get_color()
+            if drawn:
+                ax.errorbar([float(f) * 1.02 for f in drawn], [r[f'drawn{f}']['mean'] for f in drawn],
+                            yerr=[r[f'drawn{f}']['std'] for f in drawn], marker='^', ls='--', capsize=3, color=colour)
             if 'native' in r:
                 ax.errorbar([3.35 + 0.06 * i], [r['native']['mean']], yerr=[r['native']['std']], marker='s',
-                            capsize=3, color=line[0].get_color())
+                            capsize=3, color=colour)
         ax.axvline(1, color='grey', ls=':', lw=1)
         ax.set_xticks([float(f) for f in scaled] + ([3.4] if 'native' in args.factors else []))
         ax.set_xticklabels(scaled + (['native'] if 'native' in args.factors else []))
-        ax.set_xlabel('test scale (x training scale, long side)')
+        ax.set_xlabel('test scale (x training scale, long side); solid: resized, dashed: drawn at that size')
         ax.set_ylabel(TASKS[task]['label'])
         ax.set_title(task)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    axes[0][0].legend(fontsize=7)
     start = 'from scratch' if args.seg_init == 'scratch' else "segmentor from the detector's backbone"
     fig.suptitle(f'shapes data, trained at 1x ({start}); mean +- std over {len(args.seeds)} seeds', fontsize=10)
     fig.tight_layout()
@@ -219,9 +259,12 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
     write_csv(rows, out / f'{args.name}.csv')
     (out / f'{args.name}.json').write_text(json.dumps(dict(meta=meta, rows=rows, runs=results), indent=2))
     lines = []
+
+    def heading(factor: str) -> str:
+        return factor if factor == 'native' else f'drawn {factor[5:]}x' if factor.startswith('drawn') else f'{factor}x'
     for task in args.tasks:
         lines += [f'**{task}** ({TASKS[task]["label"]})', '',
-                  '| backbone | ' + ' | '.join(f if f == 'native' else f'{f}x' for f in args.factors) + ' |',
+                  '| backbone | ' + ' | '.join(heading(f) for f in args.factors) + ' |',
                   '|---|' + '---|' * len(args.factors)]
         for variant in args.variants:
             r = {row['factor']: row for row in rows if row['task'] == task and row['variant'] == variant}
@@ -247,11 +290,22 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
     start = time.perf_counter()
     generate_shapes(args.data, ShapesSpec(num_train=args.num_train, num_val=args.num_val))
     work = Path(args.work_dir)
-    results = [run(task, variant, seed, args, work / f'{task}-{variant}-seed{seed}')
-               for seed in args.seeds for task in args.tasks for variant in args.variants]
+
+    def run_pair(seed: int, variant: str) -> List[Dict]:  # a segmentor may start from the same pair's detector
+        return [run(task, variant, seed, args, work / f'{task}-{variant}-seed{seed}') for task in args.tasks]
+    pairs = [(seed, variant) for seed in args.seeds for variant in args.variants]
+    for seed, variant in pairs[args.shard_index::args.num_shards]:
+        run_pair(seed, variant)
+    pending = [f'{t}-{v}-seed{s}' for s, v in pairs for t in args.tasks
+               if not (work / f'{t}-{v}-seed{s}' / 'result.json').is_file()]
+    if pending:
+        print(f'[dense] this shard is done; {len(pending)} run(s) of other shards pending: outputs are written once '
+              'every run has finished')
+        return []
+    results = [r for seed, variant in pairs for r in run_pair(seed, variant)]
     rows = summarise(results, args)
-    meta = dict(run_meta('benchmarks/dense_study.py', argv, start), seeds=args.seeds, det_iters=args.det_iters, seg_iters=args.seg_iters, factors=args.factors,
-                num_train=args.num_train, num_val=args.num_val,
+    meta = dict(run_meta('benchmarks/dense_study.py', argv, start), seeds=args.seeds, det_iters=args.det_iters,
+                seg_iters=args.seg_iters, factors=args.factors, num_train=args.num_train, num_val=args.num_val,
                 run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1))
     write_outputs(rows, results, args, meta)
     print(f'[dense] {meta["wall_minutes"]} min; results in {args.out}')

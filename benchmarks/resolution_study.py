@@ -52,7 +52,7 @@ from cpvt_backbones.datasets.fashion_mnist import DEFAULT_ROOT
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / 'benchmarks'))
-from study_common import mean_std, run_meta, write_csv  # noqa: E402
+from study_common import mean_std, parse_shard, run_meta, save_atomic, study_dir, write_csv  # noqa: E402
 MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training-set pixel statistics
 
 
@@ -120,15 +120,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--depth', type=int, default=6)
     p.add_argument('--heads', type=int, default=2)
     p.add_argument('--patch', type=int, default=2)
-    p.add_argument('--work-dir', default='work_dirs/resolution_study', help='runs go to WORK_DIR/NAME/')
+    p.add_argument('--work-dir', default=str(study_dir('resolution_study')), help='runs go to WORK_DIR/NAME/')
     p.add_argument('--out', default=str(ROOT / 'benchmarks/results'))
     p.add_argument('--name', default='resolution_study')
     args = p.parse_args(argv)
-    try:
-        args.shard_index, args.num_shards = map(int, args.shard.split('/'))
-        assert 0 <= args.shard_index < args.num_shards
-    except (ValueError, AssertionError):
-        p.error(f'--shard must be K/N with 0 <= K < N, got {args.shard!r}')
+    args.shard_index, args.num_shards = parse_shard(p, args.shard)
     for size in [args.image_size] + args.test_sizes + args.canvas_sizes:
         if size % args.patch:
             p.error(f'size {size} is not a multiple of the patch size {args.patch} (the study avoids padding)')
@@ -218,13 +214,6 @@ def make_optimizer(model: CPVT, args: argparse.Namespace, total_steps: int):
             return (step + 1) / warmup
         return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total_steps - warmup)))
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-def save_atomic(write: Callable[[Path], object], path: Path) -> None:
-    """``write(tmp)`` then rename onto ``path``: a crash leaves the old file or the new one, never half of one."""
-    tmp = path.with_suffix(path.suffix + '.tmp')
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def placements(args: argparse.Namespace) -> List[Tuple[int, int]]:
@@ -626,7 +615,8 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
                 if row['variant'] == variant) + ' |')
     if probe:
         lines += ['', f'Position probe R² (relative token position read linearly from the final features; fitted at '
-                  f'{args.image_size} px on {args.probe_images // 2} images, scored on {args.probe_images // 2} others):',
+                  f'{args.image_size} px on {args.probe_images // 2} images, scored on {args.probe_images // 2} '
+                  'others):',
                   '', '| position encoding | ' + ' | '.join(f'{s} px' for s in args.test_sizes) + ' |',
                   '|---|' + '---|' * len(args.test_sizes)]
         for variant in args.variants:

@@ -1,12 +1,15 @@
-"""What the resolution studies share: mean and spread over seeds, the CSV table and the run's metadata."""
+"""What the resolution studies share: mean and spread over seeds, the CSV table, the run's metadata, where runs
+are kept, sharding and atomic writes."""
+import argparse
 import csv
+import os
 import platform
 import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -31,3 +34,27 @@ def run_meta(script: str, argv: Optional[Sequence[str]], started: float) -> Dict
                 wall_minutes=round((time.perf_counter() - started) / 60, 1), torch=torch.__version__,
                 threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine(),
                 date=time.strftime('%Y-%m-%d'))
+
+
+def study_dir(name: str) -> Path:
+    """Where a study keeps its runs by default: outside the clone (``$CPVT_CACHE_DIR``, default
+    ~/.cache/cpvt_backbones), so a fresh checkout resumes a study a previous one started."""
+    return Path(os.environ.get('CPVT_CACHE_DIR', Path.home() / '.cache' / 'cpvt_backbones')) / name
+
+
+def parse_shard(parser: argparse.ArgumentParser, text: str) -> Tuple[int, int]:
+    """``'K/N'`` -> (K, N) with 0 <= K < N, or a parser error."""
+    try:
+        index, count = map(int, text.split('/'))
+        if 0 <= index < count:
+            return index, count
+    except ValueError:
+        pass
+    parser.error(f'--shard must be K/N with 0 <= K < N, got {text!r}')
+
+
+def save_atomic(write: Callable[[Path], object], path: Path) -> None:
+    """``write(tmp)`` then rename onto ``path``: a crash leaves the old file or the new one, never half of one."""
+    tmp = path.with_suffix(path.suffix + '.tmp')
+    write(tmp)
+    os.replace(tmp, path)

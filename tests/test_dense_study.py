@@ -1,4 +1,5 @@
-"""The dense resolution study end to end on a tiny configuration: three backbones, both tasks, every test size."""
+"""The dense resolution study end to end on a tiny configuration: five backbones, both tasks, resized and drawn
+test sizes, shards."""
 import importlib.util
 import json
 from pathlib import Path
@@ -35,7 +36,7 @@ def test_variants_build_the_backbones_they_name(tmp_path):
             built[variant] = MODELS.build(cfg.model.backbone)
     assert type(built['pvt']).__name__ == 'PyramidVisionTransformer'
     assert type(built['peg']).__name__ == type(built['none']).__name__ == 'PyramidCPVT'
-    assert len(built['peg'].pos_block) == 4 and len(built['none'].pos_block) == 0
+    assert len(built['peg'].pos_block) == 4 and built['none'].pos_encoding_attrs == ()
     tables = [n for n, _ in built['pvt'].named_parameters() if n.endswith('pos_embed')]
     assert len(tables) == 4
     assert dict(built['pvt'].named_parameters())[tables[0]].shape == (1, 48 * 48, 32)  # 192 px / 4
@@ -43,6 +44,8 @@ def test_variants_build_the_backbones_they_name(tmp_path):
     assert [len(stage[1]) for stage in built['pvt'].layers] == [3] * 4  # the table, then 2 blocks
     n_peg, n_none = (sum(p.numel() for p in built[v].parameters()) for v in ('peg', 'none'))
     assert n_peg - n_none == 9 * (32 + 64 + 160 + 256) + (32 + 64 + 160 + 256)  # 3x3 depthwise + bias
+    assert built['learned'].pos_embed.table(0).shape == (1, 48 * 48, 32)  # ours, for the same 192 px scale
+    assert built['rope_mixed'].pos_encoding_attrs == ('rope',) and len(built['rope_mixed'].rope.freqs) == 8
 
 
 def test_segmentor_starts_from_the_detector_backbone_strictly(tmp_path):
@@ -79,11 +82,15 @@ def test_segmentor_starts_from_the_detector_backbone_strictly(tmp_path):
 def test_dense_study_end_to_end_then_skips(tmp_path, monkeypatch):
     study = _study()
     argv = ['--data', str(tmp_path / 'shapes'), '--num-train', '8', '--num-val', '2', '--det-iters', '2',
-            '--seg-iters', '2', '--seeds', '0', '--factors', '0.5', 'native',
+            '--seg-iters', '2', '--seeds', '0', '--factors', '0.5', 'native', 'drawn2',
             '--work-dir', str(tmp_path / 'work'), '--out', str(tmp_path / 'out')]
     with DefaultScope.overwrite_default_scope('mmdet'):  # the study's Runners leave their scopes behind otherwise
-        rows = study.main(argv)
-    assert len(rows) == 2 * 3 * 2
+        assert study.main(argv + ['--shard', '0/2']) == []   # the other shard's runs are pending: no outputs
+        assert not (tmp_path / 'out').exists()
+        rows = study.main(argv + ['--shard', '1/2'])
+    assert len(rows) == 2 * 5 * 3
+    drawn = json.loads((tmp_path / 'shapes_drawn' / '384' / 'annotations' / 'val.json').read_text())
+    assert max(max(i['height'], i['width']) for i in drawn['images']) == 384  # detection: 2 x 192 px
     assert all(0 <= r['mean'] <= 100 and r['per_seed'] == [r['mean']] for r in rows)
     saved = json.loads((tmp_path / 'out' / 'dense_study.json').read_text())
     assert {(r['task'], r['variant']) for r in saved['runs']} == {
@@ -97,3 +104,9 @@ def test_dense_study_end_to_end_then_skips(tmp_path, monkeypatch):
     monkeypatch.setattr(Runner, 'from_cfg', classmethod(lambda *a, **k: pytest.fail('a finished run ran again')))
     with DefaultScope.overwrite_default_scope('mmdet'):
         assert study.main(argv) == rows
+    import cpvt_backbones.adapters.runtime as runtime  # run() imports evaluate from here at each call
+    calls = []
+    monkeypatch.setattr(runtime, 'evaluate', lambda *a, **k: calls.append(a[-1]) or {'coco/bbox_mAP': .5, 'mIoU': 50.})
+    with DefaultScope.overwrite_default_scope('mmdet'):  # a test added later runs on the saved weights only
+        rows = study.main(argv + ['--variants', 'peg', '--factors', '0.5', 'drawn1'])
+    assert calls == ['drawn1x', 'drawn1x'] and len(rows) == 2 * 2

@@ -11,9 +11,11 @@ import torch
 from cpvt_backbones.datasets import load_fashion_mnist, read_idx
 
 ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ['none', 'learned', 'peg_0', 'peg_0-5', 'rope_mixed']
 TINY = ['--train-images', '96', '--test-images', '40', '--epochs', '2', '--batch-size', '32', '--dim', '16',
-        '--depth', '2', '--heads', '2', '--test-sizes', '28', '40', '--placement-canvas', '36',
-        '--placement-images', '20', '--probe-images', '10', '--canvas-sizes', '40']
+        '--depth', '6', '--heads', '2', '--image-size', '28', '--patch', '4', '--test-sizes', '28', '40',
+        '--placement-canvas', '36', '--placement-images', '20', '--probe-images', '10', '--canvas-sizes', '40',
+        '--variants'] + VARIANTS
 
 
 def _study():
@@ -143,9 +145,10 @@ def test_position_probe_reads_relative_position_from_a_learned_table():
                     linear.bias.zero_()
             model.patch_embed.proj.weight.zero_()
         rows, cols = torch.meshgrid(torch.linspace(-1, 1, 7), torch.linspace(-1, 1, 7), indexing='ij')
-        table.pos_embed.zero_()
-        table.pos_embed[0, 1:, :2] = torch.stack((rows, cols), dim=-1).reshape(49, 2)
-        table.pos_embed[0, 1:, 2] = 10.  # a large constant keeps the final LayerNorm nearly linear
+        grid = table.pos_embed.table(0)
+        grid.zero_()
+        grid[0, 1:, :2] = torch.stack((rows, cols), dim=-1).reshape(49, 2)
+        grid[0, 1:, 2] = 10.  # a large constant keeps the final LayerNorm nearly linear
     x = torch.randn(8, 1, 28, 28)
     learned, none = study.position_probe(table, x, args), study.position_probe(blind, x, args)
     assert learned['r2']['28'] > 0.99 and learned['r2']['40'] > 0.95
@@ -159,9 +162,11 @@ def test_bad_settings_are_refused(capsys):
                          (['--test-sizes', '56'], 'must include the training size'),
                          (['--canvas-sizes', '28'], 'must be larger than the training size'),
                          (['--placement-canvas', '42'], 'not a multiple of the patch size'),
-                         (['--crop-scale', '0'], 'crop-scale')):
+                         (['--crop-scale', '0'], 'crop-scale'),
+                         (['--depth', '4'], 'peg_0-5 needs --depth >= 6'),
+                         (['--shard', '2/2'], '--shard must be K/N')):
         with pytest.raises(SystemExit):
-            study.parse_args(bad)
+            study.parse_args(['--image-size', '28', '--patch', '4', '--test-sizes', '28'] + bad)
         assert message in capsys.readouterr().err
 
 
@@ -171,12 +176,22 @@ def test_variants_differ_only_in_position_encoding():
     models = {v: study.build_model(v, args) for v in study.VARIANTS}
     keys = {v: set(m.state_dict()) for v, m in models.items()}
     common = keys['none']
-    assert keys['learned'] - common == {'pos_embed'}
-    assert {k.split('.')[0] for k in keys['peg_0-5'] - common} == {'pos_block'}
-    assert len({k for k in keys['peg_0-5'] - common if k.endswith('weight')}) == 2  # depth 2: PEGs after 0, 1
-    assert len({k for k in keys['peg_0'] - common if k.endswith('weight')}) == 1
     assert all(keys[v] >= common for v in keys)
-    assert models['learned'].pos_embed.shape == (1, 1 + 7 * 7, 16)
+    roots = {v: {k.split('.')[0] for k in keys[v] - common} for v in keys}
+    assert roots == {'none': set(), 'learned': {'pos_embed'}, 'sincos': set(), 'rpe': {'rel_pos'},
+                     'peg_-1': {'pos_block'}, 'peg_-1_wide': {'pos_block'}, 'peg_0': {'pos_block'},
+                     'peg_0-5': {'pos_block'}, 'peg_frozen': {'pos_block'}, 'peg_qk': {'pos_qk'},
+                     'conv1x1': {'pos_block'}, 'learned+peg_0': {'pos_embed', 'pos_block'}, 'rope_axial': set(),
+                     'rope_mixed': {'rope'}, 'rope_mixed+peg_0': {'rope', 'pos_block'}}
+    assert len({k for k in keys['peg_0-5'] - common if k.endswith('weight')}) == 6
+    assert models['peg_-1'].peg_after == {(0, -1): 0}
+    assert models['peg_-1_wide'].pos_block[0].proj[0].kernel_size == (13, 13)  # 2 * 7 - 1 on the 7 x 7 grid
+    assert models['conv1x1'].pos_block[0].proj[0].kernel_size == (1, 1) and len(models['conv1x1'].pos_block) == 6
+    assert not any(p.requires_grad for p in models['peg_frozen'].pos_block.parameters())
+    assert models['learned'].pos_embed.table(0).shape == (1, 1 + 7 * 7, 16)
+    assert models['rope_axial'].pos_encoding_attrs == ('rope',) and models['sincos'].pos_encoding_attrs
+    gap = study.build_model('peg_0', study.parse_args(TINY + ['--head', 'gap']))
+    assert gap.cls_token is None and gap.pos_block[0].num_prefix_tokens == 0
 
 
 def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
@@ -185,7 +200,7 @@ def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
     argv = ['--data', str(fake_fmnist), '--work-dir', str(work), '--out', str(out), '--seeds', '0', '1'] + TINY
 
     rows = study.main(argv)
-    assert len(rows) == 4 * 3
+    assert len(rows) == len(VARIANTS) * 3
     assert {(r['test'], r['size']) for r in rows} == {('resize', 28), ('resize', 40), ('canvas', 40)}
     for row in rows:
         assert len(row['top1_per_seed']) == 2
@@ -194,12 +209,12 @@ def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
     saved = json.loads((out / 'resolution_study.json').read_text())
     assert saved['meta']['seeds'] == [0, 1] and saved['meta']['iterations'] == 2 * (96 // 32)
     assert saved['meta']['command'].startswith('python benchmarks/resolution_study.py --data')
-    assert {r['variant'] for r in saved['runs']} == set(study.VARIANTS)
+    assert {r['variant'] for r in saved['runs']} == set(VARIANTS)
     assert (out / 'resolution_study.png').stat().st_size > 10_000
     assert [(p['top'], p['left']) for p in saved['placement'][:9]] == [(r, c) for r in (0, 4, 8) for c in (0, 4, 8)]
-    assert len(saved['placement']) == 4 * 9 and all(len(p['top1_per_seed']) == 2 for p in saved['placement'])
+    assert len(saved['placement']) == len(VARIANTS) * 9 and all(len(p['top1_per_seed']) == 2 for p in saved['placement'])
     assert all(r['top1'][key] * 20 % 100 == 0 for r in saved['runs'] for key in r['top1'] if key.startswith('place'))
-    assert [(p['variant'], p['size']) for p in saved['probe']] == [(v, s) for v in study.VARIANTS for s in (28, 40)]
+    assert [(p['variant'], p['size']) for p in saved['probe']] == [(v, s) for v in VARIANTS for s in (28, 40)]
     assert all(p['r2_mean'] <= 1 and len(p['predicted_rows']) == p['size'] // 4 for p in saved['probe'])
     for figure in ('placement', 'peg_response', 'probe'):
         assert (out / f'resolution_study_{figure}.png').stat().st_size > 10_000
@@ -209,11 +224,11 @@ def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
     # run, without training.
     monkeypatch.setattr(study, 'train', lambda *a: pytest.fail('a finished run was trained again'))
     assert study.main(argv) == rows
-    more = study.main(argv[:-1] + ['40', '48'])
+    more = study.main(argv + ['--canvas-sizes', '40', '48'])
     assert [r for r in more if (r['test'], r['size']) != ('canvas', 48)] == rows
-    assert len(more) == 4 * 4
-    assert all('canvas48' in json.loads((work / f'{v}-seed1' / 'result.json').read_text())['top1']
-               for v in study.VARIANTS)
+    assert len(more) == len(VARIANTS) * 4
+    assert all('canvas48' in json.loads((work / 'resolution_study' / f'{v}-seed1' / 'result.json').read_text())['top1']
+               for v in VARIANTS)
     monkeypatch.undo()
 
     # Interrupted after its first epoch, a run resumes from its checkpoint and ends bitwise where an
@@ -232,9 +247,9 @@ def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
     monkeypatch.undo()
     assert torch.load(resumed / 'checkpoint.pth', weights_only=False)['state']['epoch'] == 1
     result = study.run('peg_0-5', 0, args, data, resumed)
-    reference = json.loads((work / 'peg_0-5-seed0' / 'result.json').read_text())
+    reference = json.loads((work / 'resolution_study' / 'peg_0-5-seed0' / 'result.json').read_text())
     assert result['top1'] == {k: reference['top1'][k] for k in result['top1']}
     assert [e['loss'] for e in result['log']] == [e['loss'] for e in reference['log']]
     final = torch.load(resumed / 'final.pth')
-    uninterrupted = torch.load(work / 'peg_0-5-seed0' / 'final.pth')
+    uninterrupted = torch.load(work / 'resolution_study' / 'peg_0-5-seed0' / 'final.pth')
     assert all(torch.equal(final[k], uninterrupted[k]) for k in uninterrupted)

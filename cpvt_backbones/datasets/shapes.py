@@ -2,20 +2,21 @@
 
 Each image has a textured background (muted smooth colour noise, faint stripes, pixel noise) and 1-3 shapes of
 four classes with random size, saturated colour, rotation and position, never overlapping. Image sizes and aspect
-ratios vary. Per split it writes ``<split>/images/*.jpg``, ``<split>/masks/*.png`` (label maps: 0 background,
+ratios vary. An image is sampled as a resolution-free ``Scene`` and drawn by ``render(scene, scale)``, so the
+same scenes can be drawn natively at any size (``generate_drawn_split``). Per split it writes ``<split>/images/*.jpg``, ``<split>/masks/*.png`` (label maps: 0 background,
 1.. classes; what mmseg reads) and ``annotations/<split>.json`` (COCO boxes; what mmdet reads).
 """
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 CLASSES = ('circle', 'square', 'triangle', 'star')
-FORMAT_VERSION = 3  # bump when the drawing changes, so that old data on disk is regenerated
+FORMAT_VERSION = 4  # bump when the drawing changes, so that old data on disk is regenerated
 PALETTE = ((0, 0, 0), (230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48))  # background first
 
 
@@ -32,16 +33,37 @@ class ShapesSpec:
     seed: int = 0
 
 
-def _background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+@dataclass(frozen=True)
+class Shape:
+    cls_id: int
+    cx: float      # centre and radius in pixels of the scene at scale 1
+    cy: float
+    r: float
+    theta: float
+    colour: Tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class Scene:
+    """One image as a resolution-free description: ``render(scene, scale)`` draws it at any size, with crisp
+    edges and texture at that resolution (what a camera closer to the same scene would see), rather than
+    resampling pixels. ``seed`` seeds the pixel noise."""
+    height: int
+    width: int
+    grid: np.ndarray                  # background colour grid, bicubically stretched over the image
+    stripes: Tuple[float, float, float]  # angle, period (px at scale 1), amplitude
+    shapes: Tuple[Shape, ...]
+    seed: int
+
+
+def _background(scene: Scene, h: int, w: int, scale: float, rng: np.random.Generator) -> np.ndarray:
     """Muted smooth colour noise with faint stripes and pixel noise: texture, but no saturated colours."""
-    grid = rng.uniform(80, 180) + rng.uniform(-35, 35, size=(rng.integers(3, 8), rng.integers(3, 8), 3))
-    smooth = np.asarray(Image.fromarray(grid.clip(0, 255).astype(np.uint8)).resize((w, h), Image.BICUBIC),
+    smooth = np.asarray(Image.fromarray(scene.grid.clip(0, 255).astype(np.uint8)).resize((w, h), Image.BICUBIC),
                         dtype=np.float32)
     yy, xx = np.mgrid[0:h, 0:w]
-    angle, period = rng.uniform(0, math.pi), rng.uniform(6, 24)
-    stripes = np.sin((xx * math.cos(angle) + yy * math.sin(angle)) * 2 * math.pi / period)
-    smooth += stripes[..., None] * rng.uniform(4, 12) + rng.normal(0, 5, size=(h, w, 3))
-    return smooth
+    angle, period, amplitude = scene.stripes
+    stripes = np.sin((xx * math.cos(angle) + yy * math.sin(angle)) * 2 * math.pi / (period * scale))
+    return smooth + stripes[..., None] * amplitude + rng.normal(0, 5, size=(h, w, 3))
 
 
 def _saturated_colour(rng: np.random.Generator) -> np.ndarray:
@@ -50,6 +72,22 @@ def _saturated_colour(rng: np.random.Generator) -> np.ndarray:
     c, m = val * sat, val * (1 - sat)
     rgb = [(c, x, 0), (x, c, 0), (0, c, x), (0, x, c), (x, 0, c), (c, 0, x)][int(hue)]
     return np.array(rgb) + m
+
+
+def _contrasting(rng: np.random.Generator, shape: Shape, background: np.ndarray) -> Shape:
+    """``shape`` in a saturated colour that stands out from the background it covers at scale 1."""
+    mask = _mask(shape, background.shape[0], background.shape[1], 1.)
+    local = background[mask].mean(axis=0) if mask.any() else np.zeros(3)
+    colour = _saturated_colour(rng)
+    while np.abs(colour - local).sum() < 150:
+        colour = _saturated_colour(rng)
+    return replace(shape, colour=tuple(float(c) for c in colour))
+
+
+def _sample_background(rng: np.random.Generator, h: int, w: int) -> Scene:
+    grid = rng.uniform(80, 180) + rng.uniform(-35, 35, size=(rng.integers(3, 8), rng.integers(3, 8), 3))
+    stripes = (rng.uniform(0, math.pi), rng.uniform(6, 24), rng.uniform(4, 12))
+    return Scene(h, w, grid, stripes, (), int(rng.integers(2 ** 31)))
 
 
 def _polygon(cls: str, cx: float, cy: float, r: float, theta: float) -> List[Tuple[float, float]]:
@@ -63,39 +101,53 @@ def _polygon(cls: str, cx: float, cy: float, r: float, theta: float) -> List[Tup
     return [(cx + a * math.cos(t), cy + a * math.sin(t)) for t, a in zip(angles, radii)]
 
 
-def _draw_shape(rng: np.random.Generator, image: np.ndarray, cls_id: int, cx: float, cy: float,
-                r: float) -> np.ndarray:
-    """Paint one shape of class ``cls_id`` (radius ``r``) into ``image``, in a colour that stands out from what
-    it covers; return its mask."""
-    h, w = image.shape[:2]
+def _mask(shape: Shape, h: int, w: int, scale: float) -> np.ndarray:
+    """The shape rasterised at ``scale`` (PIL's polygon fill: hard edges at every resolution)."""
     mask_img = Image.new('L', (w, h), 0)
     draw = ImageDraw.Draw(mask_img)
-    if CLASSES[cls_id] == 'circle':
+    cx, cy, r = shape.cx * scale, shape.cy * scale, shape.r * scale
+    if CLASSES[shape.cls_id] == 'circle':
         draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=1)
     else:
-        draw.polygon(_polygon(CLASSES[cls_id], cx, cy, r, rng.uniform(0, 2 * math.pi)), fill=1)
-    mask = np.asarray(mask_img, dtype=bool)
-    if mask.any():
-        local = image[mask].mean(axis=0)
-        colour = _saturated_colour(rng)
-        while np.abs(colour - local).sum() < 150:
-            colour = _saturated_colour(rng)
-        image[mask] = colour + rng.normal(0, 3, size=(int(mask.sum()), 3))
-    return mask
+        draw.polygon(_polygon(CLASSES[shape.cls_id], cx, cy, r, shape.theta), fill=1)
+    return np.asarray(mask_img, dtype=bool)
 
 
-def _draw_image(rng: np.random.Generator, spec: ShapesSpec):
+def render(scene: Scene, scale: float = 1.):
+    """The scene drawn at ``scale`` (image round(height * scale) x round(width * scale)): the uint8 RGB image, the
+    label map (0 background, 1.. classes) and COCO boxes ``(class, [x, y, w, h], area)`` of shapes with >= 16
+    pixels."""
+    h, w = max(1, round(scene.height * scale)), max(1, round(scene.width * scale))
+    rng = np.random.default_rng(scene.seed)
+    image = _background(scene, h, w, scale, rng)
+    labels = np.zeros((h, w), dtype=np.uint8)
+    boxes: List[Tuple[int, List[float], int]] = []
+    min_pixels = 16 * scale * scale
+    for shape in scene.shapes:
+        mask = _mask(shape, h, w, scale)
+        image[mask] = np.asarray(shape.colour) + rng.normal(0, 3, size=(int(mask.sum()), 3))
+        if mask.sum() < max(min_pixels, 1):
+            continue
+        labels[mask] = shape.cls_id + 1
+        ys, xs = np.nonzero(mask)
+        x0, y0 = float(xs.min()), float(ys.min())
+        boxes.append((shape.cls_id, [x0, y0, float(xs.max()) + 1 - x0, float(ys.max()) + 1 - y0], int(mask.sum())))
+    return np.clip(image, 0, 255).astype(np.uint8), labels, boxes
+
+
+def _scene(rng: np.random.Generator, spec: ShapesSpec) -> Scene:
+    """Sample one scene: size, background, and 1..max_objects non-overlapping shapes, each in a colour that stands
+    out from the background it covers (judged at scale 1)."""
     aspect = math.exp(rng.uniform(-math.log(spec.max_aspect), math.log(spec.max_aspect)))
     h = int(rng.integers(spec.min_side, spec.max_side + 1))
     w = int(np.clip(round(h * aspect), spec.min_side, spec.max_side))
-    image = _background(rng, h, w)
-    labels = np.zeros((h, w), dtype=np.uint8)
-    boxes: List[Tuple[int, List[float], int]] = []
+    base = _sample_background(rng, h, w)
+    background = _background(base, h, w, 1., np.random.default_rng(base.seed))
+    shapes: List[Shape] = []
     taken: List[Tuple[float, float, float, float]] = []
     for _ in range(int(rng.integers(1, spec.max_objects + 1))):
         for _attempt in range(30):
-            size = rng.uniform(spec.min_object, spec.max_object) * min(h, w)
-            r = size / 2
+            r = rng.uniform(spec.min_object, spec.max_object) * min(h, w) / 2
             cx, cy = rng.uniform(r + 1, w - r - 1), rng.uniform(r + 1, h - r - 1)
             box = (cx - r - 2, cy - r - 2, cx + r + 2, cy + r + 2)
             if all(box[2] < t[0] or box[0] > t[2] or box[3] < t[1] or box[1] > t[3] for t in taken):
@@ -104,53 +156,76 @@ def _draw_image(rng: np.random.Generator, spec: ShapesSpec):
             continue
         taken.append(box)
         cls_id = int(rng.integers(len(CLASSES)))
-        mask = _draw_shape(rng, image, cls_id, cx, cy, r)
-        if mask.sum() < 16:
-            continue
-        labels[mask] = cls_id + 1
-        ys, xs = np.nonzero(mask)
-        x0, y0 = float(xs.min()), float(ys.min())
-        boxes.append((cls_id, [x0, y0, float(xs.max()) + 1 - x0, float(ys.max()) + 1 - y0], int(mask.sum())))
-    return np.clip(image, 0, 255).astype(np.uint8), labels, boxes
+        shapes.append(_contrasting(rng, Shape(cls_id, cx, cy, r, float(rng.uniform(0, 2 * math.pi)), (0., 0., 0.)),
+                                   background))
+    return replace(base, shapes=tuple(shapes))
+
+
+def shape_scenes(spec: ShapesSpec = ShapesSpec()) -> Dict[str, List[Scene]]:
+    """The scenes of both splits (deterministic for a given spec)."""
+    rng = np.random.default_rng(spec.seed)
+    return {split: [_scene(rng, spec) for _ in range(count)]
+            for split, count in (('train', spec.num_train), ('val', spec.num_val))}
+
+
+def write_split(root, split: str, scenes: Sequence[Scene], scale=lambda scene: 1.) -> None:
+    """Render ``scenes`` (each at ``scale(scene)``) as ``<root>/<split>/{images,masks}`` and
+    ``<root>/annotations/<split>.json``."""
+    root = Path(root)
+    (root / 'annotations').mkdir(parents=True, exist_ok=True)
+    (root / split / 'images').mkdir(parents=True, exist_ok=True)
+    (root / split / 'masks').mkdir(parents=True, exist_ok=True)
+    images, annotations = [], []
+    for idx, scene in enumerate(scenes):
+        image, labels, boxes = render(scene, scale(scene))
+        name = f'{idx:05d}'
+        Image.fromarray(image).save(root / split / 'images' / f'{name}.jpg', quality=92)
+        Image.fromarray(labels).save(root / split / 'masks' / f'{name}.png')
+        images.append(dict(id=idx, file_name=f'{name}.jpg', height=image.shape[0], width=image.shape[1]))
+        for cls_id, bbox, area in boxes:
+            annotations.append(dict(id=len(annotations) + 1, image_id=idx, category_id=cls_id + 1, bbox=bbox,
+                                    area=area, iscrowd=0))
+    coco = dict(images=images, annotations=annotations,
+                categories=[dict(id=i + 1, name=n) for i, n in enumerate(CLASSES)])
+    (root / 'annotations' / f'{split}.json').write_text(json.dumps(coco))
+
+
+def _written(root: Path, wanted: str) -> bool:
+    marker = root / 'spec.json'
+    return marker.is_file() and marker.read_text() == wanted
 
 
 def generate_shapes(root, spec: ShapesSpec = ShapesSpec()) -> Dict[str, int]:
     """Write the dataset under ``root`` (idempotent for a given spec: a marker records what was written)."""
     root = Path(root)
-    marker = root / 'spec.json'
     wanted = json.dumps(dict(spec.__dict__, format_version=FORMAT_VERSION), sort_keys=True)
-    if marker.is_file() and marker.read_text() == wanted:
-        return {'train': spec.num_train, 'val': spec.num_val}
-    rng = np.random.default_rng(spec.seed)
-    (root / 'annotations').mkdir(parents=True, exist_ok=True)
-    for split, count in (('train', spec.num_train), ('val', spec.num_val)):
-        (root / split / 'images').mkdir(parents=True, exist_ok=True)
-        (root / split / 'masks').mkdir(parents=True, exist_ok=True)
-        images, annotations = [], []
-        for idx in range(count):
-            image, labels, boxes = _draw_image(rng, spec)
-            name = f'{idx:05d}'
-            Image.fromarray(image).save(root / split / 'images' / f'{name}.jpg', quality=92)
-            Image.fromarray(labels).save(root / split / 'masks' / f'{name}.png')
-            images.append(dict(id=idx, file_name=f'{name}.jpg', height=image.shape[0], width=image.shape[1]))
-            for cls_id, bbox, area in boxes:
-                annotations.append(dict(id=len(annotations) + 1, image_id=idx, category_id=cls_id + 1, bbox=bbox,
-                                        area=area, iscrowd=0))
-        coco = dict(images=images, annotations=annotations,
-                    categories=[dict(id=i + 1, name=n) for i, n in enumerate(CLASSES)])
-        (root / 'annotations' / f'{split}.json').write_text(json.dumps(coco))
-    marker.write_text(wanted)
+    if not _written(root, wanted):
+        for split, scenes in shape_scenes(spec).items():
+            write_split(root, split, scenes)
+        (root / 'spec.json').write_text(wanted)
     return {'train': spec.num_train, 'val': spec.num_val}
+
+
+def generate_drawn_split(root, spec: ShapesSpec, long_side: int, split: str = 'val') -> Path:
+    """The scenes of ``split`` drawn natively with their long side ``long_side`` px (each at its own scale), in
+    the same layout under ``root``: the held-out images at a test size with real detail, where resizing the
+    written images would only interpolate. Idempotent like ``generate_shapes``; returns ``root``."""
+    root = Path(root)
+    wanted = json.dumps(dict(spec.__dict__, format_version=FORMAT_VERSION, long_side=long_side, split=split),
+                        sort_keys=True)
+    if not _written(root, wanted):
+        write_split(root, split, shape_scenes(spec)[split], lambda scene: long_side / max(scene.height, scene.width))
+        (root / 'spec.json').write_text(wanted)
+    return root
 
 
 def generate_shape_crops(root, num_train: int = 4000, num_val: int = 400, size: int = 64, seed: int = 0) -> Dict[str, int]:
     """One shape per ``size`` x ``size`` image, in ``<split>/<class>/*.jpg`` folders (mmpretrain's
     CustomDataset layout): the classification set for pretraining a backbone on CPU."""
     root = Path(root)
-    marker = root / 'spec.json'
     wanted = json.dumps(dict(num_train=num_train, num_val=num_val, size=size, seed=seed,
                              format_version=FORMAT_VERSION), sort_keys=True)
-    if marker.is_file() and marker.read_text() == wanted:
+    if _written(root, wanted):
         return {'train': num_train, 'val': num_val}
     rng = np.random.default_rng(seed)
     for split, count in (('train', num_train), ('val', num_val)):
@@ -158,11 +233,12 @@ def generate_shape_crops(root, num_train: int = 4000, num_val: int = 400, size: 
             (root / split / name).mkdir(parents=True, exist_ok=True)
         for idx in range(count):
             cls_id = idx % len(CLASSES)
-            image = _background(rng, size, size)
+            base = _sample_background(rng, size, size)
             r = rng.uniform(0.2, 0.45) * size
-            cx, cy = rng.uniform(r, size - r), rng.uniform(r, size - r)
-            _draw_shape(rng, image, cls_id, cx, cy, r)
-            Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(
-                root / split / CLASSES[cls_id] / f'{idx:05d}.jpg', quality=92)
-    marker.write_text(wanted)
+            shape = Shape(cls_id, rng.uniform(r, size - r), rng.uniform(r, size - r), r,
+                          float(rng.uniform(0, 2 * math.pi)), (0., 0., 0.))
+            background = _background(base, size, size, 1., np.random.default_rng(base.seed))
+            image, _, _ = render(replace(base, shapes=(_contrasting(rng, shape, background),)))
+            Image.fromarray(image).save(root / split / CLASSES[cls_id] / f'{idx:05d}.jpg', quality=92)
+    (root / 'spec.json').write_text(wanted)
     return {'train': num_train, 'val': num_val}
