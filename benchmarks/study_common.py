@@ -6,6 +6,7 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,10 +28,23 @@ def write_csv(rows: List[Dict], path: Path) -> None:
         writer.writerows({k: v for k, v in row.items() if k != 'seeds'} for row in rows)
 
 
+def code_version() -> str:
+    """The git commit of the code running the study (with '+changes' if its tree differs), or 'unknown'."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(['git', '-C', str(root), 'rev-parse', 'HEAD'], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(['git', '-C', str(root), 'status', '--porcelain', '--untracked-files=no'],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return 'unknown'
+    return commit + ('+changes' if dirty else '')
+
+
 def run_meta(script: str, argv: Optional[Sequence[str]], started: float) -> Dict:
-    """The exact command, this invocation's wall time and the machine it ran on."""
+    """The exact command, the code's commit, this invocation's wall time and the machine it ran on."""
     args = sys.argv[1:] if argv is None else list(argv)
-    return dict(command=f'python {script} {shlex.join(args)}'.rstrip(),
+    return dict(command=f'python {script} {shlex.join(args)}'.rstrip(), code=code_version(),
                 wall_minutes=round((time.perf_counter() - started) / 60, 1), torch=torch.__version__,
                 threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine(),
                 date=time.strftime('%Y-%m-%d'))

@@ -246,6 +246,32 @@ def test_bad_columnar_settings():
         create_model('cpvt_huge')
 
 
+def test_scenes_are_drawn_natively_at_any_scale(tmp_path):
+    """A held-out scene drawn at 2x has the same shapes at twice the size (label maps agree once the larger one
+    is subsampled), and a drawn split holds the same scenes at the asked long side; stale data is replaced."""
+    import json
+
+    import numpy as np
+
+    from cpvt_backbones.datasets import ShapesSpec, generate_drawn_split, generate_shapes, render, shape_scenes
+    spec = ShapesSpec(num_train=2, num_val=3, seed=5)
+    scene = shape_scenes(spec)['val'][0]
+    (_, labels, boxes), (image2, labels2, boxes2) = render(scene, 1.), render(scene, 2.)
+    assert image2.shape == (2 * scene.height, 2 * scene.width, 3) and len(boxes) == len(boxes2) > 0
+    for (c1, b1, a1), (c2, b2, a2) in zip(boxes, boxes2):
+        assert c1 == c2 and np.allclose(np.array(b2), 2 * np.array(b1), atol=2.5) and abs(a2 / a1 - 4) < 0.3
+    assert (labels2[::2, ::2] == labels).mean() > 0.98  # the same shapes: only edge pixels may differ
+    generate_shapes(tmp_path / 'shapes', spec)
+    root = generate_drawn_split(tmp_path / 'drawn', spec, 300)
+    drawn, val = (json.loads((r / 'annotations' / 'val.json').read_text()) for r in (root, tmp_path / 'shapes'))
+    assert [max(i['height'], i['width']) for i in drawn['images']] == [300] * 3
+    assert sorted(a['category_id'] for a in drawn['annotations']) == sorted(a['category_id'] for a in val['annotations'])
+    (root / 'spec.json').write_text('{"another": "dataset"}')
+    generate_drawn_split(root, spec, 300)
+    assert json.loads((root / 'spec.json').read_text())['long_side'] == 300
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith('.')] == []  # no temporary folder left
+
+
 def test_shape_datasets_are_deterministic(tmp_path):
     import json
 

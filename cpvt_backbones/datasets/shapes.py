@@ -8,9 +8,12 @@ same scenes can be drawn natively at any size (``generate_drawn_split``). Per sp
 """
 import json
 import math
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -195,14 +198,37 @@ def _written(root: Path, wanted: str) -> bool:
     return marker.is_file() and marker.read_text() == wanted
 
 
+def _generate_once(root, wanted: str, write: Callable[[Path], None]) -> Path:
+    """``write`` a dataset into a temporary folder beside ``root``, then rename it to ``root``: a reader sees the
+    whole dataset or none, and of processes generating the same data at once (the shards of a study) the first
+    rename wins and the others keep it. ``spec.json`` (``wanted``) marks what a folder holds; a folder with
+    another mark is replaced."""
+    root = Path(root)
+    if _written(root, wanted):
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f'.{root.name}.', dir=root.parent))
+    try:
+        write(tmp)
+        (tmp / 'spec.json').write_text(wanted)
+        try:
+            os.rename(tmp, root)
+        except OSError:  # root exists: another process's copy of the same data, or stale data
+            if not _written(root, wanted):
+                shutil.rmtree(root)
+                os.rename(tmp, root)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return root
+
+
 def generate_shapes(root, spec: ShapesSpec = ShapesSpec()) -> Dict[str, int]:
     """Write the dataset under ``root`` (idempotent for a given spec: a marker records what was written)."""
-    root = Path(root)
-    wanted = json.dumps(dict(spec.__dict__, format_version=FORMAT_VERSION), sort_keys=True)
-    if not _written(root, wanted):
+    def write(folder: Path) -> None:
         for split, scenes in shape_scenes(spec).items():
-            write_split(root, split, scenes)
-        (root / 'spec.json').write_text(wanted)
+            write_split(folder, split, scenes)
+    _generate_once(root, json.dumps(dict(spec.__dict__, format_version=FORMAT_VERSION), sort_keys=True), write)
     return {'train': spec.num_train, 'val': spec.num_val}
 
 
@@ -210,23 +236,22 @@ def generate_drawn_split(root, spec: ShapesSpec, long_side: int, split: str = 'v
     """The scenes of ``split`` drawn natively with their long side ``long_side`` px (each at its own scale), in
     the same layout under ``root``: the held-out images at a test size with real detail, where resizing the
     written images would only interpolate. Idempotent like ``generate_shapes``; returns ``root``."""
-    root = Path(root)
     wanted = json.dumps(dict(spec.__dict__, format_version=FORMAT_VERSION, long_side=long_side, split=split),
                         sort_keys=True)
-    if not _written(root, wanted):
-        write_split(root, split, shape_scenes(spec)[split], lambda scene: long_side / max(scene.height, scene.width))
-        (root / 'spec.json').write_text(wanted)
-    return root
+    return _generate_once(root, wanted, lambda folder: write_split(
+        folder, split, shape_scenes(spec)[split], lambda scene: long_side / max(scene.height, scene.width)))
 
 
 def generate_shape_crops(root, num_train: int = 4000, num_val: int = 400, size: int = 64, seed: int = 0) -> Dict[str, int]:
     """One shape per ``size`` x ``size`` image, in ``<split>/<class>/*.jpg`` folders (mmpretrain's
     CustomDataset layout): the classification set for pretraining a backbone on CPU."""
-    root = Path(root)
     wanted = json.dumps(dict(num_train=num_train, num_val=num_val, size=size, seed=seed,
                              format_version=FORMAT_VERSION), sort_keys=True)
-    if _written(root, wanted):
-        return {'train': num_train, 'val': num_val}
+    _generate_once(root, wanted, lambda folder: _write_crops(folder, num_train, num_val, size, seed))
+    return {'train': num_train, 'val': num_val}
+
+
+def _write_crops(root: Path, num_train: int, num_val: int, size: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     for split, count in (('train', num_train), ('val', num_val)):
         for name in CLASSES:
@@ -240,5 +265,3 @@ def generate_shape_crops(root, num_train: int = 4000, num_val: int = 400, size: 
             background = _background(base, size, size, 1., np.random.default_rng(base.seed))
             image, _, _ = render(replace(base, shapes=(_contrasting(rng, shape, background),)))
             Image.fromarray(image).save(root / split / CLASSES[cls_id] / f'{idx:05d}.jpg', quality=92)
-    (root / 'spec.json').write_text(wanted)
-    return {'train': num_train, 'val': num_val}
