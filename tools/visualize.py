@@ -14,7 +14,9 @@ registered model whose layout the weights fit. One PNG (default: IMAGE's name + 
   given image;
 * the L2 norm of each feature map the model returns (dense backbone) or of each stage's output (classifier).
 
-Everything is read through forward hooks on the plain model (``attn.q``, ``attn.kv``, ``pos_block.k``).
+Everything is read through forward hooks on the plain model (``attn.q``, ``attn.kv``, ``pos_block.k``). The
+attention is softmax(q k^T) of the projections' outputs: the model's own for the registered models (PEGs act
+on the tokens, not inside attention); a model built with RoPE or a relative bias would attend otherwise.
 """
 import argparse
 import importlib.util
@@ -91,13 +93,12 @@ class Recorder:
                 lambda m, args, o, slot=slot: slot.__setitem__('hw', tuple(args[1]))))
             slot['heads'] = block.attn.num_heads
             slot['sr'] = block.attn.sr_ratio
-        for peg in model.pos_block:
+        for peg in getattr(model, 'pos_block', ()):
             self.handles.append(peg.register_forward_hook(self._peg))
 
     def _peg(self, module, args, out):
         x, hw = args[0], tuple(args[1])
-        prefix = args[2] if len(args) > 2 else 0
-        self.peg.append((x.detach(), out.detach(), hw, prefix))
+        self.peg.append((x.detach(), out.detach(), hw, module.num_prefix_tokens))
 
     def remove(self):
         for h in self.handles:
