@@ -72,3 +72,11 @@ def save_atomic(write: Callable[[Path], object], path: Path) -> None:
     tmp = path.with_suffix(path.suffix + '.tmp')
     write(tmp)
     os.replace(tmp, path)
+
+
+def agg_backend():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed), chosen when a figure is drawn."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    return plt

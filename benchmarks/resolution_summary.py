@@ -1,0 +1,188 @@
+"""The classification comparison across its arms: the paper's ablation beside ours, and every arm's resolution test.
+
+    python benchmarks/resolution_summary.py [--results DIR] [--arms NAME ...] [--out DIR]
+
+Reads the JSON that ``resolution_study.py`` wrote for each arm (``--arms``, those present) and writes
+``resolution_summary.md`` and ``resolution_summary.png``:
+
+* the ablation at the training size: the CPVT paper's DeiT-tiny top-1 and ours (first arm), same order;
+* where the paper's ordering holds: every pair of encodings the paper separates by at least ``--paper-gap``
+  points, counted as agreeing, reversed or undecided (our two means within ``--noise`` pooled seed standard
+  deviations of each other), the reversed and undecided pairs listed, and the rank correlation;
+* per arm, each encoding's change from the training size at every test size (paired by seed).
+"""
+import argparse
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / 'benchmarks'))
+from resolution_study import VARIANTS  # noqa: E402
+from study_common import agg_backend  # noqa: E402
+
+ARMS = {
+    'resolution_crop_cls': 'crop protocol, class token, 7 x 7',
+    'resolution_crop_gap': 'crop protocol, GAP, 7 x 7',
+    'resolution_resize_cls': 'resize protocol, class token, 7 x 7',
+    'resolution_crop_grid14_cls': 'crop protocol, class token, 14 x 14',
+}
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--results', default=str(ROOT / 'benchmarks/results'))
+    p.add_argument('--arms', nargs='+', default=list(ARMS))
+    p.add_argument('--paper-gap', type=float, default=0.5, help='pairs the paper separates by at least this')
+    p.add_argument('--noise', type=float, default=1.0,
+                   help='ours undecided when the means differ by less than this many pooled standard deviations')
+    p.add_argument('--out', default=str(ROOT / 'benchmarks/results'))
+    return p.parse_args(argv)
+
+
+def load_arms(args: argparse.Namespace) -> Dict[str, Dict]:
+    arms = {}
+    for name in args.arms:
+        path = Path(args.results) / f'{name}.json'
+        if path.is_file():
+            arms[name] = json.loads(path.read_text())
+    if not arms:
+        raise SystemExit(f'[summary] none of {args.arms} has results under {args.results}')
+    return arms
+
+
+def at_training_size(arm: Dict) -> Dict[str, Dict]:
+    size = arm['meta']['image_size']
+    return {r['variant']: r for r in arm['rows'] if r['test'] == 'resize' and r['size'] == size}
+
+
+def pair_verdicts(rows: Dict[str, Dict], gap: float, noise: float) -> List[Dict]:
+    """For each pair the paper orders by >= ``gap`` points: whether ours orders it the same way, the other way,
+    or cannot tell (means closer than ``noise`` pooled standard deviations, or 0.5 points if both are zero)."""
+    out = []
+    named = [v for v in rows if VARIANTS[v].paper is not None]
+    for a, b in itertools.combinations(named, 2):
+        pa, pb = VARIANTS[a].paper, VARIANTS[b].paper
+        if abs(pa - pb) < gap:
+            continue
+        hi, lo = (a, b) if pa > pb else (b, a)
+        diff = rows[hi]['top1_mean'] - rows[lo]['top1_mean']
+        spread = max(math.sqrt((rows[hi]['top1_std'] ** 2 + rows[lo]['top1_std'] ** 2) / 2), 0.5 / noise)
+        verdict = 'undecided' if abs(diff) < noise * spread else 'agrees' if diff > 0 else 'reversed'
+        out.append(dict(higher=hi, lower=lo, paper_gap=round(abs(pa - pb), 1), ours=round(diff, 2),
+                        verdict=verdict))
+    return out
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(values):
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        out = [0.] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    return cov / math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+
+
+def fmt(row: Dict, change: bool) -> str:
+    if change:
+        return f'{row["change_mean"]:+.1f} ± {row["change_std"]:.1f}'
+    return f'{row["top1_mean"]:.1f} ± {row["top1_std"]:.1f}'
+
+
+def write(arms: Dict[str, Dict], args: argparse.Namespace) -> str:
+    first_name, first = next(iter(arms.items()))
+    base = at_training_size(first)
+    lines = [f'**Ablation at the training size** (top-1 %, mean ± std over seeds; ours: {ARMS[first_name]}; the '
+             'paper: DeiT-tiny on ImageNet)', '',
+             '| position encoding | paper | ours | ' + ' | '.join(ARMS[n] for n in list(arms)[1:]) + ' |',
+             '|---|---|---|' + '---|' * (len(arms) - 1)]
+    others = [at_training_size(a) for a in list(arms.values())[1:]]
+    for variant in base:
+        paper = VARIANTS[variant].paper
+        cells = [fmt(o[variant], False) if variant in o else '' for o in others]
+        lines.append(f'| {VARIANTS[variant].label} | {"—" if paper is None else f"{paper:.1f}"} | '
+                     f'{fmt(base[variant], False)} | ' + ' | '.join(cells) + ' |')
+    verdicts = pair_verdicts(base, args.paper_gap, args.noise)
+    counts = {v: sum(p['verdict'] == v for p in verdicts) for v in ('agrees', 'reversed', 'undecided')}
+    lines += ['', f'**The paper\'s ordering, pair by pair** (pairs it separates by >= {args.paper_gap} points; '
+              f'ours undecided within {args.noise:g} pooled std): {counts["agrees"]} agree, {counts["reversed"]} '
+              f'reversed, {counts["undecided"]} undecided of {len(verdicts)}.', '']
+    named = [v for v in base if VARIANTS[v].paper is not None]
+    rho = spearman([VARIANTS[v].paper for v in named], [base[v]['top1_mean'] for v in named])
+    lines[-2] += f' Spearman rank correlation of the {len(named)} encodings\' top-1, paper vs ours: {rho:.2f}.'
+    for verdict in ('reversed', 'undecided'):
+        pairs = [p for p in verdicts if p['verdict'] == verdict]
+        if pairs:
+            lines.append(f'{verdict}: ' + '; '.join(
+                f'{VARIANTS[p["higher"]].label} > {VARIANTS[p["lower"]].label} (paper +{p["paper_gap"]}, ours '
+                f'{p["ours"]:+.1f})' for p in pairs))
+            lines.append('')
+    for name, arm in arms.items():
+        meta = arm['meta']
+        size = meta['image_size']
+        sizes = [s for s in meta['test_sizes'] if s != size]
+        lines += [f'**{ARMS.get(name, name)}**: change from {size} px (top-1 points, paired by seed); '
+                  f'`{meta["command"]}`', '',
+                  f'| position encoding | {size} px | ' + ' | '.join(f'{s} px ({s / size:.2g}x)' for s in sizes) + ' |',
+                  '|---|---|' + '---|' * len(sizes)]
+        rows = {(r['variant'], r['size']): r for r in arm['rows'] if r['test'] == 'resize'}
+        for variant in dict.fromkeys(r['variant'] for r in arm['rows']):
+            lines.append(f'| {VARIANTS[variant].label} | {fmt(rows[(variant, size)], False)} | ' +
+                         ' | '.join(fmt(rows[(variant, s)], True) for s in sizes) + ' |')
+        lines.append('')
+    text = '\n'.join(lines)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / 'resolution_summary.md').write_text(text + f'\n`python benchmarks/resolution_summary.py '
+                                               f'--paper-gap {args.paper_gap:g} --noise {args.noise:g}`\n')
+    plot(arms, out / 'resolution_summary.png')
+    return text
+
+
+def plot(arms: Dict[str, Dict], path: Path) -> None:
+    plt = agg_backend()
+    fig, axes = plt.subplots(1, len(arms), figsize=(4.6 * len(arms), 4.2), squeeze=False, sharey=True)
+    for ax, (name, arm) in zip(axes[0], arms.items()):
+        size = arm['meta']['image_size']
+        for variant in dict.fromkeys(r['variant'] for r in arm['rows']):
+            rows = sorted((r for r in arm['rows'] if r['variant'] == variant and r['test'] == 'resize'),
+                          key=lambda r: r['size'])
+            style = '-' if variant.startswith(('peg', 'learned', 'rope_mixed')) else ':'
+            ax.errorbar([r['size'] / size for r in rows], [r['change_mean'] for r in rows],
+                        yerr=[r['change_std'] for r in rows], marker='o', ms=3, capsize=2, ls=style,
+                        label=VARIANTS[variant].label)
+        ax.axhline(0, color='black', lw=0.8)
+        ax.set_title(ARMS.get(name, name), fontsize=9)
+        ax.set_xlabel('test size / training size')
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel('top-1 change from the training size (points)')
+    axes[0][-1].legend(fontsize=6, loc='lower left')
+    fig.suptitle('Fashion-MNIST, tested without fine-tuning; mean ± std over seeds', fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> str:
+    args = parse_args(argv)
+    text = write(load_arms(args), args)
+    print(text)
+    return text
+
+
+if __name__ == '__main__':
+    main()
