@@ -32,7 +32,7 @@ def build(cfg):
 
 def load(path):
     cfg = Config.fromfile(str(path))
-    cfg.model.backbone.init_cfg = None  # the ImageNet checkpoints are the user's to supply
+    cfg.model.backbone.init_cfg = None  # the tests fetch nothing (tests/test_hub.py serves weights locally)
     return cfg
 
 
@@ -112,7 +112,7 @@ def test_paper_configs_follow_the_recipe(path):
     assert cfg.custom_imports.imports == [f'cpvt_backbones.adapters.{cfg.default_scope}', *OPT_INS]
     assert cfg.custom_hooks == [dict(type='RNGStateHook')]
     init = cfg.model.backbone.init_cfg
-    assert init.type == 'Pretrained' and re.fullmatch(r'checkpoints/\w+_in1k\.pth', init.checkpoint)
+    assert init.type == 'Pretrained' and init.checkpoint == cfg.model.backbone.arch  # the published weights' name
     opt = cfg.optim_wrapper.optimizer
     assert opt.type == 'AdamW' and opt.lr == 1e-4
     if cfg.default_scope == 'mmdet':

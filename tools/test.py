@@ -2,6 +2,10 @@
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--cfg-options k=v ...] [--plain]
 
+CHECKPOINT is an mmengine checkpoint of the config's model; for an ImageNet config (configs/imagenet) also
+published weights by name (``pcpvt_small``: fetched once, checked), a URL or a weight file in any layout
+``cpvt_backbones.convert`` reads, which is written once as that classifier's checkpoint.
+
 Our backbones run optimized (``cpvt_backbones.optimize``: same weights, same outputs to float32 rounding,
 faster on a CPU); ``--plain`` keeps the plain model (for hooks on its inner layers).
 """
@@ -10,7 +14,8 @@ import os
 
 from mmengine.runner import Runner
 
-from cpvt_backbones.adapters.runtime import add_common_args, launched, load_config, optimize_backbone
+from cpvt_backbones.adapters.runtime import (add_common_args, launched, load_config, optimize_backbone,
+                                            runner_checkpoint)
 
 
 def main() -> None:
@@ -23,7 +28,7 @@ def main() -> None:
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
 
     cfg = load_config(args.config, args.cfg_options, args.work_dir)
-    cfg.load_from = args.checkpoint
+    cfg.load_from = runner_checkpoint(cfg, args.checkpoint)
     if not args.plain:
         optimize_backbone(cfg)
     with launched(cfg, args.launcher):

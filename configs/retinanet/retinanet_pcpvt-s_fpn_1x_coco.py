@@ -1,6 +1,7 @@
 # RetinaNet + FPN with a PCPVT-S backbone, COCO 1x: the Twins paper's setting (43.0 AP, 34.4M params with the
 # ImageNet head that the Twins code kept in its backbone; 33.84M here without it).
-# Set the ImageNet checkpoint with --cfg-options model.backbone.init_cfg.checkpoint=PATH (see README).
+# The official ImageNet weights are named: fetched once into the cache and checked (cpvt_backbones.convert.hub);
+# init_cfg's checkpoint also takes a path or a URL.
 _base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet', 'cpvt_backbones.adapters.checkpoint',
@@ -14,7 +15,7 @@ model = dict(
         arch='pcpvt_small',
         out_indices=(0, 1, 2, 3),
         drop_path_rate=0.2,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pcpvt_small_in1k.pth')),
+        init_cfg=dict(type='Pretrained', checkpoint='pcpvt_small')),
     # start_level=1 and add_extra_convs='on_input' come from the base, as in the paper.
     neck=dict(in_channels=[64, 128, 320, 512]))
 

@@ -2,4 +2,4 @@
 # the paper uses drop path 0.4 for the large model.
 _base_ = './fpn_pcpvt-s_8xb2-80k_ade20k-512x512.py'
 model = dict(backbone=dict(arch='pcpvt_large', drop_path_rate=0.4,
-                           init_cfg=dict(checkpoint='checkpoints/pcpvt_large_in1k.pth')))
+                           init_cfg=dict(checkpoint='pcpvt_large')))

@@ -1,7 +1,7 @@
 # Semantic FPN with a PCPVT-S backbone on ADE20K 512x512: the Twins paper's setting (44.3 mIoU, 28.4M params
 # with the stray ImageNet head; 27.86M here). AdamW lr 1e-4, wd 1e-4, poly (power 0.9) over 80k iterations,
-# drop path 0.2, batch 16 = 8 GPUs x 2 images. Set the ImageNet checkpoint with
-# --cfg-options model.backbone.init_cfg.checkpoint=PATH (see README).
+# drop path 0.2, batch 16 = 8 GPUs x 2 images. The official ImageNet weights are
+# named: fetched once into the cache and checked (cpvt_backbones.convert.hub); a path or a URL works too.
 _base_ = [
     'mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_80k.py'
@@ -21,7 +21,7 @@ model = dict(
         arch='pcpvt_small',
         out_indices=(0, 1, 2, 3),
         drop_path_rate=0.2,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/pcpvt_small_in1k.pth')),
+        init_cfg=dict(type='Pretrained', checkpoint='pcpvt_small')),
     neck=dict(in_channels=[64, 128, 320, 512], out_channels=256, num_outs=4),
     decode_head=dict(num_classes=150))
 

@@ -9,7 +9,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Union
 import torch
 
 from .. import models as core
-from ..convert import load_into, load_weights_file, unwrap_state_dict
+from ..convert import load_into, load_weights_file, resolve_checkpoint
 from ..models import model_settings
 
 OUT_TYPES = ('featmap', 'pooled')
@@ -52,14 +52,12 @@ class _OpenMMLabBackbone:
 
     def init_weights(self) -> None:
         """Load ``init_cfg``'s checkpoint strictly through the key converters (a missing, unexpected or
-        mis-shaped key is an error that lists them). Without ``init_cfg`` the constructor's init stands."""
+        mis-shaped key is an error that lists them). ``checkpoint`` is a file, a URL or a model name with
+        published weights (both fetched once into the cache and checked: ``cpvt_backbones.convert.hub``).
+        Without ``init_cfg`` the constructor's init stands."""
         if self.init_cfg is not None:
-            path = str(self.init_cfg['checkpoint'])
-            if path.startswith(('http://', 'https://')):
-                state = unwrap_state_dict(torch.hub.load_state_dict_from_url(
-                    path, map_location='cpu', weights_only=True))
-            else:
-                state = load_weights_file(path)
+            path = str(resolve_checkpoint(str(self.init_cfg['checkpoint'])))
+            state = load_weights_file(path)
             prefix = self.init_cfg.get('prefix')
             if prefix:
                 prefix = prefix if prefix.endswith('.') else prefix + '.'

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from mmengine.config import Config, DictAction
 
 __all__ = ['DictAction', 'add_common_args', 'enable_amp', 'evaluate', 'launched', 'load_config', 'optimize_backbone',
-           'prepare_launch', 'set_cls_test_size', 'set_test_scale']
+           'prepare_launch', 'runner_checkpoint', 'set_cls_test_size', 'set_test_scale']
 _CLS_RESIZE_STEPS = ('Resize', 'ResizeEdge', 'RandomResize', 'CenterCrop', 'RandomResizedCrop')
 
 
@@ -116,14 +116,40 @@ def set_cls_test_size(cfg: Config, size: int, crop_ratio: Optional[float] = None
         dataset.pipeline = steps
 
 
+def _our_backbone(cfg: Config) -> Optional[dict]:
+    """The config's backbone settings if the backbone is one of ours, else None."""
+    backbone = cfg.model.get('backbone') or {}
+    return backbone if str(backbone.get('type', '')).rsplit('.', 1)[-1] in ('PyramidCPVT', 'CPVT') else None
+
+
 def optimize_backbone(cfg: Config) -> bool:
     """Have the config build its backbone with ``optimize=True`` (``cpvt_backbones.optimize``, the fused CPU
     inference path) if the backbone is one of ours; returns whether it is."""
-    backbone = cfg.model.get('backbone') or {}
-    ours = str(backbone.get('type', '')).rsplit('.', 1)[-1] in ('PyramidCPVT', 'CPVT')
-    if ours:
+    backbone = _our_backbone(cfg)
+    if backbone is not None:
         backbone['optimize'] = True
-    return ours
+    return backbone is not None
+
+
+def runner_checkpoint(cfg: Config, spec: str) -> str:
+    """What mmengine's Runner loads (``load_from``) for a CHECKPOINT argument: an mmengine checkpoint as it is;
+    for an mmpretrain config whose backbone is ours, also a model name with published weights, a URL or a bare
+    weight file in any layout we read, written once as that classifier's checkpoint (``backbone.*``,
+    ``head.fc.*``) beside the cached weights."""
+    from ..convert import detect_layout, from_twins, load_weights_file, resolve_checkpoint, to_twins, weights_dir
+    if cfg.get('default_scope') != 'mmpretrain' or _our_backbone(cfg) is None:
+        return spec
+    path = resolve_checkpoint(spec, classifier=True)
+    state = load_weights_file(path)
+    if detect_layout(state) == 'classifier':
+        return str(path)
+    out = weights_dir() / 'classifiers' / f'{path.stem}.mmpretrain.pth'
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + '.tmp')
+        torch.save(dict(state_dict=from_twins(to_twins(state), 'classifier')), tmp)
+        os.replace(tmp, out)
+    return str(out)
 
 
 def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str) -> dict:
@@ -131,7 +157,7 @@ def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str) -> dict:
     from mmengine.runner import Runner
     cfg = copy.deepcopy(cfg)
     optimize_backbone(cfg)
-    cfg.load_from = checkpoint
+    cfg.load_from = runner_checkpoint(cfg, checkpoint)
     cfg.work_dir = work_dir
     cfg.experiment_name = name
     cfg.log_level = 'WARNING'

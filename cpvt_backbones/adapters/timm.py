@@ -1,10 +1,11 @@
 """Registers every model of ``cpvt_backbones.list_models()`` in timm's registry, under the same names.
 
-``timm.create_model('cpvt_small_gap')`` then builds our model through timm's own builder, so timm's
-conventions hold: ``features_only=True`` (``out_indices``, ``feature_info``, through the model's
-``forward_intermediates``), ``pretrained=True`` with ``pretrained_cfg_overlay=dict(file=...)`` (any weight layout
-``cpvt_backbones.convert`` reads), ``num_classes``, ``in_chans``. ``pretrained_cfg`` states no fixed input size.
-No weights are published for these names, so ``pretrained=True`` needs a file.
+``timm.create_model('pcpvt_small')`` then builds our model through timm's own builder, so timm's conventions
+hold: ``features_only=True`` (``out_indices``, ``feature_info``, through the model's ``forward_intermediates``),
+``num_classes``, ``in_chans``, any constructor argument (``pos_encoding=...``). ``pretrained=True`` loads the
+published weights of the PCPVT models through this package's table and cache (``cpvt_backbones.convert.hub``;
+for the others it says none are published), or ``pretrained_cfg_overlay=dict(file=...)`` in any weight layout
+``cpvt_backbones.convert`` reads. ``pretrained_cfg`` states no fixed input size.
 """
 from functools import partial
 from typing import Dict, Mapping
@@ -13,7 +14,7 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, register_model
 
-from ..convert import built_weights, unwrap_state_dict
+from ..convert import built_weights, fetch_weights, unwrap_state_dict
 from ..models.cpvt import CPVT
 from ..models.factory import MODEL_SPECS, create_model
 
@@ -38,10 +39,13 @@ def _filter_weights(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Modu
 
 def _entrypoint(name: str):
     def build(pretrained: bool = False, **kwargs):
+        overlay = dict(kwargs.pop('pretrained_cfg_overlay', None) or {})
+        if pretrained and not overlay.get('file'):  # this package's table and cache (convert.hub), checked
+            overlay['file'] = str(fetch_weights(name, classifier=True)[0])
         return build_model_with_cfg(
             partial(create_model, name), name, pretrained, pretrained_filter_fn=_filter_weights,
             feature_cfg=dict(feature_cls='getter', out_indices=_DEFAULT_OUT_INDICES.get(MODEL_SPECS[name].cls, 4)),
-            **kwargs)
+            pretrained_cfg_overlay=overlay or None, **kwargs)
     build.__name__ = build.__qualname__ = name
     build.__module__ = __name__
     build.__doc__ = f'{name}: {MODEL_SPECS[name].note} (cpvt_backbones).'

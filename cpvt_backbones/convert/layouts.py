@@ -291,6 +291,23 @@ def classifier_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     return _rename_all(state_dict, rename, 'mmpretrain ImageClassifier with our backbone')
 
 
+def twins_to_classifier(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+    """Ours -> our backbone inside an mmpretrain ``ImageClassifier`` (``backbone.*``, ``head.fc.*``): the keys
+    of a checkpoint of ``configs/imagenet`` (the inverse of ``classifier_to_twins``)."""
+    out: StateDict = {}
+    unknown: List[str] = []
+    for key, value in state_dict.items():
+        if key.startswith('head.'):
+            out['head.fc.' + key[len('head.'):]] = value
+        elif key.startswith(TWINS_ROOTS):
+            out['backbone.' + key] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        raise UnknownKeysError('our (Twins/timm) layout', unknown)
+    return out
+
+
 def _is_our_classifier(keys: Sequence[str]) -> bool:
     return bool(keys) and any(k.startswith('backbone.') for k in keys) and all(
         k.startswith('head.fc.') or (k.startswith('backbone.') and k[len('backbone.'):].startswith(TWINS_ROOTS))
@@ -334,9 +351,10 @@ def to_twins(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool = Fals
 
 
 def from_twins(state_dict: Mapping[str, torch.Tensor], layout: str) -> StateDict:
-    """Ours -> ``layout``: 'twins' (unchanged), 'backbone' (no head), 'mmseg', 'mmpretrain' or 'rope_vit'."""
-    writers = {'twins': dict, 'backbone': backbone_only, 'mmseg': twins_to_mmseg, 'mmpretrain': twins_to_mmpretrain,
-               'rope_vit': twins_to_rope_vit}
+    """Ours -> ``layout``: 'twins' (unchanged), 'backbone' (no head), 'classifier' (our backbone in an mmpretrain
+    classifier), 'mmseg', 'mmpretrain' or 'rope_vit'."""
+    writers = {'twins': dict, 'backbone': backbone_only, 'classifier': twins_to_classifier, 'mmseg': twins_to_mmseg,
+               'mmpretrain': twins_to_mmpretrain, 'rope_vit': twins_to_rope_vit}
     if layout not in writers:
         raise ValueError(f'cannot write layout {layout!r}; choose one of {sorted(writers)}')
     return writers[layout](state_dict)

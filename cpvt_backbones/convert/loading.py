@@ -1,6 +1,6 @@
 """Strict loading of any known layout into a model, with errors that list what does not fit."""
 from pathlib import Path
-from typing import Dict, List, Mapping, NamedTuple, Tuple, Union
+from typing import Dict, List, Mapping, NamedTuple, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -49,23 +49,28 @@ def compare(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> LoadRep
                           for k in set(own) & set(state_dict) if state_dict[k].shape != own[k].shape))
 
 
-def built_weights(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+def built_weights(model: nn.Module, state_dict: Mapping[str, torch.Tensor],
+                  skip: Sequence[str] = ()) -> Dict[str, torch.Tensor]:
     """``state_dict`` (any known layout) in ours, without the parts the model deliberately does not build
-    (``model.unbuilt_prefixes``: a classifier head for a dense backbone, ...)."""
-    return {k: v for k, v in to_twins(state_dict).items() if not k.startswith(tuple(model.unbuilt_prefixes))}
+    (``model.unbuilt_prefixes``: a classifier head for a dense backbone, ...) and the key prefixes ``skip``."""
+    dropped = tuple(model.unbuilt_prefixes) + tuple(skip)
+    return {k: v for k, v in to_twins(state_dict).items() if not k.startswith(dropped)}
 
 
 def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True,
-              source: str = 'checkpoint') -> LoadReport:
+              source: str = 'checkpoint', skip: Sequence[str] = ()) -> LoadReport:
     """Convert ``state_dict`` from any known layout to ours, drop the parts the model deliberately does not
-    build (``model.unbuilt_prefixes``: a classifier head for a dense backbone, ...), and load it.
+    build (``model.unbuilt_prefixes``: a classifier head for a dense backbone, ...) and those under ``skip``
+    (a head to be trained afresh), and load it.
 
     ``strict=True`` (default) raises ``CheckpointMismatchError`` listing missing, unexpected and
     shape-mismatched keys before anything is copied. ``strict=False`` copies only the keys whose names and
     shapes match and returns the report of the rest.
     """
-    sd = built_weights(model, state_dict)
+    sd = built_weights(model, state_dict, skip)
     report = compare(model, sd)
+    if skip:
+        report = report._replace(missing=[k for k in report.missing if not k.startswith(tuple(skip))])
     if report and strict:
         raise CheckpointMismatchError(report, source)
     bad = set(report.unexpected) | {k for k, _, _ in report.mismatched}
@@ -73,6 +78,7 @@ def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: 
     return report
 
 
-def load_pretrained(model: nn.Module, path: Union[str, Path], strict: bool = True) -> LoadReport:
+def load_pretrained(model: nn.Module, path: Union[str, Path], strict: bool = True,
+                    skip: Sequence[str] = ()) -> LoadReport:
     """Read ``path`` safely and ``load_into`` the model."""
-    return load_into(model, load_weights_file(path), strict, source=str(path))
+    return load_into(model, load_weights_file(path), strict, source=str(path), skip=skip)

@@ -5,7 +5,7 @@ from typing import Any, Dict, List, Mapping, Optional, Type, Union
 
 from torch import nn
 
-from ..convert import load_pretrained
+from ..convert import fetch_weights, load_pretrained, resolve_checkpoint
 from .cpvt import CPVT
 from .pcpvt import PyramidCPVT
 
@@ -76,19 +76,27 @@ def _check_kwargs(cls: Type[nn.Module], kwargs: Mapping[str, Any]) -> None:
         raise TypeError(f'{cls.__name__} has no argument(s) {unknown}; valid arguments: {valid}')
 
 
-def create_model(name: str, pretrained: Optional[str] = None, **overrides: Any) -> nn.Module:
+def create_model(name: str, pretrained: Union[None, bool, str] = None, **overrides: Any) -> nn.Module:
     """Build a named model. ``overrides`` are constructor arguments (``pos_encoding``, ``drop_path_rate``,
     ``features_only``, ``out_indices``, ``frozen_stages``, ...); ``pos_encoding`` takes a name (``'rope_mixed'``,
     ``'learned+peg'``), a dict (``dict(type='peg', positions=(0,), kernel_size=5)``) or a list of those
     (``cpvt_backbones.layers.position``).
-    ``features_only=True`` implies ``num_classes=0``. ``pretrained`` is a weight file in any layout that
-    ``cpvt_backbones.convert`` knows; it is loaded strictly into what the model builds."""
+    ``features_only=True`` implies ``num_classes=0``.
+
+    ``pretrained=True`` loads the model's published ImageNet weights (``convert.hub``: fetched once into the
+    cache, checked); a string is a weight file, a URL or a model name. Weights in any layout that
+    ``cpvt_backbones.convert`` reads are loaded strictly into what the model builds; with published weights a
+    classifier head of another size than ImageNet's 1000 classes is left freshly initialised (as timm does)."""
     spec = _spec(name)
     _check_kwargs(spec.cls, overrides)
     kwargs = {**spec.settings, **overrides}
     if kwargs.get('features_only') and 'num_classes' not in overrides:
         kwargs['num_classes'] = 0
     model = spec.cls(**kwargs)
-    if pretrained is not None:
-        load_pretrained(model, pretrained)
+    if pretrained is True:
+        fresh_head = bool(model.num_classes) and model.num_classes != 1000
+        path, _ = fetch_weights(name, classifier=bool(model.num_classes) and not fresh_head)
+        load_pretrained(model, path, skip=('head.',) if fresh_head else ())
+    elif pretrained:
+        load_pretrained(model, resolve_checkpoint(str(pretrained)))
     return model
