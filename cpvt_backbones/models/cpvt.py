@@ -1,4 +1,4 @@
-"""Columnar (DeiT-style) CPVT: a plain ViT whose position embedding is replaced by PEGs."""
+"""Columnar (DeiT-style) CPVT: a plain ViT whose position encoding is a part of its own, by default PEGs."""
 from types import MappingProxyType
 from typing import Any, List, Optional, Sequence, Union
 
