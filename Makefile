@@ -20,12 +20,12 @@ demo: env
 # freed memory retained), the scaling study, and where the
 # time goes by kind of op (README).
 bench: env
-	$(PY) tools/benchmark.py pcpvt_small --json benchmarks/results/bench_pcpvt_small.json
-	$(PY) tools/benchmark.py pcpvt_small --retain-freed-memory \
+	$(PY) benchmarks/speed.py pcpvt_small --json benchmarks/results/bench_pcpvt_small.json
+	$(PY) benchmarks/speed.py pcpvt_small --retain-freed-memory \
 		--json benchmarks/results/bench_pcpvt_small_retained.json
-	$(PY) tools/benchmark.py pcpvt_small --scaling --json benchmarks/results/scaling_pcpvt_small.json \
+	$(PY) benchmarks/speed.py pcpvt_small --scaling --json benchmarks/results/scaling_pcpvt_small.json \
 		--plot benchmarks/results/scaling_pcpvt_small.png
-	$(PY) tools/benchmark.py pcpvt_small --breakdown --json benchmarks/results/breakdown_pcpvt_small.json
+	$(PY) benchmarks/speed.py pcpvt_small --breakdown --json benchmarks/results/breakdown_pcpvt_small.json
 
 clean-env:
 	rm -rf .venv

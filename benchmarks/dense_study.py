@@ -30,20 +30,21 @@ run has finished.
 import argparse
 import copy
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / 'benchmarks'))
-from study_common import mean_std, parse_shard, run_meta, save_atomic, study_dir, write_csv  # noqa: E402
+from cpvt_backbones.adapters.runtime import METRICS, SHAPES_TASKS, headline_score
+from cpvt_backbones.utils import atomic_write, pyplot, strip_prefix
+from study_common import mean_std, parse_shard, run_meta, study_dir, write_csv
 
-TASKS = {
-    'detection': dict(config='configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py', metric='coco/bbox_mAP',
-                      label='bbox mAP'),
-    'segmentation': dict(config='configs/shapes/fpn_pcpvt-tiny_shapes.py', metric='mIoU', label='mIoU (%)'),
-}
+ROOT = Path(__file__).resolve().parents[1]
+
+TASKS = SHAPES_TASKS
+
+
+def label(task: str) -> str:
+    return METRICS[TASKS[task].scope].label
 VARIANTS = {
     'peg': 'pcpvt_tiny (PEG)',
     'pvt': "mmdet PVT v1 (learned abs. PE, resized)",
@@ -93,8 +94,8 @@ def backbone(variant: str, task: str, table_size: int) -> dict:
 
 def make_config(task: str, variant: str, seed: int, args: argparse.Namespace, work_dir: Path):
     from cpvt_backbones.adapters.runtime import load_config
-    cfg = load_config(str(ROOT / TASKS[task]['config']), work_dir=str(work_dir))
-    det_cfg = cfg if task == 'detection' else load_config(str(ROOT / TASKS['detection']['config']))
+    cfg = load_config(str(ROOT / TASKS[task].config), work_dir=str(work_dir))
+    det_cfg = cfg if task == 'detection' else load_config(str(ROOT / TASKS['detection'].config))
     cfg.model.backbone = backbone(variant, task, max(det_cfg.train_scale))
     if variant == 'pvt' and task == 'segmentation':
         cfg.custom_imports['imports'] = list(cfg.custom_imports['imports']) + ['mmdet.models']
@@ -155,7 +156,7 @@ def start_from_detector(cfg, detector: Path, path: Path) -> None:
                                 f'{detector} is missing: run the detection task first (--tasks detection '
                                 f'segmentation) or pass --seg-init scratch')
     weights = torch.load(detector, map_location='cpu', weights_only=True)['state_dict']
-    weights = {k[len('backbone.'):]: v for k, v in weights.items() if k.startswith('backbone.')}
+    weights = strip_prefix(weights, 'backbone.', str(detector))
     with DefaultScope.overwrite_default_scope('mmseg'):
         MODELS.build(cfg.model.backbone).load_state_dict(weights, strict=True)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,7 +182,6 @@ def run(task: str, variant: str, seed: int, args: argparse.Namespace, run_dir: P
                                 run_dir / 'backbone_from_detector.pth')
         Runner.from_cfg(copy.deepcopy(cfg)).train()
     train_seconds = time.perf_counter() - start
-    metric = TASKS[task]['metric']
     scores = dict(result['scores']) if result else {}
     start = time.perf_counter()
     for factor in (f for f in args.factors if f not in scores):
@@ -190,18 +190,14 @@ def run(task: str, variant: str, seed: int, args: argparse.Namespace, run_dir: P
         set_test_scale(test_cfg, test_scale(cfg, factor))
         if factor.startswith('drawn'):
             use_drawn_split(test_cfg, factor, args)
-        metrics = evaluate(test_cfg, str(final), str(run_dir / 'eval'), f'{factor}x')
-        if metric not in metrics:  # mmdet's CocoMetric reports nothing when no box passes the score threshold
-            print(f'[dense] {task} {variant} seed {seed} @ {factor}: no detections, mAP 0', flush=True)
-        value = float(metrics.get(metric, 0.))
-        scores[factor] = value if metric == 'mIoU' else 100. * value
-        print(f'[dense] {task} {variant} seed {seed} @ {factor}: {TASKS[task]["label"]} {scores[factor]:.2f}',
-              flush=True)
+        scores[factor] = headline_score(TASKS[task].scope, evaluate(test_cfg, str(final), str(run_dir / 'eval'),
+                                                                    f'{factor}x'))
+        print(f'[dense] {task} {variant} seed {seed} @ {factor}: {label(task)} {scores[factor]:.2f}', flush=True)
     previous = result or dict(train_seconds=0., eval_seconds=0.)
     result = dict(task=task, variant=variant, seed=seed, iterations=iters, scores=scores,
                   train_seconds=round(previous['train_seconds'] + train_seconds, 1),
                   eval_seconds=round(previous['eval_seconds'] + time.perf_counter() - start, 1))
-    save_atomic(lambda tmp: tmp.write_text(json.dumps(result, indent=2)), result_path)
+    atomic_write(result_path, json.dumps(result, indent=2).encode())
     return result
 
 
@@ -220,9 +216,7 @@ def summarise(results: List[Dict], args: argparse.Namespace) -> List[Dict]:
 
 
 def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     scaled = [f for f in SCALES if f in args.factors]
     drawn = [f for f in SCALES if f'drawn{f}' in args.factors]
     fig, axes = plt.subplots(1, len(args.tasks), figsize=(5.8 * len(args.tasks), 4.4), squeeze=False)
@@ -242,7 +236,7 @@ def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
         ax.set_xticks([float(f) for f in scaled] + ([3.4] if 'native' in args.factors else []))
         ax.set_xticklabels(scaled + (['native'] if 'native' in args.factors else []))
         ax.set_xlabel('test scale (x training scale, long side); solid: resized, dashed: drawn at that size')
-        ax.set_ylabel(TASKS[task]['label'])
+        ax.set_ylabel(label(task))
         ax.set_title(task)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
@@ -263,7 +257,7 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
     def heading(factor: str) -> str:
         return factor if factor == 'native' else f'drawn {factor[5:]}x' if factor.startswith('drawn') else f'{factor}x'
     for task in args.tasks:
-        lines += [f'**{task}** ({TASKS[task]["label"]})', '',
+        lines += [f'**{task}** ({label(task)})', '',
                   '| backbone | ' + ' | '.join(heading(f) for f in args.factors) + ' |',
                   '|---|' + '---|' * len(args.factors)]
         for variant in args.variants:

@@ -37,7 +37,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -47,12 +46,14 @@ import torch
 import torch.nn.functional as F
 
 from cpvt_backbones import CPVT
+from cpvt_backbones.layers.position import peg_responses
 from cpvt_backbones.datasets import load_fashion_mnist
 from cpvt_backbones.datasets.fashion_mnist import DEFAULT_ROOT
 
+from cpvt_backbones.utils import atomic_write, pyplot
+from study_common import mean_std, parse_shard, run_meta, study_dir, write_csv
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / 'benchmarks'))
-from study_common import mean_std, parse_shard, run_meta, save_atomic, study_dir, write_csv  # noqa: E402
 MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training-set pixel statistics
 
 
@@ -351,8 +352,8 @@ def train(variant: str, seed: int, args: argparse.Namespace, train_data, run_dir
         print(f'[study] {variant} seed {seed}: {state["log"][-1]}', flush=True)
         ckpt = dict(model=model.state_dict(), optimizer=opt.state_dict(), scheduler=sched.state_dict(),
                     generator=gen.get_state(), torch_rng=torch.get_rng_state(), state=state)
-        save_atomic(lambda tmp: torch.save(ckpt, tmp), ckpt_path)
-    save_atomic(lambda tmp: torch.save(model.state_dict(), tmp), run_dir / 'final.pth')
+        atomic_write(ckpt_path, lambda f: torch.save(ckpt, f))
+    atomic_write(run_dir / 'final.pth', lambda f: torch.save(model.state_dict(), f))
     record = dict(variant=variant, seed=seed, top1={}, epochs=args.epochs, iterations=steps_per_epoch * args.epochs,
                   params=sum(p.numel() for p in model.parameters()), train_seconds=round(state['train_seconds'], 1),
                   eval_seconds=0., log=state['log'])
@@ -390,7 +391,7 @@ def run(variant: str, seed: int, args: argparse.Namespace, data, run_dir: Path) 
         changed = True
         print(f'[study] {variant} seed {seed}: position probe R^2 {result["probe"]["r2"]}', flush=True)
     if changed:
-        save_atomic(lambda tmp: tmp.write_text(json.dumps(result, indent=2)), result_path)
+        atomic_write(result_path, json.dumps(result, indent=2).encode())
     return result
 
 
@@ -413,9 +414,7 @@ def summarise(results: List[Dict], args: argparse.Namespace) -> List[Dict]:
 
 
 def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     train_grid = args.image_size // args.patch
     panels = [('resize', 'top1', 'top-1 (%)', 'images resized'),
               ('resize', 'change', f'change from {train_grid} x {train_grid} (points)', 'images resized')]
@@ -458,9 +457,7 @@ def summarise_placements(results: List[Dict], args: argparse.Namespace) -> List[
 
 
 def plot_placements(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     offsets = sorted({row['top'] for row in rows})
     fig, axes = plt.subplots(1, len(args.variants), figsize=(3.3 * len(args.variants) + 1, 3.6), squeeze=False)
     for ax, variant in zip(axes[0], args.variants):
@@ -497,9 +494,7 @@ def summarise_probe(results: List[Dict], args: argparse.Namespace) -> List[Dict]
 
 
 def plot_probe(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     cols = min(5, len(args.variants))
     nrows = -(-len(args.variants) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(3.4 * cols, 3.4 * nrows), squeeze=False)
@@ -526,26 +521,16 @@ def plot_probe(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
     plt.close(fig)
 
 
-@torch.inference_mode()
 def peg_response(model: CPVT, x: torch.Tensor) -> torch.Tensor:
-    """What the first PEG adds to each token (the L2 norm of its convolution's output), as an (h, w) map; read
-    with a forward hook on ``pos_block.0.proj``."""
-    captured = []
-    handle = model.pos_block[0].proj.register_forward_hook(lambda module, inputs, output: captured.append(output))
-    try:
-        model.eval()
-        model(x)
-    finally:
-        handle.remove()
-    return captured[0][0].norm(dim=0)
+    """What the first PEG adds to each token of the first image (``peg_responses``), an (h, w) map."""
+    model.eval()
+    return peg_responses(model, x)[0][0]
 
 
 def plot_peg_response(args: argparse.Namespace, test_image: torch.Tensor, path: Path) -> None:
     """For each PEG variant (lowest seed): the first PEG's response on a blank image and on a test image, at the
     training size and at 2x (resized and on a canvas)."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     seed = min(args.seeds)
     variants = [v for v in ('peg_0', 'peg_0-5', 'peg_-1_wide') if v in args.variants]
     big = 2 * args.image_size

@@ -15,14 +15,13 @@ import argparse
 import itertools
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from cpvt_backbones.utils import pyplot
+from resolution_study import VARIANTS
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / 'benchmarks'))
-from resolution_study import VARIANTS  # noqa: E402
-from study_common import agg_backend  # noqa: E402
 
 ARMS = {
     'resolution_crop_cls': 'crop protocol, class token, 7 x 7',
@@ -154,7 +153,7 @@ def write(arms: Dict[str, Dict], args: argparse.Namespace) -> str:
 
 
 def plot(arms: Dict[str, Dict], path: Path) -> None:
-    plt = agg_backend()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(arms), figsize=(4.6 * len(arms), 4.2), squeeze=False, sharey=True)
     for ax, (name, arm) in zip(axes[0], arms.items()):
         size = arm['meta']['image_size']

@@ -1,5 +1,5 @@
 """What the resolution studies share: mean and spread over seeds, the CSV table, the run's metadata, where runs
-are kept, sharding and atomic writes."""
+are kept, and sharding."""
 import argparse
 import csv
 import os
@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -65,18 +65,3 @@ def parse_shard(parser: argparse.ArgumentParser, text: str) -> Tuple[int, int]:
     except ValueError:
         pass
     parser.error(f'--shard must be K/N with 0 <= K < N, got {text!r}')
-
-
-def save_atomic(write: Callable[[Path], object], path: Path) -> None:
-    """``write(tmp)`` then rename onto ``path``: a crash leaves the old file or the new one, never half of one."""
-    tmp = path.with_suffix(path.suffix + '.tmp')
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def agg_backend():
-    """matplotlib's pyplot on the file-only Agg backend (no display needed), chosen when a figure is drawn."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    return plt

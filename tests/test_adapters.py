@@ -32,7 +32,8 @@ def test_registered_and_built_from_config(framework):
     assert [tuple(o.shape) for o in outs] == [(2, 64, 7, 10), (2, 160, 4, 5), (2, 256, 2, 3)]
     assert not pyr.patch_embeds[0].proj.weight.requires_grad and pyr.blocks[1][0].attn.q.weight.requires_grad
     assert pyr.blocks[-1][-1].drop_path.drop_prob == pytest.approx(0.1)
-    col = _build(fw, dict(type='CPVT', arch=dict(base='cpvt_tiny_gap', depth=4, pos_encoding=dict(type='peg', positions=(0, 1))),
+    pegs = dict(type='peg', positions=(0, 1))
+    col = _build(fw, dict(type='CPVT', arch=dict(base='cpvt_tiny_gap', depth=4, pos_encoding=pegs),
                             out_indices=(0, 3), with_cp=True))
     assert len(col.blocks) == 4 and len(col.pos_block) == 2 and col.grad_checkpointing
     assert [tuple(o.shape) for o in col(torch.randn(1, 3, 50, 75))] == [(1, 48, 13, 19), (1, 192, 2, 3)]

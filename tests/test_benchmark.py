@@ -1,4 +1,4 @@
-"""tools/benchmark.py: the implementations agree before anything is timed, and the JSON has its schema."""
+"""benchmarks/speed.py: the implementations agree before anything is timed, and the JSON has its schema."""
 import json
 import subprocess
 import sys
@@ -15,7 +15,7 @@ KEYS = {'name', 'shape', 'mode', 'ours_s', 'plain_s', 'mmseg_s', 'timm_s', 'onnx
 
 def bench(tmp_path, *args, repeats=1):
     out = tmp_path / 'bench.json'
-    res = subprocess.run([sys.executable, ROOT / 'tools/benchmark.py', *args, '--repeats', str(repeats), '--json', out],
+    res = subprocess.run([sys.executable, ROOT / 'benchmarks/speed.py', *args, '--repeats', str(repeats), '--json', out],
                          capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return json.loads(out.read_text()), res.stdout
@@ -81,8 +81,7 @@ def test_onnxruntime_runs_our_export_and_agrees(tmp_path):
     pytest.importorskip('onnxruntime')
     import torch
 
-    sys.path.insert(0, str(ROOT / 'tools'))
-    from benchmark import _OnnxRuntime
+    from peers import _OnnxRuntime
 
     from cpvt_backbones import create_model
     torch.manual_seed(0)

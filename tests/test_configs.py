@@ -1,6 +1,5 @@
 """Every config in configs/ builds, runs loss and predict on odd-sized images, and matches the paper's size."""
 import importlib
-import re
 from pathlib import Path
 
 import pytest

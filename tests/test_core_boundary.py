@@ -74,3 +74,38 @@ assert 'RNGStateHook' in after[4]
 '''
     for framework in ('mmdet', 'mmseg', 'mmpretrain'):
         subprocess.run([sys.executable, '-c', code, framework], check=True)
+
+
+def test_importing_any_module_changes_no_process_state():
+    """Every module of the package (but the two opt-ins, whose purpose is a global change), every study and
+    benchmark module and every tool imports without touching the process: sys.path, the umask (read from
+    /proc, which does not change it), torch's FLOP-formula registry, warning filters, torch's defaults and RNG.
+    The third-party libraries are imported first, so that only our own modules are judged."""
+    root = PKG.parent
+    code = f'''
+import importlib, pkgutil, sys, warnings
+import torch, mmengine, mmdet, mmseg, mmpretrain, timm, matplotlib, numpy
+import mmdet.models, mmseg.models, mmpretrain.models, mmdet.registry, mmseg.registry, mmpretrain.registry
+from torch.utils.flop_counter import flop_registry
+sys.path[:0] = [{str(root / 'benchmarks')!r}, {str(root / 'tools')!r}]
+def umask():
+    return open('/proc/self/status').read().split('Umask:')[1].split()[0]
+def state():
+    return (list(sys.path), umask(), sorted(map(str, flop_registry)), [str(f) for f in warnings.filters],
+            torch.get_default_dtype(), torch.get_num_threads(), torch.random.get_rng_state().sum().item(),
+            matplotlib.get_backend())
+before = state()
+import cpvt_backbones
+opt_ins = {{'cpvt_backbones.adapters.checkpoint', 'cpvt_backbones.adapters.hooks'}}
+names = [m.name for m in pkgutil.walk_packages(cpvt_backbones.__path__, 'cpvt_backbones.') if m.name not in opt_ins]
+names += ['peers', 'timing', 'report', 'speed', 'study_common', 'resolution_study', 'resolution_summary', 'dense_study']
+names += ['export_onnx', 'visualize', 'demo', 'train', 'test', 'infer', 'resolution_sweep', 'convert_checkpoint',
+          'make_shapes']
+for name in names:
+    importlib.import_module(name)
+    assert state() == before, f'importing {{name}} changed the process state'
+print(len(names))
+'''
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert int(res.stdout.split()[-1]) > 40

@@ -9,7 +9,6 @@ import torch
 from cpvt_backbones import create_model
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / 'tools'))
 SIZES = [(64, 96), (97, 131), (160, 160)]  # 97 x 131 is not a multiple of 32 (nor of 4); the first is not square:
 # dynamo gives equal sizes one symbol ("duck sizing"), so a square first input would tie H to W
 # Tracing time grows with the number of blocks, and every block is the same code: shallow models keep every
@@ -28,7 +27,7 @@ def test_onnx_backbone_at_three_sizes(name, tmp_path):
     pytest.importorskip('onnxruntime')
     pytest.importorskip('onnxscript')
     import onnx
-    from export_onnx import export, verify
+    from cpvt_backbones.export import export, verify
 
     model, names = shallow(name)
     path = str(tmp_path / f'{name}.onnx')

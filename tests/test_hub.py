@@ -160,7 +160,8 @@ def test_offline_names_the_urls_and_where_to_put_a_copy(weights, monkeypatch):
         create_model('pcpvt_tiny', pretrained=True)
     message = str(info.value)
     assert 'http://127.0.0.1:9/x.pth' in message and str(weights['cache'] / 'x.pth') in message
-    with pytest.raises(hub.WeightsUnavailableError, match="no weights are published for 'cpvt_small'.*cpvt-small_8xb128"):
+    unpublished = "no weights are published for 'cpvt_small'.*cpvt-small_8xb128"
+    with pytest.raises(hub.WeightsUnavailableError, match=unpublished):
         create_model('cpvt_small', pretrained=True)
     with pytest.raises(FileNotFoundError, match="'nope.pth' is not a file, a URL or a model"):
         create_model('pcpvt_tiny', pretrained='nope.pth')

@@ -151,7 +151,9 @@ def test_checkpoint_write_is_all_or_nothing(tmp_path, monkeypatch):
     save_checkpoint({'state_dict': {'w': torch.ones(3)}}, str(path))
     good = path.read_bytes()
     assert isinstance(get_file_backend(str(path)), ckpt_module.AtomicLocalBackend)
-    assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~ckpt_module._UMASK)
+    (tmp_path / 'plain').write_bytes(b'')  # a file created the ordinary way: the mode the umask gives
+    assert oct(path.stat().st_mode & 0o777) == oct((tmp_path / 'plain').stat().st_mode & 0o777)
+    (tmp_path / 'plain').unlink()
 
     def crash(fd):
         raise OSError('disk full (simulated)')

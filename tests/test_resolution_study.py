@@ -212,7 +212,8 @@ def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
     assert {r['variant'] for r in saved['runs']} == set(VARIANTS)
     assert (out / 'resolution_study.png').stat().st_size > 10_000
     assert [(p['top'], p['left']) for p in saved['placement'][:9]] == [(r, c) for r in (0, 4, 8) for c in (0, 4, 8)]
-    assert len(saved['placement']) == len(VARIANTS) * 9 and all(len(p['top1_per_seed']) == 2 for p in saved['placement'])
+    assert len(saved['placement']) == len(VARIANTS) * 9
+    assert all(len(p['top1_per_seed']) == 2 for p in saved['placement'])
     assert all(r['top1'][key] * 20 % 100 == 0 for r in saved['runs'] for key in r['top1'] if key.startswith('place'))
     assert [(p['variant'], p['size']) for p in saved['probe']] == [(v, s) for v in VARIANTS for s in (28, 40)]
     assert all(p['r2_mean'] <= 1 and len(p['predicted_rows']) == p['size'] // 4 for p in saved['probe'])
@@ -236,12 +237,12 @@ def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
     args = study.parse_args(argv)
     data = (study.load_split(args.data, 'train', 96), study.load_split(args.data, 'test', 40))
     resumed = tmp_path / 'resumed'
-    real_save = study.save_atomic
+    real_write = study.atomic_write
 
-    def save_then_crash(write, path):
-        real_save(write, path)
+    def write_then_crash(path, write):
+        real_write(path, write)
         raise KeyboardInterrupt
-    monkeypatch.setattr(study, 'save_atomic', save_then_crash)
+    monkeypatch.setattr(study, 'atomic_write', write_then_crash)
     with pytest.raises(KeyboardInterrupt):
         study.run('peg_0-5', 0, args, data, resumed)
     monkeypatch.undo()

@@ -16,6 +16,7 @@ import torch
 
 from cpvt_backbones import create_model
 from cpvt_backbones.convert import detect_layout, from_twins, load_into, load_weights_file, to_twins
+from cpvt_backbones.utils import strip_prefix
 
 
 def checking_model(name: str, state: dict):
@@ -41,10 +42,10 @@ def main() -> None:
 
     state = load_weights_file(args.src)
     if args.prefix:
-        prefix = args.prefix if args.prefix.endswith('.') else args.prefix + '.'
-        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-        if not state:
-            raise SystemExit(f'no key of {args.src} starts with {prefix!r}')
+        try:
+            state = strip_prefix(state, args.prefix, args.src)
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
     layout = detect_layout(state)
     ours = to_twins(state, drop_pos_embed=args.drop_pos_embed)
     if args.check:

@@ -19,14 +19,11 @@ import numpy as np
 from matplotlib.patches import Patch, Rectangle
 from mmengine.runner import Runner
 
-from cpvt_backbones.adapters.runtime import evaluate, load_config, set_test_scale
+from cpvt_backbones.adapters.runtime import SHAPES_TASKS, evaluate, headline_score, load_config, set_test_scale
 from cpvt_backbones.datasets import generate_shapes
+from cpvt_backbones.utils import pyplot
 
-TASKS = {
-    'detection': dict(config='configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py', metric='coco/bbox_mAP',
-                      label='bbox mAP'),
-    'segmentation': dict(config='configs/shapes/fpn_pcpvt-tiny_shapes.py', metric='mIoU', label='mIoU'),
-}
+LABELS = {'detection': 'bbox mAP', 'segmentation': 'mIoU'}  # the summary reports both as fractions (0-1)
 # (label, resize target as multiples (W, H) of the training scale or None for the native size, keep ratio).
 # With keep_ratio, Resize fits the longer side to the target, so most sizes are not multiples of 32.
 TEST_SIZES = [
@@ -104,18 +101,17 @@ def draw(ax, image: np.ndarray, sample, meta: dict, name: str, title: str) -> No
 def visualise(out: Path, checkpoints: dict) -> None:
     """Per task and size, the first four held-out images with their predictions; and one sheet with one image
     at every drawn size, both tasks side by side (vis/sheet.png)."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from PIL import Image
 
     images = [str(p) for p in sorted(Path('data/shapes/val/images').glob('*.jpg'))[:4]]
     pixels = [np.asarray(Image.open(p).convert('RGB')) for p in images]
-    sheet, axes = plt.subplots(len(TASKS), len(VIS_SIZES), figsize=(3.4 * len(VIS_SIZES), 3.9 * len(TASKS)),
+    rows = len(SHAPES_TASKS)
+    sheet, axes = plt.subplots(rows, len(VIS_SIZES), figsize=(3.4 * len(VIS_SIZES), 3.9 * rows),
                                squeeze=False)
-    for r, (name, task) in enumerate(TASKS.items()):
+    for r, (name, task) in enumerate(SHAPES_TASKS.items()):
         for c, (tag, factors) in enumerate(VIS_SIZES):
-            samples, meta = predict(name, task['config'], checkpoints[name], images, factors)
+            samples, meta = predict(name, task.config, checkpoints[name], images, factors)
             fig, row = plt.subplots(1, len(images), figsize=(3.4 * len(images), 3.9), squeeze=False)
             for ax, image, path, sample in zip(row[0], pixels, images, samples):
                 h, w = sample.metainfo['img_shape'][:2]
@@ -144,22 +140,21 @@ def main() -> None:
     print('[demo] data:', generate_shapes('data/shapes'))
 
     results, checkpoint, checkpoints = {}, None, {}
-    for name, task in TASKS.items():
-        checkpoint = train(name, task['config'], out, args.retrain, init_from=checkpoint)
+    for name, task in SHAPES_TASKS.items():
+        checkpoint = train(name, task.config, out, args.retrain, init_from=checkpoint)
         results[name] = {}
         for label, factors, keep_ratio in TEST_SIZES:
-            cfg = load_config(task['config'])
+            cfg = load_config(task.config)
             set_test_scale(cfg, scaled(cfg, factors), keep_ratio)
             metrics = evaluate(cfg, checkpoint, str(out / name / 'eval'), f'{name}-{label}')
-            value = metrics[task['metric']]
-            results[name][label] = float(value) / 100 if task['metric'] == 'mIoU' else float(value)
-            print(f'[demo] {name:<12} {label:<36} {task["label"]} = {results[name][label]:.3f}')
+            results[name][label] = headline_score(task.scope, metrics) / 100
+            print(f'[demo] {name:<12} {label:<36} {LABELS[name]} = {results[name][label]:.3f}')
         checkpoints[name] = checkpoint
 
-    lines = ['| test resolution | ' + ' | '.join(t['label'] for t in TASKS.values()) + ' |',
-             '|---|' + '---|' * len(TASKS)]
+    lines = ['| test resolution | ' + ' | '.join(LABELS[n] for n in SHAPES_TASKS) + ' |',
+             '|---|' + '---|' * len(SHAPES_TASKS)]
     for label, _, _ in TEST_SIZES:
-        lines.append(f'| {label} | ' + ' | '.join(f'{results[n][label]:.3f}' for n in TASKS) + ' |')
+        lines.append(f'| {label} | ' + ' | '.join(f'{results[n][label]:.3f}' for n in SHAPES_TASKS) + ' |')
     table = '\n'.join(lines)
     minutes = (time.perf_counter() - start) / 60
     (out / 'summary.md').write_text(table + f'\n\n{minutes:.1f} min in total\n')

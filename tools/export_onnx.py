@@ -20,9 +20,7 @@ import torch
 from torch import nn
 
 from cpvt_backbones import create_model, list_models
-
-OPSET = 18
-
+from cpvt_backbones.export import export, verify
 
 def _flat(item) -> List[torch.Tensor]:
     if isinstance(item, torch.Tensor):
@@ -70,41 +68,6 @@ def framework_model(config: str, checkpoint: str, cfg_options=None):
     else:
         raise SystemExit(f'{config}: default_scope must be mmdet or mmseg, got {cfg.default_scope!r}')
     return Flatten(model, lambda m, x: m._forward(x)), names
-
-
-def export(model: nn.Module, path: str, names: Sequence[str], size=(224, 224)) -> None:
-    """Write ``path`` with dynamic batch, height and width (torch.export through ``torch.onnx.export``)."""
-    dynamic = torch.export.Dim.DYNAMIC
-    x = torch.randn(2, 3, *size)
-    with torch.no_grad():
-        program = torch.onnx.export(model, (x,), dynamo=True, opset_version=OPSET, input_names=['image'],
-                                    output_names=list(names), dynamic_shapes=({0: dynamic, 2: dynamic, 3: dynamic},),
-                                    optimize=True, verbose=False)
-    program.save(path)
-
-
-def verify(model: nn.Module, path: str, sizes: Sequence[Tuple[int, int]], batch: int = 1) -> float:
-    """Largest absolute difference between onnxruntime and PyTorch over ``sizes``; also printed."""
-    import onnxruntime as ort
-    session = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
-    worst = 0.
-    for h, w in sizes:
-        x = torch.randn(batch, 3, h, w, generator=torch.Generator().manual_seed(h * 10007 + w))
-        with torch.no_grad():
-            ref = model(x)
-        if isinstance(ref, torch.Tensor):
-            ref = (ref,)
-        got = session.run(None, {'image': x.numpy()})
-        if len(got) != len(ref):
-            raise RuntimeError(f'{path}: {len(got)} outputs, PyTorch gives {len(ref)}')
-        diff = 0.
-        for r, g in zip(ref, got):
-            if tuple(r.shape) != g.shape:
-                raise RuntimeError(f'{path} at {h}x{w}: output shape {g.shape}, PyTorch gives {tuple(r.shape)}')
-            diff = max(diff, (r - torch.from_numpy(g)).abs().max().item())
-        print(f'[onnx] {h}x{w}: {len(got)} outputs, max abs diff vs PyTorch {diff:.2e}')
-        worst = max(worst, diff)
-    return worst
 
 
 def _size(text: str) -> Tuple[int, int]:

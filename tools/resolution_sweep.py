@@ -13,11 +13,10 @@ import csv
 import json
 from pathlib import Path
 
-from cpvt_backbones.adapters.runtime import (DictAction, evaluate, load_config, set_cls_test_size,
-                                             set_test_scale)
+from cpvt_backbones.adapters.runtime import (METRICS, DictAction, evaluate, headline_score, load_config,
+                                             set_cls_test_size, set_test_scale)
+from cpvt_backbones.utils import pyplot
 
-METRICS = {'mmpretrain': ('accuracy/top1', 'top-1 accuracy (%)'), 'mmdet': ('coco/bbox_mAP', 'COCO bbox mAP'),
-           'mmseg': ('mIoU', 'mIoU (%)')}
 
 
 def sweep(config: str, checkpoint: str, sizes, work_dir: Path, name: str, cfg_options=None):
@@ -33,8 +32,8 @@ def sweep(config: str, checkpoint: str, sizes, work_dir: Path, name: str, cfg_op
         else:
             set_test_scale(cfg, (size, size))
         metrics = evaluate(cfg, checkpoint, str(work_dir / 'eval'), f'{name}-{size}')
-        rows.append(dict(size=size, metric=float(metrics[METRICS[scope][0]])))
-        print(f'[sweep] {name} @ {size}: {METRICS[scope][0]} = {rows[-1]["metric"]:.4f}')
+        rows.append(dict(size=size, metric=headline_score(scope, metrics)))
+        print(f'[sweep] {name} @ {size}: {METRICS[scope].label} = {rows[-1]["metric"]:.2f}')
     return rows, METRICS[scope]
 
 
@@ -44,20 +43,16 @@ def write(rows, metric, out: Path, name: str) -> None:
         writer = csv.DictWriter(f, fieldnames=['size', 'metric'])
         writer.writeheader()
         writer.writerows(rows)
-    (out / f'{name}.json').write_text(json.dumps(dict(metric=metric[0], rows=rows), indent=2))
-    plot({name: rows}, metric[1], out / f'{name}.png')
+    (out / f'{name}.json').write_text(json.dumps(dict(metric=metric.key, percent=True, rows=rows), indent=2))
+    plot({name: rows}, metric.label, out / f'{name}.png')
 
 
-def plot(curves, ylabel: str, path: Path, train_size=None) -> None:
-    """One line per name in ``curves`` ({name: rows}); a dashed line at the training size if given."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+def plot(curves, ylabel: str, path: Path) -> None:
+    """One line per name in ``curves`` ({name: rows})."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8), dpi=120)
     for label, rows in curves.items():
         ax.plot([r['size'] for r in rows], [r['metric'] for r in rows], marker='o', label=label)
-    if train_size:
-        ax.axvline(train_size, color='grey', linestyle='--', linewidth=1, label='training size')
     ax.set_xlabel('test resolution (px)')
     ax.set_ylabel(ylabel)
     ax.grid(alpha=.3)

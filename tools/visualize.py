@@ -26,10 +26,10 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from cpvt_backbones import list_models
 from cpvt_backbones.convert import built_weights, load_weights_file, to_twins
+from cpvt_backbones.utils import pyplot, strip_prefix
 from cpvt_backbones.convert.loading import compare
 from cpvt_backbones.models import CPVT, create_model
 
@@ -43,7 +43,7 @@ def backbone_weights(path: str) -> Tuple[Dict[str, torch.Tensor], bool]:
     state = load_weights_file(path)
     if any(k.startswith('backbone.') for k in state) and any(not k.startswith(('backbone.', 'head.fc.'))
                                                               for k in state):
-        state = {k[len('backbone.'):]: v for k, v in state.items() if k.startswith('backbone.')}
+        state = strip_prefix(state, 'backbone.', path)
     state = to_twins(state)
     return state, 'head.weight' not in state
 
@@ -82,7 +82,7 @@ class Recorder:
 
     def __init__(self, model, blocks: Sequence[Tuple[str, torch.nn.Module]]):
         self.qkv: Dict[str, Dict[str, torch.Tensor]] = {}
-        self.peg: List[Tuple[torch.Tensor, torch.Tensor, Tuple[int, int], int]] = []
+        self.peg: List[Tuple[Tuple[int, int], np.ndarray]] = []  # (token grid, what the PEG added per token)
         self.handles = []
         for label, block in blocks:
             slot = self.qkv.setdefault(label, {})
@@ -97,8 +97,8 @@ class Recorder:
             self.handles.append(peg.register_forward_hook(self._peg))
 
     def _peg(self, module, args, out):
-        x, hw = args[0], tuple(args[1])
-        self.peg.append((x.detach(), out.detach(), hw, module.num_prefix_tokens))
+        hw = tuple(args[1])
+        self.peg.append((hw, module.response(args[0].detach(), out.detach(), hw)[0].numpy()))
 
     def remove(self):
         for h in self.handles:
@@ -118,10 +118,6 @@ def attention_map(slot, query: Tuple[float, float], prefix: int) -> Tuple[np.nda
     sr = slot['sr']
     kh, kw = math.ceil(h / sr), math.ceil(w / sr)
     return attn.view(kh, kw).numpy(), (qi, qj)
-
-
-def peg_response(x: torch.Tensor, out: torch.Tensor, hw: Tuple[int, int], prefix: int) -> np.ndarray:
-    return (out - x)[0, prefix:].norm(dim=-1).view(*hw).numpy()
 
 
 def taps(model) -> List[Tuple[str, torch.nn.Module]]:
@@ -156,9 +152,7 @@ def run(model, x: torch.Tensor):
 
 
 def draw(rgb: np.ndarray, name: str, model, x: torch.Tensor, queries: List[Tuple[float, float]], out: Path) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rec, feats = run(model, x)
     const_rec, _ = run(model, (torch.full_like(x, 128.) - MEAN) / STD)
@@ -201,9 +195,9 @@ def draw(rgb: np.ndarray, name: str, model, x: torch.Tensor, queries: List[Tuple
     axes[r, 0].text(0.5, 0.5, 'PEG response\non a uniform grey\nimage: the border\ncomes from the\nzero padding',
                     ha='center', va='center', fontsize=10)
     axes[r + 1, 0].text(0.5, 0.5, 'PEG response\non this image', ha='center', va='center', fontsize=10)
-    for c, ((x0, y0, hw, p), (x1, y1, _, _)) in enumerate(zip(const_rec.peg[:4], pegs)):
-        heat(axes[r, c + 1], peg_response(x0, y0, hw, p), f'pos_block.{c}: |PEG(x)|, {hw[0]}x{hw[1]}')
-        heat(axes[r + 1, c + 1], peg_response(x1, y1, hw, p), f'pos_block.{c}: |PEG(x)|, {hw[0]}x{hw[1]}')
+    for c, ((hw, on_grey), (_, on_image)) in enumerate(zip(const_rec.peg[:4], pegs)):
+        heat(axes[r, c + 1], on_grey, f'pos_block.{c}: |PEG(x)|, {hw[0]}x{hw[1]}')
+        heat(axes[r + 1, c + 1], on_image, f'pos_block.{c}: |PEG(x)|, {hw[0]}x{hw[1]}')
     axes[r + 2, 0].text(0.5, 0.5, 'feature maps\n(L2 norm over channels)', ha='center', va='center', fontsize=10)
     for c, (title, data) in enumerate(feats):
         heat(axes[r + 2, c + 1], data, title)

@@ -10,6 +10,7 @@ import torch
 
 from .. import models as core
 from ..convert import load_into, load_weights_file, resolve_checkpoint
+from ..utils import strip_prefix
 from ..models import model_settings
 
 OUT_TYPES = ('featmap', 'pooled')
@@ -60,10 +61,7 @@ class _OpenMMLabBackbone:
             state = load_weights_file(path)
             prefix = self.init_cfg.get('prefix')
             if prefix:
-                prefix = prefix if prefix.endswith('.') else prefix + '.'
-                state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-                if not state:
-                    raise ValueError(f'no key of {path} starts with prefix {prefix!r}')
+                state = strip_prefix(state, prefix, path)
             load_into(self, state, strict=True, source=path)
         self.is_init = True
 

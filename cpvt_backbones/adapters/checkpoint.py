@@ -10,12 +10,11 @@ with torch's message naming the global.
 
 It also makes local checkpoint writes atomic: mmengine's ``LocalBackend.put`` opens the target path and
 writes into it, so a crash or SIGKILL part-way leaves a truncated ``iter_N.pth`` that ``--resume`` then picks.
-``AtomicLocalBackend`` writes a temporary file in the same directory, fsyncs it and renames it over the target,
-so the file is either the old one, absent, or complete; it replaces mmengine's ``local`` backend on import.
+``AtomicLocalBackend`` writes through ``cpvt_backbones.utils.atomic_write`` (a temporary file in the same
+directory, fsynced and renamed over the target), so the file is either the old one, absent, or complete; it
+replaces mmengine's ``local`` backend on import.
 """
 import copyreg
-import os
-import tempfile
 from pathlib import Path
 from typing import Union
 
@@ -23,6 +22,8 @@ import numpy as np
 import torch
 from mmengine.fileio import LocalBackend, register_backend
 from mmengine.logging import HistoryBuffer
+
+from ..utils import atomic_write
 
 
 def _reduce_history_buffer(buffer: HistoryBuffer):
@@ -35,40 +36,14 @@ def _numpy_data_types() -> list:
     return [multiarray.scalar, multiarray._reconstruct, np.ndarray, np.dtype] + dtypes
 
 
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
-
-
-def atomic_write(data: bytes, path: Union[str, Path]) -> None:
-    """Write ``data`` to ``path`` so that no reader (or crash) ever sees a partial file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix='.part', dir=path.parent)
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            os.fchmod(f.fileno(), 0o666 & ~_UMASK)  # mkstemp's 0600 would outlive the rename
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a power loss
-    finally:
-        os.close(dir_fd)
-
-
 class AtomicLocalBackend(LocalBackend):
     """mmengine's local file backend with all-or-nothing writes (``atomic_write``)."""
 
     def put(self, obj: bytes, filepath: Union[str, Path]) -> None:
-        atomic_write(obj, filepath)
+        atomic_write(filepath, obj)
 
     def put_text(self, obj: str, filepath: Union[str, Path], encoding: str = 'utf-8') -> None:
-        atomic_write(obj.encode(encoding), filepath)
+        atomic_write(filepath, obj.encode(encoding))
 
 
 def install() -> None:

@@ -4,15 +4,47 @@ import copy
 import gc
 import os
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
 
-__all__ = ['DictAction', 'add_common_args', 'enable_amp', 'evaluate', 'launched', 'load_config', 'optimize_backbone',
-           'prepare_launch', 'runner_checkpoint', 'set_cls_test_size', 'set_test_scale']
+from ..utils import atomic_write
+
+__all__ = ['METRICS', 'SHAPES_TASKS', 'DictAction', 'Metric', 'ShapesTask', 'add_common_args', 'enable_amp', 'evaluate',
+           'headline_score', 'launched', 'load_config', 'optimize_backbone', 'prepare_launch', 'runner_checkpoint',
+           'set_cls_test_size', 'set_test_scale']
 _CLS_RESIZE_STEPS = ('Resize', 'ResizeEdge', 'RandomResize', 'CenterCrop', 'RandomResizedCrop')
+
+
+class Metric(NamedTuple):
+    key: str        # in the metrics the framework's test loop returns
+    label: str
+    scale: float    # to a percentage
+
+
+# The headline score of each framework's test loop.
+METRICS = {'mmpretrain': Metric('accuracy/top1', 'top-1 accuracy (%)', 1.),
+           'mmdet': Metric('coco/bbox_mAP', 'bbox mAP (x100)', 100.),
+           'mmseg': Metric('mIoU', 'mIoU (%)', 1.)}
+
+
+class ShapesTask(NamedTuple):
+    scope: str
+    config: str     # relative to the repository root
+
+
+# The CPU-sized tasks on the generated shapes data (the demo, the dense study).
+SHAPES_TASKS = {'detection': ShapesTask('mmdet', 'configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py'),
+                'segmentation': ShapesTask('mmseg', 'configs/shapes/fpn_pcpvt-tiny_shapes.py')}
+
+
+def headline_score(scope: str, metrics: Mapping[str, float]) -> float:
+    """The framework's headline score as a percentage; 0 where the metric is missing (mmdet's CocoMetric reports
+    nothing when no box passes the score threshold)."""
+    metric = METRICS[scope]
+    return metric.scale * float(metrics.get(metric.key, 0.))
 
 
 def load_config(path: str, cfg_options: Optional[dict] = None, work_dir: Optional[str] = None) -> Config:
@@ -145,10 +177,7 @@ def runner_checkpoint(cfg: Config, spec: str) -> str:
         return str(path)
     out = weights_dir() / 'classifiers' / f'{path.stem}.mmpretrain.pth'
     if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + '.tmp')
-        torch.save(dict(state_dict=from_twins(to_twins(state), 'classifier')), tmp)
-        os.replace(tmp, out)
+        atomic_write(out, lambda f: torch.save(dict(state_dict=from_twins(to_twins(state), 'classifier')), f))
     return str(out)
 
 

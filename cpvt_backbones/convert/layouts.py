@@ -11,8 +11,8 @@ import torch
 
 StateDict = Dict[str, torch.Tensor]
 
-TWINS_ROOTS = ('patch_embeds.', 'patch_embed.', 'cls_token', 'pos_embed.', 'blocks.', 'pos_block.', 'pos_qk.', 'rel_pos.',
-               'rope.', 'norm.', 'head.', 'simple_fpn.')
+TWINS_ROOTS = ('patch_embeds.', 'patch_embed.', 'cls_token', 'pos_embed.', 'blocks.', 'pos_block.', 'pos_qk.',
+               'rel_pos.', 'rope.', 'norm.', 'head.', 'simple_fpn.')
 # Keys of the classifier that mmseg's / mmpretrain's dense backbones have no place for.
 CLASSIFIER_ONLY = ('norm.', 'head.')
 
@@ -314,11 +314,8 @@ def _is_our_classifier(keys: Sequence[str]) -> bool:
         for k in keys)
 
 
-LAYOUTS = ('twins', 'classifier', 'mmseg', 'mmpretrain', 'deit', 'rope_vit')
-
-
 def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
-    """One of ``LAYOUTS``: 'twins' (ours, official Twins/CPVT, timm ``twins_pcpvt_*``), 'classifier' (ours
+    """The layout of a state dict: 'twins' (ours, official Twins/CPVT, timm ``twins_pcpvt_*``), 'classifier' (ours
     inside an mmpretrain classifier), 'mmseg', 'mmpretrain' (its own ``PCPVT``), 'deit' or 'rope_vit' (timm's
     RoPE ViTs)."""
     keys = list(state_dict)
@@ -336,7 +333,8 @@ def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
         return 'mmseg'
     raise ValueError('unrecognised checkpoint layout; expected official Twins/CPVT or timm keys '
                      '(patch_embeds.*, blocks.*, pos_block.*), mmseg PCPVT keys (layers.*), mmpretrain PCPVT '
-                     f'keys (backbone.stages.*), DeiT keys (blocks.N.attn.qkv.*) or timm RoPE ViT keys (blocks.N.gamma_1); '
+                     'keys (backbone.stages.*), DeiT keys (blocks.N.attn.qkv.*) or timm RoPE ViT keys '
+                     f'(blocks.N.gamma_1); '
                      f'first keys: {keys[:8]}')
 
 

@@ -3,8 +3,9 @@
 Each image has a textured background (muted smooth colour noise, faint stripes, pixel noise) and 1-3 shapes of
 four classes with random size, saturated colour, rotation and position, never overlapping. Image sizes and aspect
 ratios vary. An image is sampled as a resolution-free ``Scene`` and drawn by ``render(scene, scale)``, so the
-same scenes can be drawn natively at any size (``generate_drawn_split``). Per split it writes ``<split>/images/*.jpg``, ``<split>/masks/*.png`` (label maps: 0 background,
-1.. classes; what mmseg reads) and ``annotations/<split>.json`` (COCO boxes; what mmdet reads).
+same scenes can be drawn natively at any size (``generate_drawn_split``). Per split it writes
+``<split>/images/*.jpg``, ``<split>/masks/*.png`` (label maps: 0 background, 1.. classes; what mmseg reads) and
+``annotations/<split>.json`` (COCO boxes; what mmdet reads).
 """
 import json
 import math
@@ -20,7 +21,6 @@ from PIL import Image, ImageDraw
 
 CLASSES = ('circle', 'square', 'triangle', 'star')
 FORMAT_VERSION = 4  # bump when the drawing changes, so that old data on disk is regenerated
-PALETTE = ((0, 0, 0), (230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48))  # background first
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,8 @@ def generate_drawn_split(root, spec: ShapesSpec, long_side: int, split: str = 'v
         folder, split, shape_scenes(spec)[split], lambda scene: long_side / max(scene.height, scene.width)))
 
 
-def generate_shape_crops(root, num_train: int = 4000, num_val: int = 400, size: int = 64, seed: int = 0) -> Dict[str, int]:
+def generate_shape_crops(root, num_train: int = 4000, num_val: int = 400, size: int = 64,
+                         seed: int = 0) -> Dict[str, int]:
     """One shape per ``size`` x ``size`` image, in ``<split>/<class>/*.jpg`` folders (mmpretrain's
     CustomDataset layout): the classification set for pretraining a backbone on CPU."""
     wanted = json.dumps(dict(num_train=num_train, num_val=num_val, size=size, seed=seed,

@@ -1,7 +1,7 @@
 """Named size variants (data, not classes), ``create_model`` and ``list_models``."""
 import inspect
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Type, Union
+from typing import Any, Dict, List, Mapping, Type, Union
 
 from torch import nn
 

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Type, Union
 from .base import AttentionPosition, Geometry, PositionEncoding, Rotary, merge_attention, rotate
 from .conv1x1 import Conv1x1Encoding
 from .learned import LearnedEncoding, resize_table
-from .peg import PEG, PEG_TYPES, PEGEncoding
+from .peg import PEG, PEG_TYPES, PEGEncoding, peg_responses
 from .peg_qk import PEGQKEncoding
 from .rope import AxialRoPEEncoding, RoPEEncoding
 from .rpe import RPEEncoding
@@ -73,5 +73,5 @@ def build_position_encodings(spec: Spec, geometry: Geometry) -> List[PositionEnc
 
 
 __all__ = ['AttentionPosition', 'ENCODINGS', 'Geometry', 'PEG', 'PEG_TYPES', 'PositionEncoding', 'Rotary',
-           'build_position_encodings', 'merge_attention', 'parse_position_encoding', 'resize_table', 'rotate',
-           'sincos_table']
+           'build_position_encodings', 'merge_attention', 'parse_position_encoding', 'peg_responses', 'resize_table',
+           'rotate', 'sincos_table']

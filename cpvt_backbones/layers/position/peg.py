@@ -43,6 +43,28 @@ class PEG(nn.Module):
         out = map_to_tokens(self.proj(feat) + feat)
         return torch.cat((x[:, :prefix], out), dim=1) if prefix else out
 
+    def response(self, x: torch.Tensor, out: torch.Tensor, hw: HW) -> torch.Tensor:
+        """What this PEG added to each patch token, given its forward's input ``x`` and output ``out``: the L2
+        norm over channels of its convolution's output, as a (B, h, w) map."""
+        prefix = self.num_prefix_tokens
+        return (out - x)[:, prefix:].norm(dim=-1).reshape(x.shape[0], *hw)
+
+
+def peg_responses(model: nn.Module, x: torch.Tensor) -> List[torch.Tensor]:
+    """``PEG.response`` of every PEG of ``model`` (``pos_block``, in network order) on input ``x``, read through
+    forward hooks that are removed afterwards. On a uniform image only the zero-padded border sets tokens apart,
+    so this shows the absolute position a PEG encodes."""
+    responses = []
+    hooks = [peg.register_forward_hook(lambda module, args, out: responses.append(
+        module.response(args[0].detach(), out.detach(), tuple(args[1])))) for peg in getattr(model, 'pos_block', ())]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return responses
+
 
 class PEGEncoding(Placed, PositionEncoding):
     """``peg``: a PEG after each block in ``positions`` (per stage; default: the first block of every stage,
@@ -106,4 +128,4 @@ class PEGEncoding(Placed, PositionEncoding):
         return f'{self.name} after {where}{extra}'
 
 
-__all__ = ['PEG', 'PEGEncoding', 'PEG_TYPES']
+__all__ = ['PEG', 'PEGEncoding', 'PEG_TYPES', 'peg_responses']

@@ -1,0 +1,96 @@
+"""The implementations the speed benchmark times, all on the same weights: our backbone optimized and plain,
+mmseg's ``PCPVT``, timm's ``twins_pcpvt_*``, onnxruntime on our ONNX export, and (on CPUs with native bf16)
+the plain model under bf16 autocast. Each maps a batch to its tuple of four NCHW maps."""
+import copy
+import re
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+import torch
+
+from cpvt_backbones import create_model, optimize
+from cpvt_backbones.convert import twins_to_mmseg
+from cpvt_backbones.export import export
+from cpvt_backbones.models import PyramidCPVT, model_settings
+from timing import cpu_info, has_fast_bf16
+
+PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'bf16')
+
+
+def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None) -> Dict[str, Callable]:
+    """{'ours': optimized, 'plain': ours unoptimized, 'mmseg', 'timm', 'onnxruntime' (with ``onnx_dir``),
+    'bf16' (on CPUs with native bf16)}: each maps a batch to its tuple of four NCHW maps."""
+    torch.manual_seed(0)
+    classifier = create_model(name)
+    weights = classifier.state_dict()
+    plain = create_model(name, features_only=True)
+    plain.load_state_dict({k: v for k, v in weights.items() if not k.startswith(('norm.', 'head.'))})
+    impls = {'ours': optimize(copy.deepcopy(plain)), 'plain': plain}
+    if has_fast_bf16(cpu_info()):
+        impls['bf16'] = _Autocast(plain)
+    if peers and name in ('pcpvt_small', 'pcpvt_base', 'pcpvt_large'):
+        impls['mmseg'] = _mmseg(name, weights)
+        impls['timm'] = _timm(name, weights)
+    if peers and onnx_dir is not None:
+        impls['onnxruntime'] = _OnnxRuntime(plain, Path(onnx_dir) / f'{name}.onnx')
+    return impls
+
+
+class _Autocast(torch.nn.Module):
+    """The plain model under CPU bf16 autocast (where the CPU has native bf16 GEMMs)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            return tuple(o.float() for o in self.model(x))
+
+
+class _OnnxRuntime(torch.nn.Module):
+    """onnxruntime (CPU provider, default graph optimisations) on our ONNX export with dynamic H and W."""
+
+    inference_only = True
+
+    def __init__(self, model, path: Path):
+        super().__init__()
+        import onnxruntime as ort
+        path.parent.mkdir(parents=True, exist_ok=True)
+        export(model.eval(), str(path), [f'stride{s}' for s in model.strides])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        self.session = ort.InferenceSession(str(path), options, providers=['CPUExecutionProvider'])
+
+    def forward(self, x):
+        return tuple(torch.from_numpy(o) for o in self.session.run(None, {'image': x.contiguous().numpy()}))
+
+
+def _mmseg(name: str, weights) -> torch.nn.Module:
+    from mmseg.models.backbones import PCPVT
+    s = model_settings(name, PyramidCPVT)
+    model = PCPVT(embed_dims=list(s['embed_dims']), patch_sizes=[4, 2, 2, 2], strides=[4, 2, 2, 2],
+                  num_heads=list(s['num_heads']), mlp_ratios=list(s['mlp_ratios']), depths=list(s['depths']),
+                  sr_ratios=list(s['sr_ratios']), out_indices=(0, 1, 2, 3), qkv_bias=True, norm_cfg=dict(type='LN'),
+                  norm_after_stage=False, drop_path_rate=0.)
+    model.load_state_dict(twins_to_mmseg(weights), strict=True)
+    for layer_name, module in model.named_modules():
+        if re.fullmatch(r'layers\.\d+\.\d+\.norm[12]', layer_name):
+            module.eps = 1e-6
+    return model
+
+
+class _TimmFeatures(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return tuple(self.model.forward_intermediates(x, intermediates_only=True))
+
+
+def _timm(name: str, weights) -> torch.nn.Module:
+    import timm
+    model = timm.create_model(f'twins_{name}', pretrained=False)
+    model.load_state_dict(weights, strict=True)
+    return _TimmFeatures(model)

@@ -1,0 +1,75 @@
+"""The speed benchmark's tables and its scaling plot."""
+from pathlib import Path
+from typing import List
+
+import torch
+
+from cpvt_backbones.utils import pyplot
+from peers import PEERS
+
+
+def _fmt(value, spec: str) -> str:
+    return '-' if value is None else format(value, spec)
+
+
+def table(rows: List[dict]) -> str:
+    """Ours is the optimized model; ``x peer`` is the peer's time over ours."""
+    lines = ['| case | shape | ours s | ' + ' | '.join(f'{p} s' for p in PEERS) + ' | '
+             + ' | '.join(f'x {p}' for p in PEERS) + ' | ours img/s | GFLOPs | % of matmul | peak MiB ours / '
+             + ' / '.join(PEERS) + ' | page faults per call, thousands, ours / ' + ' / '.join(PEERS)
+             + ' | max diff ' + ' / '.join(PEERS) + ' |',
+             '|---|---|---|' + '---|' * (2 * len(PEERS)) + '---|---|---|---|---|---|']
+    for r in rows:
+        times = ' | '.join(_fmt(r[f'{p}_s'], '.3f') for p in PEERS)
+        ratios = ' | '.join(_fmt(r[f'{p}_s'] / r['ours_s'] if r[f'{p}_s'] else None, '.2f') for p in PEERS)
+        peaks = ' / '.join(_fmt(r[f'{k}_peak_mb'], '.0f') for k in ('ours',) + PEERS)
+        faults = ' / '.join(_fmt(r[f'{k}_faults'] / 1e3 if r[f'{k}_faults'] is not None else None, '.0f')
+                            for k in ('ours',) + PEERS)
+        diffs = ' / '.join(_fmt(r[f'max_abs_diff_{p}'], '.1e') for p in PEERS)
+        lines.append(f"| {r['name']} | {'x'.join(map(str, r['shape']))} | {r['ours_s']:.3f} | {times} | {ratios} "
+                     f"| {r['shape'][0] / r['ours_s']:.2f} | {r['gflops']:.1f} | {100 * r['fraction_of_matmul']:.0f}% "
+                     f"| {peaks} | {faults} | {diffs} |")
+    return '\n'.join(lines)
+
+
+def scaling_table(rows: List[dict]) -> str:
+    lines = ['| input | megapixels | s | s per megapixel | peak MiB | GFLOPs | attention share |',
+             '|---|---|---|---|---|---|---|']
+    for r in rows:
+        lines.append(f"| {r['size']}x{r['size']} | {r['megapixels']:.3f} | {r['seconds']:.3f} "
+                     f"| {r['seconds'] / r['megapixels']:.2f} | {_fmt(r['peak_mb'], '.0f')} | {r['gflops']:.1f} "
+                     f"| {100 * r['attention_share']:.0f}% |")
+    return '\n'.join(lines)
+
+
+def breakdown_table(rows: List[dict]) -> str:
+    kinds = list(rows[0]['kinds'])
+    lines = ['| case | s (profiled) | % of matmul | ' + ' | '.join(f'{k}: time share, % of matmul' for k in kinds)
+             + ' | ceiling (rest free) |', '|---|---|---|' + '---|' * len(kinds) + '---|']
+    for r in rows:
+        cells = [f"{100 * v['share']:.0f}%, " + ('-' if v['fraction_of_matmul'] is None else
+                                                 f"{100 * v['fraction_of_matmul']:.0f}%") for v in r['kinds'].values()]
+        lines.append(f"| {r['name']} | {r['seconds']:.3f} | {100 * r['fraction_of_matmul']:.0f}% | "
+                     + ' | '.join(cells) + f" | {100 * r['ceiling']:.0f}% |")
+    return '\n'.join(lines)
+
+
+def plot_scaling(rows: List[dict], path: Path, name: str) -> None:
+    plt = pyplot()
+    mp = [r['megapixels'] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=120)
+    for ax, key, label in ((axes[0], 'seconds', 'time per image (s)'), (axes[1], 'peak_mb', 'peak memory (MiB)')):
+        values = [r[key] for r in rows]
+        ax.loglog(mp, values, marker='o', label=name)
+        ax.loglog(mp, [values[0] * m / mp[0] for m in mp], '--', color='grey', label='linear in pixels')
+        ax.loglog(mp, [values[0] * (m / mp[0]) ** 2 for m in mp], ':', color='grey', label='quadratic in pixels')
+        ax.set_xlabel('input megapixels')
+        ax.set_ylabel(label)
+        ax.set_ylim(min(values) / 2, max(values) * 2)
+        ax.grid(alpha=.3, which='both')
+        ax.legend(fontsize=8)
+    fig.suptitle(f'{name} features, batch 1, {torch.get_num_threads()} threads', fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)

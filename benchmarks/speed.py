@@ -1,0 +1,106 @@
+"""Speed and memory of our pyramid CPVT backbone, optimized (``cpvt_backbones.optimize``, the fused CPU path)
+and plain, against mmseg's ``PCPVT``, timm's ``twins_pcpvt_*`` and onnxruntime running our ONNX export (what a
+CPU deployer would pick instead); on CPUs with AVX512-BF16 or AMX also the plain model under bf16 autocast.
+
+    python benchmarks/speed.py [NAME ...] [--json PATH] [--repeats 5] [--cases infer224 infer512 ...]
+                               [--retain-freed-memory]
+    python benchmarks/speed.py --scaling [--sizes 128 256 ...] [--json PATH] [--plot PATH]
+    python benchmarks/speed.py --breakdown [--cases ...] [--json PATH]
+    make bench
+
+The implementations are in ``peers.py``, the measuring in ``timing.py``, the tables and plot in ``report.py``.
+
+All three get identical weights (ours -> timm unchanged, -> mmseg through ``convert.twins_to_mmseg``; mmseg's
+encoder-layer LayerNorms are set to the official eps 1e-6, which it hard-codes to 1e-5), and their feature maps
+are compared before anything is timed. Each case then runs the implementations interleaved (A B C A B C ...)
+in one process after a warm-up round and reports medians. Inference runs under ``torch.inference_mode()``;
+the training step is forward + backward of the sum of the maps' means (no optimizer), in train mode with
+drop path 0. Peak memory is the rise of the process's resident-set high-water mark over one call (reset
+through /proc/self/clear_refs, Linux only). GFLOPs are ours, counted by torch's FlopCounterMode with the CPU
+flash-attention kernels registered: 2 FLOPs per multiply-add of every matmul, convolution and attention
+product (backward included for the training step); norms, activations, softmax and adds are not counted.
+The matmul rate is the practical limit: fp32 2048 x 2048 x 2048 products through MKL (``torch.mm``) and
+through oneDNN (the two libraries the fused path chooses from), timed in the same interleaved rounds as the
+models (the speed of a shared machine drifts from minute to minute); the faster median counts. (On AMD CPUs
+MKL runs its AVX2 code even where oneDNN uses AVX-512.) Every result records the CPU's vector ISA and the
+allocator settings, and each timed call's minor page faults: glibc returns large freed blocks to the OS, so a
+model whose activations exceed its mmap threshold (at most 32 MiB) pays for fresh zeroed pages on every call.
+``--retain-freed-memory`` makes glibc keep them (as onnxruntime's arena or jemalloc do) for every
+implementation in the process, which shows how much of a difference is allocation rather than compute.
+Names without an mmseg/timm counterpart (``cpvt_*``, ``pcpvt_tiny``) are timed alone.
+
+``--breakdown`` profiles one call of ours per case (torch.profiler, self time of each op) and splits time and
+FLOPs into GEMMs, attention, convolutions and the rest (norms, activations, adds, copies, Python), with each
+kind's rate as a fraction of the matmul rate, and the ``ceiling``: the fraction the whole model would reach if
+the rest took no time at all.
+"""
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from peers import PEERS, build
+from report import breakdown_table, plot_scaling, scaling_table, table
+from timing import (CASES, SCALING_SIZES, allocator_info, breakdown, cpu_info, retain_freed_memory, run_case,
+                    scaling)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('names', nargs='*', default=['pcpvt_small'])
+    parser.add_argument('--cases', nargs='+', choices=sorted(CASES), default=list(CASES))
+    parser.add_argument('--repeats', type=int, default=5, help='timed rounds per case, after one warm-up round')
+    parser.add_argument('--threads', type=int, help='torch threads (default: torch.get_num_threads())')
+    parser.add_argument('--scaling', action='store_true', help='time/memory against input pixels instead')
+    parser.add_argument('--breakdown', action='store_true', help='where our time goes, by kind of op')
+    parser.add_argument('--sizes', type=int, nargs='+', default=list(SCALING_SIZES), help='for --scaling')
+    parser.add_argument('--json', help='write the results here')
+    parser.add_argument('--onnx-dir', default='work_dirs/bench_onnx', help='where our ONNX export is written')
+    parser.add_argument('--no-onnx', action='store_true', help='leave onnxruntime out')
+    parser.add_argument('--plot', default='benchmarks/results/scaling.png', help='for --scaling')
+    parser.add_argument('--retain-freed-memory', action='store_true',
+                        help='make glibc keep freed memory for reuse (see retain_freed_memory)')
+    args = parser.parse_args()
+    if args.retain_freed_memory:
+        retain_freed_memory()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    meta = dict(torch=torch.__version__, threads=torch.get_num_threads(), **cpu_info(),
+                allocator=allocator_info(args.retain_freed_memory))
+    print(f"[bench] {meta['cpu']}: {meta['isa']} ({', '.join(meta['flags']) or 'no AVX flags'}), "
+          f"{meta['threads']} threads, torch {meta['torch']}, allocator: {meta['allocator']}", flush=True)
+    result = dict(meta)
+    if args.scaling:
+        name = args.names[0]
+        rows = scaling(build(name, peers=False), args.sizes, args.repeats)
+        print(scaling_table(rows))
+        plot_scaling(rows, Path(args.plot), name)
+        print(f'[bench] plot: {args.plot}')
+        result.update(name=name, scaling=rows)
+    elif args.breakdown:
+        name = args.names[0]
+        model = build(name, peers=False)['ours']
+        rows = [breakdown(model, case) for case in args.cases]
+        print(f'\n{name}, one profiled call per case\n{breakdown_table(rows)}\n')
+        result.update(name=name, breakdown=rows)
+    else:
+        result['cases'] = []
+        for name in args.names:
+            impls = build(name, onnx_dir=None if args.no_onnx else args.onnx_dir)
+            rows = []
+            for case in args.cases:
+                rows.append(dict(run_case(impls, case, args.repeats, PEERS), model=name))
+                print(f'[bench] {name} {case}: ours {rows[-1]["ours_s"]:.3f} s', flush=True)
+            print(f'\n{name} (times are medians of {args.repeats} interleaved rounds)\n{table(rows)}\n')
+            result['cases'] += rows
+        result['matmul_gflops'] = statistics.median(r['matmul_gflops'] for r in result['cases'])
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f'[bench] wrote {args.json}')
+
+
+if __name__ == '__main__':
+    main()

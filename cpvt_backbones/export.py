@@ -1,0 +1,46 @@
+"""ONNX export of our models with dynamic batch, height and width, and its check against PyTorch (torch, with
+onnxscript for exporting and onnxruntime for checking)."""
+from typing import Sequence, Tuple
+
+import torch
+from torch import nn
+
+OPSET = 18
+
+
+def export(model: nn.Module, path: str, names: Sequence[str], size=(224, 224)) -> None:
+    """Write ``path`` with dynamic batch, height and width (torch.export through ``torch.onnx.export``)."""
+    dynamic = torch.export.Dim.DYNAMIC
+    x = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        program = torch.onnx.export(model, (x,), dynamo=True, opset_version=OPSET, input_names=['image'],
+                                    output_names=list(names), dynamic_shapes=({0: dynamic, 2: dynamic, 3: dynamic},),
+                                    optimize=True, verbose=False)
+    program.save(path)
+
+
+def verify(model: nn.Module, path: str, sizes: Sequence[Tuple[int, int]], batch: int = 1) -> float:
+    """Largest absolute difference between onnxruntime and PyTorch over ``sizes``; also printed."""
+    import onnxruntime as ort
+    session = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
+    worst = 0.
+    for h, w in sizes:
+        x = torch.randn(batch, 3, h, w, generator=torch.Generator().manual_seed(h * 10007 + w))
+        with torch.no_grad():
+            ref = model(x)
+        if isinstance(ref, torch.Tensor):
+            ref = (ref,)
+        got = session.run(None, {'image': x.numpy()})
+        if len(got) != len(ref):
+            raise RuntimeError(f'{path}: {len(got)} outputs, PyTorch gives {len(ref)}')
+        diff = 0.
+        for r, g in zip(ref, got):
+            if tuple(r.shape) != g.shape:
+                raise RuntimeError(f'{path} at {h}x{w}: output shape {g.shape}, PyTorch gives {tuple(r.shape)}')
+            diff = max(diff, (r - torch.from_numpy(g)).abs().max().item())
+        print(f'[onnx] {h}x{w}: {len(got)} outputs, max abs diff vs PyTorch {diff:.2e}')
+        worst = max(worst, diff)
+    return worst
+
+
+__all__ = ['OPSET', 'export', 'verify']

@@ -1,0 +1,58 @@
+"""Small helpers the package, its tools and its studies share (standard library only; matplotlib on demand)."""
+import contextlib
+import os
+import secrets
+from pathlib import Path
+from typing import BinaryIO, Callable, Dict, Mapping, TypeVar, Union
+
+V = TypeVar('V')
+
+
+def atomic_write(path: Union[str, Path], write: Union[bytes, Callable[[BinaryIO], object]],
+                 durable: bool = True) -> Path:
+    """Write ``path`` so that no reader (and no crash) ever sees a partial file: ``write`` (bytes, or a function
+    given the open binary file) fills a temporary file in the same folder, which then replaces ``path`` in one
+    rename. The temporary file is created like any new file (mode 0666 less the process's umask, applied by the
+    kernel); with ``durable`` the data and the rename are fsynced, so they survive a power loss too."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f'.{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part')
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            if isinstance(write, (bytes, bytearray)):
+                f.write(write)
+            else:
+                write(f)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return path
+
+
+def strip_prefix(state: Mapping[str, V], prefix: str, source: str = 'the checkpoint') -> Dict[str, V]:
+    """The entries under ``prefix`` (a trailing '.' is implied), without it; a ValueError if there are none."""
+    prefix = prefix if prefix.endswith('.') else prefix + '.'
+    out = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    if not out:
+        raise ValueError(f'no key of {source} starts with prefix {prefix!r}; first keys: {list(state)[:6]}')
+    return out
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed), selected when a figure is drawn."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    return plt
