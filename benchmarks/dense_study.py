@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from cpvt_backbones.adapters.runtime import METRICS, SHAPES_TASKS, headline_score
+from cpvt_backbones.adapters.runtime import METRICS, SHAPES_TASKS, headline_score, quiet_known_warnings
 from cpvt_backbones.utils import atomic_write, pyplot, strip_prefix
 from study_common import mean_std, parse_shard, run_meta, study_dir, write_csv
 
@@ -280,6 +280,7 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
     args = parse_args(argv)
+    quiet_known_warnings()
     from cpvt_backbones.datasets import ShapesSpec, generate_shapes
     start = time.perf_counter()
     generate_shapes(args.data, ShapesSpec(num_train=args.num_train, num_val=args.num_val))

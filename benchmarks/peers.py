@@ -27,7 +27,7 @@ def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None) -> Dict
     plain.load_state_dict({k: v for k, v in weights.items() if not k.startswith(('norm.', 'head.'))})
     impls = {'ours': optimize(copy.deepcopy(plain)), 'plain': plain}
     if has_fast_bf16(cpu_info()):
-        impls['bf16'] = _Autocast(plain)
+        impls['bf16'] = _Calling(plain, _autocast_bf16)
     if peers and name in ('pcpvt_small', 'pcpvt_base', 'pcpvt_large'):
         impls['mmseg'] = _mmseg(name, weights)
         impls['timm'] = _timm(name, weights)
@@ -36,16 +36,21 @@ def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None) -> Dict
     return impls
 
 
-class _Autocast(torch.nn.Module):
-    """The plain model under CPU bf16 autocast (where the CPU has native bf16 GEMMs)."""
+class _Calling(torch.nn.Module):
+    """``model`` (a submodule, so ``train``/``eval`` reach it) run as ``call(model, x)``."""
 
-    def __init__(self, model):
+    def __init__(self, model: torch.nn.Module, call: Callable):
         super().__init__()
-        self.model = model
+        self.model, self.call = model, call
 
     def forward(self, x):
-        with torch.autocast('cpu', dtype=torch.bfloat16):
-            return tuple(o.float() for o in self.model(x))
+        return self.call(self.model, x)
+
+
+def _autocast_bf16(model, x):
+    """The plain model under CPU bf16 autocast (where the CPU has native bf16 GEMMs), maps back in fp32."""
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        return tuple(o.float() for o in model(x))
 
 
 class _OnnxRuntime(torch.nn.Module):
@@ -80,17 +85,8 @@ def _mmseg(name: str, weights) -> torch.nn.Module:
     return model
 
 
-class _TimmFeatures(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x):
-        return tuple(self.model.forward_intermediates(x, intermediates_only=True))
-
-
 def _timm(name: str, weights) -> torch.nn.Module:
     import timm
     model = timm.create_model(f'twins_{name}', pretrained=False)
     model.load_state_dict(weights, strict=True)
-    return _TimmFeatures(model)
+    return _Calling(model, lambda m, x: tuple(m.forward_intermediates(x, intermediates_only=True)))

@@ -151,3 +151,19 @@ def test_mmpretrain_classifier_with_pooled_backbone(tmp_path):
     clf.eval()
     with torch.no_grad():
         torch.testing.assert_close(clf(x, mode='tensor'), ref(x))
+
+
+def test_tools_hide_only_the_known_third_party_warnings():
+    """The messages mmengine/mmdet/mmseg print on every model they build are hidden; any other warning shows."""
+    import warnings
+
+    from cpvt_backbones.adapters.runtime import quiet_known_warnings
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter('always')
+        quiet_known_warnings()
+        warnings.warn('Default ``avg_non_ignore`` is False, if you would like to ignore ...', UserWarning)
+        warnings.warn('Failed to add <class \'mmengine.visualization.vis_backend.LocalVisBackend\'>, please ...')
+        warnings.warn('``build_loss`` would be deprecated soon, please use ``mmseg.registry.MODELS.build()``')
+        warnings.warn('The draw is False, it means that the hook for visualization will not take effect.')
+        warnings.warn('something of ours')
+    assert [str(w.message) for w in seen] == ['something of ours']

@@ -19,7 +19,8 @@ import numpy as np
 from matplotlib.patches import Patch, Rectangle
 from mmengine.runner import Runner
 
-from cpvt_backbones.adapters.runtime import SHAPES_TASKS, evaluate, headline_score, load_config, set_test_scale
+from cpvt_backbones.adapters.runtime import (SHAPES_TASKS, evaluate, headline_score, load_config, quiet_known_warnings,
+                                             set_test_scale)
 from cpvt_backbones.datasets import generate_shapes
 from cpvt_backbones.utils import pyplot
 
@@ -135,6 +136,7 @@ def main() -> None:
     parser.add_argument('--out', default='work_dirs/demo')
     parser.add_argument('--retrain', action='store_true')
     args = parser.parse_args()
+    quiet_known_warnings()
     out = Path(args.out)
     start = time.perf_counter()
     print('[demo] data:', generate_shapes('data/shapes'))

@@ -11,7 +11,8 @@ optimized (``cpvt_backbones.optimize``); ``--plain`` keeps the plain model.
 import argparse
 from pathlib import Path
 
-from cpvt_backbones.adapters.runtime import DictAction, load_config, optimize_backbone, set_test_scale
+from cpvt_backbones.adapters.runtime import (DictAction, load_config, optimize_backbone, quiet_known_warnings,
+                                             set_test_scale)
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
 
@@ -61,6 +62,7 @@ def main() -> None:
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     parser.add_argument('--plain', action='store_true', help='do not optimize our backbone')
     args = parser.parse_args()
+    quiet_known_warnings()
 
     cfg = load_config(args.config, args.cfg_options)
     if not args.plain:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from cpvt_backbones.adapters.runtime import (METRICS, DictAction, evaluate, headline_score, load_config,
-                                             set_cls_test_size, set_test_scale)
+                                             quiet_known_warnings, set_cls_test_size, set_test_scale)
 from cpvt_backbones.utils import pyplot
 
 
@@ -71,6 +71,7 @@ def main() -> None:
     parser.add_argument('--name', help='file stem (default: the config name)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     args = parser.parse_args()
+    quiet_known_warnings()
     sizes = args.sizes or load_config(args.config).get('test_resolutions')
     if not sizes:
         raise SystemExit('give --sizes: the config has no test_resolutions')

@@ -15,7 +15,7 @@ import os
 from mmengine.runner import Runner
 
 from cpvt_backbones.adapters.runtime import (add_common_args, launched, load_config, optimize_backbone,
-                                            runner_checkpoint)
+                                            quiet_known_warnings, runner_checkpoint)
 
 
 def main() -> None:
@@ -25,6 +25,7 @@ def main() -> None:
     add_common_args(parser)
     parser.add_argument('--plain', action='store_true', help='do not optimize our backbone')
     args = parser.parse_args()
+    quiet_known_warnings()
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
 
     cfg = load_config(args.config, args.cfg_options, args.work_dir)

@@ -8,7 +8,7 @@ import os
 
 from mmengine.runner import Runner
 
-from cpvt_backbones.adapters.runtime import add_common_args, enable_amp, launched, load_config
+from cpvt_backbones.adapters.runtime import add_common_args, enable_amp, launched, load_config, quiet_known_warnings
 
 
 def main() -> None:
@@ -19,6 +19,7 @@ def main() -> None:
     parser.add_argument('--amp', action='store_true', help='mixed-precision training (GPU only)')
     add_common_args(parser)
     args = parser.parse_args()
+    quiet_known_warnings()
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
 
     cfg = load_config(args.config, args.cfg_options, args.work_dir)
