@@ -14,9 +14,8 @@ from mmengine.config import Config, DictAction
 from ..utils import atomic_write
 
 __all__ = ['KNOWN_WARNINGS', 'METRICS', 'SHAPES_TASKS', 'DictAction', 'Metric', 'ShapesTask', 'add_common_args',
-           'enable_amp', 'evaluate',
-           'headline_score', 'launched', 'load_config', 'optimize_backbone', 'prepare_launch', 'quiet_known_warnings',
-           'runner_checkpoint', 'set_cls_test_size', 'set_test_scale']
+           'enable_amp', 'evaluate', 'headline_score', 'launched', 'load_config', 'optimize_backbone', 'prepare_launch',
+           'quiet_known_warnings', 'runner_checkpoint', 'set_cls_test_size', 'set_test_scale']
 _CLS_RESIZE_STEPS = ('Resize', 'ResizeEdge', 'RandomResize', 'CenterCrop', 'RandomResizedCrop')
 
 
