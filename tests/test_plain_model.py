@@ -128,3 +128,34 @@ def test_mmengine_flop_analyzer_sees_every_linear_layer(name):
     assert len(tokens) == len(layers) == 5 * len(blocks(model))
     for n, layer in layers.items():
         assert n not in uncalled and by_module[n] == tokens[n] * layer.in_features * layer.out_features, n
+
+
+@pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
+def test_block_parts_are_passed_by_keyword(name):
+    """A new attention, MLP or norm is a class handed to the model: every block builds and calls it, and
+    optimize() refuses to fuse around it (it would bypass the part)."""
+    from cpvt_backbones import optimize
+    from cpvt_backbones.layers import Attention, Mlp
+
+    calls = []
+
+    class CountingAttention(Attention):
+        def forward(self, x, hw, pos=None):
+            calls.append(hw)
+            return super().forward(x, hw, pos)
+
+    class ReluMlp(Mlp):
+        def __init__(self, dim, hidden_dim, drop=0.):
+            super().__init__(dim, hidden_dim, drop)
+            self.act = nn.ReLU()
+
+    model = create_model(name, attn_layer=CountingAttention, mlp_layer=ReluMlp,
+                         norm_layer=nn.RMSNorm).eval()
+    blocks = [b for b in model.modules() if type(b).__name__ == 'Block']
+    assert blocks and all(isinstance(b.attn, CountingAttention) and isinstance(b.norm1, nn.RMSNorm)
+                          and isinstance(b.mlp.act, nn.ReLU) for b in blocks)
+    with torch.no_grad():
+        model(torch.randn(1, 3, 50, 70))
+    assert len(calls) == len(blocks)
+    with pytest.raises(ValueError, match=r'norm1 is a RMSNorm, not a plain LayerNorm'):
+        optimize(model)

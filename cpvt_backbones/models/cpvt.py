@@ -1,11 +1,11 @@
 """Columnar (DeiT-style) CPVT: a plain ViT whose position encoding is a part of its own, by default PEGs."""
 from types import MappingProxyType
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
-from ..layers import Block, Geometry, LayerNorm2d, PatchEmbed, tokens_to_map
+from ..layers import Attention, Block, Geometry, LayerNorm2d, Mlp, PatchEmbed, tokens_to_map
 from .base import CPVTBase, take_indices
 
 PYRAMID_STRIDES = (4, 8, 16, 32)
@@ -33,7 +33,8 @@ class CPVT(CPVTBase):
     input, resized to any other), ``'sincos'``, ``'rpe'``, ``'rope_axial'``, ``'rope_mixed'``, ``'none'``, the
     controls ``'conv1x1'``, ``'peg_qk'`` and ``dict(type='peg', frozen=True)``, or combinations
     (``'learned+peg'``). ``layer_scale_init`` adds CaiT's layer scale to every block (timm's RoPE ViTs use
-    1e-5). ``class_token=False`` is the GAP variant (average of the normed patch tokens, > 1 point better
+    1e-5); ``attn_layer``, ``mlp_layer`` and ``norm_layer`` are the blocks' parts (``layers.Block``).
+    ``class_token=False`` is the GAP variant (average of the normed patch tokens, > 1 point better
     top-1 in the paper). The patch embedding is DeiT's (a convolution, no norm).
 
     ``features_only=True`` turns it into a dense backbone: the normed stride-16 patch tokens are laid out as
@@ -63,6 +64,9 @@ class CPVT(CPVTBase):
         norm_eps: float = 1e-6,
         pos_encoding: Any = MappingProxyType(dict(type='peg', positions=(0, 1, 2, 3, 4, 5))),
         layer_scale_init: Optional[float] = None,
+        attn_layer: Callable[..., nn.Module] = Attention,
+        mlp_layer: Callable[..., nn.Module] = Mlp,
+        norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
         features_only: bool = False,
         out_indices: Optional[Sequence[int]] = None,
         frozen_stages: int = -1,
@@ -89,7 +93,7 @@ class CPVT(CPVTBase):
         dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
         self.blocks = nn.ModuleList(
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, dpr[j], 1, norm_eps,
-                  layer_scale_init) for j in range(depth))
+                  layer_scale_init, attn_layer, mlp_layer, norm_layer) for j in range(depth))
         self._setup_position(Geometry((embed_dim,), (depth,), (num_heads,), (patch_size,), (1,),
                                       self.num_prefix_tokens), pos_encoding, [depth])
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)

@@ -1,11 +1,11 @@
 """Pyramid CPVT (Twins-PCPVT): PVT's four stages with spatial-reduction attention, a PEG, and GAP."""
 import math
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
-from ..layers import Block, Geometry, PatchEmbed, tokens_to_map
+from ..layers import Attention, Block, Geometry, Mlp, PatchEmbed, tokens_to_map
 from .base import CPVTBase, take_indices
 
 
@@ -25,7 +25,8 @@ class PyramidCPVT(CPVTBase):
     by default ``'peg'``, a PEG after the first block of every stage (Twins), numbered in network order as
     ``pos_block.{k}`` (``peg_after[(i, j)] = k``; with one PEG per stage, k is the stage); or e.g.
     ``dict(type='peg', positions=((0, 1), (0,), (0,), (0,)), kernel_size=5)``, ``'rope_mixed'``,
-    ``'learned+peg'``, ``'none'``. ``layer_scale_init`` adds CaiT's layer scale to every block.
+    ``'learned+peg'``, ``'none'``. ``layer_scale_init`` adds CaiT's layer scale to every block; ``attn_layer``,
+    ``mlp_layer`` and ``norm_layer`` are the blocks' parts (``layers.Block``).
     ``frozen_stages=k`` freezes the first patch embedding for k = 0 and stages 0..k-1 entirely for k >= 1.
     ``check_finite=True`` makes forward raise a ValueError on NaN or Inf inputs (off by default: a pass over
     the input). Inputs in either memory format, contiguous or not, give the same result.
@@ -48,6 +49,9 @@ class PyramidCPVT(CPVTBase):
         norm_eps: float = 1e-6,
         pos_encoding: Any = 'peg',
         layer_scale_init: Optional[float] = None,
+        attn_layer: Callable[..., nn.Module] = Attention,
+        mlp_layer: Callable[..., nn.Module] = Mlp,
+        norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
         features_only: bool = False,
         out_indices: Optional[Sequence[int]] = None,
         frozen_stages: int = -1,
@@ -83,7 +87,8 @@ class PyramidCPVT(CPVTBase):
             self.pos_drops.append(nn.Dropout(drop_rate))
             self.blocks.append(nn.ModuleList(
                 Block(embed_dims[i], num_heads[i], mlp_ratios[i], qkv_bias, drop_rate, attn_drop_rate,
-                      dpr[start + j], sr_ratios[i], norm_eps, layer_scale_init) for j in range(depths[i])))
+                      dpr[start + j], sr_ratios[i], norm_eps, layer_scale_init, attn_layer, mlp_layer, norm_layer)
+                for j in range(depths[i])))
             prev, start = embed_dims[i], start + depths[i]
         geometry = Geometry(tuple(embed_dims), tuple(depths), tuple(num_heads), tuple(stage_strides),
                             tuple(sr_ratios))
