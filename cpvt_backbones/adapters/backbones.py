@@ -20,10 +20,11 @@ _PRETRAINED_KEYS = {'type', 'checkpoint', 'prefix', 'map_location'}
 class _OpenMMLabBackbone:
     """Mixin placed before a core model class. ``arch`` is a model name or a dict of that class's
     constructor arguments (``base='<name>'`` starts from a named variant). ``optimize=True`` applies
-    ``cpvt_backbones.optimize`` (the fused CPU inference path: same weights, same outputs to float32 rounding)."""
+    ``cpvt_backbones.optimize`` (the fused CPU inference path: same weights, same outputs to float32 rounding);
+    a dict passes its arguments (``optimize=dict(precision='int8')``)."""
 
     def _setup(self, arch: Union[str, Mapping[str, Any]], out_indices: Optional[Sequence[int]], out_type: str,
-               drop_path_rate: float, frozen_stages: int, with_cp: bool, optimize: bool,
+               drop_path_rate: float, frozen_stages: int, with_cp: bool, optimize: Union[bool, Mapping],
                init_cfg: Optional[dict]) -> None:
         core_cls = next(c for c in type(self).__mro__ if c in (core.PyramidCPVT, core.CPVT))
         if out_type not in OUT_TYPES:
@@ -39,7 +40,7 @@ class _OpenMMLabBackbone:
             raise ValueError(f'{clash} are arguments of the backbone itself, not of arch; set them next to arch')
         core_cls.__init__(self, **settings, **fixed)
         if optimize:
-            core.optimize(self)
+            core.optimize(self, **(dict(optimize) if isinstance(optimize, Mapping) else {}))
         if init_cfg is not None:
             if not isinstance(init_cfg, Mapping) or init_cfg.get('type') != 'Pretrained':
                 raise ValueError("init_cfg must be None or dict(type='Pretrained', checkpoint=PATH[, prefix=...]); "
@@ -78,7 +79,7 @@ class PyramidCPVT(_OpenMMLabBackbone, core.PyramidCPVT):
     def __init__(self, arch: Union[str, Mapping[str, Any]] = 'pcpvt_small',
                  out_indices: Optional[Sequence[int]] = None, out_type: str = 'featmap',
                  drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
-                 optimize: bool = False, init_cfg: Optional[dict] = None):
+                 optimize: Union[bool, Mapping] = False, init_cfg: Optional[dict] = None):
         self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, optimize, init_cfg)
 
 
@@ -89,5 +90,5 @@ class CPVT(_OpenMMLabBackbone, core.CPVT):
     def __init__(self, arch: Union[str, Mapping[str, Any]] = 'cpvt_small_gap',
                  out_indices: Optional[Sequence[int]] = None, out_type: str = 'featmap',
                  drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
-                 optimize: bool = False, init_cfg: Optional[dict] = None):
+                 optimize: Union[bool, Mapping] = False, init_cfg: Optional[dict] = None):
         self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, optimize, init_cfg)

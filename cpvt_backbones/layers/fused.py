@@ -1,4 +1,5 @@
-"""The CPU fast path: modules that run a block with the bias and the residual add fused into its GEMMs.
+"""The CPU fast path: modules that run a block with the bias and the residual add fused into its GEMMs, in
+float32, bfloat16 or int8.
 
 In eager PyTorch a linear layer is a GEMM plus a pass that copies the bias into the output, and GELU and the
 residual add are passes of their own over activations up to 8x wider than the tokens. Here the residual is
@@ -7,18 +8,25 @@ activation is written, biased, activated and read back while it is still in cach
 whole: under glibc's default allocator a block that large goes back to the OS when freed, and the plain model
 then pays a page fault per 4 KiB of it on every call (most of this path's lead; docs/performance.md).
 
-Two GEMM libraries can do it, and which is faster depends on the CPU: oneDNN adds the bias and the residual in
-its GEMM epilogue (and runs AVX-512 code where MKL runs AVX2 code, on AMD CPUs); MKL's ``addmm`` accumulates
-into the residual (beta = 1) and biases the cached chunk in place. ``GEMMS`` names them; ``FusedBlock`` and
-``FusedLinear`` take one (``models.optimize`` picks the faster by timing both on one of the model's blocks).
+A ``Kernel`` runs a linear layer's GEMM on 2-D float32 tokens (``KERNELS``):
+
+* ``mkl``, ``onednn``: float32. oneDNN adds the bias and the residual in its GEMM epilogue (and runs AVX-512
+  code where MKL runs AVX2 code, on AMD CPUs); MKL's ``addmm`` accumulates into the residual (beta = 1) and
+  biases the cached chunk in place. Which is faster depends on the CPU (``models.optimize`` times both).
+* ``onednn_bf16``: oneDNN with bfloat16 weights (a copy made once) and inputs, float32 outputs; fast only on
+  CPUs with native bf16 (avx512_bf16, AMX).
+* ``fbgemm_int8``: int8 weights per output channel (symmetric, made once), activations quantized per call
+  (dynamic, per tensor) by fbgemm's dynamic linear, float32 outputs.
 
 These modules are not part of the models: ``cpvt_backbones.models.optimize`` swaps them in for a built model's
-blocks and linear layers, sharing the same parameters. They read ``weight``/``bias`` directly, so hooks on the
-linear layers inside a fused block do not fire in the fused path; the plain model is the one to instrument.
-The fused path runs only where it computes the same function: no autograd (and eval mode for a block),
-float32 on a CPU, no autocast, and not while tracing, compiling or exporting (those record the plain ops).
-Elsewhere, training included, the modules take the plain path.
+blocks and linear layers, sharing the same parameters (a bf16 or int8 copy of a weight is derived data, not in
+the state dict). They read ``weight``/``bias`` directly, so hooks on the linear layers inside a fused block do
+not fire in the fused path; the plain model is the one to instrument. The fused path runs only where it
+applies: no autograd (and eval mode for a block), float32 inputs on a CPU, no autocast, and not while tracing,
+compiling or exporting (those record the plain ops). Elsewhere, training included, the modules take the plain
+float32 path.
 """
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -53,93 +61,196 @@ def can_fuse(x: torch.Tensor) -> bool:
             and not torch.is_autocast_enabled('cpu') and not symbolic_shapes())
 
 
-def _onednn(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-    """``layer(x)`` on 2-D ``x`` in one oneDNN call, the bias added in the GEMM."""
-    return _LINEAR(x, layer.weight, layer.bias, 'none', [], '')
+class Kernel:
+    """How a linear layer's GEMM runs on 2-D float32 tokens: ``prepare`` derives what the kernel needs from the
+    layer once (None: the layer's own parameters), ``linear`` returns ``layer(x)``, ``residual`` returns
+    ``other + layer(x)`` and ``accumulate`` adds ``layer(x)`` to ``part`` in place. The base class states these
+    through ``linear``; float32 kernels fuse them into the GEMM."""
+    precision = 'fp32'
+
+    def available(self) -> bool:
+        return True
+
+    def prepare(self, layer: nn.Module):
+        return None
+
+    def linear(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        raise NotImplementedError
+
+    def residual(self, x: torch.Tensor, layer: nn.Module, other: torch.Tensor) -> torch.Tensor:
+        return self.linear(x, layer).add_(other)
+
+    def accumulate(self, part: torch.Tensor, x: torch.Tensor, layer: nn.Module) -> None:
+        part += self.linear(x, layer)
 
 
-def _mkl(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-    """``layer(x)`` on 2-D ``x`` through MKL's ``addmm`` (the bias copied into the output first)."""
-    return x @ layer.weight.t() if layer.bias is None else torch.addmm(layer.bias, x, layer.weight.t())
+class OneDNN(Kernel):
+    """float32 through oneDNN: bias and residual in the GEMM's epilogue."""
+
+    def available(self) -> bool:
+        return _LINEAR is not None
+
+    def linear(self, x, layer):
+        return _LINEAR(x, layer.weight, layer.bias, 'none', [], '')
+
+    def residual(self, x, layer, other):
+        return _LINEAR.binary(x, other, layer.weight, layer.bias, 'add')
 
 
-def _onednn_residual(x: torch.Tensor, layer: nn.Module, other: torch.Tensor) -> torch.Tensor:
-    """``layer(x) + other`` on 2-D tensors in one oneDNN call."""
-    return _LINEAR.binary(x, other, layer.weight, layer.bias, 'add')
+class MKL(Kernel):
+    """float32 through MKL's ``addmm``: the product accumulated into the residual (beta = 1)."""
+
+    def linear(self, x, layer):
+        return x @ layer.weight.t() if layer.bias is None else torch.addmm(layer.bias, x, layer.weight.t())
+
+    def residual(self, x, layer, other):
+        out = torch.addmm(other, x, layer.weight.t())
+        return out if layer.bias is None else out.add_(layer.bias)
+
+    def accumulate(self, part, x, layer):
+        if layer.bias is not None:
+            part += layer.bias
+        part.addmm_(x, layer.weight.t())
 
 
-def _mkl_residual(x: torch.Tensor, layer: nn.Module, other: torch.Tensor) -> torch.Tensor:
-    """``layer(x) + other`` on 2-D tensors: MKL accumulates the product into a copy of ``other``."""
-    out = torch.addmm(other, x, layer.weight.t())
-    return out if layer.bias is None else out.add_(layer.bias)
+class OneDNNBf16(Kernel):
+    """bfloat16 weights and inputs through oneDNN, float32 out."""
+    precision = 'bf16'
+
+    def available(self) -> bool:
+        return _LINEAR is not None and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+    def prepare(self, layer):
+        bias = None if layer.bias is None else layer.bias.detach().to(torch.bfloat16)
+        return layer.weight.detach().to(torch.bfloat16), bias
+
+    def linear(self, x, layer):
+        weight, bias = layer.prepared
+        return _LINEAR(x.to(torch.bfloat16), weight, bias, 'none', [], '').float()
 
 
-_LINEARS = {'onednn': _onednn, 'mkl': _mkl}
-_RESIDUALS = {'onednn': _onednn_residual, 'mkl': _mkl_residual}
-GEMMS = tuple(g for g in ('mkl', 'onednn') if g == 'mkl' or _LINEAR is not None)
+class FbgemmInt8(Kernel):
+    """int8 weights per output channel (symmetric), activations quantized per call by fbgemm's dynamic
+    linear, float32 out. torch marks quantized tensors (which fbgemm's weight packing takes) deprecated; its
+    other int8 ops run far slower on a CPU (``torch._int_mm`` with per-token activation scales 4-6x, and
+    ``aten._weight_int8pack_mm`` 20-50x slower than float32 oneDNN at pcpvt_small's MLP shapes), so this kernel
+    uses fbgemm while torch has it."""
+    precision = 'int8'
+
+    def available(self) -> bool:
+        return 'fbgemm' in torch.backends.quantized.supported_engines
+
+    def prepare(self, layer):
+        weight = layer.weight.detach()
+        scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-8).double()
+        with warnings.catch_warnings():  # the deprecation of quantized tensors (see the class docstring)
+            warnings.filterwarnings('ignore', message='torch.quantize_per_tensor, torch.quantize_per_channel')
+            qweight = torch.quantize_per_channel(weight, scales, torch.zeros_like(scales, dtype=torch.long), 0,
+                                                 torch.qint8)
+        bias = None if layer.bias is None else layer.bias.detach()
+        with _engine('fbgemm'):  # the engine chooses the packing that linear_dynamic then runs
+            return torch.ops.quantized.linear_prepack(qweight, bias)
+
+    def linear(self, x, layer):
+        return torch.ops.quantized.linear_dynamic(x, layer.prepared, True)
 
 
-def check_gemm(gemm: str) -> str:
-    """``gemm`` if it names a library this torch build has, else a clear error."""
-    if gemm not in ('mkl', 'onednn'):
-        raise ValueError(f"gemm must be 'mkl' or 'onednn', got {gemm!r}")
-    if gemm not in GEMMS:
-        raise RuntimeError("gemm='onednn' needs oneDNN (torch.backends.mkldnn), which this torch build lacks")
-    return gemm
+class _engine:
+    """The quantized engine set to ``name`` for a ``with`` block (it selects the weight packing)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.previous = torch.backends.quantized.engine
+        torch.backends.quantized.engine = self.name
+
+    def __exit__(self, *exc):
+        torch.backends.quantized.engine = self.previous
 
 
-def fused_mlp(part: torch.Tensor, norm: nn.Module, fc1: nn.Module, fc2: nn.Module, gemm: str) -> None:
-    """``part += fc2(gelu(fc1(norm(part))))`` on a 2-D chunk of tokens, in place."""
-    hidden = torch.ops.aten.gelu_(_LINEARS[gemm](norm(part), fc1))
-    if gemm == 'onednn':
-        part += _onednn(hidden, fc2)
-    else:
-        if fc2.bias is not None:
-            part += fc2.bias
-        part.addmm_(hidden, fc2.weight.t())
+KERNELS = {'mkl': MKL(), 'onednn': OneDNN(), 'onednn_bf16': OneDNNBf16(), 'fbgemm_int8': FbgemmInt8()}
+GEMMS = tuple(k for k in ('mkl', 'onednn') if KERNELS[k].available())  # float32: optimize picks the faster
 
 
-def fused_gemms(attended: torch.Tensor, block: nn.Module, gemm: str, residual: torch.Tensor) -> torch.Tensor:
+def check_kernel(name: str) -> str:
+    """``name`` if it names a kernel this torch build and CPU can run, else a clear error."""
+    if name not in KERNELS:
+        raise ValueError(f'kernel must be one of {sorted(KERNELS)}, got {name!r}')
+    if not KERNELS[name].available():
+        raise RuntimeError(f"kernel {name!r} cannot run here ({unavailable_reason(name)})")
+    return name
+
+
+def unavailable_reason(name: str) -> str:
+    return {'onednn': 'this torch build has no oneDNN (torch.backends.mkldnn)',
+            'onednn_bf16': 'the CPU has no native bf16 (avx512_bf16 or AMX) that oneDNN uses',
+            'fbgemm_int8': "this torch build has no fbgemm quantized engine"}.get(name, 'unavailable')
+
+
+def fused_mlp(part: torch.Tensor, norm: nn.Module, fc1: nn.Module, fc2: nn.Module,
+              kernel: Optional[str] = None) -> None:
+    """``part += fc2(gelu(fc1(norm(part))))`` on a 2-D chunk of tokens, in place; each layer through its own
+    kernel unless ``kernel`` names one for both."""
+    k1, k2 = (KERNELS[kernel or layer.kernel] for layer in (fc1, fc2))
+    hidden = torch.ops.aten.gelu_(k1.linear(norm(part), fc1))
+    k2.accumulate(part, hidden, fc2)
+
+
+def fused_gemms(attended: torch.Tensor, block: nn.Module, residual: torch.Tensor,
+                kernel: Optional[str] = None) -> torch.Tensor:
     """What follows attention in a block, on 2-D tokens: ``x = residual + proj(attended)``, then
-    ``x += mlp(norm2(x))`` a chunk at a time."""
-    flat = _RESIDUALS[gemm](attended, block.attn.proj, residual)
+    ``x += mlp(norm2(x))`` a chunk at a time; each layer through its own kernel unless ``kernel`` names one
+    (a float32 kernel needs nothing prepared, so it runs the plain block's layers too)."""
+    proj = block.attn.proj
+    flat = KERNELS[kernel or proj.kernel].residual(attended, proj, residual)
     for start in range(0, flat.shape[0], MLP_CHUNK_TOKENS):
-        fused_mlp(flat[start:start + MLP_CHUNK_TOKENS], block.norm2, block.mlp.fc1, block.mlp.fc2, gemm)
+        fused_mlp(flat[start:start + MLP_CHUNK_TOKENS], block.norm2, block.mlp.fc1, block.mlp.fc2, kernel)
     return flat
 
 
 class FusedLinear(nn.Module):
-    """An ``nn.Linear``'s parameters (shared, same key names) applied through ``gemm`` where ``can_fuse``
-    allows, else with ``F.linear``."""
+    """An ``nn.Linear``'s parameters (shared, same key names) applied through ``kernel`` where ``can_fuse``
+    allows, else with ``F.linear``. ``prepared`` is what the kernel derives from the weights (a bf16 copy,
+    packed int8 weights), not part of the state dict: derived again whenever the weight or bias changes (a
+    checkpoint loaded after ``optimize``, as OpenMMLab's runners do)."""
 
-    def __init__(self, layer: nn.Linear, gemm: str = 'onednn'):
+    def __init__(self, layer: nn.Linear, kernel: str = 'onednn'):
         super().__init__()
         self.in_features, self.out_features = layer.in_features, layer.out_features
-        self.gemm = check_gemm(gemm)
+        self.kernel = check_kernel(kernel)
         self.weight = layer.weight
         self.bias = layer.bias
+        self._prepared, self._prepared_for = None, None
         self.train(layer.training)
+
+    @property
+    def prepared(self):
+        state = tuple((t.data_ptr(), t._version) for t in (self.weight, self.bias) if t is not None)
+        if state != self._prepared_for:
+            self._prepared, self._prepared_for = KERNELS[self.kernel].prepare(self), state
+        return self._prepared
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not can_fuse(x):
             return F.linear(x, self.weight, self.bias)
-        out = _LINEARS[self.gemm](x.reshape(-1, x.shape[-1]), self)
+        out = KERNELS[self.kernel].linear(x.reshape(-1, x.shape[-1]), self)
         return out.view(*x.shape[:-1], out.shape[-1])
 
     def extra_repr(self) -> str:
         return (f'in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, '
-                f'gemm={self.gemm}')
+                f'kernel={self.kernel}')
 
 
 class FusedBlock(nn.Module):
     """A ``layers.Block``'s submodules (shared, same key names) run through the fused kernels in inference:
     attention's output projection with the residual accumulated by its GEMM, then the MLP a chunk of tokens at
-    a time with the residual added in place. Position encodings inside attention (``pos``) are unaffected:
-    fusion starts after attention. A block with layer scale is not fused (``models.optimize`` refuses it)."""
+    a time with the residual added in place, each linear layer through its own kernel (``models.optimize``
+    makes them ``FusedLinear``). Position encodings inside attention (``pos``) are unaffected: fusion starts
+    after attention. A block with layer scale is not fused (``models.optimize`` refuses it)."""
 
-    def __init__(self, block: nn.Module, gemm: str = 'onednn'):
+    def __init__(self, block: nn.Module):
         super().__init__()
-        self.gemm = check_gemm(gemm)
         self.norm1, self.attn, self.ls1, self.norm2, self.mlp, self.ls2, self.drop_path = (
             block.norm1, block.attn, block.ls1, block.norm2, block.mlp, block.ls2, block.drop_path)
         self.train(block.training)
@@ -149,8 +260,4 @@ class FusedBlock(nn.Module):
         if self.training or not can_fuse(x):
             return Block.forward(self, x, hw, pos)
         attended = self.attn.attend(self.norm1(x), hw, pos)
-        return fused_gemms(attended.reshape(-1, attended.shape[-1]), self, self.gemm, x.reshape(-1, x.shape[-1])
-                           ).view(x.shape)
-
-    def extra_repr(self) -> str:
-        return f'gemm={self.gemm}'
+        return fused_gemms(attended.reshape(-1, attended.shape[-1]), self, x.reshape(-1, x.shape[-1])).view(x.shape)

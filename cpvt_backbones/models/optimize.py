@@ -1,19 +1,24 @@
-"""``optimize(model)``: the CPU fast path as an explicit transform of a built model.
+"""``optimize(model)``: the CPU fast path as an explicit transform of a built model, in float32, bfloat16 or int8.
 
 The models themselves only call their submodules (hooks, wrappers, quantisation and FLOP counters see every
-layer). For CPU inference, ``optimize`` swaps each transformer block for a ``layers.FusedBlock`` and each
-linear layer for a ``layers.FusedLinear`` that share the block's parameters: the state dict is unchanged and
-the outputs agree with the plain model to float32 rounding. Every position encoding is kept as it is (they act
-before a block's fused part: on the tokens, or inside attention). It refuses a model it cannot fuse
-faithfully (wrapped or hooked layers, layer scale).
+layer) and know nothing of precision. For CPU inference, ``optimize`` swaps each transformer block for a
+``layers.FusedBlock`` and each linear layer for a ``layers.FusedLinear`` that share the block's parameters: the
+state dict is unchanged. In float32 the outputs agree with the plain model to float32 rounding; ``precision=
+'bf16'`` or ``'int8'`` runs the linear layers' GEMMs on bf16 or int8 copies of their weights
+(``layers.fused.KERNELS``; the float32 parameters stay as they are, for the plain path and the state dict).
+Every position encoding is kept as it is (they act before a block's fused part: on the tokens, or inside
+attention). It refuses a model it cannot fuse faithfully (wrapped or hooked layers, layer scale) and a
+precision the CPU cannot run, and names why.
 """
+import copy
 import time
+from typing import Sequence
 
 import torch
 from torch import nn
 
 from ..layers import Block
-from ..layers.fused import GEMMS, FusedBlock, FusedLinear, check_gemm, fused_gemms
+from ..layers.fused import GEMMS, KERNELS, FusedBlock, FusedLinear, check_kernel, fused_gemms, unavailable_reason
 
 _BLOCK_LAYERS = {'norm1': nn.LayerNorm, 'norm2': nn.LayerNorm, 'attn.q': nn.Linear, 'attn.kv': nn.Linear,
                  'attn.proj': nn.Linear, 'mlp.fc1': nn.Linear, 'mlp.act': nn.GELU, 'mlp.fc2': nn.Linear,
@@ -52,17 +57,33 @@ def pick_gemm(block: Block, tokens: int = 1024, repeats: int = 7) -> str:
         for _ in range(repeats + 2):
             for gemm in GEMMS:
                 start = time.perf_counter()
-                fused_gemms(x, block, gemm, x)
+                fused_gemms(x, block, x, kernel=gemm)
                 times[gemm].append(time.perf_counter() - start)
     return min(GEMMS, key=lambda g: sorted(times[g][2:])[repeats // 2])
 
 
-def optimize(model: nn.Module, gemm: str = 'auto') -> nn.Module:
-    """Swap in the fused CPU modules, in place; returns ``model``. The model must be float32 on the CPU (it
-    may be moved later: elsewhere the fused modules run the plain computation). ``gemm``: 'mkl', 'onednn', or
-    'auto' (``pick_gemm``). Calling it again is a no-op."""
-    if gemm != 'auto':
-        check_gemm(gemm)
+# The kernel each precision runs its linear layers through (float32: the faster of ``GEMMS``, timed).
+PRECISIONS = {'fp32': None, 'bf16': 'onednn_bf16', 'int8': 'fbgemm_int8'}
+
+
+def optimize(model: nn.Module, gemm: str = 'auto', precision: str = 'fp32', keep_fp32: Sequence[str] = (),
+             inplace: bool = True) -> nn.Module:
+    """Swap in the fused CPU modules; returns the model (``model`` itself, or with ``inplace=False`` a
+    transformed copy, leaving ``model`` as it was). The model must be float32 on the CPU (it may be moved later:
+    elsewhere the fused modules run the plain computation).
+
+    ``precision``: 'fp32', 'bf16' (CPUs with avx512_bf16 or AMX) or 'int8' (fbgemm: int8 weights per output
+    channel, activations quantized per call). ``keep_fp32``: name prefixes of linear layers that stay float32
+    at a lower precision (layers whose quantization costs accuracy). ``gemm``: the float32 library, 'mkl',
+    'onednn', or 'auto' (``pick_gemm``). Calling it on an optimized model is a no-op."""
+    if precision not in PRECISIONS:
+        raise ValueError(f'precision must be one of {sorted(PRECISIONS)}, got {precision!r}')
+    if gemm != 'auto' and gemm not in GEMMS:
+        raise ValueError(f'gemm must be one of {list(GEMMS)} (or auto), got {gemm!r}')
+    low = PRECISIONS[precision]
+    if low is not None and not KERNELS[low].available():
+        raise RuntimeError(f"optimize: precision={precision!r} cannot run here: {unavailable_reason(low)} "
+                           f"(torch reports CPU capability {torch.backends.cpu.get_cpu_capability()})")
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
         if tensor.device.type != 'cpu' or tensor.dtype != torch.float32:
             raise ValueError(f'optimize works on a float32 CPU model; {name} is {tensor.dtype} on {tensor.device}')
@@ -71,11 +92,16 @@ def optimize(model: nn.Module, gemm: str = 'auto') -> nn.Module:
         raise ValueError(f'optimize: {type(model).__name__} has no cpvt_backbones transformer block to fuse')
     for name, block in blocks:
         _check_block(name, block)
+    if not inplace:
+        model = copy.deepcopy(model)
+        blocks = [(name, model.get_submodule(name)) for name, _ in blocks]
     if blocks and gemm == 'auto':  # timed on a block of median width: the narrow first stage's is too close to call
         widths = sorted((b for _, b in blocks), key=lambda b: b.mlp.fc1.in_features)
         gemm = pick_gemm(widths[len(widths) // 2])
+    keep = tuple(keep_fp32)
     for name, block in blocks:
-        model.set_submodule(name, FusedBlock(block, gemm))
+        model.set_submodule(name, FusedBlock(block))
     for name, layer in [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]:
-        model.set_submodule(name, FusedLinear(layer, gemm))
+        kernel = gemm if low is None or name.startswith(keep) else low
+        model.set_submodule(name, FusedLinear(layer, check_kernel(kernel)))
     return model
