@@ -16,11 +16,11 @@ test-quick: env
 demo: env
 	$(PY) tools/demo.py
 
-# Speed and memory against mmseg's and timm's PCPVT on the same weights (with glibc's default allocator, then with
-# freed memory retained), the scaling study, and where the
-# time goes by kind of op (README).
+# Speed and memory against mmseg's and timm's PCPVT and onnxruntime on the same weights, in float32, bf16 and int8
+# (with glibc's default allocator, then float32 with freed memory retained), the scaling study, and where the time
+# goes by kind of op (docs/performance.md).
 bench: env
-	$(PY) benchmarks/speed.py pcpvt_small --json benchmarks/results/bench_pcpvt_small.json
+	$(PY) benchmarks/speed.py pcpvt_small --precision bf16 int8 --json benchmarks/results/bench_pcpvt_small.json
 	$(PY) benchmarks/speed.py pcpvt_small --retain-freed-memory \
 		--json benchmarks/results/bench_pcpvt_small_retained.json
 	$(PY) benchmarks/speed.py pcpvt_small --scaling --json benchmarks/results/scaling_pcpvt_small.json \

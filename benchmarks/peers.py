@@ -1,10 +1,12 @@
-"""The implementations the speed benchmark times, all on the same weights: our backbone optimized and plain,
-mmseg's ``PCPVT``, timm's ``twins_pcpvt_*``, onnxruntime on our ONNX export, and (on CPUs with native bf16)
-the plain model under bf16 autocast. Each maps a batch to its tuple of four NCHW maps."""
+"""The implementations the speed benchmark times, all on the same weights: our backbone optimized (float32)
+and plain, mmseg's ``PCPVT``, timm's ``twins_pcpvt_*``, onnxruntime on our ONNX export; with lower precisions
+asked for, our optimized model in bf16 (on CPUs with native bf16; also the plain model under bf16 autocast) and
+in int8, and onnxruntime's own dynamic int8 quantization of our export (what a deployer would try instead).
+Each maps a batch to its tuple of four NCHW maps."""
 import copy
 import re
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
@@ -14,25 +16,35 @@ from cpvt_backbones.export import export
 from cpvt_backbones.models import PyramidCPVT, model_settings
 from timing import cpu_info, has_fast_bf16
 
-PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'bf16')
+PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'plain_bf16', 'ours_bf16', 'ours_int8', 'onnxruntime_int8')
 
 
-def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None) -> Dict[str, Callable]:
-    """{'ours': optimized, 'plain': ours unoptimized, 'mmseg', 'timm', 'onnxruntime' (with ``onnx_dir``),
-    'bf16' (on CPUs with native bf16)}: each maps a batch to its tuple of four NCHW maps."""
+def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
+          precisions: Sequence[str] = ()) -> Dict[str, Callable]:
+    """{'ours': optimized, 'plain': ours unoptimized, 'mmseg', 'timm', 'onnxruntime' (with ``onnx_dir``), and
+    for each of ``precisions`` ('bf16', 'int8') the entries above}: each maps a batch to its four NCHW maps.
+    A bf16 entry is left out on a CPU without native bf16 (a printed line says so)."""
     torch.manual_seed(0)
     classifier = create_model(name)
     weights = classifier.state_dict()
     plain = create_model(name, features_only=True)
     plain.load_state_dict({k: v for k, v in weights.items() if not k.startswith(('norm.', 'head.'))})
     impls = {'ours': optimize(copy.deepcopy(plain)), 'plain': plain}
-    if has_fast_bf16(cpu_info()):
-        impls['bf16'] = _Calling(plain, _autocast_bf16)
+    for precision in precisions:
+        if precision == 'bf16' and not has_fast_bf16(cpu_info()):
+            print('[bench] bf16 left out: this CPU has no native bf16 (avx512_bf16 or AMX)')
+            continue
+        impls[f'ours_{precision}'] = optimize(plain, precision=precision, inplace=False)
+        impls[f'ours_{precision}'].inference_only = True  # training runs the float32 path
+        if precision == 'bf16':
+            impls['plain_bf16'] = _Calling(plain, _autocast_bf16)
     if peers and name in ('pcpvt_small', 'pcpvt_base', 'pcpvt_large'):
         impls['mmseg'] = _mmseg(name, weights)
         impls['timm'] = _timm(name, weights)
     if peers and onnx_dir is not None:
         impls['onnxruntime'] = _OnnxRuntime(plain, Path(onnx_dir) / f'{name}.onnx')
+        if 'int8' in precisions:
+            impls['onnxruntime_int8'] = _OnnxRuntime(plain, Path(onnx_dir) / f'{name}.onnx', quantize=True)
     return impls
 
 
@@ -54,15 +66,22 @@ def _autocast_bf16(model, x):
 
 
 class _OnnxRuntime(torch.nn.Module):
-    """onnxruntime (CPU provider, default graph optimisations) on our ONNX export with dynamic H and W."""
+    """onnxruntime (CPU provider, default graph optimisations) on our ONNX export with dynamic H and W; with
+    ``quantize``, on onnxruntime's dynamic int8 quantization of it (int8 weights per channel)."""
 
     inference_only = True
 
-    def __init__(self, model, path: Path):
+    def __init__(self, model, path: Path, quantize: bool = False):
         super().__init__()
         import onnxruntime as ort
         path.parent.mkdir(parents=True, exist_ok=True)
-        export(model.eval(), str(path), [f'stride{s}' for s in model.strides])
+        if not path.is_file():
+            export(model.eval(), str(path), [f'stride{s}' for s in model.strides])
+        if quantize:
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+            int8 = path.with_name(path.stem + '.int8.onnx')
+            quantize_dynamic(str(path), str(int8), per_channel=True, weight_type=QuantType.QInt8)
+            path = int8
         options = ort.SessionOptions()
         options.intra_op_num_threads = torch.get_num_threads()
         self.session = ort.InferenceSession(str(path), options, providers=['CPUExecutionProvider'])

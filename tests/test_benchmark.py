@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-KEYS = {'name', 'shape', 'mode', 'ours_s', 'plain_s', 'mmseg_s', 'timm_s', 'onnxruntime_s', 'bf16_s',
+KEYS = {'name', 'shape', 'mode', 'ours_s', 'plain_s', 'mmseg_s', 'timm_s', 'onnxruntime_s', 'plain_bf16_s', 'ours_int8_s',
         'ours_peak_mb', 'plain_peak_mb', 'mmseg_peak_mb', 'timm_peak_mb', 'max_abs_diff_plain', 'max_abs_diff_mmseg',
         'max_abs_diff_timm', 'max_abs_diff_onnxruntime', 'gflops', 'ours_gflops_per_s', 'matmul_mkl_gflops',
         'matmul_gflops', 'fraction_of_matmul', 'ours_faults', 'plain_faults', 'mmseg_faults', 'timm_faults'}
@@ -49,6 +49,15 @@ def test_page_faults_counted_and_freed_memory_retained(tmp_path):
     assert retained['allocator'].startswith('glibc, freed memory retained') and 'retained' in retained_stdout
     (row,), (kept,) = default['cases'], retained['cases']
     assert row['plain_faults'] > 5_000 and kept['plain_faults'] < row['plain_faults'] / 10
+
+
+def test_lower_precisions_are_timed_beside_float32(tmp_path):
+    """--precision int8 adds our int8 model, inference only, close to the float32 maps."""
+    result, stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer224', 'train512', '--no-onnx', '--precision', 'int8')
+    infer, train = result['cases']
+    assert infer['ours_int8_s'] > 0 and 0 < infer['max_abs_diff_ours_int8'] < 0.5
+    assert train['ours_int8_s'] is None  # training runs the float32 path: nothing of its own to time
+    assert 'ours_int8 s' in stdout
 
 
 def test_scaling_without_peers(tmp_path):

@@ -6,7 +6,8 @@ Writes predictions (JSON for boxes, PNG label maps for masks) under OUT_DIR/pred
 visualisations (boxes or masks drawn on the image) under OUT_DIR/vis, through mmdet's DetInferencer / mmseg's
 MMSegInferencer. The backbones take any size down to 1 x 1; where a framework's visualiser cannot draw an image
 (mmseg's fails on a 1 x 1 one), that image gets one line saying so and the run goes on. Our backbones run
-optimized (``cpvt_backbones.optimize``); ``--plain`` keeps the plain model.
+optimized (``cpvt_backbones.optimize``; ``--precision bf16|int8`` on lower-precision weights); ``--plain``
+keeps the plain model.
 """
 import argparse
 from pathlib import Path
@@ -61,12 +62,14 @@ def main() -> None:
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     parser.add_argument('--plain', action='store_true', help='do not optimize our backbone')
+    parser.add_argument('--precision', choices=('fp32', 'bf16', 'int8'), default='fp32',
+                        help="our optimized backbone's precision (cpvt_backbones.optimize)")
     args = parser.parse_args()
     quiet_known_warnings()
 
     cfg = load_config(args.config, args.cfg_options)
     if not args.plain:
-        optimize_backbone(cfg)
+        optimize_backbone(cfg, args.precision)
     if args.scale or args.native:
         set_test_scale(cfg, None if args.native else args.scale)
     images = collect_images(args.inputs)

@@ -171,12 +171,12 @@ def _our_backbone(cfg: Config) -> Optional[dict]:
     return backbone if str(backbone.get('type', '')).rsplit('.', 1)[-1] in ('PyramidCPVT', 'CPVT') else None
 
 
-def optimize_backbone(cfg: Config) -> bool:
-    """Have the config build its backbone with ``optimize=True`` (``cpvt_backbones.optimize``, the fused CPU
-    inference path) if the backbone is one of ours; returns whether it is."""
+def optimize_backbone(cfg: Config, precision: str = 'fp32') -> bool:
+    """Have the config build its backbone through ``cpvt_backbones.optimize`` (the fused CPU inference path) in
+    ``precision`` ('fp32', 'bf16', 'int8') if the backbone is one of ours; returns whether it is."""
     backbone = _our_backbone(cfg)
     if backbone is not None:
-        backbone['optimize'] = True
+        backbone['optimize'] = dict(precision=precision)
     return backbone is not None
 
 
@@ -198,11 +198,12 @@ def runner_checkpoint(cfg: Config, spec: str) -> str:
     return str(out)
 
 
-def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str) -> dict:
-    """Run the config's test loop on ``checkpoint`` (our backbones optimized) and return its metrics."""
+def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str, precision: str = 'fp32') -> dict:
+    """Run the config's test loop on ``checkpoint`` (our backbones optimized, in ``precision``) and return its
+    metrics."""
     from mmengine.runner import Runner
     cfg = copy.deepcopy(cfg)
-    optimize_backbone(cfg)
+    optimize_backbone(cfg, precision)
     cfg.load_from = runner_checkpoint(cfg, checkpoint)
     cfg.work_dir = work_dir
     cfg.experiment_name = name
