@@ -138,6 +138,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--out', default='work_dirs/demo')
     parser.add_argument('--retrain', action='store_true')
+    parser.add_argument('--precisions', nargs='+', default=['fp32'], choices=('fp32', 'bf16', 'int8'),
+                        help="evaluate our optimized backbone at these precisions (cpvt_backbones.optimize)")
     args = parser.parse_args()
     quiet_known_warnings()
     out = Path(args.out)
@@ -154,15 +156,19 @@ def main() -> None:
         for label, factors, keep_ratio in TEST_SIZES:
             cfg = load_config(task.config)
             set_test_scale(cfg, scaled(cfg, factors), keep_ratio)
-            metrics = evaluate(cfg, checkpoint, str(out / name / 'eval'), f'{name}-{label}')
-            results[name][label] = headline_score(task.scope, metrics) / 100
-            print(f'[demo] {name:<12} {label:<36} {LABELS[name]} = {results[name][label]:.3f}')
+            for precision in args.precisions:
+                metrics = evaluate(cfg, checkpoint, str(out / name / 'eval'), f'{name}-{label}-{precision}',
+                                   precision)
+                results[name].setdefault(label, {})[precision] = headline_score(task.scope, metrics) / 100
+                print(f'[demo] {name:<12} {label:<36} {precision} {LABELS[name]} = '
+                      f'{results[name][label][precision]:.3f}')
         checkpoints[name] = checkpoint
 
-    lines = ['| test resolution | ' + ' | '.join(LABELS[n] for n in SHAPES_TASKS) + ' |',
-             '|---|' + '---|' * len(SHAPES_TASKS)]
+    columns = [(n, p) for n in SHAPES_TASKS for p in args.precisions]
+    lines = ['| test resolution | ' + ' | '.join(LABELS[n] + (f' {p}' if len(args.precisions) > 1 else '')
+                                                for n, p in columns) + ' |', '|---|' + '---|' * len(columns)]
     for label, _, _ in TEST_SIZES:
-        lines.append(f'| {label} | ' + ' | '.join(f'{results[n][label]:.3f}' for n in SHAPES_TASKS) + ' |')
+        lines.append(f'| {label} | ' + ' | '.join(f'{results[n][label][p]:.3f}' for n, p in columns) + ' |')
     table = '\n'.join(lines)
     minutes = (time.perf_counter() - start) / 60
     (out / 'summary.md').write_text(table + f'\n\nPretraining: top-1 {accuracy["accuracy/top1"]:.1f}% on the held-out '
