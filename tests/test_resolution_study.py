@@ -11,7 +11,7 @@ import torch
 from cpvt_backbones.datasets import load_fashion_mnist, read_idx
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ['none', 'learned', 'peg_0', 'peg_0-5', 'rope_mixed']
+VARIANTS = ['none', 'learned', 'peg_0-5']  # the paths: no encoding, a table (probe), PEGs (their response)
 TINY = ['--train-images', '96', '--test-images', '40', '--epochs', '2', '--batch-size', '32', '--dim', '16',
         '--depth', '6', '--heads', '2', '--image-size', '28', '--patch', '4', '--test-sizes', '28', '40',
         '--placement-canvas', '36', '--placement-images', '20', '--probe-images', '10', '--canvas-sizes', '40',
