@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from cpvt_backbones.adapters.runtime import METRICS, SHAPES_TASKS, headline_score, quiet_known_warnings
+from cpvt_backbones.adapters.runtime import METRICS, SHAPES_TASKS, build_runner, headline_score, quiet_known_warnings
 from cpvt_backbones.utils import atomic_write, pyplot, strip_prefix
 from study_common import mean_std, parse_shard, run_meta, study_dir, write_csv
 
@@ -166,8 +166,6 @@ def start_from_detector(cfg, detector: Path, path: Path) -> None:
 
 def run(task: str, variant: str, seed: int, args: argparse.Namespace, run_dir: Path) -> Dict:
     """Train (or resume) one model, then evaluate it at every test size; cached in result.json."""
-    from mmengine.runner import Runner
-
     from cpvt_backbones.adapters.runtime import evaluate, set_test_scale
     result_path = run_dir / 'result.json'
     result = json.loads(result_path.read_text()) if result_path.is_file() else None
@@ -180,7 +178,7 @@ def run(task: str, variant: str, seed: int, args: argparse.Namespace, run_dir: P
         if task == 'segmentation' and args.seg_init == 'detection':
             start_from_detector(cfg, run_dir.parent / f'detection-{variant}-seed{seed}' / f'iter_{args.det_iters}.pth',
                                 run_dir / 'backbone_from_detector.pth')
-        Runner.from_cfg(copy.deepcopy(cfg)).train()
+        build_runner(copy.deepcopy(cfg)).train()
     train_seconds = time.perf_counter() - start
     scores = dict(result['scores']) if result else {}
     start = time.perf_counter()

@@ -3,7 +3,7 @@
 The package root and ``layers``, ``models``, ``convert`` need only torch. The OpenMMLab registrations live in
 ``cpvt_backbones.adapters.{mmdet,mmseg,mmpretrain}`` and are imported by configs through ``custom_imports``.
 """
-from .models import CPVT, PyramidCPVT, create_model, list_models, optimize
+from .models import CPVT, PyramidCPVT, create_model, list_models, optimize, record_input_ranges
 
 __version__ = '0.1.0'
-__all__ = ['CPVT', 'PyramidCPVT', 'create_model', 'list_models', 'optimize']
+__all__ = ['CPVT', 'PyramidCPVT', 'create_model', 'list_models', 'optimize', 'record_input_ranges']

@@ -224,3 +224,32 @@ def test_infer_on_a_folder_at_any_resolution(cfg, package, workdir):
     not_drawn = [line for line in res.stdout.splitlines() if 'not drawn' in line]
     assert len(drawn) + len(not_drawn) == len(sizes) and {'9x13', '37x523', '700x95'} <= drawn, (drawn, not_drawn)
     assert all(line.startswith('[infer] 1x1.png: not drawn (') for line in not_drawn), not_drawn
+
+
+def test_static_int8_is_calibrated_once_and_reused(workdir, tmp_path):
+    """tools/test.py --precision int8 --calibrate: activation ranges of every linear layer of the backbone from
+    a few images (a folder, or the config's test set), saved under the weights directory and reused by the next
+    run instead of calibrating again; --calibrate without int8 is refused."""
+    wd = workdir / 'calibrate_mmseg'
+    train(SEG, wd, workdir, max_iters=1, options=['default_hooks.checkpoint.interval=1'])
+    env = dict(CPVT_WEIGHTS_DIR=str(tmp_path))
+    runs = {}
+    for source in (workdir / 'data' / 'shapes' / 'train' / 'images', 'val', 'val'):
+        res = run([ROOT / 'tools/test.py', SEG, wd / 'iter_1.pth', '--work-dir', wd, '--precision', 'int8',
+                   '--calibrate', source, '--calibrate-images', '3'], workdir, env)
+        assert res.returncode == 0 and 'mIoU' in res.stdout + res.stderr, res.stdout[-3000:] + res.stderr[-3000:]
+        (line,) = [x for x in res.stdout.splitlines() if x.startswith('[calibrate] activation ranges: ')]
+        path = Path(line.split(': ', 1)[1])
+        runs.setdefault(str(source), []).append((path, path.stat().st_mtime_ns))
+    (folder,), (val_first, val_again) = [v for k, v in runs.items() if k != 'val'], runs['val']
+    assert folder[0] != val_first[0] and val_first == val_again  # same file, not written again
+    record = json.loads(val_first[0].read_text())
+    from torch import nn
+
+    from cpvt_backbones import create_model
+    linears = {n for n, m in create_model('pcpvt_tiny', features_only=True).named_modules()
+               if isinstance(m, nn.Linear)}
+    assert record['images'] == 3 and set(record['input_ranges']) == linears
+    assert all(low < high for low, high in record['input_ranges'].values())
+    res = run([ROOT / 'tools/test.py', SEG, wd / 'iter_1.pth', '--calibrate', 'val'], workdir, env)
+    assert res.returncode != 0 and '--calibrate calibrates static int8' in res.stderr

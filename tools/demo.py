@@ -19,10 +19,9 @@ from typing import List, Tuple
 
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
-from mmengine.runner import Runner
 
-from cpvt_backbones.adapters.runtime import (SHAPES_TASKS, evaluate, headline_score, load_config, quiet_known_warnings,
-                                             set_test_scale)
+from cpvt_backbones.adapters.runtime import (SHAPES_TASKS, build_runner, calibrate, evaluate, headline_score,
+                                             load_config, quiet_known_warnings, set_test_scale)
 from cpvt_backbones.datasets import generate_shape_crops, generate_shapes
 from cpvt_backbones.utils import pyplot
 
@@ -39,6 +38,9 @@ TEST_SIZES = [
     ('native image size (128-288 px)', None, True),
 ]
 VIS_SIZES = [('0.7x', (.7, .7)), ('1x', (1., 1.)), ('native', None), ('2x', (2., 2.))]
+# Static int8 is calibrated once per model, at the training scale, on training images (never the test split).
+PRECISIONS = ('fp32', 'bf16', 'int8', 'int8_static')
+CALIBRATION = 'data/shapes/train/images'
 SCORE_THR = 0.5  # boxes drawn: confident ones only (RetinaNet returns up to 100 low-score candidates per image)
 
 
@@ -57,7 +59,7 @@ def train(name: str, config: str, out: Path, retrain: bool, init_from: str = Non
         print(f'[demo] {name}: reusing {final} (pass --retrain to train again)')
         return str(final)
     start = time.perf_counter()
-    Runner.from_cfg(cfg).train()
+    build_runner(cfg).train()
     print(f'[demo] {name}: trained {cfg.train_cfg.max_iters} iterations in {time.perf_counter() - start:.0f} s')
     return str(final)
 
@@ -138,8 +140,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--out', default='work_dirs/demo')
     parser.add_argument('--retrain', action='store_true')
-    parser.add_argument('--precisions', nargs='+', default=['fp32'], choices=('fp32', 'bf16', 'int8'),
-                        help="evaluate our optimized backbone at these precisions (cpvt_backbones.optimize)")
+    parser.add_argument('--precisions', nargs='+', default=['fp32'], choices=PRECISIONS,
+                        help="evaluate our optimized backbone at these precisions (cpvt_backbones.optimize; "
+                             "int8: dynamic activations; int8_static: ranges calibrated on 32 training images)")
     args = parser.parse_args()
     quiet_known_warnings()
     out = Path(args.out)
@@ -153,12 +156,14 @@ def main() -> None:
     for name, task in SHAPES_TASKS.items():
         checkpoint = train(name, task.config, out, args.retrain, init_from=checkpoint)
         results[name] = {}
+        ranges = (calibrate(load_config(task.config), checkpoint, CALIBRATION, 32)
+                  if 'int8_static' in args.precisions else None)
         for label, factors, keep_ratio in TEST_SIZES:
             cfg = load_config(task.config)
             set_test_scale(cfg, scaled(cfg, factors), keep_ratio)
             for precision in args.precisions:
                 metrics = evaluate(cfg, checkpoint, str(out / name / 'eval'), f'{name}-{label}-{precision}',
-                                   precision)
+                                   *(('int8', ranges) if precision == 'int8_static' else (precision,)))
                 results[name].setdefault(label, {})[precision] = headline_score(task.scope, metrics) / 100
                 print(f'[demo] {name:<12} {label:<36} {precision} {LABELS[name]} = '
                       f'{results[name][label][precision]:.3f}')

@@ -6,16 +6,14 @@ Writes predictions (JSON for boxes, PNG label maps for masks) under OUT_DIR/pred
 visualisations (boxes or masks drawn on the image) under OUT_DIR/vis, through mmdet's DetInferencer / mmseg's
 MMSegInferencer. The backbones take any size down to 1 x 1; where a framework's visualiser cannot draw an image
 (mmseg's fails on a 1 x 1 one), that image gets one line saying so and the run goes on. Our backbones run
-optimized (``cpvt_backbones.optimize``; ``--precision bf16|int8`` on lower-precision weights); ``--plain``
-keeps the plain model.
+optimized (``cpvt_backbones.optimize``; ``--precision bf16|int8`` on lower-precision weights, ``--calibrate``
+for static int8, as in tools/test.py); ``--plain`` keeps the plain model.
 """
 import argparse
 from pathlib import Path
 
-from cpvt_backbones.adapters.runtime import (DictAction, load_config, optimize_backbone, quiet_known_warnings,
-                                             set_test_scale)
-
-IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
+from cpvt_backbones.adapters.runtime import (IMAGE_SUFFIXES, DictAction, add_precision_args, apply_precision,
+                                             load_config, quiet_known_warnings, set_test_scale)
 
 
 def collect_images(inputs):
@@ -61,15 +59,12 @@ def main() -> None:
     parser.add_argument('--score-thr', type=float, default=0.3, help='boxes drawn above this score')
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
-    parser.add_argument('--plain', action='store_true', help='do not optimize our backbone')
-    parser.add_argument('--precision', choices=('fp32', 'bf16', 'int8'), default='fp32',
-                        help="our optimized backbone's precision (cpvt_backbones.optimize)")
+    add_precision_args(parser)
     args = parser.parse_args()
     quiet_known_warnings()
 
     cfg = load_config(args.config, args.cfg_options)
-    if not args.plain:
-        optimize_backbone(cfg, args.precision)
+    apply_precision(cfg, args, args.checkpoint)
     if args.scale or args.native:
         set_test_scale(cfg, None if args.native else args.scale)
     images = collect_images(args.inputs)

@@ -6,9 +6,9 @@
 import argparse
 import os
 
-from mmengine.runner import Runner
 
-from cpvt_backbones.adapters.runtime import add_common_args, enable_amp, launched, load_config, quiet_known_warnings
+from cpvt_backbones.adapters.runtime import (add_common_args, build_runner, enable_amp, launched, load_config,
+                                             quiet_known_warnings)
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
         cfg.resume = True
         cfg.load_from = None if args.resume == 'auto' else args.resume
     with launched(cfg, args.launcher):
-        Runner.from_cfg(cfg).train()
+        build_runner(cfg).train()
 
 
 if __name__ == '__main__':

@@ -4,6 +4,7 @@ The classes here subclass the torch-only core, so a detector's state dict reads 
 the official key names. Registration into a framework's registry happens in the ``mmdet``, ``mmseg`` and
 ``mmpretrain`` modules beside this one.
 """
+import json
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import torch
@@ -21,7 +22,8 @@ class _OpenMMLabBackbone:
     """Mixin placed before a core model class. ``arch`` is a model name or a dict of that class's
     constructor arguments (``base='<name>'`` starts from a named variant). ``optimize=True`` applies
     ``cpvt_backbones.optimize`` (the fused CPU inference path: same weights, same outputs to float32 rounding);
-    a dict passes its arguments (``optimize=dict(precision='int8')``)."""
+    a dict passes its arguments (``optimize=dict(precision='int8')``; ``input_ranges`` may name the JSON file
+    that ``adapters.runtime.calibrate`` writes, for static int8)."""
 
     def _setup(self, arch: Union[str, Mapping[str, Any]], out_indices: Optional[Sequence[int]], out_type: str,
                drop_path_rate: float, frozen_stages: int, with_cp: bool, optimize: Union[bool, Mapping],
@@ -40,7 +42,11 @@ class _OpenMMLabBackbone:
             raise ValueError(f'{clash} are arguments of the backbone itself, not of arch; set them next to arch')
         core_cls.__init__(self, **settings, **fixed)
         if optimize:
-            core.optimize(self, **(dict(optimize) if isinstance(optimize, Mapping) else {}))
+            options = dict(optimize) if isinstance(optimize, Mapping) else {}
+            if isinstance(options.get('input_ranges'), str):  # a file written by adapters.runtime.calibrate
+                with open(options['input_ranges']) as f:
+                    options['input_ranges'] = json.load(f)['input_ranges']
+            core.optimize(self, **options)
         if init_cfg is not None:
             if not isinstance(init_cfg, Mapping) or init_cfg.get('type') != 'Pretrained':
                 raise ValueError("init_cfg must be None or dict(type='Pretrained', checkpoint=PATH[, prefix=...]); "

@@ -17,6 +17,10 @@ A ``Kernel`` runs a linear layer's GEMM on 2-D float32 tokens (``KERNELS``):
   CPUs with native bf16 (avx512_bf16, AMX).
 * ``fbgemm_int8``: int8 weights per output channel (symmetric, made once), activations quantized per call
   (dynamic, per tensor) by fbgemm's dynamic linear, float32 outputs.
+* ``onednn_int8``: static int8 through oneDNN: the same weights, activations quantized to uint8 with a scale
+  and zero point fixed by calibration (``FusedLinear.input_range``, from ``models.record_input_ranges``); bias and
+  residual in the GEMM's epilogue, and in the MLP the first GEMM applies GELU and writes the hidden activation
+  as uint8 in the second GEMM's quantization, so it is never float32 at all.
 
 These modules are not part of the models: ``cpvt_backbones.models.optimize`` swaps them in for a built model's
 blocks and linear layers, sharing the same parameters (a bf16 or int8 copy of a weight is derived data, not in
@@ -82,6 +86,10 @@ class Kernel:
 
     def accumulate(self, part: torch.Tensor, x: torch.Tensor, layer: nn.Module) -> None:
         part += self.linear(x, layer)
+
+    def gelu_linear(self, x: torch.Tensor, layer: nn.Module, consumer: Optional[nn.Module] = None) -> torch.Tensor:
+        """``gelu(layer(x))``, in the form the kernel of ``consumer`` (the layer it feeds) takes."""
+        return torch.ops.aten.gelu_(self.linear(x, layer))
 
 
 class OneDNN(Kernel):
@@ -155,6 +163,73 @@ class FbgemmInt8(Kernel):
         return torch.ops.quantized.linear_dynamic(x, layer.prepared, True)
 
 
+def _int8_weight(layer: nn.Module) -> Tuple[torch.Tensor, torch.Tensor]:
+    """int8 weights per output channel, symmetric (zero point 0), and their float32 scales."""
+    weight = layer.weight.detach()
+    scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-8)
+    return torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8), scales
+
+
+def uint8_qparams(low: float, high: float) -> Tuple[float, int]:
+    """Scale and zero point mapping [low, high] (widened to include 0, so that 0 is exact) onto uint8."""
+    low, high = min(low, 0.), max(high, 0.)
+    scale = max(high - low, 1e-8) / 255
+    return scale, int(min(255, max(0, round(-low / scale))))
+
+
+class OneDNNInt8(Kernel):
+    """Static int8 through oneDNN: uint8 activations with a calibrated scale and zero point (the layer's
+    ``input_range``), int8 weights per output channel, float32 out; bias, residual and (in the MLP) GELU in the
+    GEMM's epilogue."""
+    precision = 'int8'
+
+    def available(self) -> bool:
+        return hasattr(torch.ops.onednn, 'qlinear_pointwise') and torch.backends.mkldnn.is_available()
+
+    def prepare(self, layer):
+        if getattr(layer, 'input_range', None) is None:
+            raise RuntimeError(f'kernel onednn_int8 needs the range of the layer\'s input ({layer}): run '
+                               'models.record_input_ranges and pass its ranges to optimize')
+        qweight, scales = _int8_weight(layer)
+        packed = torch.ops.onednn.qlinear_prepack(qweight, None)
+        bias = None if layer.bias is None else layer.bias.detach()
+        return (packed, scales, torch.zeros_like(scales, dtype=torch.long), bias) + uint8_qparams(*layer.input_range)
+
+    @staticmethod
+    def quantize(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
+        """float32 to uint8: round(x / scale) + zero_point, saturated (torch's vectorised quantizer, then its
+        raw bytes; see ``FbgemmInt8`` on the deprecation)."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings('ignore', message='torch.quantize_per_tensor, torch.quantize_per_channel')
+            return torch.quantize_per_tensor(x, scale, zero_point, torch.quint8).int_repr()
+
+    def _input(self, x, layer):
+        """``x`` quantized for ``layer`` (already uint8: quantized by the previous GEMM for this layer)."""
+        packed, w_scales, w_zeros, bias, scale, zero = layer.prepared
+        qx = x if x.dtype == torch.uint8 else self.quantize(x, scale, zero)
+        return qx, scale, zero, packed, w_scales, w_zeros, bias
+
+    def linear(self, x, layer):
+        return torch.ops.onednn.qlinear_pointwise(*self._input(x, layer), 1.0, 0, torch.float32, 'none', [], '')
+
+    def residual(self, x, layer, other):
+        out = other.clone()
+        self.accumulate(out, x, layer)
+        return out
+
+    def accumulate(self, part, x, layer):
+        qx, scale, zero, packed, w_scales, w_zeros, bias = self._input(x, layer)
+        torch.ops.onednn.qlinear_pointwise.binary(qx, scale, zero, packed, w_scales, w_zeros, part, bias, 1.0, 0,
+                                                  torch.float32, 1.0, 0, 'sum', 1.0, 'none', [], '')
+
+    def gelu_linear(self, x, layer, consumer=None):
+        if consumer is None or consumer.kernel != 'onednn_int8':
+            return super().gelu_linear(x, layer)
+        out_scale, out_zero = consumer.prepared[4:]
+        return torch.ops.onednn.qlinear_pointwise(*self._input(x, layer), out_scale, out_zero, torch.uint8,
+                                                  'gelu', [], 'none')
+
+
 class _engine:
     """The quantized engine set to ``name`` for a ``with`` block (it selects the weight packing)."""
 
@@ -169,7 +244,8 @@ class _engine:
         torch.backends.quantized.engine = self.previous
 
 
-KERNELS = {'mkl': MKL(), 'onednn': OneDNN(), 'onednn_bf16': OneDNNBf16(), 'fbgemm_int8': FbgemmInt8()}
+KERNELS = {'mkl': MKL(), 'onednn': OneDNN(), 'onednn_bf16': OneDNNBf16(), 'fbgemm_int8': FbgemmInt8(),
+           'onednn_int8': OneDNNInt8()}
 GEMMS = tuple(k for k in ('mkl', 'onednn') if KERNELS[k].available())  # float32: optimize picks the faster
 
 
@@ -185,7 +261,8 @@ def check_kernel(name: str) -> str:
 def unavailable_reason(name: str) -> str:
     return {'onednn': 'this torch build has no oneDNN (torch.backends.mkldnn)',
             'onednn_bf16': 'the CPU has no native bf16 (avx512_bf16 or AMX) that oneDNN uses',
-            'fbgemm_int8': "this torch build has no fbgemm quantized engine"}.get(name, 'unavailable')
+            'fbgemm_int8': "this torch build has no fbgemm quantized engine",
+            'onednn_int8': "this torch build has no oneDNN quantized linear (torch.ops.onednn.qlinear_pointwise)"}.get(name, 'unavailable')
 
 
 def fused_mlp(part: torch.Tensor, norm: nn.Module, fc1: nn.Module, fc2: nn.Module,
@@ -193,7 +270,7 @@ def fused_mlp(part: torch.Tensor, norm: nn.Module, fc1: nn.Module, fc2: nn.Modul
     """``part += fc2(gelu(fc1(norm(part))))`` on a 2-D chunk of tokens, in place; each layer through its own
     kernel unless ``kernel`` names one for both."""
     k1, k2 = (KERNELS[kernel or layer.kernel] for layer in (fc1, fc2))
-    hidden = torch.ops.aten.gelu_(k1.linear(norm(part), fc1))
+    hidden = k1.gelu_linear(norm(part), fc1, None if kernel else fc2)
     k2.accumulate(part, hidden, fc2)
 
 
@@ -212,8 +289,8 @@ def fused_gemms(attended: torch.Tensor, block: nn.Module, residual: torch.Tensor
 class FusedLinear(nn.Module):
     """An ``nn.Linear``'s parameters (shared, same key names) applied through ``kernel`` where ``can_fuse``
     allows, else with ``F.linear``. ``prepared`` is what the kernel derives from the weights (a bf16 copy,
-    packed int8 weights), not part of the state dict: derived again whenever the weight or bias changes (a
-    checkpoint loaded after ``optimize``, as OpenMMLab's runners do)."""
+    packed int8 weights) and ``input_range``, not part of the state dict: derived again whenever the weight,
+    bias or range changes (a checkpoint loaded after ``optimize``, as OpenMMLab's runners do)."""
 
     def __init__(self, layer: nn.Linear, kernel: str = 'onednn'):
         super().__init__()
@@ -221,12 +298,20 @@ class FusedLinear(nn.Module):
         self.kernel = check_kernel(kernel)
         self.weight = layer.weight
         self.bias = layer.bias
+        self.input_range: Optional[Tuple[float, float]] = None  # calibrated (low, high) of the input: static int8
         self._prepared, self._prepared_for = None, None
         self.train(layer.training)
 
+    def __getstate__(self):
+        """Copies and pickles leave out what the kernel derived (oneDNN's packed weights cannot be copied); it is
+        derived again on first use."""
+        state = super().__getstate__()
+        return dict(state, _prepared=None, _prepared_for=None)
+
     @property
     def prepared(self):
-        state = tuple((t.data_ptr(), t._version) for t in (self.weight, self.bias) if t is not None)
+        state = tuple((t.data_ptr(), t._version) for t in (self.weight, self.bias) if t is not None) + (
+            self.input_range,)
         if state != self._prepared_for:
             self._prepared, self._prepared_for = KERNELS[self.kernel].prepare(self), state
         return self._prepared

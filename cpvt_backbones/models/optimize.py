@@ -10,9 +10,10 @@ Every position encoding is kept as it is (they act before a block's fused part: 
 attention). It refuses a model it cannot fuse faithfully (wrapped or hooked layers, layer scale) and a
 precision the CPU cannot run, and names why.
 """
+import contextlib
 import copy
 import time
-from typing import Sequence
+from typing import Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -62,25 +63,56 @@ def pick_gemm(block: Block, tokens: int = 1024, repeats: int = 7) -> str:
     return min(GEMMS, key=lambda g: sorted(times[g][2:])[repeats // 2])
 
 
-# The kernel each precision runs its linear layers through (float32: the faster of ``GEMMS``, timed).
+# The kernel each precision runs its linear layers through (float32: the faster of ``GEMMS``, timed; int8 with
+# calibrated input ranges: 'onednn_int8').
 PRECISIONS = {'fp32': None, 'bf16': 'onednn_bf16', 'int8': 'fbgemm_int8'}
 
 
+@contextlib.contextmanager
+def record_input_ranges(model: nn.Module) -> Iterator[Dict[str, Tuple[float, float]]]:
+    """Calibration for static int8: while the ``with`` block runs ``model`` (or a detector around it) on
+    representative inputs, the dict it yields collects the (min, max) of every linear layer's input, by name
+    in ``model``; pass it to ``optimize(model, precision='int8', input_ranges=...)``. Run the plain model: the
+    fused path of an optimized one reads the layers' weights without calling them."""
+    ranges: Dict[str, Tuple[float, float]] = {}
+
+    def observe(name):
+        def hook(module, args):
+            low, high = torch.aminmax(args[0].detach())
+            old = ranges.get(name, (float('inf'), float('-inf')))
+            ranges[name] = (min(old[0], low.item()), max(old[1], high.item()))
+        return hook
+
+    handles = [m.register_forward_pre_hook(observe(name)) for name, m in model.named_modules()
+               if isinstance(m, (nn.Linear, FusedLinear))]
+    try:
+        with torch.no_grad():
+            yield ranges
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def optimize(model: nn.Module, gemm: str = 'auto', precision: str = 'fp32', keep_fp32: Sequence[str] = (),
-             inplace: bool = True) -> nn.Module:
+             input_ranges: Optional[Mapping[str, Sequence[float]]] = None, inplace: bool = True) -> nn.Module:
     """Swap in the fused CPU modules; returns the model (``model`` itself, or with ``inplace=False`` a
     transformed copy, leaving ``model`` as it was). The model must be float32 on the CPU (it may be moved later:
     elsewhere the fused modules run the plain computation).
 
-    ``precision``: 'fp32', 'bf16' (CPUs with avx512_bf16 or AMX) or 'int8' (fbgemm: int8 weights per output
-    channel, activations quantized per call). ``keep_fp32``: name prefixes of linear layers that stay float32
-    at a lower precision (layers whose quantization costs accuracy). ``gemm``: the float32 library, 'mkl',
+    ``precision``: 'fp32', 'bf16' (CPUs with avx512_bf16 or AMX) or 'int8' (int8 weights per output channel;
+    activations quantized per call by fbgemm, or, given ``input_ranges`` from ``record_input_ranges``, static
+    uint8 activations through oneDNN). ``keep_fp32``: name prefixes of linear layers that stay float32 at a
+    lower precision (layers whose quantization costs accuracy). ``gemm``: the float32 library, 'mkl',
     'onednn', or 'auto' (``pick_gemm``). Calling it on an optimized model is a no-op."""
     if precision not in PRECISIONS:
         raise ValueError(f'precision must be one of {sorted(PRECISIONS)}, got {precision!r}')
     if gemm != 'auto' and gemm not in GEMMS:
         raise ValueError(f'gemm must be one of {list(GEMMS)} (or auto), got {gemm!r}')
     low = PRECISIONS[precision]
+    if input_ranges is not None:
+        if precision != 'int8':
+            raise ValueError(f'input_ranges calibrate static int8; precision={precision!r} does not use them')
+        low = 'onednn_int8'
     if low is not None and not KERNELS[low].available():
         raise RuntimeError(f"optimize: precision={precision!r} cannot run here: {unavailable_reason(low)} "
                            f"(torch reports CPU capability {torch.backends.cpu.get_cpu_capability()})")
@@ -99,9 +131,19 @@ def optimize(model: nn.Module, gemm: str = 'auto', precision: str = 'fp32', keep
         widths = sorted((b for _, b in blocks), key=lambda b: b.mlp.fc1.in_features)
         gemm = pick_gemm(widths[len(widths) // 2])
     keep = tuple(keep_fp32)
+    linears = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
+    if input_ranges is not None:
+        missing = [n for n, _ in linears if n not in input_ranges and not n.startswith(keep)]
+        if missing:
+            raise ValueError(f'optimize: input_ranges has no range for {len(missing)} linear layer(s) '
+                             f'({", ".join(missing[:4])}{" ..." if len(missing) > 4 else ""}); calibrate this '
+                             'model with record_input_ranges, or keep those layers in float32 (keep_fp32)')
     for name, block in blocks:
         model.set_submodule(name, FusedBlock(block))
-    for name, layer in [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]:
+    for name, layer in linears:
         kernel = gemm if low is None or name.startswith(keep) else low
-        model.set_submodule(name, FusedLinear(layer, check_kernel(kernel)))
+        fused = FusedLinear(layer, check_kernel(kernel))
+        if kernel == 'onednn_int8':
+            fused.input_range = tuple(float(v) for v in input_ranges[name])
+        model.set_submodule(name, fused)
     return model
