@@ -1,7 +1,7 @@
 """The implementations the speed benchmark times, all on the same weights: our backbone optimized (float32)
 and plain, mmseg's ``PCPVT``, timm's ``twins_pcpvt_*``, onnxruntime on our ONNX export; with lower precisions
 asked for, our optimized model in bf16 (on CPUs with native bf16; also the plain model under bf16 autocast) and
-in int8, and onnxruntime's own dynamic int8 quantization of our export (what a deployer would try instead).
+in int8 (activations dynamic, or static at calibrated ranges), and onnxruntime's own dynamic int8 quantization of our export (what a deployer would try instead).
 Each maps a batch to its tuple of four NCHW maps."""
 import copy
 import re
@@ -10,19 +10,20 @@ from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
-from cpvt_backbones import create_model, optimize
+from cpvt_backbones import create_model, optimize, record_input_ranges
 from cpvt_backbones.convert import twins_to_mmseg
 from cpvt_backbones.export import export
 from cpvt_backbones.models import PyramidCPVT, model_settings
 from timing import cpu_info, has_fast_bf16
 
-PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'plain_bf16', 'ours_bf16', 'ours_int8', 'onnxruntime_int8')
+PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'plain_bf16', 'ours_bf16', 'ours_int8', 'ours_int8_static',
+         'onnxruntime_int8')
 
 
 def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
           precisions: Sequence[str] = ()) -> Dict[str, Callable]:
     """{'ours': optimized, 'plain': ours unoptimized, 'mmseg', 'timm', 'onnxruntime' (with ``onnx_dir``), and
-    for each of ``precisions`` ('bf16', 'int8') the entries above}: each maps a batch to its four NCHW maps.
+    for each of ``precisions`` ('bf16', 'int8', 'int8_static') the entries above}: each maps a batch to its four NCHW maps.
     A bf16 entry is left out on a CPU without native bf16 (a printed line says so)."""
     torch.manual_seed(0)
     classifier = create_model(name)
@@ -34,7 +35,12 @@ def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
         if precision == 'bf16' and not has_fast_bf16(cpu_info()):
             print('[bench] bf16 left out: this CPU has no native bf16 (avx512_bf16 or AMX)')
             continue
-        impls[f'ours_{precision}'] = optimize(plain, precision=precision, inplace=False)
+        if precision == 'int8_static':  # ranges for the speed test: random images (the timing is the same)
+            with record_input_ranges(plain) as ranges:
+                plain(torch.randn(2, 3, 224, 224))
+            impls[f'ours_{precision}'] = optimize(plain, precision='int8', input_ranges=ranges, inplace=False)
+        else:
+            impls[f'ours_{precision}'] = optimize(plain, precision=precision, inplace=False)
         impls[f'ours_{precision}'].inference_only = True  # training runs the float32 path
         if precision == 'bf16':
             impls['plain_bf16'] = _Calling(plain, _autocast_bf16)
@@ -43,7 +49,7 @@ def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
         impls['timm'] = _timm(name, weights)
     if peers and onnx_dir is not None:
         impls['onnxruntime'] = _OnnxRuntime(plain, Path(onnx_dir) / f'{name}.onnx')
-        if 'int8' in precisions:
+        if {'int8', 'int8_static'} & set(precisions):
             impls['onnxruntime_int8'] = _OnnxRuntime(plain, Path(onnx_dir) / f'{name}.onnx', quantize=True)
     return impls
 

@@ -52,12 +52,14 @@ def test_page_faults_counted_and_freed_memory_retained(tmp_path):
 
 
 def test_lower_precisions_are_timed_beside_float32(tmp_path):
-    """--precision int8 adds our int8 model, inference only, close to the float32 maps."""
-    result, stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer224', 'train512', '--no-onnx', '--precision', 'int8')
+    """--precision int8 int8_static adds our int8 models, inference only, close to the float32 maps."""
+    result, stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer224', 'train512', '--no-onnx', '--precision', 'int8',
+                           'int8_static')
     infer, train = result['cases']
-    assert infer['ours_int8_s'] > 0 and 0 < infer['max_abs_diff_ours_int8'] < 0.5
-    assert train['ours_int8_s'] is None  # training runs the float32 path: nothing of its own to time
-    assert 'ours_int8 s' in stdout
+    for impl in ('ours_int8', 'ours_int8_static'):
+        assert infer[f'{impl}_s'] > 0 and 0 < infer[f'max_abs_diff_{impl}'] < 0.5
+        assert train[f'{impl}_s'] is None  # training runs the float32 path: nothing of its own to time
+        assert f'{impl} s' in stdout
 
 
 def test_scaling_without_peers(tmp_path):

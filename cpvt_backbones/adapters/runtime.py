@@ -51,10 +51,13 @@ KNOWN_WARNINGS = (
     r'Default ``avg_non_ignore`` is False',                       # mmseg's CrossEntropyLoss default
     r'``build_loss`` would be deprecated soon',                   # mmseg's own heads
     r'The draw is False, it means that the hook for visualization',  # mmseg's hook, drawing off by default
+    r'instance named of visualizer has been created',              # every Runner after the first in a process
 )
 # Log lines of mmengine's Runner that repeat in every run: the optimizer constructor's three lines per parameter
-# under a paramwise_cfg (about 370 in one demo run) and its file-backend deprecation notices.
-KNOWN_LOG_LINES = ('paramwise_options -- ', '"FileClient" will be deprecated', '"HardDiskBackend" is the alias')
+# under a paramwise_cfg (about 370 in one demo run), its file-backend deprecation notices, and mmseg's IoUMetric
+# built without a prefix (once per evaluation).
+KNOWN_LOG_LINES = ('paramwise_options -- ', '"FileClient" will be deprecated', '"HardDiskBackend" is the alias',
+                   'The prefix is not set in metric class')
 
 
 def quiet_known_warnings() -> None:
