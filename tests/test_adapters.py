@@ -165,5 +165,30 @@ def test_tools_hide_only_the_known_third_party_warnings():
         warnings.warn('Failed to add <class \'mmengine.visualization.vis_backend.LocalVisBackend\'>, please ...')
         warnings.warn('``build_loss`` would be deprecated soon, please use ``mmseg.registry.MODELS.build()``')
         warnings.warn('The draw is False, it means that the hook for visualization will not take effect.')
+        warnings.warn("<class 'mmdet.visualization.local_visualizer.DetLocalVisualizer'> instance named of "
+                      'visualizer has been created, the method `get_instance` should not accept any other arguments')
         warnings.warn('something of ours')
     assert [str(w.message) for w in seen] == ['something of ours']
+
+
+def test_runner_logs_without_the_known_repeated_lines(tmp_path):
+    """build_runner's logger drops mmengine's per-parameter paramwise lines and known notices, nothing else."""
+    import logging
+    from pathlib import Path
+
+    from cpvt_backbones.adapters.runtime import build_runner, load_config
+    config = Path(__file__).resolve().parents[1] / 'configs/shapes/pcpvt-tiny_shapes-cls.py'
+    cfg = load_config(str(config), work_dir=str(tmp_path))
+    cfg.log_level = 'INFO'
+    runner = build_runner(cfg)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    runner.logger.addHandler(handler)
+    try:
+        runner.logger.info('paramwise_options -- backbone.norm.weight:weight_decay=0.0')
+        runner.logger.warning('The prefix is not set in metric class IoUMetric.')
+        runner.logger.info('Iter(train) [ 50/1200]  lr: 1e-3')
+    finally:
+        runner.logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == ['Iter(train) [ 50/1200]  lr: 1e-3']

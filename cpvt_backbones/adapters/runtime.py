@@ -51,13 +51,14 @@ KNOWN_WARNINGS = (
     r'Default ``avg_non_ignore`` is False',                       # mmseg's CrossEntropyLoss default
     r'``build_loss`` would be deprecated soon',                   # mmseg's own heads
     r'The draw is False, it means that the hook for visualization',  # mmseg's hook, drawing off by default
-    r'instance named of visualizer has been created',              # every Runner after the first in a process
+    r'<class .*> instance named of visualizer has been created',   # every Runner after the first in a process
 )
 # Log lines of mmengine's Runner that repeat in every run: the optimizer constructor's three lines per parameter
-# under a paramwise_cfg (about 370 in one demo run), its file-backend deprecation notices, and mmseg's IoUMetric
-# built without a prefix (once per evaluation).
+# under a paramwise_cfg (about 370 in one demo run), its file-backend deprecation notices, mmseg's IoUMetric
+# built without a prefix (once per evaluation), and the scope fallback for a dataloader's collate function.
 KNOWN_LOG_LINES = ('paramwise_options -- ', '"FileClient" will be deprecated', '"HardDiskBackend" is the alias',
-                   'The prefix is not set in metric class')
+                   'The prefix is not set in metric class',
+                   'registry tree. As a workaround, the current "function" registry')
 
 
 def quiet_known_warnings() -> None:
@@ -271,7 +272,7 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
     cfg.log_level = 'WARNING'
     cfg.load_from = None
     _our_backbone(cfg).pop('optimize', None)  # calibration runs the plain model (its layers are called)
-    runner = Runner.from_cfg(cfg)
+    runner = build_runner(cfg)
     load_checkpoint(runner.model, str(ckpt), map_location='cpu', revise_keys=[(r'^module\.', '')])
     runner.model.eval()
     if images is None:
