@@ -413,6 +413,14 @@ def summarise(results: List[Dict], args: argparse.Namespace) -> List[Dict]:
     return rows
 
 
+def line_style(variant: str, plt) -> Dict:
+    """A colour of its own per encoding (up to 20), the line by family: PEGs solid, tables dashed, RoPE
+    dash-dotted, the rest dotted."""
+    family = ('-' if variant.startswith('peg') else '--' if variant.startswith(('learned', 'sincos')) else
+              '-.' if variant.startswith('rope') else ':')
+    return dict(color=plt.cm.tab20(list(VARIANTS).index(variant) % 20), ls=family, marker='o', ms=4)
+
+
 def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
     plt = pyplot()
     train_grid = args.image_size // args.patch
@@ -427,7 +435,8 @@ def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
             r = [row for row in rows if row['variant'] == variant and (row['test'] == test or
                                                                        row['size'] == args.image_size)]
             ax.errorbar([row['grid'] for row in r], [row[f'{value}_mean'] for row in r],
-                        yerr=[row[f'{value}_std'] for row in r], marker='o', capsize=3, label=VARIANTS[variant].label)
+                        yerr=[row[f'{value}_std'] for row in r], capsize=3, label=VARIANTS[variant].label,
+                        **line_style(variant, plt))
         ax.axvline(train_grid, color='grey', ls=':', lw=1)
         if value == 'change':
             ax.axhline(0, color='black', lw=0.8)
@@ -436,11 +445,11 @@ def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
         ax.set_title(title, fontsize=9)
         ax.set_xticks(sorted({row['grid'] for row in rows}))
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc='center left', bbox_to_anchor=(1, 0.5), fontsize=8)
     fig.suptitle(f'Fashion-MNIST, trained at {args.image_size} px ({train_grid} x {train_grid} tokens), tested '
                  f'without fine-tuning; mean +- std over {len(rows[0]["seeds"])} seeds', fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches='tight')
     plt.close(fig)
 
 
@@ -615,7 +624,8 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
         f'(area {args.crop_scale}-1) of the 28 px originals at {args.image_size} px (patch {args.patch}: a '
         f'{args.image_size // args.patch} x {args.image_size // args.patch} token grid) on {meta["train_images"]} '
         f'images for {args.epochs} epochs ({meta["iterations"]} iterations); tested on the whole images resized. '
-        f'"canvas": the {args.image_size} px image centred on a blank canvas. The paper column is DeiT-tiny\'s '
+        + (f'"canvas": the {args.image_size} px image centred on a blank canvas. ' if args.canvas_sizes else '')
+        + f'The paper column is DeiT-tiny\'s '
         f'ImageNet top-1 at 224 from the CPVT paper\'s ablations (—: not in its tables here). Parameters: '
         f'{meta["params"]}. Run time summed over the runs: {meta["run_minutes"]} min (training '
         f'{meta["train_minutes"]}, testing {meta["test_minutes"]}); this invocation: {meta["wall_minutes"]} min.'

@@ -107,14 +107,14 @@ def write(arms: Dict[str, Dict], args: argparse.Namespace) -> str:
     base = at_training_size(first)
     lines = [f'**Ablation at the training size** (top-1 %, mean ± std over seeds; ours: {ARMS[first_name]}; the '
              'paper: DeiT-tiny on ImageNet)', '',
-             '| position encoding | paper | ours | ' + ' | '.join(ARMS[n] for n in list(arms)[1:]) + ' |',
+             '| ' + ' | '.join(['position encoding', 'paper', 'ours'] + [ARMS[n] for n in list(arms)[1:]]) + ' |',
              '|---|---|---|' + '---|' * (len(arms) - 1)]
     others = [at_training_size(a) for a in list(arms.values())[1:]]
     for variant in base:
         paper = VARIANTS[variant].paper
         cells = [fmt(o[variant], False) if variant in o else '' for o in others]
-        lines.append(f'| {VARIANTS[variant].label} | {"—" if paper is None else f"{paper:.1f}"} | '
-                     f'{fmt(base[variant], False)} | ' + ' | '.join(cells) + ' |')
+        row = [VARIANTS[variant].label, '—' if paper is None else f'{paper:.1f}', fmt(base[variant], False)] + cells
+        lines.append('| ' + ' | '.join(row) + ' |')
     verdicts = pair_verdicts(base, args.paper_gap, args.noise)
     counts = {v: sum(p['verdict'] == v for p in verdicts) for v in ('agrees', 'reversed', 'undecided')}
     lines += ['', f'**The paper\'s ordering, pair by pair** (pairs it separates by >= {args.paper_gap} points; '
