@@ -45,6 +45,8 @@ TASKS = SHAPES_TASKS
 
 def label(task: str) -> str:
     return METRICS[TASKS[task].scope].label
+
+
 VARIANTS = {
     'peg': 'pcpvt_tiny (PEG)',
     'pvt': "mmdet PVT v1 (learned abs. PE, resized)",
