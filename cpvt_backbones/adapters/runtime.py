@@ -278,9 +278,7 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
     if images is None:
         batches = Runner.build_dataloader(cfg.test_dataloader)
     else:
-        dataset = cfg.test_dataloader.dataset
-        while 'pipeline' not in dataset:
-            dataset = dataset.dataset
+        dataset = next(_test_pipelines(cfg))  # the test set's (innermost) dataset
         pipeline = Compose([s for s in dataset.pipeline if 'Annotation' not in s['type']])
         batches = ([pipeline(dict(img_path=str(p), img_id=i))] for i, p in enumerate(images))
     seen = 0

@@ -137,6 +137,11 @@ class OneDNNBf16(Kernel):
         return _LINEAR(x.to(torch.bfloat16), weight, bias, 'none', [], '').float()
 
 
+def channel_scales(weight: torch.Tensor) -> torch.Tensor:
+    """Symmetric int8 scale of each output channel (row) of a linear layer's weight: its largest magnitude / 127."""
+    return (weight.abs().amax(dim=1) / 127).clamp(min=1e-8)
+
+
 class FbgemmInt8(Kernel):
     """int8 weights per output channel (symmetric), activations quantized per call by fbgemm's dynamic
     linear, float32 out. torch marks quantized tensors (which fbgemm's weight packing takes) deprecated; its
@@ -150,7 +155,7 @@ class FbgemmInt8(Kernel):
 
     def prepare(self, layer):
         weight = layer.weight.detach()
-        scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-8).double()
+        scales = channel_scales(weight).double()
         with warnings.catch_warnings():  # the deprecation of quantized tensors (see the class docstring)
             warnings.filterwarnings('ignore', message='torch.quantize_per_tensor, torch.quantize_per_channel')
             qweight = torch.quantize_per_channel(weight, scales, torch.zeros_like(scales, dtype=torch.long), 0,
@@ -166,7 +171,7 @@ class FbgemmInt8(Kernel):
 def _int8_weight(layer: nn.Module) -> Tuple[torch.Tensor, torch.Tensor]:
     """int8 weights per output channel, symmetric (zero point 0), and their float32 scales."""
     weight = layer.weight.detach()
-    scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-8)
+    scales = channel_scales(weight)
     return torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8), scales
 
 
