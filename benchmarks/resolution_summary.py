@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from cpvt_backbones.utils import pyplot
-from resolution_study import VARIANTS
+from resolution_study import VARIANTS, line_style
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -160,19 +160,22 @@ def plot(arms: Dict[str, Dict], path: Path) -> None:
         for variant in dict.fromkeys(r['variant'] for r in arm['rows']):
             rows = sorted((r for r in arm['rows'] if r['variant'] == variant and r['test'] == 'resize'),
                           key=lambda r: r['size'])
-            style = '-' if variant.startswith(('peg', 'learned', 'rope_mixed')) else ':'
             ax.errorbar([r['size'] / size for r in rows], [r['change_mean'] for r in rows],
-                        yerr=[r['change_std'] for r in rows], marker='o', ms=3, capsize=2, ls=style,
-                        label=VARIANTS[variant].label)
+                        yerr=[r['change_std'] for r in rows], capsize=2, label=VARIANTS[variant].label,
+                        **line_style(variant, plt))
         ax.axhline(0, color='black', lw=0.8)
         ax.set_title(ARMS.get(name, name), fontsize=9)
         ax.set_xlabel('test size / training size')
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel('top-1 change from the training size (points)')
-    axes[0][-1].legend(fontsize=6, loc='lower left')
+    labels = {}  # every encoding once, in VARIANTS order, with the same colour and line in every panel
+    for ax in axes[0]:
+        labels.update(zip(*reversed(ax.get_legend_handles_labels())))
+    order = [v.label for v in VARIANTS.values() if v.label in labels]
+    fig.legend([labels[k] for k in order], order, loc='center left', bbox_to_anchor=(1, 0.5), fontsize=8)
     fig.suptitle('Fashion-MNIST, tested without fine-tuning; mean ± std over seeds', fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches='tight')
     plt.close(fig)
 
 
