@@ -1,7 +1,7 @@
 """Resolution generalisation on the dense tasks: the position encodings against the peer a user would pick, on the
 shapes data.
 
-    python benchmarks/dense_study.py [--seeds 0 1 2] [--det-iters 400] [--seg-iters 500] [--shard K/N] [--out DIR]
+    python benchmarks/dense_study.py [--seeds 0 1 2] [--det-iters 300] [--seg-iters 350] [--shard K/N] [--out DIR]
 
 RetinaNet and Semantic FPN as in the demo (configs/shapes), with five backbones that share widths
 (32/64/160/256), depths (2-2-2-2), heads (1/2/5/8), MLP ratio (4) and reduction ratios (8/4/2/1):
@@ -18,11 +18,12 @@ backbone and seed (the demo's stand-in for ImageNet pretraining; ``--seg-init sc
 too). PVT's table is made for the detector's training scale in both tasks, so it carries over whole and is
 resized to the segmentor's inputs, as a user fine-tuning pretrained PVT weights would have it.
 
-Same data, schedule and seeds. Each model is tested on the held-out split resized (long side) to 0.5x, 0.7x,
-1x, 1.5x, 2x and 3x the training scale and at the images' native sizes, and on the same held-out scenes drawn
-natively at those long sides (``drawnF``: crisp edges and texture at the test resolution, where a resize only
-interpolates; ``datasets.shapes.generate_drawn_split``): bbox mAP and mIoU, mean and standard deviation over
-seeds. Resumable: a finished run (trained and evaluated) is skipped, a test it lacks is run on its final
+Same data (800 training and 100 held-out scenes, in data/shapes_dense), schedule and seeds. Each model is
+tested on the held-out split resized (long side) to 0.5x, 0.7x, 1x, 1.5x, 2x and 3x the training scale and at
+the images' native sizes, and on the same held-out scenes drawn natively at 1x, 2x and 3x the training scale's
+long side (``drawnF``, any of the six with --factors: crisp edges and texture at the test resolution, where a
+resize only interpolates; ``datasets.shapes.generate_drawn_split``): bbox mAP and mIoU, mean and standard
+deviation over seeds. Resumable: a finished run (trained and evaluated) is skipped, a test it lacks is run on its final
 weights, an interrupted training resumes from its last checkpoint; ``--shard K/N`` takes every N-th run from the
 K-th, so N single-thread processes can share the study. Writes NAME.{json,csv,md,png} under --out once every
 run has finished.
@@ -56,6 +57,8 @@ VARIANTS = {
 }
 SCALES = ('0.5', '0.7', '1', '1.5', '2', '3')
 FACTORS = SCALES + ('native',) + tuple(f'drawn{f}' for f in SCALES)
+# drawn at 1x is the control (resizing artefacts only); 2x and 3x are where a resize interpolates most
+DEFAULT_FACTORS = SCALES + ('native', 'drawn1', 'drawn2', 'drawn3')
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -63,14 +66,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--tasks', nargs='+', default=list(TASKS), choices=list(TASKS))
     p.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
-    p.add_argument('--det-iters', type=int, default=400)
-    p.add_argument('--seg-iters', type=int, default=500)
+    p.add_argument('--det-iters', type=int, default=300)
+    p.add_argument('--seg-iters', type=int, default=350)
     p.add_argument('--seg-init', choices=('detection', 'scratch'), default='detection',
                    help="the segmentor's backbone: the same variant and seed's detector backbone, or random")
-    p.add_argument('--factors', nargs='+', default=list(FACTORS), choices=list(FACTORS))
-    p.add_argument('--data', default='data/shapes', help='the shapes data (generated there if missing)')
+    p.add_argument('--factors', nargs='+', default=list(DEFAULT_FACTORS), choices=list(FACTORS))
+    p.add_argument('--data', default='data/shapes_dense', help='the shapes data (generated there if missing)')
     p.add_argument('--num-train', type=int, default=800)
-    p.add_argument('--num-val', type=int, default=150)
+    p.add_argument('--num-val', type=int, default=100)
     p.add_argument('--shard', default='0/1', help='K/N: run every N-th (task, variant, seed) from the K-th (0-based)')
     p.add_argument('--work-dir', default=str(study_dir('dense_study')))
     p.add_argument('--out', default=str(ROOT / 'benchmarks/results'))

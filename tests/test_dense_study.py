@@ -32,7 +32,7 @@ def test_variants_build_the_backbones_they_name(tmp_path):
         built = {}
         for variant in study.VARIANTS:
             cfg, iters = study.make_config('detection', variant, 0, args, tmp_path / variant)
-            assert iters == 400 and cfg.train_cfg.max_iters == 400 and cfg.resume
+            assert iters == 300 and cfg.train_cfg.max_iters == 300 and cfg.resume
             built[variant] = MODELS.build(cfg.model.backbone)
     assert type(built['pvt']).__name__ == 'PyramidVisionTransformer'
     assert type(built['peg']).__name__ == type(built['none']).__name__ == 'PyramidCPVT'
