@@ -238,7 +238,7 @@ def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
         ax.axvline(1, color='grey', ls=':', lw=1)
         ax.set_xticks([float(f) for f in scaled] + ([3.4] if 'native' in args.factors else []))
         ax.set_xticklabels(scaled + (['native'] if 'native' in args.factors else []))
-        ax.set_xlabel('test scale (x training scale, long side); solid: resized, dashed: drawn at that size')
+        ax.set_xlabel('test long side / training long side\nsolid: resized; dashed: drawn at that size')
         ax.set_ylabel(label(task))
         ax.set_title(task)
         ax.grid(alpha=0.3)
