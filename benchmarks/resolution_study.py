@@ -117,14 +117,28 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--weight-decay', type=float, default=0.05)
     p.add_argument('--drop-path', type=float, default=0.1)
     p.add_argument('--crop-scale', type=float, default=0.25, help='smallest crop area of the random resized crop')
+    p.add_argument('--crop-resample', choices=CROP_RESAMPLE, default='antialiased',
+                   help='how training crops are resampled: antialiased when shrinking, as ImageNet pipelines do, '
+                        'or one bilinear sample per pixel (aliased)')
+    p.add_argument('--test-resample', choices=TEST_RESAMPLE, default='bilinear',
+                   help='how test images are resized (antialiased when shrinking); a test-time choice: a study '
+                        'that only changes it can reuse another\'s trained runs (--runs)')
+    p.add_argument('--decay-position', action='store_true',
+                   help='weight decay on the position encodings\' weights too (by default they are exempt, as in '
+                        'DeiT, Twins and RoPE-ViT)')
     p.add_argument('--dim', type=int, default=64)
     p.add_argument('--depth', type=int, default=6)
     p.add_argument('--heads', type=int, default=2)
     p.add_argument('--patch', type=int, default=2)
-    p.add_argument('--work-dir', default=str(study_dir('resolution_study')), help='runs go to WORK_DIR/NAME/')
+    p.add_argument('--device', default='cpu', help='torch device to train and test on (cpu, cuda, ...)')
+    p.add_argument('--work-dir', default=str(study_dir('resolution_study')), help='runs go to WORK_DIR/RUNS/')
     p.add_argument('--out', default=str(ROOT / 'benchmarks/results'))
-    p.add_argument('--name', default='resolution_study')
+    p.add_argument('--name', default='resolution_study', help='name of the outputs (and of the runs by default)')
+    p.add_argument('--runs', default=None,
+                   help='directory name of the trained runs under --work-dir (default: --name); studies that '
+                        'differ only in test-time options share runs')
     args = p.parse_args(argv)
+    args.runs = args.runs or args.name
     args.shard_index, args.num_shards = parse_shard(p, args.shard)
     for size in [args.image_size] + args.test_sizes + args.canvas_sizes:
         if size % args.patch:
@@ -143,21 +157,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def ensure_data(root: str) -> None:
-    """Install Debian's package when the default location is empty and we may; otherwise stop in one line."""
+    """Stop in one line, naming how to get the data, when Fashion-MNIST is not under ``root``
+    (``tools/setup_env.sh`` installs Debian's package where it can)."""
     try:
         load_fashion_mnist('test', root)
-        return
     except FileNotFoundError as e:
-        problem = str(e)
-    can_install = Path(root) == DEFAULT_ROOT and hasattr(os, 'geteuid') and os.geteuid() == 0 \
-        and shutil.which('apt-get')
-    if not can_install:
-        raise SystemExit(f'[study] {problem}')
-    print('[study] installing Debian package dataset-fashion-mnist', flush=True)
-    install = ['apt-get', 'install', '-y', '-q', 'dataset-fashion-mnist']
-    if subprocess.run(install).returncode and (subprocess.run(['apt-get', 'update', '-q']).returncode
-                                               or subprocess.run(install).returncode):
-        raise SystemExit('[study] apt-get could not install dataset-fashion-mnist; install it by hand or pass --data')
+        raise SystemExit(f'[study] {e}')
 
 
 def load_split(root: str, split: str, count: int, subset_seed: int = 0):
@@ -172,26 +177,67 @@ def load_split(root: str, split: str, count: int, subset_seed: int = 0):
     return (x - MEAN) / STD, torch.from_numpy(labels[idx])
 
 
-def random_resized_crop(x: torch.Tensor, size: int, min_scale: float, gen: torch.Generator) -> torch.Tensor:
-    """Batched random resized crop (area ``min_scale``..1, aspect 3/4..4/3) plus horizontal flip, as one affine
-    resampling per image; the crop always lies inside the image."""
-    B = x.shape[0]
-    u = torch.rand(B, 5, generator=gen)
+CROP_RESAMPLE = ('antialiased', 'aliased')
+TEST_RESAMPLE = ('bilinear', 'bicubic')
+
+
+def random_boxes(batch: int, min_scale: float, gen: torch.Generator) -> torch.Tensor:
+    """(batch, 5) random resized crop boxes in normalised coordinates (-1..1): centre x, centre y, half-width,
+    half-height, and the horizontal flip (-1 or 1). Area ``min_scale``..1 of the image, aspect 3/4..4/3; a side
+    that would leave the image is clamped to it, so the crop always lies inside."""
+    u = torch.rand(batch, 5, generator=gen)
     area = min_scale + (1 - min_scale) * u[:, 0]
     log_ratio = math.log(3 / 4) + (math.log(4 / 3) - math.log(3 / 4)) * u[:, 1]
     w = (area * log_ratio.exp()).sqrt().clamp(max=1)
     h = (area / log_ratio.exp()).sqrt().clamp(max=1)
     cx, cy = (2 * u[:, 2] - 1) * (1 - w), (2 * u[:, 3] - 1) * (1 - h)
-    flip = torch.where(u[:, 4] < 0.5, -1., 1.)
-    theta = torch.zeros(B, 2, 3)
-    theta[:, 0, 0], theta[:, 0, 2], theta[:, 1, 1], theta[:, 1, 2] = w * flip, cx, h, cy
-    grid = F.affine_grid(theta, [B, x.shape[1], size, size], align_corners=False)
-    return F.grid_sample(x, grid, mode='bilinear', padding_mode='border', align_corners=False)
+    return torch.stack((cx, cy, w, h, torch.where(u[:, 4] < 0.5, -1., 1.)), dim=1)
 
 
-def resize(x: torch.Tensor, size: int) -> torch.Tensor:
-    """Bilinear, antialiased when shrinking (as PIL resizes ImageNet's test images)."""
-    return x if x.shape[-1] == size else F.interpolate(x, size=(size, size), mode='bilinear', align_corners=False,
+def filter_weights(centre: torch.Tensor, half: torch.Tensor, size: int, n_in: int) -> torch.Tensor:
+    """(B, size, n_in): each output pixel of a crop as a weighted sum of input pixels, as torchvision's
+    RandomResizedCrop makes it: the box (normalised centre and half-extent per image) rounded to whole pixels
+    and cut out, then resized with the triangle (bilinear) filter, widened by the shrink factor where it shrinks
+    and cut at the crop's edge, normalised (PIL's and ``F.interpolate(antialias=True)``'s resampling)."""
+    length = (half * n_in).round().clamp(1, n_in)
+    start = torch.minimum(((centre + 1) / 2 * n_in - length / 2).round().clamp(min=0), n_in - length)
+    scale = length / size                                                 # input pixels per output pixel
+    centres = start[:, None] + scale[:, None] * (torch.arange(size) + 0.5)
+    pixels = torch.arange(n_in)
+    weights = (1 - ((pixels + 0.5 - centres[..., None]) / scale.clamp(min=1)[:, None, None]).abs()).clamp(min=0)
+    inside = (pixels >= start[:, None]) & (pixels < (start + length)[:, None])
+    weights = weights * inside[:, None, :]
+    return weights / weights.sum(-1, keepdim=True)
+
+
+def resample_boxes(x: torch.Tensor, boxes: torch.Tensor, size: int, resample: str) -> torch.Tensor:
+    """Each image's box (``random_boxes``' layout) resampled to ``size`` x ``size``. 'antialiased': as ImageNet
+    pipelines do (``filter_weights``: whole-pixel crop, filtered when it shrinks); 'aliased': the exact box, one
+    bilinear sample per output pixel (``grid_sample``), which skips input pixels when it shrinks."""
+    if resample not in CROP_RESAMPLE:
+        raise ValueError(f'crop resampling must be one of {CROP_RESAMPLE}, got {resample!r}')
+    cx, cy, w, h, flip = boxes.unbind(1)
+    if resample == 'aliased':
+        theta = torch.zeros(len(boxes), 2, 3)
+        theta[:, 0, 0], theta[:, 0, 2], theta[:, 1, 1], theta[:, 1, 2] = w * flip, cx, h, cy
+        grid = F.affine_grid(theta, [len(boxes), x.shape[1], size, size], align_corners=False).to(x.device)
+        return F.grid_sample(x, grid, mode='bilinear', padding_mode='border', align_corners=False)
+    rows = filter_weights(cy, h, size, x.shape[-2])
+    cols = filter_weights(cx, w, size, x.shape[-1])
+    cols = torch.where(flip[:, None, None] < 0, cols.flip(1), cols)
+    return torch.einsum('bih,bchw,bjw->bcij', rows.to(x), x, cols.to(x))
+
+
+def random_resized_crop(x: torch.Tensor, size: int, min_scale: float, gen: torch.Generator,
+                        resample: str = 'antialiased') -> torch.Tensor:
+    """Batched random resized crop plus horizontal flip (``random_boxes``), resampled by ``resample_boxes``.
+    The boxes come from ``gen`` on the CPU, so a seed gives the same crops on every device and resampling."""
+    return resample_boxes(x, random_boxes(x.shape[0], min_scale, gen), size, resample)
+
+
+def resize(x: torch.Tensor, size: int, mode: str = 'bilinear') -> torch.Tensor:
+    """Bilinear or bicubic, antialiased when shrinking (as PIL resizes ImageNet's test images)."""
+    return x if x.shape[-1] == size else F.interpolate(x, size=(size, size), mode=mode, align_corners=False,
                                                        antialias=size < x.shape[-1])
 
 
@@ -202,8 +248,11 @@ def build_model(variant: str, args: argparse.Namespace) -> CPVT:
 
 
 def make_optimizer(model: CPVT, args: argparse.Namespace, total_steps: int):
-    """AdamW without decay on biases, norms, PEGs and the position table; linear warm-up then cosine."""
+    """AdamW without decay on biases, norms, the class token and (unless ``--decay-position``) the position
+    encodings' weights; linear warm-up then cosine."""
     skip = model.no_weight_decay()
+    if args.decay_position:
+        skip = {n for n in skip if n == 'cls_token'}
     decay = [p for n, p in model.named_parameters() if p.ndim > 1 and n not in skip]
     rest = [p for n, p in model.named_parameters() if p.ndim <= 1 or n in skip]
     opt = torch.optim.AdamW([dict(params=decay, weight_decay=args.weight_decay), dict(params=rest, weight_decay=0.)],
@@ -227,8 +276,15 @@ def placements(args: argparse.Namespace) -> List[Tuple[int, int]]:
 
 
 def size_keys(args: argparse.Namespace) -> List[str]:
-    """'56': the test images resized to 56 px; 'canvas56': at 28 px, centred on a blank 56 px canvas."""
-    return [str(s) for s in args.test_sizes] + [f'canvas{s}' for s in args.canvas_sizes]
+    """'56': the test images resized to 56 px (bilinear); 'bicubic56': the same with bicubic resizing;
+    'canvas56': at the training size, centred on a blank 56 px canvas."""
+    prefix = '' if args.test_resample == 'bilinear' else args.test_resample
+    return [f'{prefix}{s}' for s in args.test_sizes] + [f'canvas{s}' for s in args.canvas_sizes]
+
+
+def key_size(key: str) -> int:
+    """The canvas or image size (px) of a ``size_keys`` key."""
+    return int(key.removeprefix('canvas').removeprefix('bicubic'))
 
 
 def placement_keys(args: argparse.Namespace) -> List[str]:
@@ -250,6 +306,8 @@ def prepare(x: torch.Tensor, key: str, args: argparse.Namespace) -> torch.Tensor
     elif key.startswith('canvas'):
         total = int(key[len('canvas'):]) - args.image_size
         top = left = (total // 2) // args.patch * args.patch
+    elif key.startswith('bicubic'):
+        return resize(x, key_size(key), 'bicubic')
     else:
         return resize(x, int(key))
     return F.pad(resize(x, args.image_size), (left, total - left, top, total - top), value=-MEAN / STD)
@@ -264,8 +322,8 @@ def evaluate(model: CPVT, x: torch.Tensor, y: torch.Tensor, keys: Sequence[str],
     for key in keys:
         n = min(len(x), args.placement_images) if key.startswith('place') else len(x)
         xs, ys = x[:n], y[:n]
-        correct = sum((model(prepare(xs[i:i + batch], key, args)).argmax(-1) == ys[i:i + batch]).sum().item()
-                      for i in range(0, n, batch))
+        correct = sum((model(prepare(xs[i:i + batch], key, args).to(args.device)).argmax(-1).cpu()
+                       == ys[i:i + batch]).sum().item() for i in range(0, n, batch))
         out[key] = 100. * correct / n
     return out
 
@@ -284,7 +342,7 @@ def position_probe(model: CPVT, x: torch.Tensor, args: argparse.Namespace) -> Di
     half = len(x) // 2
 
     def tokens_and_targets(images: torch.Tensor, size: int):
-        tokens = model.forward_features(resize(images, size))[:, model.num_prefix_tokens:]
+        tokens = model.forward_features(resize(images, size).to(args.device))[:, model.num_prefix_tokens:].cpu()
         grid = size // args.patch
         centres = (torch.arange(grid) + 0.5) / grid
         target = torch.stack(torch.meshgrid(centres, centres, indexing='ij'), dim=-1).reshape(1, grid * grid, 2)
@@ -309,9 +367,9 @@ def position_probe(model: CPVT, x: torch.Tensor, args: argparse.Namespace) -> Di
 
 def train(variant: str, seed: int, args: argparse.Namespace, train_data, run_dir: Path):
     """Train one model, resuming from its last finished epoch; returns it with its training record."""
-    x_train, y_train = train_data
+    x_train, y_train = (t.to(args.device) for t in train_data)
     torch.manual_seed(seed)
-    model = build_model(variant, args)
+    model = build_model(variant, args).to(args.device)
     steps_per_epoch = len(x_train) // args.batch_size
     if steps_per_epoch < 1:
         raise SystemExit(f'[study] --batch-size {args.batch_size} is larger than --train-images {len(x_train)}')
@@ -320,12 +378,12 @@ def train(variant: str, seed: int, args: argparse.Namespace, train_data, run_dir
     state = dict(epoch=0, log=[], train_seconds=0.)
     ckpt_path = run_dir / 'checkpoint.pth'
     if ckpt_path.is_file():
-        ckpt = torch.load(ckpt_path, weights_only=False)
+        ckpt = torch.load(ckpt_path, weights_only=False, map_location=args.device)
         model.load_state_dict(ckpt['model'])
         opt.load_state_dict(ckpt['optimizer'])
         sched.load_state_dict(ckpt['scheduler'])
-        gen.set_state(ckpt['generator'])
-        torch.set_rng_state(ckpt['torch_rng'])
+        gen.set_state(ckpt['generator'].cpu())
+        torch.set_rng_state(ckpt['torch_rng'].cpu())
         state = ckpt['state']
         print(f'[study] {variant} seed {seed}: resuming after epoch {state["epoch"]}', flush=True)
     for epoch in range(state['epoch'], args.epochs):
@@ -334,15 +392,17 @@ def train(variant: str, seed: int, args: argparse.Namespace, train_data, run_dir
         order = torch.randperm(len(x_train), generator=gen)
         for step in range(steps_per_epoch):
             idx = order[step * args.batch_size:(step + 1) * args.batch_size]
-            xb = random_resized_crop(x_train[idx], args.image_size, args.crop_scale, gen)
+            idx = idx.to(args.device)
+            xb = random_resized_crop(x_train[idx], args.image_size, args.crop_scale, gen, args.crop_resample)
+            yb = y_train[idx]
             logits = model(xb)
-            loss = F.cross_entropy(logits, y_train[idx], label_smoothing=0.1)
+            loss = F.cross_entropy(logits, yb, label_smoothing=0.1)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             sched.step()
             loss_sum += loss.item()
-            correct += (logits.argmax(-1) == y_train[idx]).sum().item()
+            correct += (logits.argmax(-1) == yb).sum().item()
         seconds = time.perf_counter() - start
         state['epoch'] = epoch + 1
         state['train_seconds'] += seconds
@@ -354,7 +414,7 @@ def train(variant: str, seed: int, args: argparse.Namespace, train_data, run_dir
                     generator=gen.get_state(), torch_rng=torch.get_rng_state(), state=state)
         atomic_write(ckpt_path, lambda f: torch.save(ckpt, f))
     atomic_write(run_dir / 'final.pth', lambda f: torch.save(model.state_dict(), f))
-    record = dict(variant=variant, seed=seed, top1={}, epochs=args.epochs, iterations=steps_per_epoch * args.epochs,
+    record = dict(variant=variant, seed=seed, device=args.device, top1={}, epochs=args.epochs, iterations=steps_per_epoch * args.epochs,
                   params=sum(p.numel() for p in model.parameters()), train_seconds=round(state['train_seconds'], 1),
                   eval_seconds=0., log=state['log'])
     return model, record
@@ -373,8 +433,8 @@ def run(variant: str, seed: int, args: argparse.Namespace, data, run_dir: Path) 
         if model is not None:
             return model
         saved = build_model(variant, args)
-        saved.load_state_dict(torch.load(run_dir / 'final.pth'))
-        return saved
+        saved.load_state_dict(torch.load(run_dir / 'final.pth', map_location='cpu'))
+        return saved.to(args.device)
 
     missing = [k for k in test_keys(args) if k not in result['top1']]
     changed = bool(missing)
@@ -401,11 +461,12 @@ def summarise(results: List[Dict], args: argparse.Namespace) -> List[Dict]:
     rows = []
     for variant in args.variants:
         runs = sorted((r for r in results if r['variant'] == variant), key=lambda r: r['seed'])
-        for key in size_keys(args):
-            size = int(key.removeprefix('canvas'))
+        keys = size_keys(args)
+        base = keys[args.test_sizes.index(args.image_size)]
+        for key in keys:
+            size = key_size(key)
             accs = [r['top1'][key] for r in runs]
-            (m, s), (dm, ds) = mean_std(accs), mean_std([r['top1'][key] - r['top1'][str(args.image_size)]
-                                                         for r in runs])
+            (m, s), (dm, ds) = mean_std(accs), mean_std([r['top1'][key] - r['top1'][base] for r in runs])
             rows.append(dict(variant=variant, test='canvas' if key.startswith('canvas') else 'resize', size=size,
                              factor=round(size / args.image_size, 2), grid=size // args.patch, top1_mean=m,
                              top1_std=s, change_mean=dm, change_std=ds, top1_per_seed=[round(a, 2) for a in accs],
@@ -541,7 +602,11 @@ def plot_peg_response(args: argparse.Namespace, test_image: torch.Tensor, path: 
     training size and at 2x (resized and on a canvas)."""
     plt = pyplot()
     seed = min(args.seeds)
-    variants = [v for v in ('peg_0', 'peg_0-5', 'peg_-1_wide') if v in args.variants]
+    variants = [v for v in ('peg_0', 'peg_0-5', 'peg_-1_wide') if v in args.variants
+                and (run_dir(args, v, seed) / 'final.pth').is_file()]
+    if not variants:
+        print(f'[study] no PEG run of seed {seed} has its weights here: {path.name} not drawn')
+        return
     big = 2 * args.image_size
     test_image = resize(test_image, args.image_size)
     blank = torch.full_like(test_image, -MEAN / STD)
@@ -552,7 +617,7 @@ def plot_peg_response(args: argparse.Namespace, test_image: torch.Tensor, path: 
                              squeeze=False)
     for row, variant in zip(axes, variants):
         model = build_model(variant, args)
-        model.load_state_dict(torch.load(run_dir(args, variant, seed) / 'final.pth'))
+        model.load_state_dict(torch.load(run_dir(args, variant, seed) / 'final.pth', map_location='cpu'))
         maps = [peg_response(model, x).numpy() for _, x in inputs]
         vmax = max(float(m.max()) for m in maps)
         for ax, (label, _), response in zip(row, inputs, maps):
@@ -582,7 +647,7 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
                                                            runs=results), indent=2))
 
     def heading(key):
-        size = int(key.removeprefix('canvas'))
+        size = key_size(key)
         grid = f'{size // args.patch}x{size // args.patch}'
         return f'canvas {size} px, {grid}' if key.startswith('canvas') else \
             f'{size} px, {grid} ({size / args.image_size:.2g}x)'
@@ -621,9 +686,12 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
         table + f'\n\nTop-1 (%) on {meta["test_images"]} Fashion-MNIST test images, mean ± standard deviation over '
         f'seeds {meta["seeds"]} (in brackets: change from the training size, paired by seed); head: '
         f'{"class token" if args.head == "cls" else "global average pooling"}. Trained on random resized crops '
-        f'(area {args.crop_scale}-1) of the 28 px originals at {args.image_size} px (patch {args.patch}: a '
-        f'{args.image_size // args.patch} x {args.image_size // args.patch} token grid) on {meta["train_images"]} '
-        f'images for {args.epochs} epochs ({meta["iterations"]} iterations); tested on the whole images resized. '
+        f'(area {args.crop_scale}-1, resampled {args.crop_resample}) of the 28 px originals at {args.image_size} px '
+        f'(patch {args.patch}: a {args.image_size // args.patch} x {args.image_size // args.patch} token grid), '
+        f'{args.dim} wide with {args.heads} heads, peak learning rate {args.lr:g}, weight decay '
+        f'{args.weight_decay:g} ({"position encodings included" if args.decay_position else "position encodings exempt"}), '
+        f'on {meta["train_images"]} images for {args.epochs} epochs ({meta["iterations"]} iterations) on '
+        f'{args.device}; tested on the whole images resized ({args.test_resample}). '
         + (f'"canvas": the {args.image_size} px image centred on a blank canvas. ' if args.canvas_sizes else '')
         + f'The paper column is DeiT-tiny\'s '
         f'ImageNet top-1 at 224 from the CPVT paper\'s ablations (—: not in its tables here). Parameters: '
@@ -639,7 +707,7 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
 
 
 def run_dir(args: argparse.Namespace, variant: str, seed: int) -> Path:
-    return Path(args.work_dir) / args.name / f'{variant}-seed{seed}'
+    return Path(args.work_dir) / args.runs / f'{variant}-seed{seed}'
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
@@ -662,6 +730,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
                 test_sizes=args.test_sizes, canvas_sizes=args.canvas_sizes, seeds=args.seeds, epochs=args.epochs,
                 iterations=results[0]['iterations'], batch_size=args.batch_size, lr=args.lr,
                 weight_decay=args.weight_decay, drop_path=args.drop_path, crop_scale=args.crop_scale,
+                crop_resample=args.crop_resample, test_resample=args.test_resample,
+                decay_position=args.decay_position, device=args.device, runs=args.runs,
                 model=dict(dim=args.dim, depth=args.depth, heads=args.heads, patch=args.patch, head=args.head),
                 params={r['variant']: r['params'] for r in results},
                 run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1),

@@ -184,6 +184,23 @@ def test_lower_precision_at_odd_sizes_leaves_the_plain_model_alone(name, mode):
         assert all(torch.equal(a, b) for a, b in zip(copied(x), fast(x)))
 
 
+@pytest.mark.parametrize('mode', list(MODES))
+def test_a_model_copied_under_inference_mode_runs_optimized(mode):
+    """Weights made under ``torch.inference_mode()`` are inference tensors, which have no version counter: the
+    lower-precision kernels still derive their weights from them (once), and match the plain model."""
+    _precision_or_skip(mode)
+    torch.manual_seed(0)
+    plain = create_model('pcpvt_tiny').eval()
+    with torch.inference_mode():
+        copy_ = copy.deepcopy(plain)
+    assert all(p.is_inference() for p in copy_.parameters())
+    fast = lowered(copy_, mode)
+    x = torch.randn(1, 3, 64, 80)
+    with torch.inference_mode():
+        out, again, ref = fast(x), fast(x), plain(x)
+    assert torch.equal(out, again) and ((out - ref).norm() / ref.norm()) < TOLERANCE[mode]
+
+
 @pytest.mark.parametrize('mode', ['int8', 'int8_static'])
 def test_layers_kept_in_float32(mode):
     _precision_or_skip(mode)

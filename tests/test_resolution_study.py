@@ -78,7 +78,7 @@ def test_loader_errors_name_the_problem(tmp_path, fake_fmnist):
 
 
 def test_study_stops_in_one_line_without_data(tmp_path, capsys):
-    with pytest.raises(SystemExit, match='apt-get install dataset-fashion-mnist'):
+    with pytest.raises(SystemExit, match=r'not found in .*apt-get install dataset-fashion-mnist'):
         _study().main(['--data', str(tmp_path)] + TINY)
 
 
@@ -95,6 +95,63 @@ def test_random_resized_crop_stays_inside_and_flips():
     small = study.random_resized_crop(x, 28, 0.25, gen)
     span = (small[:, 0, 14, -1] - small[:, 0, 14, 0]).abs()
     assert (span < 26).sum() > 16 and span.min() > 27 * 0.25 ** 0.5 * (3 / 4) ** 0.5 - 1  # zoomed, never a sliver
+
+
+def test_antialiased_crop_of_the_whole_image_is_the_antialiased_resize():
+    """The default crops resample as ImageNet pipelines do: a box covering the image gives exactly
+    ``F.interpolate(antialias=True)`` (what PIL does), a whole-pixel box gives that of the cut-out crop
+    (torchvision's RandomResizedCrop), flipped when the box says so; the aliased arm gives neither when it shrinks."""
+    study = _study()
+    x = torch.randn(4, 2, 28, 28)
+    whole = torch.tensor([[0., 0., 1., 1., 1.]]).repeat(4, 1)
+    for size in (9, 14, 20, 42):
+        reference = torch.nn.functional.interpolate(x, size=(size, size), mode='bilinear', align_corners=False,
+                                                    antialias=True)
+        torch.testing.assert_close(study.resample_boxes(x, whole, size, 'antialiased'), reference,
+                                   atol=1e-5, rtol=1e-5)
+    shrunk = study.resize(x, 14)
+    assert (study.resample_boxes(x, whole, 14, 'aliased') - shrunk).abs().max() > 0.3
+    flipped = whole.clone()
+    flipped[:, 4] = -1
+    torch.testing.assert_close(study.resample_boxes(x, flipped, 14, 'antialiased'), shrunk.flip(-1))
+    left, width, top, height = 3, 20, 5, 16  # a whole-pixel box: centre and half-extent in -1..1 coordinates
+    box = torch.tensor([[(left + width / 2) / 14 - 1, (top + height / 2) / 14 - 1, width / 28, height / 28, 1.]])
+    crop = x[:1, :, top:top + height, left:left + width]
+    for size in (14, 20):  # shrinking and enlarging
+        reference = torch.nn.functional.interpolate(crop, size=(size, size), mode='bilinear', align_corners=False,
+                                                    antialias=True)
+        torch.testing.assert_close(study.resample_boxes(x[:1], box, size, 'antialiased'), reference,
+                                   atol=1e-5, rtol=1e-5)
+    gen = torch.Generator().manual_seed(0)
+    boxes = study.random_boxes(64, 0.25, gen)
+    crops = {m: study.resample_boxes(x.repeat(16, 1, 1, 1), boxes, 14, m) for m in study.CROP_RESAMPLE}
+    assert all(torch.isfinite(c).all() for c in crops.values())
+    assert (crops['antialiased'] - crops['aliased']).abs().mean() > 0.1  # same boxes, other resampling
+    with pytest.raises(ValueError, match='crop resampling must be one of'):
+        study.resample_boxes(x, whole, 14, 'nearest')
+
+
+def test_recipe_options_reach_the_optimizer_and_the_tests():
+    study = _study()
+    args = study.parse_args(TINY)
+    model = study.build_model('peg_0-5', args)
+    exempt = {n for n in model.no_weight_decay() if n.endswith('weight')}
+    assert exempt, 'the PEG weights are exempt from weight decay by default'
+
+    def decayed(args):
+        opt, _ = study.make_optimizer(model, args, 10)
+        ids = {id(p) for p in opt.param_groups[0]['params']}
+        return {n for n, p in model.named_parameters() if id(p) in ids}
+    assert not decayed(args) & exempt
+    assert exempt <= decayed(study.parse_args(TINY + ['--decay-position']))
+    bicubic = study.parse_args(TINY + ['--test-resample', 'bicubic', '--canvas-sizes', '40'])
+    assert study.size_keys(bicubic) == ['bicubic28', 'bicubic40', 'canvas40']
+    x = torch.randn(2, 1, 28, 28)
+    torch.testing.assert_close(study.prepare(x, 'bicubic40', bicubic), torch.nn.functional.interpolate(
+        x, size=(40, 40), mode='bicubic', align_corners=False))
+    assert not torch.allclose(study.prepare(x, 'bicubic40', bicubic), study.prepare(x, '40', bicubic))
+    assert study.parse_args(TINY + ['--name', 'b']).runs == 'b'
+    assert study.parse_args(TINY + ['--name', 'b', '--runs', 'a']).runs == 'a'
 
 
 def test_canvas_keeps_the_object_on_the_training_token_grid():

@@ -315,8 +315,10 @@ class FusedLinear(nn.Module):
 
     @property
     def prepared(self):
-        state = tuple((t.data_ptr(), t._version) for t in (self.weight, self.bias) if t is not None) + (
-            self.input_range,)
+        # An inference tensor (made under torch.inference_mode) has no version counter: its data pointer alone
+        # tells a replaced tensor (in-place edits of one, possible only in inference mode, are not seen).
+        state = tuple((t.data_ptr(), None if t.is_inference() else t._version)
+                      for t in (self.weight, self.bias) if t is not None) + (self.input_range,)
         if state != self._prepared_for:
             self._prepared, self._prepared_for = KERNELS[self.kernel].prepare(self), state
         return self._prepared
