@@ -12,7 +12,7 @@ import torch
 
 from cpvt_backbones import create_model, optimize, record_input_ranges
 from cpvt_backbones.convert import twins_to_mmseg
-from cpvt_backbones.export import export
+from cpvt_backbones.deploy.onnx import export
 from cpvt_backbones.models import PyramidCPVT, model_settings
 from timing import cpu_info, has_fast_bf16
 

@@ -1,9 +1,11 @@
 """CPVT and pyramid CPVT (Twins-PCPVT) backbones with conditional positional encodings.
 
-The package root and ``layers``, ``models``, ``convert`` need only torch. The OpenMMLab registrations live in
+The package root and ``layers``, ``models``, ``convert`` need only torch; ``deploy`` holds the inference engines
+(the fused CPU path, ONNX export, OpenVINO), each importing its engine's package only when used. The OpenMMLab registrations live in
 ``cpvt_backbones.adapters.{mmdet,mmseg,mmpretrain}`` and are imported by configs through ``custom_imports``.
 """
-from .models import CPVT, PyramidCPVT, create_model, list_models, optimize, record_input_ranges
+from .deploy import optimize, record_input_ranges
+from .models import CPVT, PyramidCPVT, create_model, list_models
 
 __version__ = '0.1.0'
 __all__ = ['CPVT', 'PyramidCPVT', 'create_model', 'list_models', 'optimize', 'record_input_ranges']

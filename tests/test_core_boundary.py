@@ -1,4 +1,5 @@
-"""The core (package root, layers, models, convert) must import nothing from OpenMMLab."""
+"""The core (package root, layers, models, convert, deploy) must import nothing from OpenMMLab; the optional
+inference engines (openvino, nncf, onnxruntime) load only when used."""
 import ast
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import cpvt_backbones
 
 PKG = Path(cpvt_backbones.__file__).parent
 FORBIDDEN = ('mmcv', 'mmengine', 'mmdet', 'mmseg', 'mmpretrain')
-CORE = [PKG / '__init__.py'] + [p for sub in ('layers', 'models', 'convert') for p in (PKG / sub).rglob('*.py')]
+CORE = [PKG / '__init__.py'] + [p for sub in ('layers', 'models', 'convert', 'deploy') for p in (PKG / sub).rglob('*.py')]
 
 
 def _imported_roots(path: Path):
@@ -35,10 +36,11 @@ class Block:
             raise ImportError('blocked: ' + name)
 sys.meta_path.insert(0, Block())
 import torch, cpvt_backbones
-from cpvt_backbones import convert, layers, models
+from cpvt_backbones import convert, deploy, layers, models
 m = cpvt_backbones.create_model('pcpvt_tiny', features_only=True)
 assert len(m(torch.randn(1, 3, 35, 41))) == 4
 assert not [k for k in sys.modules if k.split('.')[0] in {FORBIDDEN!r}]
+assert not [k for k in sys.modules if k.split('.')[0] in ('openvino', 'nncf', 'onnxruntime')]
 '''
     subprocess.run([sys.executable, '-c', code], check=True)
 

@@ -79,7 +79,7 @@ def test_onnx_dynamic_size(name, spec, tmp_path):
     model those that skip a class token; the PEG-only models are covered by test_deploy.py."""
     pytest.importorskip('onnxruntime')
     pytest.importorskip('onnxscript')
-    from cpvt_backbones.export import export, verify
+    from cpvt_backbones.deploy.onnx import export, verify
     shallow = dict(depths=(1, 1, 1, 1)) if name == 'pcpvt_tiny' else dict(depth=2)
     torch.manual_seed(0)
     model = create_model(name, features_only=True, pos_encoding=spec, **shallow).eval()

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from cpvt_backbones import create_model, list_models
-from cpvt_backbones.export import export, verify
+from cpvt_backbones.deploy.onnx import export, verify
 
 def _flat(item) -> List[torch.Tensor]:
     if isinstance(item, torch.Tensor):

@@ -34,9 +34,18 @@ fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check)
 
+# Fashion-MNIST, the resolution studies' images, from Debian's package (needs root and apt-get; without them the
+# studies say how to get it).
+if [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  say "installing Debian's dataset-fashion-mnist"
+  apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; } \
+    || say "could not install dataset-fashion-mnist (the resolution studies need it)"
+fi
+
 STAMP="$VENV/.cpvt_env_stamp"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(stamp_of)" ] \
-   && "$PY" -c "import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, cpvt_backbones" 2>/dev/null; then
+   && "$PY" -c "import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, openvino, nncf, cpvt_backbones" 2>/dev/null; then
   say "up to date ($VENV)"
   exit 0
 fi
@@ -88,8 +97,9 @@ say "installing mmcv (cached wheel), the OpenMMLab stack and test tools"
 "${PIP[@]}" install -q "$MMCV_WHEEL" "${STACK[@]}" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
 pin_setuptools
 
-say "installing cpvt_backbones (editable)"
-"${PIP[@]}" install -q --no-deps --no-build-isolation -e "$ROOT"
+say "installing cpvt_backbones (editable) with its OpenVINO extra (openvino, nncf)"
+"${PIP[@]}" install -q --no-build-isolation -e "$ROOT[openvino]"
+pin_setuptools
 
 "$PY" -c "import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, cpvt_backbones; \
 print('[env] torch', torch.__version__, '| mmcv', mmcv.__version__, '| mmdet', mmdet.__version__, \

@@ -11,6 +11,7 @@ import torch
 
 from .. import models as core
 from ..convert import load_into, load_weights_file, resolve_checkpoint
+from ..deploy import optimize as optimize_model
 from ..utils import strip_prefix
 from ..models import model_settings
 
@@ -46,7 +47,7 @@ class _OpenMMLabBackbone:
             if isinstance(options.get('input_ranges'), str):  # a file written by adapters.runtime.calibrate
                 with open(options['input_ranges']) as f:
                     options['input_ranges'] = json.load(f)['input_ranges']
-            core.optimize(self, **options)
+            optimize_model(self, **options)
         if init_cfg is not None:
             if not isinstance(init_cfg, Mapping) or init_cfg.get('type') != 'Pretrained':
                 raise ValueError("init_cfg must be None or dict(type='Pretrained', checkpoint=PATH[, prefix=...]); "

@@ -1,8 +1,6 @@
 """CPVT models (torch only)."""
 from .cpvt import CPVT
 from .factory import MODEL_SPECS, ModelSpec, create_model, list_models, model_settings
-from .optimize import optimize, record_input_ranges
 from .pcpvt import PyramidCPVT
 
-__all__ = ['CPVT', 'MODEL_SPECS', 'ModelSpec', 'PyramidCPVT', 'create_model', 'list_models', 'model_settings',
-           'optimize', 'record_input_ranges']
+__all__ = ['CPVT', 'MODEL_SPECS', 'ModelSpec', 'PyramidCPVT', 'create_model', 'list_models', 'model_settings']

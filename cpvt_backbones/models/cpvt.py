@@ -3,12 +3,23 @@ from types import MappingProxyType
 from typing import Any, Callable, List, Optional, Sequence, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..layers import Attention, Block, Geometry, LayerNorm2d, Mlp, PatchEmbed, tokens_to_map
 from .base import CPVTBase, take_indices
 
 PYRAMID_STRIDES = (4, 8, 16, 32)
+
+
+class CeilMaxPool(nn.Module):
+    """2 x 2 max pooling to ceil(H / 2) x ceil(W / 2) rows and columns: one row and column of -inf appended,
+    then pooled without ceil mode. The result of ``nn.MaxPool2d(2, 2, ceil_mode=True)``, in a form every engine
+    takes down to a 1 x 1 map and with no shape arithmetic (OpenVINO's pooling refuses a window larger than its
+    input, and its converter has no rule for an exported model's symbolic ``%``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(F.pad(x, (0, 1, 0, 1), value=float('-inf')), 2, 2)
 
 
 def _simple_pyramid_level(level: int, dim: int) -> nn.Module:
@@ -21,7 +32,7 @@ def _simple_pyramid_level(level: int, dim: int) -> nn.Module:
         return nn.ConvTranspose2d(dim, dim // 2, 2, 2)
     if level == 2:
         return nn.Identity()
-    return nn.MaxPool2d(2, 2, ceil_mode=True)
+    return CeilMaxPool()
 
 
 class CPVT(CPVTBase):

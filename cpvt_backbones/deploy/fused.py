@@ -12,7 +12,7 @@ A ``Kernel`` runs a linear layer's GEMM on 2-D float32 tokens (``KERNELS``):
 
 * ``mkl``, ``onednn``: float32. oneDNN adds the bias and the residual in its GEMM epilogue (and runs AVX-512
   code where MKL runs AVX2 code, on AMD CPUs); MKL's ``addmm`` accumulates into the residual (beta = 1) and
-  biases the cached chunk in place. Which is faster depends on the CPU (``models.optimize`` times both).
+  biases the cached chunk in place. Which is faster depends on the CPU (``deploy.optimize`` times both).
 * ``onednn_bf16``: oneDNN with bfloat16 weights (a copy made once) and inputs, float32 outputs; fast only on
   CPUs with native bf16 (avx512_bf16, AMX).
 * ``fbgemm_int8``: int8 weights per output channel (symmetric, made once), activations quantized per call
@@ -22,7 +22,7 @@ A ``Kernel`` runs a linear layer's GEMM on 2-D float32 tokens (``KERNELS``):
   residual in the GEMM's epilogue, and in the MLP the first GEMM applies GELU and writes the hidden activation
   as uint8 in the second GEMM's quantization, so it is never float32 at all.
 
-These modules are not part of the models: ``cpvt_backbones.models.optimize`` swaps them in for a built model's
+These modules are not part of the models: ``cpvt_backbones.deploy.optimize`` swaps them in for a built model's
 blocks and linear layers, sharing the same parameters (a bf16 or int8 copy of a weight is derived data, not in
 the state dict). They read ``weight``/``bias`` directly, so hooks on the linear layers inside a fused block do
 not fire in the fused path; the plain model is the one to instrument. The fused path runs only where it
@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .block import Block
-from .layout import symbolic_shapes
-from .position.base import AttentionPosition
+from ..layers.block import Block
+from ..layers.layout import symbolic_shapes
+from ..layers.position.base import AttentionPosition
 
 # Tokens per chunk of the fused MLP: the chunk's hidden activation (4-16 MiB of float32) stays in cache
 # between the two GEMMs and the GELU instead of going out to memory and back (2048 measured best of 512-8192).
@@ -337,9 +337,9 @@ class FusedLinear(nn.Module):
 class FusedBlock(nn.Module):
     """A ``layers.Block``'s submodules (shared, same key names) run through the fused kernels in inference:
     attention's output projection with the residual accumulated by its GEMM, then the MLP a chunk of tokens at
-    a time with the residual added in place, each linear layer through its own kernel (``models.optimize``
+    a time with the residual added in place, each linear layer through its own kernel (``deploy.optimize``
     makes them ``FusedLinear``). Position encodings inside attention (``pos``) are unaffected: fusion starts
-    after attention. A block with layer scale is not fused (``models.optimize`` refuses it)."""
+    after attention. A block with layer scale is not fused (``deploy.optimize`` refuses it)."""
 
     def __init__(self, block: nn.Module):
         super().__init__()

@@ -5,7 +5,7 @@ layer) and know nothing of precision. For CPU inference, ``optimize`` swaps each
 ``layers.FusedBlock`` and each linear layer for a ``layers.FusedLinear`` that share the block's parameters: the
 state dict is unchanged. In float32 the outputs agree with the plain model to float32 rounding; ``precision=
 'bf16'`` or ``'int8'`` runs the linear layers' GEMMs on bf16 or int8 copies of their weights
-(``layers.fused.KERNELS``; the float32 parameters stay as they are, for the plain path and the state dict).
+(``deploy.fused.KERNELS``; the float32 parameters stay as they are, for the plain path and the state dict).
 Every position encoding is kept as it is (they act before a block's fused part: on the tokens, or inside
 attention). It refuses a model it cannot fuse faithfully (wrapped or hooked layers, layer scale) and a
 precision the CPU cannot run, and names why.
@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from ..layers import Block
-from ..layers.fused import GEMMS, KERNELS, FusedBlock, FusedLinear, check_kernel, fused_gemms, unavailable_reason
+from .precision import check_precision
+from .fused import GEMMS, KERNELS, FusedBlock, FusedLinear, check_kernel, fused_gemms, unavailable_reason
 
 _BLOCK_LAYERS = {'norm1': nn.LayerNorm, 'norm2': nn.LayerNorm, 'attn.q': nn.Linear, 'attn.kv': nn.Linear,
                  'attn.proj': nn.Linear, 'mlp.fc1': nn.Linear, 'mlp.act': nn.GELU, 'mlp.fc2': nn.Linear,
@@ -46,7 +47,7 @@ def _check_block(name: str, block: Block) -> None:
 
 
 def pick_gemm(block: Block, tokens: int = 1024, repeats: int = 7) -> str:
-    """The GEMM library (``layers.fused.GEMMS``) that runs ``block``'s fused GEMMs faster on this machine: the
+    """The GEMM library (``deploy.fused.GEMMS``) that runs ``block``'s fused GEMMs faster on this machine: the
     output projection with its residual and the MLP on ``tokens`` random tokens with each library, interleaved
     ``repeats`` times after two warm-up rounds; the lower median wins (well under a second). Which wins depends
     on the CPU (oneDNN's AVX-512 kernels against MKL's AVX2 ones on AMD CPUs, say)."""
@@ -65,7 +66,7 @@ def pick_gemm(block: Block, tokens: int = 1024, repeats: int = 7) -> str:
 
 # The kernel each precision runs its linear layers through (float32: the faster of ``GEMMS``, timed; int8 with
 # calibrated input ranges: 'onednn_int8').
-PRECISIONS = {'fp32': None, 'bf16': 'onednn_bf16', 'int8': 'fbgemm_int8'}
+PRECISION_KERNELS = {'fp32': None, 'bf16': 'onednn_bf16', 'int8': 'fbgemm_int8'}
 
 
 @contextlib.contextmanager
@@ -104,11 +105,10 @@ def optimize(model: nn.Module, gemm: str = 'auto', precision: str = 'fp32', keep
     uint8 activations through oneDNN). ``keep_fp32``: name prefixes of linear layers that stay float32 at a
     lower precision (layers whose quantization costs accuracy). ``gemm``: the float32 library, 'mkl',
     'onednn', or 'auto' (``pick_gemm``). Calling it on an optimized model is a no-op."""
-    if precision not in PRECISIONS:
-        raise ValueError(f'precision must be one of {sorted(PRECISIONS)}, got {precision!r}')
+    check_precision(precision)
     if gemm != 'auto' and gemm not in GEMMS:
         raise ValueError(f'gemm must be one of {list(GEMMS)} (or auto), got {gemm!r}')
-    low = PRECISIONS[precision]
+    low = PRECISION_KERNELS[precision]
     if input_ranges is not None:
         if precision != 'int8':
             raise ValueError(f'input_ranges calibrate static int8; precision={precision!r} does not use them')

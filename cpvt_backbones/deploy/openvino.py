@@ -1,0 +1,239 @@
+"""OpenVINO as the CPU engine: a built model converted once, compiled for the CPU, behind the call contract of the
+module it came from (an NCHW float tensor in; the same tensor, tuple, list or dict of tensors out).
+
+``to_openvino(model, precision=...)`` exports ``model`` with ``torch.export`` (batch, height and width dynamic), converts
+the program with ``openvino.convert_model`` and returns an ``OpenVINOModule``. The model may be a backbone, a
+classifier, or any module whose forward maps one image batch to tensors (an OpenMMLab model's backbone + neck +
+head in tensor mode, ``deploy.openmmlab``). Precisions, as everywhere in the package:
+
+* ``'fp32'``: OpenVINO's float32 kernels (its CPU default on bf16-capable CPUs is bf16, so fp32 is asked for
+  explicitly);
+* ``'bf16'``: OpenVINO's bf16 inference precision, on CPUs whose OpenVINO plugin reports native bf16
+  (``OPTIMIZATION_CAPABILITIES``); elsewhere it warns that it runs float32 and does;
+* ``'int8'``: NNCF post-training quantization (``nncf.quantize``, transformer preset) calibrated on
+  ``calibration`` (an iterable of input batches: real images through the config's test pipeline, as the tools
+  make them), float32 where not quantized; ``ignored_scope`` keeps named layers out of it.
+
+Shapes: ``shapes='dynamic'`` compiles one model for every input size; ``shapes='static'`` compiles a model per
+input shape on first use and keeps the last ``cache_size`` (``benchmarks/openvino_shapes.py`` measures both).
+
+The engine is optional (``pip install 'cpvt_backbones[openvino]'``, which ``make env`` installs); without it the
+first call names the extra.
+"""
+import collections
+import warnings
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from .precision import PRECISIONS, check_precision
+
+SHAPES = ('dynamic', 'static')
+EXTRA = "pip install 'cpvt_backbones[openvino]'"
+
+
+def _openvino():
+    try:
+        import openvino
+    except ImportError as e:
+        raise ImportError(f'the OpenVINO engine needs the openvino package, which is not installed: {EXTRA} '
+                          f'(make env installs it)') from e
+    return openvino
+
+
+def _nncf():
+    try:
+        import nncf
+    except ImportError as e:
+        raise ImportError(f'int8 on OpenVINO quantizes with NNCF, which is not installed: {EXTRA}') from e
+    return nncf
+
+
+def available() -> bool:
+    """True when the openvino package imports."""
+    try:
+        _openvino()
+    except ImportError:
+        return False
+    return True
+
+
+def native_bf16() -> bool:
+    """True when OpenVINO's CPU plugin runs bf16 natively here (avx512_bf16 or AMX)."""
+    ov = _openvino()
+    return 'BF16' in ov.Core().get_property('CPU', 'OPTIMIZATION_CAPABILITIES')
+
+
+def compile_config(precision: str, threads: Optional[int] = None) -> Dict[Any, Any]:
+    """The CPU plugin's properties for ``precision``: the inference precision (bf16 only where native, with a
+    warning otherwise) and, if given, the number of threads."""
+    ov = _openvino()
+    check_precision(precision)
+    kind = ov.Type.f32
+    if precision == 'bf16':
+        if native_bf16():
+            kind = ov.Type.bf16
+        else:
+            warnings.warn("precision='bf16': this CPU has no native bf16 (OpenVINO's CPU plugin reports "
+                          f"{ov.Core().get_property('CPU', 'OPTIMIZATION_CAPABILITIES')}); running float32",
+                          RuntimeWarning, stacklevel=3)
+    config = {ov.properties.hint.inference_precision: kind}
+    if threads:
+        config[ov.properties.inference_num_threads] = int(threads)
+    return config
+
+
+def _aa_weights(in_size: int, out_size, kernel: Callable[[torch.Tensor], torch.Tensor], support: float,
+                dtype: torch.dtype) -> torch.Tensor:
+    """(out_size, in_size) resampling weights of ``F.interpolate(..., align_corners=False, antialias=True)``
+    (PIL's filters): output pixel i centred at ``scale * (i + 0.5)`` with ``scale = in / out``, the filter
+    stretched by ``scale`` where it shrinks, cut at the border and normalised. Written with tensor arithmetic
+    only, so that ``out_size`` may be symbolic."""
+    scale = torch.full((), in_size, dtype=torch.float64) / out_size
+    stretch = torch.clamp(scale, min=1.)
+    centres = scale * (torch.arange(out_size, dtype=torch.float64) + 0.5)
+    x = (torch.arange(in_size, dtype=torch.float64) + 0.5 - centres[:, None]) / stretch
+    weights = torch.where(x.abs() < support, kernel(x.abs()), torch.zeros_like(x))
+    return (weights / weights.sum(-1, keepdim=True)).to(dtype)
+
+
+def _triangle(x: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(1 - x, min=0.)
+
+
+def _pil_cubic(x: torch.Tensor, a: float = -0.5) -> torch.Tensor:
+    """PIL's (and torch's antialiased) cubic convolution kernel, a = -0.5, for |x| < 2."""
+    return torch.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1, ((a * x - 5 * a) * x + 8 * a) * x - 4 * a)
+
+
+def _aa_resize(kernel, support):
+    def resize(x, output_size, align_corners, *scales):
+        if align_corners or output_size is None:
+            raise NotImplementedError('antialiased resizing is decomposed for an output size with '
+                                      'align_corners=False only')
+        rows = _aa_weights(x.shape[-2], output_size[0], kernel, support, x.dtype)
+        cols = _aa_weights(x.shape[-1], output_size[1], kernel, support, x.dtype)
+        return torch.einsum('ih,nchw,jw->ncij', rows, x, cols)
+    return resize
+
+
+# Ops OpenVINO's PyTorch front end has no rule for, as compositions of ops it has: the antialiased resizes
+# (the learned table's resampling to the input's grid, as timm does it).
+DECOMPOSITIONS = {op: _aa_resize(kernel, support)
+                  for packet, kernel, support in ((torch.ops.aten._upsample_bicubic2d_aa, _pil_cubic, 2.),
+                                                  (torch.ops.aten._upsample_bilinear2d_aa, _triangle, 1.))
+                  for op in (packet.default, packet.vec)}
+
+
+def convert(model: nn.Module, example: torch.Tensor):
+    """``model`` (evaluation mode, float32) as an ``openvino.Model`` with dynamic batch, height and width, through
+    ``torch.export``, plus the pytree spec of its outputs."""
+    ov = _openvino()
+    if model.training:
+        raise ValueError('to_openvino converts a model in evaluation mode; call model.eval() first')
+    dynamic = torch.export.Dim.DYNAMIC
+    with torch.no_grad():
+        program = torch.export.export(model, (example,), dynamic_shapes=({0: dynamic, 2: dynamic, 3: dynamic},))
+        if any(node.target in DECOMPOSITIONS for node in program.graph.nodes):
+            program = program.run_decompositions(DECOMPOSITIONS)
+        _, spec = pytree.tree_flatten(model(example))
+    return ov.convert_model(program), spec
+
+
+def quantize(ov_model, calibration: Iterable[torch.Tensor], ignored_scope: Sequence[str] = (),
+             subset_size: int = 300):
+    """NNCF post-training int8 quantization of ``ov_model`` (transformer preset: per-channel weights, SmoothQuant
+    off for our sizes), calibrated on the batches of ``calibration``; ``ignored_scope``: names (or regular
+    expressions, prefixed ``re:``) of OpenVINO operations kept in float."""
+    nncf = _nncf()
+    batches = [np.ascontiguousarray(x.detach().float().cpu().numpy()) for x in calibration]
+    if not batches:
+        raise ValueError('int8 needs calibration data: an iterable of input batches (NCHW float tensors)')
+    names = [n for n in ignored_scope if not n.startswith('re:')]
+    patterns = [n[3:] for n in ignored_scope if n.startswith('re:')]
+    scope = nncf.IgnoredScope(names=names, patterns=patterns, validate=False) if ignored_scope else None
+    kwargs = dict(ignored_scope=scope) if scope else {}
+    return nncf.quantize(ov_model, nncf.Dataset(batches), model_type=nncf.ModelType.TRANSFORMER,
+                         subset_size=min(subset_size, sum(len(b) for b in batches)), **kwargs)
+
+
+class OpenVINOModule(nn.Module):
+    """A compiled OpenVINO model with the call contract of the module it was converted from.
+
+    ``forward(x)`` takes an NCHW float tensor (any batch, height, width and dtype that converts to float32) and
+    returns CPU float32 tensors in the original output structure. ``shapes='dynamic'`` uses one compiled model;
+    ``'static'`` compiles one per input shape, keeping the ``cache_size`` most recent (``compiled_shapes``)."""
+
+    def __init__(self, ov_model, out_spec, in_chans: int, precision: str = 'fp32', shapes: str = 'dynamic',
+                 cache_size: int = 8, threads: Optional[int] = None):
+        super().__init__()
+        if shapes not in SHAPES:
+            raise ValueError(f'shapes must be one of {SHAPES}, got {shapes!r}')
+        if cache_size < 1:
+            raise ValueError(f'cache_size must be at least 1, got {cache_size}')
+        ov = _openvino()
+        self.ov_model, self.out_spec, self.in_chans = ov_model, out_spec, in_chans
+        self.precision, self.shapes, self.cache_size = precision, shapes, cache_size
+        self._core, self._config = ov.Core(), compile_config(precision, threads)
+        self._compiled: 'collections.OrderedDict[Tuple[int, ...], Any]' = collections.OrderedDict()
+        self._dynamic = self._core.compile_model(ov_model, 'CPU', self._config) if shapes == 'dynamic' else None
+        self.eval()
+
+    @property
+    def compiled_shapes(self) -> Tuple[Tuple[int, ...], ...]:
+        return tuple(self._compiled)
+
+    def compiled_for(self, shape: Tuple[int, ...]):
+        """The compiled model that runs inputs of ``shape`` (compiled now if it is new)."""
+        if self._dynamic is not None:
+            return self._dynamic
+        if shape in self._compiled:
+            self._compiled.move_to_end(shape)
+            return self._compiled[shape]
+        model = self.ov_model.clone()
+        model.reshape({model.inputs[0]: list(shape)})
+        compiled = self._core.compile_model(model, 'CPU', self._config)
+        self._compiled[shape] = compiled
+        while len(self._compiled) > self.cache_size:
+            self._compiled.popitem(last=False)
+        return compiled
+
+    def forward(self, x: torch.Tensor):
+        from ..models.base import check_input
+        check_input(x, self.in_chans)
+        array = np.ascontiguousarray(x.detach().to('cpu', torch.float32).numpy())
+        compiled = self.compiled_for(tuple(array.shape))
+        result = compiled(array)
+        outs = [torch.from_numpy(np.asarray(result[port])) for port in compiled.outputs]
+        return pytree.tree_unflatten(outs, self.out_spec)
+
+    def extra_repr(self) -> str:
+        return f'precision={self.precision!r}, shapes={self.shapes!r}' + (
+            f', cache_size={self.cache_size}' if self.shapes == 'static' else '')
+
+
+def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Optional[Iterable[torch.Tensor]] = None,
+                ignored_scope: Sequence[str] = (), shapes: str = 'dynamic', cache_size: int = 8,
+                threads: Optional[int] = None, example_size: Tuple[int, int] = (224, 224),
+                in_chans: Optional[int] = None) -> OpenVINOModule:
+    """``model`` (left as it is) as an ``OpenVINOModule``: converted through ``torch.export`` at an example input
+    of ``example_size`` (any size works afterwards), quantized to int8 with NNCF when ``precision='int8'`` (on
+    ``calibration``), compiled for the CPU at ``precision``. ``in_chans``: input channels (default: the model's
+    ``in_chans`` attribute, else 3)."""
+    check_precision(precision)
+    if precision == 'int8' and calibration is None:
+        raise ValueError("precision='int8' quantizes with NNCF: pass calibration=<an iterable of input batches>")
+    if precision != 'int8' and (calibration is not None or ignored_scope):
+        raise ValueError(f'calibration and ignored_scope configure int8; precision={precision!r} does not use them')
+    in_chans = in_chans or getattr(model, 'in_chans', 3)
+    ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size))
+    if precision == 'int8':
+        ov_model = quantize(ov_model, calibration, ignored_scope)
+    return OpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads)
+
+
+__all__ = ['EXTRA', 'PRECISIONS', 'SHAPES', 'OpenVINOModule', 'available', 'compile_config', 'convert',
+           'native_bf16', 'quantize', 'to_openvino']

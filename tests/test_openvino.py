@@ -1,0 +1,122 @@
+"""OpenVINO as the CPU engine (``cpvt_backbones.deploy.openvino``): outputs against torch on the same weights for
+both model families and every position encoding at odd sizes, the precisions, the shape strategies, refusals."""
+import builtins
+import sys
+import warnings
+
+import pytest
+import torch
+
+from cpvt_backbones import CPVT, PyramidCPVT
+from cpvt_backbones.layers import ENCODINGS
+
+ov_engine = pytest.importorskip('cpvt_backbones.deploy.openvino')
+if not ov_engine.available():
+    pytest.skip("openvino is not installed (pip install 'cpvt_backbones[openvino]'; make env installs it)",
+                allow_module_level=True)
+
+SIZES = ((1, 1), (97, 131), (7, 500))
+FP32_TOLERANCE = 1e-5   # relative L2 against torch's float32 (measured: 1e-7 to 1e-6)
+BF16_TOLERANCE = 3e-2   # measured 2e-3 to 9e-3 on random weights
+ENCODING_NAMES = ['none'] + sorted(ENCODINGS)
+
+
+def small(family: str, encoding: str, **kwargs):
+    """A two-block CPVT or a one-block-per-stage PCPVT (quick to export) with ``encoding``, as a feature pyramid."""
+    torch.manual_seed(0)
+    if family == 'cpvt':
+        encoding = dict(type=encoding, positions=(0, 1)) if encoding in ('peg', 'conv1x1') else encoding
+        return CPVT(embed_dim=64, depth=2, num_heads=2, pos_encoding=encoding, features_only=True, num_classes=0, **kwargs).eval()
+    return PyramidCPVT(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4),
+                       mlp_ratios=(2, 2, 2, 2), pos_encoding=encoding, features_only=True, num_classes=0, **kwargs).eval()
+
+
+def relative_errors(got, ref):
+    assert type(got) is type(ref) and len(got) == len(ref)
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape and g.dtype == torch.float32
+    return [float((g - r).norm() / r.norm()) for g, r in zip(got, ref)]
+
+
+def check_sizes(engine, model, tolerance, sizes=SIZES):
+    for hw in sizes:
+        x = torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(hw[0] * 1000 + hw[1]))
+        with torch.no_grad():
+            ref = model(x)
+        errors = relative_errors(engine(x), ref)
+        assert max(errors) < tolerance, (hw, errors)
+
+
+@pytest.mark.parametrize('encoding', ENCODING_NAMES)
+@pytest.mark.parametrize('family', ['cpvt', 'pcpvt'])
+def test_float32_matches_torch_at_odd_sizes(family, encoding):
+    model = small(family, encoding)
+    check_sizes(ov_engine.to_openvino(model), model, FP32_TOLERANCE)
+
+
+def test_classifier_output_and_static_shape_cache():
+    torch.manual_seed(0)
+    model = CPVT(embed_dim=64, depth=2, num_heads=2, num_classes=7, class_token=False).eval()
+    engine = ov_engine.to_openvino(model, shapes='static', cache_size=2)
+    for hw in ((33, 47), (64, 64), (33, 47), (5, 9)):
+        x = torch.randn(3, 3, *hw)
+        with torch.no_grad():
+            ref = model(x)
+        got = engine(x)
+        assert isinstance(got, torch.Tensor) and got.shape == (3, 7)
+        assert float((got - ref).norm() / ref.norm()) < FP32_TOLERANCE
+    assert engine.compiled_shapes == ((3, 3, 33, 47), (3, 3, 5, 9))  # the least recently used one went
+    assert 'static' in repr(engine)
+
+
+def test_bf16_runs_bf16_where_native_and_says_so_elsewhere(monkeypatch):
+    model = small('pcpvt', 'peg')
+    if ov_engine.native_bf16():
+        check_sizes(ov_engine.to_openvino(model, 'bf16'), model, BF16_TOLERANCE, SIZES[1:])
+    monkeypatch.setattr(ov_engine, 'native_bf16', lambda: False)
+    with pytest.warns(RuntimeWarning, match='no native bf16.*running float32'):
+        engine = ov_engine.to_openvino(model, 'bf16')
+    check_sizes(engine, model, FP32_TOLERANCE, SIZES[1:])
+
+
+def test_int8_quantizes_with_nncf_and_stays_close():
+    model = small('pcpvt', 'peg')
+    calibration = [torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    engine = ov_engine.to_openvino(model, 'int8', calibration=calibration)
+    ops = {op.get_type_name() for op in engine.ov_model.get_ops()}
+    assert 'FakeQuantize' in ops or 'FakeConvert' in ops, 'NNCF inserted no quantization'
+    x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(99))
+    with torch.no_grad():
+        ref = model(x)
+    assert max(relative_errors(engine(x), ref)) < 0.1
+
+
+def test_refusals_name_the_problem(monkeypatch):
+    model = small('cpvt', 'peg')
+    with pytest.raises(ValueError, match="precision must be one of .*'fp16'"):
+        ov_engine.to_openvino(model, 'fp16')
+    with pytest.raises(ValueError, match='pass calibration='):
+        ov_engine.to_openvino(model, 'int8')
+    with pytest.raises(ValueError, match='configure int8'):
+        ov_engine.to_openvino(model, 'bf16', calibration=[torch.randn(1, 3, 32, 32)])
+    with pytest.raises(ValueError, match='shapes must be one of'):
+        ov_engine.to_openvino(model, shapes='ragged')
+    with pytest.raises(ValueError, match='evaluation mode'):
+        ov_engine.to_openvino(small('cpvt', 'peg').train())
+    engine = ov_engine.to_openvino(model)
+    with pytest.raises(ValueError, match='4-D NCHW'):
+        engine(torch.randn(3, 32, 32))
+    with pytest.raises(ValueError, match='expected 3 input channels'):
+        engine(torch.randn(1, 1, 32, 32))
+
+    real_import = builtins.__import__
+
+    def no_openvino(name, *args, **kwargs):
+        if name == 'openvino' or name.startswith('openvino.'):
+            raise ImportError('No module named openvino')
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, '__import__', no_openvino)
+    monkeypatch.delitem(sys.modules, 'openvino')
+    with pytest.raises(ImportError, match=r"pip install 'cpvt_backbones\[openvino\]'"):
+        ov_engine.to_openvino(model)
+    assert not ov_engine.available()
