@@ -171,7 +171,8 @@ def start_from_detector(cfg, detector: Path, path: Path) -> None:
 
 def run(task: str, variant: str, seed: int, args: argparse.Namespace, run_dir: Path) -> Dict:
     """Train (or resume) one model, then evaluate it at every test size; cached in result.json."""
-    from cpvt_backbones.adapters.runtime import evaluate, set_test_scale
+    from cpvt_backbones.adapters.engines import evaluate
+    from cpvt_backbones.adapters.runtime import set_test_scale
     result_path = run_dir / 'result.json'
     result = json.loads(result_path.read_text()) if result_path.is_file() else None
     if result is not None and all(f in result['scores'] for f in args.factors):

@@ -2,6 +2,7 @@
 bitwise resume after a kill, and OpenMMLab's own train/test scripts with our configs."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -253,3 +254,46 @@ def test_static_int8_is_calibrated_once_and_reused(workdir, tmp_path):
     assert all(low < high for low, high in record['input_ranges'].values())
     res = run([ROOT / 'tools/test.py', SEG, wd / 'iter_1.pth', '--calibrate', 'val'], workdir, env)
     assert res.returncode != 0 and '--calibrate calibrates static int8' in res.stderr
+
+
+@pytest.mark.parametrize('cfg, package', [(DET, 'mmdet'), (SEG, 'mmseg')], ids=['mmdet', 'mmseg'])
+def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, workdir, tmp_path):
+    """tools/test.py --engine openvino: the config's test loop with backbone, neck and head on OpenVINO gives
+    torch's metrics (float32); int8 is calibrated once (NNCF on the test set) and the quantized model reused;
+    tools/infer.py --engine openvino writes torch's predictions."""
+    wd = workdir / f'openvino_{package}'
+    train(cfg, wd, workdir, max_iters=2, options=['default_hooks.checkpoint.interval=2'])
+    env = dict(CPVT_WEIGHTS_DIR=str(tmp_path))
+    keep_all = ['--cfg-options', 'model.test_cfg.score_thr=0.0'] if package == 'mmdet' else []
+    metric = re.compile(r'(coco/bbox_mAP|mIoU): (\d+\.\d+)' if package == 'mmdet' else r'(mIoU): (\d+\.\d+)')
+    scores, saved = {}, []
+    for engine in (['--engine', 'torch', '--plain'], ['--engine', 'openvino'],
+                   ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4'],
+                   ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4']):
+        res = run([ROOT / 'tools/test.py', cfg, wd / 'iter_2.pth', '--work-dir', wd, *engine, *keep_all], workdir, env)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        scores.setdefault(' '.join(engine), []).append(float(metric.findall(res.stdout + res.stderr)[-1][1]))
+        saved += [line.split('saved as ')[1] for line in res.stdout.splitlines() if line.startswith('[openvino]')]
+    assert scores['--engine openvino'] == scores['--engine torch --plain'], scores
+    int8 = scores['--engine openvino --precision int8 --calibrate-images 4']
+    assert int8[0] == int8[1], 'the saved int8 model gives the same metrics'
+    assert len(saved) == 3 and saved[1] == saved[2] and saved[0] != saved[1], saved
+    assert Path(saved[1]).is_file() and Path(saved[1]).with_suffix('.bin').is_file()
+
+    images = workdir / 'data' / 'shapes' / 'val' / 'images'
+    preds = {}
+    for engine in ('torch', 'openvino'):
+        out = tmp_path / f'infer_{engine}'
+        res = run([ROOT / 'tools/infer.py', cfg, wd / 'iter_2.pth', images, '--out-dir', out, '--native',
+                   '--engine', engine, '--plain' if engine == 'torch' else '--precision=fp32'], workdir, env)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert len(list((out / 'vis').iterdir())) == 4
+        preds[engine] = sorted((out / 'preds').iterdir())
+    for a, b in zip(preds['torch'], preds['openvino']):
+        assert a.name == b.name
+        if a.suffix == '.json':
+            pa, pb = json.loads(a.read_text()), json.loads(b.read_text())
+            assert pa['labels'] == pb['labels'] and np.allclose(pa['bboxes'], pb['bboxes'], atol=1e-2)
+            assert np.allclose(pa['scores'], pb['scores'], atol=1e-4)
+        else:
+            assert (np.asarray(Image.open(a)) == np.asarray(Image.open(b))).mean() > 0.999

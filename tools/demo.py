@@ -20,8 +20,9 @@ from typing import List, Tuple
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from cpvt_backbones.adapters.runtime import (SHAPES_TASKS, build_runner, calibrate, evaluate, headline_score,
-                                             load_config, quiet_known_warnings, set_test_scale)
+from cpvt_backbones.adapters.engines import calibrate, evaluate
+from cpvt_backbones.adapters.runtime import (SHAPES_TASKS, build_runner, headline_score, load_config,
+                                             quiet_known_warnings, set_test_scale)
 from cpvt_backbones.datasets import generate_shape_crops, generate_shapes
 from cpvt_backbones.utils import pyplot
 

@@ -7,13 +7,15 @@ visualisations (boxes or masks drawn on the image) under OUT_DIR/vis, through mm
 MMSegInferencer. The backbones take any size down to 1 x 1; where a framework's visualiser cannot draw an image
 (mmseg's fails on a 1 x 1 one), that image gets one line saying so and the run goes on. Our backbones run
 optimized (``cpvt_backbones.optimize``; ``--precision bf16|int8`` on lower-precision weights, ``--calibrate``
-for static int8, as in tools/test.py); ``--plain`` keeps the plain model.
+for static int8, as in tools/test.py); ``--plain`` keeps the plain model. ``--engine openvino`` runs backbone,
+neck and head on OpenVINO (fp32, bf16, or int8 calibrated with NNCF on ``--calibrate`` images, by default the
+config's test set), the same predictions and drawings otherwise.
 """
 import argparse
 from pathlib import Path
 
-from cpvt_backbones.adapters.runtime import (IMAGE_SUFFIXES, DictAction, add_precision_args, apply_precision,
-                                             load_config, quiet_known_warnings, set_test_scale)
+from cpvt_backbones.adapters.engines import IMAGE_SUFFIXES, add_precision_args, apply_precision, openvino_model
+from cpvt_backbones.adapters.runtime import DictAction, load_config, quiet_known_warnings, set_test_scale
 
 
 def collect_images(inputs):
@@ -47,6 +49,13 @@ class DrawOrSay:
         return images if kwargs.get('return_vis') else None
 
 
+def on_engine(model, cfg, args) -> None:
+    """With --engine openvino, the inferencer's model (weights loaded) runs backbone, neck and head on OpenVINO."""
+    if args.engine == 'openvino':
+        calibration = (args.calibrate or 'val') if args.precision == 'int8' else None
+        openvino_model(model, cfg, args.checkpoint, args.precision, calibration, args.calibrate_images)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('config')
@@ -72,11 +81,13 @@ def main() -> None:
         from mmdet.apis import DetInferencer
         inferencer = type('DetInferencer', (DrawOrSay, DetInferencer), {})(
             model=cfg, weights=args.checkpoint, device=args.device, show_progress=False)
+        on_engine(inferencer.model, cfg, args)
         inferencer(images, out_dir=args.out_dir, pred_score_thr=args.score_thr, no_save_pred=False)
     elif cfg.default_scope == 'mmseg':
         from mmseg.apis import MMSegInferencer
         inferencer = type('MMSegInferencer', (DrawOrSay, MMSegInferencer), {})(
             model=cfg, weights=args.checkpoint, device=args.device)
+        on_engine(inferencer.model, cfg, args)
         inferencer(images, out_dir=args.out_dir, img_out_dir='vis', pred_out_dir='preds')
         preds = Path(args.out_dir) / 'preds'
         for i, image in enumerate(images):  # mmseg numbers its label maps in input order; name them as mmdet does

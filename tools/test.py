@@ -1,7 +1,7 @@
 """Evaluate a checkpoint with the config's test dataloader and evaluator (mmengine's Runner).
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--cfg-options k=v ...]
-                         [--plain | --precision P [--calibrate val|FOLDER]]
+                         [--engine torch|openvino] [--plain | --precision P [--calibrate val|FOLDER]]
 
 CHECKPOINT is an mmengine checkpoint of the config's model; for an ImageNet config (configs/imagenet) also
 published weights by name (``pcpvt_small``: fetched once, checked), a URL or a weight file in any layout
@@ -10,13 +10,17 @@ published weights by name (``pcpvt_small``: fetched once, checked), a URL or a w
 Our backbones run optimized (``cpvt_backbones.optimize``: same weights, same outputs to float32 rounding,
 faster on a CPU), in float32 or, with ``--precision bf16|int8``, on bf16 or int8 copies of the weights (int8:
 activations quantized per call, or with ``--calibrate`` at ranges calibrated once on a few dozen images and
-saved); ``--plain`` keeps the plain model (for hooks on its inner layers).
+saved); ``--plain`` keeps the plain model (for hooks on its inner layers). ``--engine openvino`` runs the
+detector's or segmentor's backbone, neck and head on OpenVINO instead (fp32, bf16, or int8 through NNCF,
+calibrated on ``--calibrate`` images, by default the config's test set; the converted model is saved and reused),
+with the data preprocessor, post-processing and metrics unchanged.
 """
 import argparse
 import os
 
-from cpvt_backbones.adapters.runtime import (add_common_args, add_precision_args, apply_precision, build_runner,
-                                             launched, load_config, quiet_known_warnings, runner_checkpoint)
+from cpvt_backbones.adapters.engines import add_precision_args, apply_precision
+from cpvt_backbones.adapters.runtime import (add_common_args, build_runner, launched, load_config, quiet_known_warnings,
+                                             runner_checkpoint)
 
 
 def main() -> None:

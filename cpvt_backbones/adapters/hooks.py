@@ -1,4 +1,5 @@
-"""``RNGStateHook``: resume with the random state an uninterrupted run would have had.
+"""``RNGStateHook``: resume with the random state an uninterrupted run would have had. ``OpenVINOHook``: test
+with the model on OpenVINO.
 
 mmengine's resume restores weights, optimizer, schedulers and the data position (the loop replays the
 dataloader up to the resumed iteration, so the pipeline redraws its numpy/random numbers exactly), but not
@@ -41,3 +42,19 @@ class RNGStateHook(Hook):
         if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
         self._pending = None
+
+
+@HOOKS.register_module()
+class OpenVINOHook(Hook):
+    """Before the test loop (after the runner has loaded the checkpoint), run the model's backbone, neck and head
+    on OpenVINO at ``precision`` (``adapters.engines.openvino_model``; int8 calibrated on
+    ``calibration_images`` of ``calibration``: 'val' or a folder). ``tools/test.py --engine openvino`` adds it."""
+
+    def __init__(self, precision: str = 'fp32', calibration: Optional[str] = None, calibration_images: int = 32):
+        self.precision, self.calibration, self.calibration_images = precision, calibration, calibration_images
+
+    def before_test(self, runner) -> None:
+        from .engines import openvino_model
+        model = getattr(runner.model, 'module', runner.model)
+        openvino_model(model, runner.cfg, runner.cfg.get('load_from'), self.precision, self.calibration,
+                       self.calibration_images)

@@ -15,9 +15,8 @@ from mmengine.config import Config, DictAction
 
 from ..utils import atomic_write
 
-__all__ = ['IMAGE_SUFFIXES', 'KNOWN_LOG_LINES', 'KNOWN_WARNINGS', 'METRICS', 'SHAPES_TASKS', 'DictAction', 'Metric',
-           'ShapesTask', 'add_common_args', 'add_precision_args', 'apply_precision', 'build_runner', 'calibrate',
-           'enable_amp', 'evaluate', 'headline_score', 'launched', 'load_config', 'optimize_backbone',
+__all__ = ['KNOWN_LOG_LINES', 'KNOWN_WARNINGS', 'METRICS', 'SHAPES_TASKS', 'DictAction', 'Metric', 'ShapesTask',
+           'add_common_args', 'build_runner', 'enable_amp', 'headline_score', 'launched', 'load_config',
            'prepare_launch', 'quiet_known_warnings', 'runner_checkpoint', 'set_cls_test_size', 'set_test_scale']
 _CLS_RESIZE_STEPS = ('Resize', 'ResizeEdge', 'RandomResize', 'CenterCrop', 'RandomResizedCrop')
 
@@ -195,104 +194,6 @@ def _our_backbone(cfg: Config) -> Optional[dict]:
     return backbone if str(backbone.get('type', '')).rsplit('.', 1)[-1] in ('PyramidCPVT', 'CPVT') else None
 
 
-def optimize_backbone(cfg: Config, precision: str = 'fp32', input_ranges: Optional[str] = None) -> bool:
-    """Have the config build its backbone through ``cpvt_backbones.optimize`` (the fused CPU inference path) in
-    ``precision`` ('fp32', 'bf16', 'int8'; int8 static with ``input_ranges``, a file from ``calibrate``) if the
-    backbone is one of ours; returns whether it is."""
-    backbone = _our_backbone(cfg)
-    if backbone is not None:
-        backbone['optimize'] = dict(precision=precision)
-        if input_ranges is not None:
-            backbone['optimize']['input_ranges'] = str(input_ranges)
-    return backbone is not None
-
-
-def add_precision_args(parser: argparse.ArgumentParser) -> None:
-    """``--plain``, ``--precision``, ``--calibrate`` and ``--calibrate-images`` (tools/test.py, tools/infer.py)."""
-    parser.add_argument('--plain', action='store_true', help='do not optimize our backbone')
-    parser.add_argument('--precision', choices=('fp32', 'bf16', 'int8'), default='fp32',
-                        help="our optimized backbone's precision (cpvt_backbones.optimize)")
-    parser.add_argument('--calibrate', metavar='IMAGES',
-                        help="int8 with static activation ranges calibrated on 'val' (the config's test set) or a "
-                             'folder of images; the ranges are saved and reused (without it: dynamic int8)')
-    parser.add_argument('--calibrate-images', type=int, default=32, metavar='N', help='images calibrated on')
-
-
-def apply_precision(cfg: Config, args: argparse.Namespace, checkpoint: str) -> None:
-    """What ``add_precision_args`` asked for, on ``cfg`` (calibrating with ``checkpoint`` first if asked)."""
-    if args.calibrate and (args.plain or args.precision != 'int8'):
-        raise SystemExit('--calibrate calibrates static int8: use it with --precision int8 (and without --plain)')
-    if args.plain:
-        return
-    ranges = calibrate(cfg, checkpoint, args.calibrate, args.calibrate_images) if args.calibrate else None
-    if ranges is not None:
-        print(f'[calibrate] activation ranges: {ranges}')
-    optimize_backbone(cfg, args.precision, ranges)
-
-
-IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
-
-
-def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int = 32) -> Path:
-    """Static int8 calibration: the input ranges of the backbone's linear layers (``record_input_ranges``) while
-    the plain model of ``cfg`` with ``checkpoint`` runs on ``num_images`` images of ``source`` ('val': the
-    config's test set, in order; or a folder of images, sorted, through the test pipeline without its
-    annotation steps), as a JSON file for ``optimize_backbone(cfg, 'int8', input_ranges=...)``. The file is
-    kept in ``weights_dir()/calibration`` under a name derived from the checkpoint's path, size and time, the
-    source and the number of images, and reused while those stay the same."""
-    import hashlib
-    import json
-
-    from mmengine.dataset import Compose, pseudo_collate
-    from mmengine.runner import Runner, load_checkpoint
-
-    from ..convert import weights_dir
-    from ..models import record_input_ranges
-    if _our_backbone(cfg) is None:
-        raise ValueError('calibrate: the config\'s backbone is not one of ours (PyramidCPVT or CPVT)')
-    ckpt = Path(checkpoint).resolve()
-    if not ckpt.is_file():
-        raise FileNotFoundError(f'calibrate: no checkpoint file {checkpoint}')
-    images: Optional[List[Path]] = None
-    if source != 'val':
-        folder = Path(source)
-        if not folder.is_dir():
-            raise ValueError(f"calibrate: the source must be 'val' or a folder of images, got {source!r}")
-        images = sorted(p for p in folder.rglob('*') if p.suffix.lower() in IMAGE_SUFFIXES)[:num_images]
-        if not images:
-            raise ValueError(f'calibrate: no images ({", ".join(IMAGE_SUFFIXES)}) under {folder}')
-        source = str(folder.resolve())
-    stat = ckpt.stat()
-    key = json.dumps([str(ckpt), stat.st_size, stat.st_mtime_ns, source, num_images])
-    out = weights_dir() / 'calibration' / f'{ckpt.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json'
-    if out.is_file():
-        return out
-    cfg = copy.deepcopy(cfg)
-    cfg.work_dir = str(out.parent / 'work_dir')
-    cfg.log_level = 'WARNING'
-    cfg.load_from = None
-    _our_backbone(cfg).pop('optimize', None)  # calibration runs the plain model (its layers are called)
-    runner = build_runner(cfg)
-    load_checkpoint(runner.model, str(ckpt), map_location='cpu', revise_keys=[(r'^module\.', '')])
-    runner.model.eval()
-    if images is None:
-        batches = Runner.build_dataloader(cfg.test_dataloader)
-    else:
-        dataset = next(_test_pipelines(cfg))  # the test set's (innermost) dataset
-        pipeline = Compose([s for s in dataset.pipeline if 'Annotation' not in s['type']])
-        batches = ([pipeline(dict(img_path=str(p), img_id=i))] for i, p in enumerate(images))
-    seen = 0
-    with record_input_ranges(runner.model.backbone) as ranges:
-        for batch in batches:
-            runner.model.test_step(batch if images is None else pseudo_collate(batch))
-            seen += len(batch['inputs']) if images is None else 1
-            if seen >= num_images:
-                break
-    record = dict(checkpoint=str(ckpt), source=source, images=seen, input_ranges=ranges)
-    atomic_write(out, json.dumps(record, indent=1).encode())
-    return out
-
-
 def runner_checkpoint(cfg: Config, spec: str) -> str:
     """What mmengine's Runner loads (``load_from``) for a CHECKPOINT argument: an mmengine checkpoint as it is;
     for an mmpretrain config whose backbone is ours, also a model name with published weights, a URL or a bare
@@ -309,17 +210,3 @@ def runner_checkpoint(cfg: Config, spec: str) -> str:
     if not out.is_file():
         atomic_write(out, lambda f: torch.save(dict(state_dict=from_twins(to_twins(state), 'classifier')), f))
     return str(out)
-
-
-def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str, precision: str = 'fp32',
-             input_ranges: Optional[str] = None) -> dict:
-    """Run the config's test loop on ``checkpoint`` (our backbones optimized, in ``precision``; static int8
-    with ``input_ranges``, see ``calibrate``) and return its metrics."""
-    cfg = copy.deepcopy(cfg)
-    optimize_backbone(cfg, precision, input_ranges)
-    cfg.load_from = runner_checkpoint(cfg, checkpoint)
-    cfg.work_dir = work_dir
-    cfg.experiment_name = name
-    cfg.log_level = 'WARNING'
-    cfg.default_hooks.pop('visualization', None)
-    return build_runner(cfg).test()

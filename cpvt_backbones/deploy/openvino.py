@@ -21,7 +21,10 @@ The engine is optional (``pip install 'cpvt_backbones[openvino]'``, which ``make
 first call names the extra.
 """
 import collections
+import os
+import tempfile
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
@@ -128,6 +131,19 @@ DECOMPOSITIONS = {op: _aa_resize(kernel, support)
                   for op in (packet.default, packet.vec)}
 
 
+def _torch_half_pixel(ov_model) -> None:
+    """Linear and cubic resizes with PyTorch's coordinates at every output length: OpenVINO's PyTorch front end
+    converts them with ONNX's 'pytorch_half_pixel', which maps an output of length 1 to the first input pixel,
+    where PyTorch samples the centre ('half_pixel' everywhere; a feature map resized to 1 x 1, as Semantic FPN's
+    head does for a tiny image, differs otherwise)."""
+    for op in ov_model.get_ops():
+        if op.get_type_name() == 'Interpolate':
+            attributes = op.get_attributes()
+            if attributes['coordinate_transformation_mode'] == 'pytorch_half_pixel' and \
+                    attributes['mode'] in ('linear', 'linear_onnx', 'cubic'):
+                op.set_attribute('coordinate_transformation_mode', 'half_pixel')
+
+
 def convert(model: nn.Module, example: torch.Tensor):
     """``model`` (evaluation mode, float32) as an ``openvino.Model`` with dynamic batch, height and width, through
     ``torch.export``, plus the pytree spec of its outputs."""
@@ -140,7 +156,9 @@ def convert(model: nn.Module, example: torch.Tensor):
         if any(node.target in DECOMPOSITIONS for node in program.graph.nodes):
             program = program.run_decompositions(DECOMPOSITIONS)
         _, spec = pytree.tree_flatten(model(example))
-    return ov.convert_model(program), spec
+    ov_model = ov.convert_model(program)
+    _torch_half_pixel(ov_model)
+    return ov_model, spec
 
 
 def quantize(ov_model, calibration: Iterable[torch.Tensor], ignored_scope: Sequence[str] = (),
@@ -215,25 +233,76 @@ class OpenVINOModule(nn.Module):
             f', cache_size={self.cache_size}' if self.shapes == 'static' else '')
 
 
+def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: Tuple[int, int] = (97, 131),
+                     tolerance: float = 1e-3) -> float:
+    """The converted model in float32 against ``model`` at ``size`` (not the export's example size, so that a
+    shape the export froze shows): the largest relative L2 error over the outputs, or an error naming the
+    output that differs."""
+    engine = OpenVINOModule(ov_model, spec, in_chans)
+    x = torch.randn(1, in_chans, *size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = pytree.tree_flatten(model(x))[0]
+    got = pytree.tree_flatten(engine(x))[0]
+    worst = 0.
+    for i, (g, e) in enumerate(zip(got, expected)):
+        if g.shape != e.shape:
+            raise RuntimeError(f'OpenVINO conversion: output {i} has shape {tuple(g.shape)} at {size}, torch gives '
+                               f'{tuple(e.shape)} (the export froze a size)')
+        error = float((g - e).norm() / e.norm().clamp(min=1e-12))
+        if error > tolerance:
+            raise RuntimeError(f'OpenVINO conversion: output {i} differs from torch by {error:.2e} (relative L2) at '
+                               f'{size} (the export froze a size, or an op converts wrongly)')
+        worst = max(worst, error)
+    return worst
+
+
 def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Optional[Iterable[torch.Tensor]] = None,
                 ignored_scope: Sequence[str] = (), shapes: str = 'dynamic', cache_size: int = 8,
                 threads: Optional[int] = None, example_size: Tuple[int, int] = (224, 224),
-                in_chans: Optional[int] = None) -> OpenVINOModule:
+                in_chans: Optional[int] = None, cache: Optional[str] = None) -> OpenVINOModule:
     """``model`` (left as it is) as an ``OpenVINOModule``: converted through ``torch.export`` at an example input
-    of ``example_size`` (any size works afterwards), quantized to int8 with NNCF when ``precision='int8'`` (on
-    ``calibration``), compiled for the CPU at ``precision``. ``in_chans``: input channels (default: the model's
+    of ``example_size`` (any size works afterwards) and checked against torch at another size
+    (``check_conversion``), quantized to int8 with NNCF when ``precision='int8'`` (on ``calibration``), compiled
+    for the CPU at ``precision``. ``cache``: an ``.xml`` path where the converted (and quantized) model is saved,
+    and read instead of converting when it exists; its name must tell what it holds (the tools derive it from
+    the checkpoint, precision and calibration). ``in_chans``: input channels (default: the model's
     ``in_chans`` attribute, else 3)."""
     check_precision(precision)
-    if precision == 'int8' and calibration is None:
+    if precision == 'int8' and calibration is None and not (cache and Path(cache).is_file()):
         raise ValueError("precision='int8' quantizes with NNCF: pass calibration=<an iterable of input batches>")
     if precision != 'int8' and (calibration is not None or ignored_scope):
         raise ValueError(f'calibration and ignored_scope configure int8; precision={precision!r} does not use them')
     in_chans = in_chans or getattr(model, 'in_chans', 3)
-    ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size))
-    if precision == 'int8':
-        ov_model = quantize(ov_model, calibration, ignored_scope)
+    if cache and Path(cache).is_file():
+        ov = _openvino()
+        if model.training:
+            raise ValueError('to_openvino converts a model in evaluation mode; call model.eval() first')
+        with torch.no_grad():
+            _, spec = pytree.tree_flatten(model(torch.randn(1, in_chans, 32, 32)))
+        ov_model = ov.Core().read_model(str(cache))
+    else:
+        ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size))
+        check_conversion(ov_model, spec, model, in_chans)
+        if precision == 'int8':
+            ov_model = quantize(ov_model, calibration, ignored_scope)
+        if cache:
+            save(ov_model, cache)
     return OpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads)
 
 
-__all__ = ['EXTRA', 'PRECISIONS', 'SHAPES', 'OpenVINOModule', 'available', 'compile_config', 'convert',
-           'native_bf16', 'quantize', 'to_openvino']
+def save(ov_model, path: str) -> None:
+    """``openvino.save_model`` to ``path`` (.xml, with its .bin beside it), written under temporary names and
+    renamed, so that a crash never leaves half a model where ``to_openvino(cache=...)`` would read it."""
+    ov = _openvino()
+    path = Path(path)
+    if path.suffix != '.xml':
+        raise ValueError(f'an OpenVINO model is saved as NAME.xml (+ NAME.bin), got {path}')
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        ov.save_model(ov_model, str(Path(tmp) / path.name), compress_to_fp16=False)
+        os.replace(Path(tmp) / path.with_suffix('.bin').name, path.with_suffix('.bin'))
+        os.replace(Path(tmp) / path.name, path)
+
+
+__all__ = ['EXTRA', 'PRECISIONS', 'SHAPES', 'OpenVINOModule', 'available', 'check_conversion', 'compile_config',
+           'convert', 'native_bf16', 'quantize', 'save', 'to_openvino']

@@ -1,0 +1,214 @@
+"""What the tools need to run a config's model on an inference engine: the precision options, calibration on
+the config's own test pipeline, the OpenVINO engine for a whole detector or segmentor, and evaluation.
+
+Engines (``ENGINES``): 'torch', our backbones through ``cpvt_backbones.optimize`` (the rest of the model in
+PyTorch); 'openvino', backbone + neck + head on OpenVINO (``deploy.openmmlab``), the data preprocessor and
+post-processing in the framework's Python. Precisions are ``deploy.PRECISIONS`` for both.
+"""
+import argparse
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Iterator, List, Optional, Tuple, Union
+
+import torch
+from mmengine.config import Config
+
+from ..deploy import PRECISIONS
+from ..utils import atomic_write
+from .runtime import _our_backbone, _test_pipelines, build_runner, runner_checkpoint
+
+ENGINES = ('torch', 'openvino')
+IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
+
+
+def optimize_backbone(cfg: Config, precision: str = 'fp32', input_ranges: Optional[str] = None) -> bool:
+    """Have the config build its backbone through ``cpvt_backbones.optimize`` (the fused CPU inference path) in
+    ``precision`` ('fp32', 'bf16', 'int8'; int8 static with ``input_ranges``, a file from ``calibrate``) if the
+    backbone is one of ours; returns whether it is."""
+    backbone = _our_backbone(cfg)
+    if backbone is not None:
+        backbone['optimize'] = dict(precision=precision)
+        if input_ranges is not None:
+            backbone['optimize']['input_ranges'] = str(input_ranges)
+    return backbone is not None
+
+
+def add_precision_args(parser: argparse.ArgumentParser) -> None:
+    """``--engine``, ``--plain``, ``--precision``, ``--calibrate`` and ``--calibrate-images`` (tools/test.py,
+    tools/infer.py)."""
+    parser.add_argument('--engine', choices=ENGINES, default='torch',
+                        help='torch: our backbone optimized, the rest in PyTorch; openvino: backbone, neck and head '
+                             'on OpenVINO (pre- and post-processing in Python)')
+    parser.add_argument('--plain', action='store_true', help='torch engine: do not optimize our backbone')
+    parser.add_argument('--precision', choices=PRECISIONS, default='fp32', help='fp32, bf16 or int8')
+    parser.add_argument('--calibrate', metavar='IMAGES',
+                        help="int8 calibration images: 'val' (the config's test set) or a folder of images, through "
+                             'the config\'s test pipeline; the result is saved and reused. torch: static activation '
+                             'ranges (without it: dynamic int8); openvino: NNCF quantization (default: val)')
+    parser.add_argument('--calibrate-images', type=int, default=32, metavar='N', help='images calibrated on')
+
+
+def apply_precision(cfg: Config, args: argparse.Namespace, checkpoint: str) -> None:
+    """What ``add_precision_args`` asked for, on ``cfg``: the torch engine's optimized backbone (calibrating
+    with ``checkpoint`` first if asked), or the OpenVINO engine's hook (which converts the model once the test
+    loop has loaded the checkpoint)."""
+    if args.calibrate and args.precision != 'int8':
+        raise SystemExit('--calibrate calibrates int8: use it with --precision int8')
+    if args.engine == 'openvino':
+        if args.plain:
+            raise SystemExit('--plain keeps the plain PyTorch backbone; it does not apply to --engine openvino')
+        use_openvino(cfg, args.precision, (args.calibrate or 'val') if args.precision == 'int8' else None,
+                     args.calibrate_images)
+        return
+    if args.calibrate and args.plain:
+        raise SystemExit('--calibrate calibrates static int8 for the optimized backbone: not with --plain')
+    if args.plain:
+        return
+    ranges = calibrate(cfg, checkpoint, args.calibrate, args.calibrate_images) if args.calibrate else None
+    if ranges is not None:
+        print(f'[calibrate] activation ranges: {ranges}')
+    optimize_backbone(cfg, args.precision, ranges)
+
+
+def _calibration_source(source: str, num_images: int) -> Tuple[str, Union[str, List[Path]]]:
+    """('val', 'val'), or a folder's resolved path and its first ``num_images`` images (sorted), refused by name
+    when there are none."""
+    if source == 'val':
+        return source, source
+    folder = Path(source)
+    if not folder.is_dir():
+        raise ValueError(f"calibration: the source must be 'val' or a folder of images, got {source!r}")
+    images = sorted(p for p in folder.rglob('*') if p.suffix.lower() in IMAGE_SUFFIXES)[:num_images]
+    if not images:
+        raise ValueError(f'calibration: no images ({", ".join(IMAGE_SUFFIXES)}) under {folder}')
+    return str(folder.resolve()), images
+
+
+def calibration_batches(cfg: Config, source: Union[str, List[Path]], num_images: int) -> Iterator[Tuple[dict, int]]:
+    """Test-step batches (and their sizes) of about ``num_images`` images of ``source``: 'val', the config's test
+    set in order through its dataloader; or image files through the test pipeline without its annotation
+    steps."""
+    from mmengine.dataset import Compose, pseudo_collate
+    from mmengine.runner import Runner
+    seen = 0
+    if source == 'val':
+        batches = ((batch, len(batch['inputs'])) for batch in Runner.build_dataloader(cfg.test_dataloader))
+    else:
+        dataset = next(_test_pipelines(cfg))  # the test set's (innermost) dataset
+        pipeline = Compose([s for s in dataset.pipeline if 'Annotation' not in s['type']])
+        batches = ((pseudo_collate([pipeline(dict(img_path=str(p), img_id=i))]), 1) for i, p in enumerate(source))
+    for batch, size in batches:
+        yield batch, size
+        seen += size
+        if seen >= num_images:
+            return
+
+
+def _cache_name(checkpoint: Path, source: str, num_images: int, *extra: str) -> str:
+    """A file name for what was derived from ``checkpoint`` (its path, size and time), the calibration source
+    ('val' or a folder's path) and the number of images: the same inputs give the same name, any change
+    another."""
+    stat = checkpoint.stat()
+    key = json.dumps([str(checkpoint), stat.st_size, stat.st_mtime_ns, source, num_images, *extra])
+    return f'{checkpoint.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}'
+
+
+def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int = 32) -> Path:
+    """Static int8 calibration: the input ranges of the backbone's linear layers (``record_input_ranges``) while
+    the plain model of ``cfg`` with ``checkpoint`` runs on ``num_images`` images of ``source`` ('val': the
+    config's test set, in order; or a folder of images, sorted, through the test pipeline without its
+    annotation steps), as a JSON file for ``optimize_backbone(cfg, 'int8', input_ranges=...)``. The file is
+    kept in ``weights_dir()/calibration`` under a name derived from the checkpoint's path, size and time, the
+    source and the number of images, and reused while those stay the same."""
+    from mmengine.runner import load_checkpoint
+
+    from ..convert import weights_dir
+    from ..deploy import record_input_ranges
+    if _our_backbone(cfg) is None:
+        raise ValueError('calibrate: the config\'s backbone is not one of ours (PyramidCPVT or CPVT)')
+    ckpt = Path(checkpoint).resolve()
+    if not ckpt.is_file():
+        raise FileNotFoundError(f'calibrate: no checkpoint file {checkpoint}')
+    source, images = _calibration_source(source, num_images)
+    out = weights_dir() / 'calibration' / f'{_cache_name(ckpt, source, num_images)}.json'
+    if out.is_file():
+        return out
+    cfg = copy.deepcopy(cfg)
+    cfg.work_dir = str(out.parent / 'work_dir')
+    cfg.log_level = 'WARNING'
+    cfg.load_from = None
+    _our_backbone(cfg).pop('optimize', None)  # calibration runs the plain model (its layers are called)
+    runner = build_runner(cfg)
+    load_checkpoint(runner.model, str(ckpt), map_location='cpu', revise_keys=[(r'^module\.', '')])
+    runner.model.eval()
+    seen = 0
+    with record_input_ranges(runner.model.backbone) as ranges:
+        for batch, size in calibration_batches(cfg, images, num_images):
+            runner.model.test_step(batch)
+            seen += size
+    record = dict(checkpoint=str(ckpt), source=source, images=seen, input_ranges=ranges)
+    atomic_write(out, json.dumps(record, indent=1).encode())
+    return out
+
+
+def use_openvino(cfg: Config, precision: str = 'fp32', calibration: Optional[str] = None,
+                 calibration_images: int = 32) -> None:
+    """Have the config's test loop run the model on OpenVINO (``OpenVINOHook``)."""
+    imports = cfg.setdefault('custom_imports', dict(imports=[], allow_failed_imports=False))
+    if 'cpvt_backbones.adapters.hooks' not in imports['imports']:
+        imports['imports'] = list(imports['imports']) + ['cpvt_backbones.adapters.hooks']
+    hooks = [h for h in cfg.get('custom_hooks', []) if h.get('type') != 'OpenVINOHook']
+    cfg.custom_hooks = hooks + [dict(type='OpenVINOHook', precision=precision, calibration=calibration,
+                                     calibration_images=calibration_images)]
+
+
+def openvino_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str], precision: str = 'fp32',
+                   calibration: Optional[str] = None, calibration_images: int = 32) -> torch.nn.Module:
+    """``model`` (a built detector or segmentor of ``cfg`` with ``checkpoint``'s weights) running on OpenVINO,
+    in place. int8 is calibrated on ``calibration_images`` of ``calibration`` (see ``calibration_batches``),
+    each batch through the model's own data preprocessor. With a checkpoint file, the converted model is saved
+    under ``weights_dir()/openvino`` with a name derived from the checkpoint, the precision and the calibration,
+    and read from there next time."""
+    from ..convert import weights_dir
+    from ..deploy.openmmlab import to_openvino_model
+    model.eval()
+    inputs, (source, images) = None, ('', None)
+    if precision == 'int8':
+        source, images = _calibration_source(calibration or 'val', calibration_images)
+    ckpt = Path(checkpoint).resolve() if checkpoint else None
+    cache = None
+    if ckpt is not None and ckpt.is_file():
+        kind = 'int8' if precision == 'int8' else 'float'
+        name = _cache_name(ckpt, source, calibration_images if images else 0, kind, 'openvino')
+        cache = weights_dir() / 'openvino' / f'{name}.xml'
+    if precision == 'int8' and not (cache and cache.is_file()):
+        with torch.no_grad():
+            inputs = [model.data_preprocessor(batch, False)['inputs']
+                      for batch, _ in calibration_batches(cfg, images, calibration_images)]
+    print(f'[openvino] {type(model).__name__} at {precision}' + (f', saved as {cache}' if cache else ''))
+    return to_openvino_model(model, precision, calibration=inputs, cache=str(cache) if cache else None)
+
+
+def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str, precision: str = 'fp32',
+             input_ranges: Optional[str] = None, engine: str = 'torch', calibration: str = 'val',
+             calibration_images: int = 32) -> dict:
+    """Run the config's test loop on ``checkpoint`` and return its metrics: with ``engine='torch'`` our backbones
+    optimized in ``precision`` (static int8 with ``input_ranges``, see ``calibrate``); with ``'openvino'`` the
+    whole model on OpenVINO (``OpenVINOHook``; int8 calibrated on ``calibration_images`` of ``calibration``)."""
+    cfg = copy.deepcopy(cfg)
+    if engine == 'openvino':
+        use_openvino(cfg, precision, calibration if precision == 'int8' else None, calibration_images)
+    else:
+        optimize_backbone(cfg, precision, input_ranges)
+    cfg.load_from = runner_checkpoint(cfg, checkpoint)
+    cfg.work_dir = work_dir
+    cfg.experiment_name = name
+    cfg.log_level = 'WARNING'
+    cfg.default_hooks.pop('visualization', None)
+    return build_runner(cfg).test()
+
+
+__all__ = ['ENGINES', 'IMAGE_SUFFIXES', 'add_precision_args', 'apply_precision', 'calibrate', 'calibration_batches',
+           'evaluate', 'openvino_model', 'optimize_backbone', 'use_openvino']

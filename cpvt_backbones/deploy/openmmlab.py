@@ -1,0 +1,125 @@
+"""A whole OpenMMLab model on an inference engine: backbone + neck + head (the tensor-mode forward) run by the
+engine, while the model's data preprocessor and post-processing (box decoding and NMS, resizing the logits to
+the image) stay the framework's own Python.
+
+``to_openvino_model(model, ...)`` converts ``model._forward`` (mmdet's single-stage detectors, mmseg's encoder-
+decoder segmentors: the same method their ``mode='tensor'`` calls) with ``deploy.openvino.to_openvino`` and makes
+the model call the engine: ``extract_feat`` returns the engine's outputs, wrapped, and the head's ``forward``
+unwraps them, so ``predict``, ``mode='tensor'`` and the test loops run unchanged around it. Only duck typing: this
+module imports nothing from OpenMMLab.
+"""
+import contextlib
+import types
+from typing import Iterable, Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .openvino import OpenVINOModule, to_openvino
+
+
+def dense_head(model: nn.Module) -> nn.Module:
+    """The head whose forward ends the tensor-mode computation: a single-stage detector's ``bbox_head`` or a
+    segmentor's ``decode_head``; anything else is refused by name."""
+    if not hasattr(model, 'extract_feat') or not hasattr(model, '_forward'):
+        raise ValueError(f'{type(model).__name__} is not an OpenMMLab detector or segmentor (no extract_feat / '
+                         '_forward)')
+    for staged in ('rpn_head', 'roi_head'):
+        if getattr(model, staged, None) is not None:
+            raise ValueError(f'{type(model).__name__} has a {staged}: two-stage detectors need the features for '
+                             'their second stage, so only single-stage detectors and segmentors run on the engine')
+    for name in ('bbox_head', 'decode_head'):
+        head = getattr(model, name, None)
+        if head is not None:
+            return head
+    raise ValueError(f'{type(model).__name__} has neither a bbox_head nor a decode_head')
+
+
+class TensorForward(nn.Module):
+    """``model._forward(inputs)``: backbone, neck and head on a preprocessed batch (mmdet's and mmseg's
+    ``mode='tensor'``), as a module of one tensor argument to export."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.train(model.training)
+
+    def forward(self, inputs: torch.Tensor):
+        return self.model._forward(inputs)
+
+
+class _ScaleUpsample(nn.Module):
+    """An upsampling by an integral factor written with ``scale_factor``, which ``torch.export`` keeps symbolic;
+    the same output as computing the size ``int(h * factor)`` in Python, which export would freeze at the
+    example's size."""
+
+    def __init__(self, factor: int, mode: str, align_corners: Optional[bool]):
+        super().__init__()
+        self.factor, self.mode, self.align_corners = factor, mode, align_corners
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, scale_factor=self.factor, mode=self.mode, align_corners=self.align_corners)
+
+
+@contextlib.contextmanager
+def exportable(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` with its size-computing upsamplers (mmseg's ``Upsample`` with a ``scale_factor``) replaced by
+    ``_ScaleUpsample`` while the ``with`` block exports it; put back afterwards."""
+    swapped = []
+    for name, module in list(model.named_modules()):
+        if type(module).__name__ == 'Upsample' and not getattr(module, 'size', None) and \
+                getattr(module, 'scale_factor', None) is not None and hasattr(module, 'align_corners'):
+            factor = module.scale_factor
+            if float(factor) != int(factor):
+                raise ValueError(f'{name}: upsampling by {factor} cannot be exported with a dynamic size (only '
+                                 'integral factors are)')
+            swapped.append((name, module))
+            model.set_submodule(name, _ScaleUpsample(int(factor), module.mode, module.align_corners))
+    try:
+        yield model
+    finally:
+        for name, module in swapped:
+            model.set_submodule(name, module)
+
+
+class _EngineOutputs(tuple):
+    """What ``extract_feat`` returns once the engine runs the model: the head's outputs, already computed."""
+
+
+def _engine_features(self, inputs: torch.Tensor) -> _EngineOutputs:
+    return _EngineOutputs((self.inference_engine(inputs),))
+
+
+def _engine_head_forward(self, features, *args, **kwargs):
+    if not isinstance(features, _EngineOutputs):
+        raise TypeError(f'{type(self).__name__} runs on an inference engine; it takes the engine\'s outputs '
+                        '(model.extract_feat), not features')
+    return features[0]
+
+
+def attach_engine(model: nn.Module, engine: nn.Module) -> nn.Module:
+    """Make ``model`` (in place) run backbone, neck and head through ``engine`` (a module mapping the
+    preprocessed batch to ``model._forward``'s outputs), kept as ``model.inference_engine``; returns
+    ``model``. The original submodules and the state dict stay as they were."""
+    head = dense_head(model)
+    model.inference_engine = engine
+    model.extract_feat = types.MethodType(_engine_features, model)
+    head.forward = types.MethodType(_engine_head_forward, head)
+    return model
+
+
+def to_openvino_model(model: nn.Module, precision: str = 'fp32',
+                      calibration: Optional[Iterable[torch.Tensor]] = None, ignored_scope: Sequence[str] = (),
+                      cache: Optional[str] = None, **kwargs) -> nn.Module:
+    """An OpenMMLab detector or segmentor (evaluation mode, float32, CPU) running on OpenVINO
+    (``deploy.openvino.to_openvino`` on its tensor-mode forward; ``calibration``: preprocessed input batches
+    for int8; ``cache``: where the converted model is saved and read again); returns ``model``."""
+    dense_head(model)
+    forward = TensorForward(model)
+    with exportable(model):
+        engine = to_openvino(forward, precision, calibration, ignored_scope, cache=cache, **kwargs)
+    return attach_engine(model, engine)
+
+
+__all__ = ['OpenVINOModule', 'TensorForward', 'attach_engine', 'dense_head', 'exportable', 'to_openvino_model']
