@@ -1,8 +1,11 @@
 """The implementations the speed benchmark times, all on the same weights: our backbone optimized (float32)
 and plain, mmseg's ``PCPVT``, timm's ``twins_pcpvt_*``, onnxruntime on our ONNX export; with lower precisions
 asked for, our optimized model in bf16 (on CPUs with native bf16; also the plain model under bf16 autocast) and
-in int8 (activations dynamic, or static at calibrated ranges), and onnxruntime's own dynamic int8 quantization of our export (what a deployer would try instead).
+in int8 (activations dynamic, or static at calibrated ranges), and onnxruntime's own dynamic int8 quantization of
+our export (what a deployer would try instead); with ``engines``, OpenVINO (``deploy.openvino``: dynamic and
+per-shape compiled float32, bf16, NNCF int8) and torch.compile (inductor with freezing, dynamic shapes).
 Each maps a batch to its tuple of four NCHW maps."""
+import contextlib
 import copy
 import re
 from pathlib import Path
@@ -17,11 +20,11 @@ from cpvt_backbones.models import PyramidCPVT, model_settings
 from timing import cpu_info, has_fast_bf16
 
 PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'plain_bf16', 'ours_bf16', 'ours_int8', 'ours_int8_static',
-         'onnxruntime_int8')
+         'onnxruntime_int8', 'openvino', 'openvino_static', 'openvino_bf16', 'openvino_int8', 'torch_compile')
 
 
 def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
-          precisions: Sequence[str] = ()) -> Dict[str, Callable]:
+          precisions: Sequence[str] = (), engines: bool = False) -> Dict[str, Callable]:
     """{'ours': optimized, 'plain': ours unoptimized, 'mmseg', 'timm', 'onnxruntime' (with ``onnx_dir``), and
     for each of ``precisions`` ('bf16', 'int8', 'int8_static') the entries above}: each maps a batch to its four NCHW maps.
     A bf16 entry is left out on a CPU without native bf16 (a printed line says so)."""
@@ -51,7 +54,56 @@ def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
         impls['onnxruntime'] = _OnnxRuntime(plain, Path(onnx_dir) / f'{name}.onnx')
         if {'int8', 'int8_static'} & set(precisions):
             impls['onnxruntime_int8'] = _OnnxRuntime(plain, Path(onnx_dir) / f'{name}.onnx', quantize=True)
+    if engines:
+        impls.update(_engines(plain, precisions))
     return impls
+
+
+def _engines(plain: torch.nn.Module, precisions: Sequence[str]) -> Dict[str, torch.nn.Module]:
+    """OpenVINO (dynamic shapes; per-shape compiled; bf16 and NNCF int8 where asked, int8 calibrated on random
+    images, which decides its accuracy, not its speed) and torch.compile, each timed from its first call."""
+    from cpvt_backbones.deploy.openvino import OpenVINOModule, convert, native_bf16, quantize
+    plain = plain.eval()
+    ov_model, spec = convert(plain, torch.randn(2, 3, 224, 224))
+    out = {'openvino': OpenVINOModule(ov_model, spec, 3), 'openvino_static': OpenVINOModule(ov_model, spec, 3,
+                                                                                             shapes='static')}
+    if 'bf16' in precisions:
+        if native_bf16():
+            out['openvino_bf16'] = OpenVINOModule(ov_model, spec, 3, 'bf16')
+        else:
+            print('[bench] openvino_bf16 left out: OpenVINO reports no native bf16 on this CPU')
+    if {'int8', 'int8_static'} & set(precisions):
+        calibration = [torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+        out['openvino_int8'] = OpenVINOModule(quantize(ov_model, calibration), spec, 3, 'int8')
+    out['torch_compile'] = _Compiled(plain)
+    for model in out.values():
+        model.inference_only = True
+    return out
+
+
+class _Compiled(torch.nn.Module):
+    """``torch.compile`` (inductor, dynamic shapes) with inductor's freezing (weights folded as constants in
+    inference), the settings a user would try for CPU inference."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self.compiled = torch.compile(model, dynamic=True)
+
+    def forward(self, x):
+        import torch._inductor.config as inductor
+        with torch.no_grad(), _setting(inductor, 'freezing', True):
+            return self.compiled(x)
+
+
+@contextlib.contextmanager
+def _setting(module, name: str, value):
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
 
 
 class _Calling(torch.nn.Module):

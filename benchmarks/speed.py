@@ -2,10 +2,12 @@
 and plain, against mmseg's ``PCPVT``, timm's ``twins_pcpvt_*`` and onnxruntime running our ONNX export (what a
 CPU deployer would pick instead); with ``--precision bf16 int8 int8_static`` also our optimized model in bf16
 (CPUs with AVX512-BF16 or AMX; beside it the plain model under bf16 autocast), int8 with dynamic activations
-and int8 with static (calibrated) ones, and onnxruntime's dynamic int8 quantization of our export.
+and int8 with static (calibrated) ones, and onnxruntime's dynamic int8 quantization of our export; with
+``--engines`` also OpenVINO (dynamic shapes, per-shape compiled, bf16, NNCF int8) and torch.compile (inductor,
+freezing), each with its first call at every case (where it compiles) reported.
 
     python benchmarks/speed.py [NAME ...] [--json PATH] [--repeats 5] [--cases infer224 infer512 ...]
-                               [--precision bf16 int8 int8_static] [--retain-freed-memory]
+                               [--precision bf16 int8 int8_static] [--engines] [--retain-freed-memory]
     python benchmarks/speed.py --scaling [--sizes 128 256 ...] [--json PATH] [--plot PATH]
     python benchmarks/speed.py --breakdown [--cases ...] [--json PATH]
     make bench
@@ -63,6 +65,8 @@ def main() -> None:
     parser.add_argument('--no-onnx', action='store_true', help='leave onnxruntime out')
     parser.add_argument('--precision', nargs='*', default=[], choices=('bf16', 'int8', 'int8_static'),
                         help='also our optimized model at these precisions (and onnxruntime int8, plain bf16)')
+    parser.add_argument('--engines', action='store_true',
+                        help='also OpenVINO (dynamic, per-shape compiled, and at --precision) and torch.compile')
     parser.add_argument('--plot', default='benchmarks/results/scaling.png', help='for --scaling')
     parser.add_argument('--retain-freed-memory', action='store_true',
                         help='make glibc keep freed memory for reuse (see retain_freed_memory)')
@@ -92,7 +96,8 @@ def main() -> None:
     else:
         result['cases'] = []
         for name in args.names:
-            impls = build(name, onnx_dir=None if args.no_onnx else args.onnx_dir, precisions=args.precision)
+            impls = build(name, onnx_dir=None if args.no_onnx else args.onnx_dir, precisions=args.precision,
+                          engines=args.engines)
             rows = []
             for case in args.cases:
                 rows.append(dict(run_case(impls, case, args.repeats, PEERS), model=name))

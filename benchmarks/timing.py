@@ -19,6 +19,8 @@ from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdp
 CASES = {
     'infer224': dict(mode='infer', batch=8, size=(224, 224)),
     'infer512': dict(mode='infer', batch=2, size=(512, 512)),
+    'infer224_b1': dict(mode='infer', batch=1, size=(224, 224)),
+    'infer480x640': dict(mode='infer', batch=1, size=(480, 640)),
     'infer800x1216': dict(mode='infer', batch=1, size=(800, 1216)),
     'train512': dict(mode='train', batch=2, size=(512, 512)),
 }
@@ -197,10 +199,14 @@ def run_case(impls: Dict[str, torch.nn.Module], case: str, repeats: int, peers: 
     x = torch.randn(spec['batch'], 3, *spec['size'])
     for model in impls.values():
         model.train(mode == 'train')
+    outs, first = {}, {}
     with torch.inference_mode():
-        outs = {k: m(x) for k, m in impls.items()}
+        for k, m in impls.items():  # the first call at this shape: compiles where an engine compiles
+            start = time.perf_counter()
+            outs[k] = m(x)
+            first[k] = time.perf_counter() - start
     impls = {k: m for k, m in impls.items() if mode == 'infer' or not getattr(m, 'inference_only', False)}
-    row = dict(name=case, shape=[spec['batch'], 3, *spec['size']], mode=mode)
+    row = dict(name=case, shape=[spec['batch'], 3, *spec['size']], mode=mode, first_call_s=first)
     for peer in peers:
         row[f'max_abs_diff_{peer}'] = max_abs_diff(outs['ours'], outs[peer]) if peer in impls else None
     del outs
