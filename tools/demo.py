@@ -20,7 +20,8 @@ from typing import List, Tuple
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from cpvt_backbones.adapters.engines import calibrate, evaluate
+from cpvt_backbones.adapters.engines import ENGINES, calibrate, evaluate
+from cpvt_backbones.deploy import PRECISIONS
 from cpvt_backbones.adapters.runtime import (SHAPES_TASKS, build_runner, headline_score, load_config,
                                              quiet_known_warnings, set_test_scale)
 from cpvt_backbones.datasets import generate_shape_crops, generate_shapes
@@ -40,7 +41,6 @@ TEST_SIZES = [
 ]
 VIS_SIZES = [('0.7x', (.7, .7)), ('1x', (1., 1.)), ('native', None), ('2x', (2., 2.))]
 # Static int8 is calibrated once per model, at the training scale, on training images (never the test split).
-PRECISIONS = ('fp32', 'bf16', 'int8', 'int8_static')
 CALIBRATION = 'data/shapes/train/images'
 SCORE_THR = 0.5  # boxes drawn: confident ones only (RetinaNet returns up to 100 low-score candidates per image)
 
@@ -142,8 +142,13 @@ def main() -> None:
     parser.add_argument('--out', default='work_dirs/demo')
     parser.add_argument('--retrain', action='store_true')
     parser.add_argument('--precisions', nargs='+', default=['fp32'], choices=PRECISIONS,
-                        help="evaluate our optimized backbone at these precisions (cpvt_backbones.optimize; "
-                             "int8: dynamic activations; int8_static: ranges calibrated on 32 training images)")
+                        help='evaluate the trained models at these precisions, on every --engines engine (int8 '
+                             'calibrated on 32 training images: static activation ranges on torch, NNCF on OpenVINO)')
+    parser.add_argument('--engines', nargs='+', default=['torch'], choices=ENGINES,
+                        help='torch: our backbone optimized (cpvt_backbones.optimize); openvino: backbone, neck and '
+                             'head on OpenVINO')
+    parser.add_argument('--dynamic-int8', action='store_true',
+                        help='torch engine: int8 activations quantized per call instead of calibrated ranges')
     args = parser.parse_args()
     quiet_known_warnings()
     out = Path(args.out)
@@ -154,24 +159,25 @@ def main() -> None:
     accuracy = evaluate(load_config(PRETRAINING), checkpoint, str(out / 'pretraining' / 'eval'), 'crops')
     print(f'[demo] pretraining: top-1 {accuracy["accuracy/top1"]:.1f}% on the 400 held-out crops')
     results, checkpoints = {}, {}
+    runs = [(engine, precision) for engine in args.engines for precision in args.precisions]
     for name, task in SHAPES_TASKS.items():
         checkpoint = train(name, task.config, out, args.retrain, init_from=checkpoint)
         results[name] = {}
         ranges = (calibrate(load_config(task.config), checkpoint, CALIBRATION, 32)
-                  if 'int8_static' in args.precisions else None)
+                  if 'int8' in args.precisions and 'torch' in args.engines and not args.dynamic_int8 else None)
         for label, factors, keep_ratio in TEST_SIZES:
             cfg = load_config(task.config)
             set_test_scale(cfg, scaled(cfg, factors), keep_ratio)
-            for precision in args.precisions:
-                metrics = evaluate(cfg, checkpoint, str(out / name / 'eval'), f'{name}-{label}-{precision}',
-                                   *(('int8', ranges) if precision == 'int8_static' else (precision,)))
-                results[name].setdefault(label, {})[precision] = headline_score(task.scope, metrics) / 100
-                print(f'[demo] {name:<12} {label:<36} {precision} {LABELS[name]} = '
-                      f'{results[name][label][precision]:.3f}')
+            for engine, precision in runs:
+                column = f'{engine} {precision}'
+                metrics = evaluate(cfg, checkpoint, str(out / name / 'eval'), f'{name}-{label}-{engine}-{precision}',
+                                   precision, ranges if precision == 'int8' else None, engine, CALIBRATION, 32)
+                results[name].setdefault(label, {})[column] = headline_score(task.scope, metrics) / 100
+                print(f'[demo] {name:<12} {label:<36} {column} {LABELS[name]} = {results[name][label][column]:.3f}')
         checkpoints[name] = checkpoint
 
-    columns = [(n, p) for n in SHAPES_TASKS for p in args.precisions]
-    lines = ['| test resolution | ' + ' | '.join(LABELS[n] + (f' {p}' if len(args.precisions) > 1 else '')
+    columns = [(n, f'{e} {p}') for n in SHAPES_TASKS for e, p in runs]
+    lines = ['| test resolution | ' + ' | '.join(LABELS[n] + (f' {p}' if len(runs) > 1 else '')
                                                 for n, p in columns) + ' |', '|---|' + '---|' * len(columns)]
     for label, _, _ in TEST_SIZES:
         lines.append(f'| {label} | ' + ' | '.join(f'{results[n][label][p]:.3f}' for n, p in columns) + ' |')
