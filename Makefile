@@ -8,9 +8,11 @@ env:
 	@bash tools/setup_env.sh
 
 test: env
+	.venv/bin/ruff check cpvt_backbones tools benchmarks tests
 	$(PY) -m pytest -q -p no:cacheprovider --durations=20 $(PYTEST_ARGS) tests
 
 test-quick: env
+	.venv/bin/ruff check cpvt_backbones tools benchmarks tests
 	$(PY) -m pytest -q -p no:cacheprovider -m "not heavy" $(PYTEST_ARGS) tests
 
 demo: env

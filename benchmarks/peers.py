@@ -26,7 +26,8 @@ PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'plain_bf16', 'ours_bf16', 'ou
 def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
           precisions: Sequence[str] = (), engines: bool = False) -> Dict[str, Callable]:
     """{'ours': optimized, 'plain': ours unoptimized, 'mmseg', 'timm', 'onnxruntime' (with ``onnx_dir``), and
-    for each of ``precisions`` ('bf16', 'int8', 'int8_static') the entries above}: each maps a batch to its four NCHW maps.
+    for each of ``precisions`` ('bf16', 'int8', 'int8_static') the entries above}: each maps a batch to its four
+    NCHW maps.
     A bf16 entry is left out on a CPU without native bf16 (a printed line says so)."""
     torch.manual_seed(0)
     classifier = create_model(name)

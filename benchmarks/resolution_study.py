@@ -33,10 +33,7 @@ per-seed numbers, mean and standard deviation, the paper's figure per variant, t
 import argparse
 import json
 import math
-import os
-import shutil
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -414,7 +411,8 @@ def train(variant: str, seed: int, args: argparse.Namespace, train_data, run_dir
                     generator=gen.get_state(), torch_rng=torch.get_rng_state(), state=state)
         atomic_write(ckpt_path, lambda f: torch.save(ckpt, f))
     atomic_write(run_dir / 'final.pth', lambda f: torch.save(model.state_dict(), f))
-    record = dict(variant=variant, seed=seed, device=args.device, top1={}, epochs=args.epochs, iterations=steps_per_epoch * args.epochs,
+    record = dict(variant=variant, seed=seed, device=args.device, top1={}, epochs=args.epochs,
+                  iterations=steps_per_epoch * args.epochs,
                   params=sum(p.numel() for p in model.parameters()), train_seconds=round(state['train_seconds'], 1),
                   eval_seconds=0., log=state['log'])
     return model, record
@@ -689,7 +687,7 @@ def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespac
         f'(area {args.crop_scale}-1, resampled {args.crop_resample}) of the 28 px originals at {args.image_size} px '
         f'(patch {args.patch}: a {args.image_size // args.patch} x {args.image_size // args.patch} token grid), '
         f'{args.dim} wide with {args.heads} heads, peak learning rate {args.lr:g}, weight decay '
-        f'{args.weight_decay:g} ({"position encodings included" if args.decay_position else "position encodings exempt"}), '
+        f'{args.weight_decay:g} (position encodings {"included" if args.decay_position else "exempt"}), '
         f'on {meta["train_images"]} images for {args.epochs} epochs ({meta["iterations"]} iterations) on '
         f'{args.device}; tested on the whole images resized ({args.test_resample}). '
         + (f'"canvas": the {args.image_size} px image centred on a blank canvas. ' if args.canvas_sizes else '')

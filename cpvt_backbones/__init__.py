@@ -1,7 +1,8 @@
 """CPVT and pyramid CPVT (Twins-PCPVT) backbones with conditional positional encodings.
 
 The package root and ``layers``, ``models``, ``convert`` need only torch; ``deploy`` holds the inference engines
-(the fused CPU path, ONNX export, OpenVINO), each importing its engine's package only when used. The OpenMMLab registrations live in
+(the fused CPU path, ONNX export, OpenVINO), each importing its engine's package only when used. The OpenMMLab
+registrations live in
 ``cpvt_backbones.adapters.{mmdet,mmseg,mmpretrain}`` and are imported by configs through ``custom_imports``.
 """
 from .deploy import optimize, record_input_ranges

@@ -7,16 +7,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-KEYS = {'name', 'shape', 'mode', 'ours_s', 'plain_s', 'mmseg_s', 'timm_s', 'onnxruntime_s', 'plain_bf16_s', 'ours_int8_s',
-        'ours_peak_mb', 'plain_peak_mb', 'mmseg_peak_mb', 'timm_peak_mb', 'max_abs_diff_plain', 'max_abs_diff_mmseg',
+KEYS = {'name', 'shape', 'mode', 'ours_s', 'plain_s', 'mmseg_s', 'timm_s', 'onnxruntime_s', 'plain_bf16_s',
+        'ours_int8_s', 'ours_peak_mb', 'plain_peak_mb', 'mmseg_peak_mb', 'timm_peak_mb', 'max_abs_diff_plain',
+        'max_abs_diff_mmseg',
         'max_abs_diff_timm', 'max_abs_diff_onnxruntime', 'gflops', 'ours_gflops_per_s', 'matmul_mkl_gflops',
         'matmul_gflops', 'fraction_of_matmul', 'ours_faults', 'plain_faults', 'mmseg_faults', 'timm_faults'}
 
 
 def bench(tmp_path, *args, repeats=1):
     out = tmp_path / 'bench.json'
-    res = subprocess.run([sys.executable, ROOT / 'benchmarks/speed.py', *args, '--repeats', str(repeats), '--json', out],
-                         capture_output=True, text=True, cwd=tmp_path)
+    res = subprocess.run([sys.executable, ROOT / 'benchmarks/speed.py', *args, '--repeats', str(repeats),
+                          '--json', out], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return json.loads(out.read_text()), res.stdout
 
@@ -53,8 +54,8 @@ def test_page_faults_counted_and_freed_memory_retained(tmp_path):
 
 def test_lower_precisions_are_timed_beside_float32(tmp_path):
     """--precision int8 int8_static adds our int8 models, inference only, close to the float32 maps."""
-    result, stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer224', 'train512', '--no-onnx', '--precision', 'int8',
-                           'int8_static')
+    result, stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer224', 'train512', '--no-onnx', '--precision',
+                           'int8', 'int8_static')
     infer, train = result['cases']
     for impl in ('ours_int8', 'ours_int8_static'):
         assert infer[f'{impl}_s'] > 0 and 0 < infer[f'max_abs_diff_{impl}'] < 0.5

@@ -9,7 +9,8 @@ import cpvt_backbones
 
 PKG = Path(cpvt_backbones.__file__).parent
 FORBIDDEN = ('mmcv', 'mmengine', 'mmdet', 'mmseg', 'mmpretrain')
-CORE = [PKG / '__init__.py'] + [p for sub in ('layers', 'models', 'convert', 'deploy') for p in (PKG / sub).rglob('*.py')]
+CORE = [PKG / '__init__.py'] + [p for sub in ('layers', 'models', 'convert', 'deploy')
+                                for p in (PKG / sub).rglob('*.py')]
 
 
 def _imported_roots(path: Path):
@@ -61,8 +62,9 @@ from mmengine.registry import HOOKS, MODELS
 framework = sys.argv[1]
 importlib.import_module(framework + '.registry')
 def state():
-    return (dict(registry_utils.backends), dict(registry_utils.prefix_to_backends), list(torch.serialization.get_safe_globals()),
-            dict(copyreg.dispatch_table), sorted(HOOKS.module_dict), sorted(MODELS.module_dict))
+    return (dict(registry_utils.backends), dict(registry_utils.prefix_to_backends),
+            list(torch.serialization.get_safe_globals()), dict(copyreg.dispatch_table), sorted(HOOKS.module_dict),
+            sorted(MODELS.module_dict))
 before = state()
 registry = importlib.import_module(framework + '.registry').MODELS
 known = set(registry.module_dict)

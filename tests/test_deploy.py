@@ -13,7 +13,8 @@ SIZES = [(64, 96), (97, 131), (160, 160)]  # 97 x 131 is not a multiple of 32 (n
 # dynamo gives equal sizes one symbol ("duck sizing"), so a square first input would tie H to W
 # Tracing time grows with the number of blocks, and every block is the same code: shallow models keep every
 # path (all stages, PEGs, spatial reduction, class token, the simple pyramid) at a fraction of the time.
-SHALLOW = {'pcpvt_tiny': dict(depths=(1, 1, 1, 1)), 'cpvt_tiny': dict(depth=2, pos_encoding=dict(type='peg', positions=(0, 1)))}
+SHALLOW = {'pcpvt_tiny': dict(depths=(1, 1, 1, 1)),
+           'cpvt_tiny': dict(depth=2, pos_encoding=dict(type='peg', positions=(0, 1)))}
 
 
 def shallow(name: str):

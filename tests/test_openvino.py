@@ -2,7 +2,6 @@
 both model families and every position encoding at odd sizes, the precisions, the shape strategies, refusals."""
 import builtins
 import sys
-import warnings
 
 import pytest
 import torch
@@ -26,9 +25,11 @@ def small(family: str, encoding: str, **kwargs):
     torch.manual_seed(0)
     if family == 'cpvt':
         encoding = dict(type=encoding, positions=(0, 1)) if encoding in ('peg', 'conv1x1') else encoding
-        return CPVT(embed_dim=64, depth=2, num_heads=2, pos_encoding=encoding, features_only=True, num_classes=0, **kwargs).eval()
+        return CPVT(embed_dim=64, depth=2, num_heads=2, pos_encoding=encoding, features_only=True, num_classes=0,
+                    **kwargs).eval()
     return PyramidCPVT(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4),
-                       mlp_ratios=(2, 2, 2, 2), pos_encoding=encoding, features_only=True, num_classes=0, **kwargs).eval()
+                       mlp_ratios=(2, 2, 2, 2), pos_encoding=encoding, features_only=True, num_classes=0,
+                       **kwargs).eval()
 
 
 def relative_errors(got, ref):

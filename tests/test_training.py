@@ -21,7 +21,8 @@ pytestmark = pytest.mark.heavy
 ROOT = Path(__file__).resolve().parents[1]
 DET = ROOT / 'configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py'
 SEG = ROOT / 'configs/shapes/fpn_pcpvt-tiny_shapes.py'
-QUICK = ['default_hooks.logger.interval=1', 'log_processor.window_size=1', 'param_scheduler.0.start_factor=1.0', 'train_dataloader.batch_size=4']
+QUICK = ['default_hooks.logger.interval=1', 'log_processor.window_size=1', 'param_scheduler.0.start_factor=1.0',
+         'train_dataloader.batch_size=4']
 
 
 @pytest.fixture(scope='module')

@@ -1,4 +1,5 @@
-"""Registers ``PyramidCPVT`` and ``CPVT`` in mmdet's MODELS (``custom_imports=dict(imports=['cpvt_backbones.adapters.mmdet'])``)."""
+"""Registers ``PyramidCPVT`` and ``CPVT`` in mmdet's MODELS
+(``custom_imports=dict(imports=['cpvt_backbones.adapters.mmdet'])``)."""
 from mmdet.registry import MODELS
 
 from .backbones import CPVT, PyramidCPVT

@@ -1,4 +1,5 @@
-"""Registers ``PyramidCPVT`` and ``CPVT`` in mmpretrain's MODELS (``custom_imports=dict(imports=['cpvt_backbones.adapters.mmpretrain'])``)."""
+"""Registers ``PyramidCPVT`` and ``CPVT`` in mmpretrain's MODELS
+(``custom_imports=dict(imports=['cpvt_backbones.adapters.mmpretrain'])``)."""
 from mmpretrain.registry import MODELS
 
 from .backbones import CPVT, PyramidCPVT

@@ -1,13 +1,11 @@
 """What our train/test tools add to mmengine's Runner: config overrides, resume, AMP, CPU multi-process."""
-import argparse
 import contextlib
-import copy
 import gc
 import logging
 import os
 import warnings
 from pathlib import Path
-from typing import List, Mapping, NamedTuple, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 import torch
 import torch.distributed as dist

@@ -267,7 +267,8 @@ def unavailable_reason(name: str) -> str:
     return {'onednn': 'this torch build has no oneDNN (torch.backends.mkldnn)',
             'onednn_bf16': 'the CPU has no native bf16 (avx512_bf16 or AMX) that oneDNN uses',
             'fbgemm_int8': "this torch build has no fbgemm quantized engine",
-            'onednn_int8': "this torch build has no oneDNN quantized linear (torch.ops.onednn.qlinear_pointwise)"}.get(name, 'unavailable')
+            'onednn_int8': "this torch build has no oneDNN quantized linear (torch.ops.onednn.qlinear_pointwise)",
+            }.get(name, 'unavailable')
 
 
 def fused_mlp(part: torch.Tensor, norm: nn.Module, fc1: nn.Module, fc2: nn.Module,

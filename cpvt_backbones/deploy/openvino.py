@@ -1,8 +1,8 @@
 """OpenVINO as the CPU engine: a built model converted once, compiled for the CPU, behind the call contract of the
 module it came from (an NCHW float tensor in; the same tensor, tuple, list or dict of tensors out).
 
-``to_openvino(model, precision=...)`` exports ``model`` with ``torch.export`` (batch, height and width dynamic), converts
-the program with ``openvino.convert_model`` and returns an ``OpenVINOModule``. The model may be a backbone, a
+``to_openvino(model, precision=...)`` exports ``model`` with ``torch.export`` (batch, height and width dynamic),
+converts the program with ``openvino.convert_model`` and returns an ``OpenVINOModule``. The model may be a backbone, a
 classifier, or any module whose forward maps one image batch to tensors (an OpenMMLab model's backbone + neck +
 head in tensor mode, ``deploy.openmmlab``). Precisions, as everywhere in the package:
 
