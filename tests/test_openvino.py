@@ -2,6 +2,7 @@
 both model families and every position encoding at odd sizes, the precisions, the shape strategies, refusals."""
 import builtins
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,3 +122,51 @@ def test_refusals_name_the_problem(monkeypatch):
     with pytest.raises(ImportError, match=r"pip install 'cpvt_backbones\[openvino\]'"):
         ov_engine.to_openvino(model)
     assert not ov_engine.available()
+
+
+@pytest.mark.parametrize('config', ['retinanet_pcpvt-tiny_fpn_shapes.py', 'fpn_pcpvt-tiny_shapes.py'])
+def test_detector_and_segmentor_tensor_outputs_match_torch(config):
+    """``deploy.openmmlab.to_openvino_model``: backbone + neck + head of RetinaNet and Semantic FPN on OpenVINO
+    give torch's tensor-mode outputs (every level's scores and boxes; the logits) at odd sizes."""
+    pytest.importorskip('mmdet')
+    pytest.importorskip('mmseg')
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from torch.utils._pytree import tree_flatten
+
+    from cpvt_backbones.deploy.openmmlab import to_openvino_model
+    cfg = Config.fromfile(str(Path(__file__).resolve().parents[1] / 'configs/shapes' / config))
+    init_default_scope(cfg.default_scope)
+    if cfg.default_scope == 'mmdet':
+        from mmdet.registry import MODELS
+    else:
+        from mmseg.registry import MODELS
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model).eval()
+    inputs = [torch.randn(1, 3, *hw, generator=torch.Generator().manual_seed(i)) for i, hw in enumerate(SIZES)]
+    with torch.no_grad():
+        expected = [tree_flatten(model._forward(x))[0] for x in inputs]
+    to_openvino_model(model)
+    assert model.inference_engine.precision == 'fp32'
+    for x, ref in zip(inputs, expected):
+        got = tree_flatten(model._forward(x))[0]
+        assert len(got) == len(ref) == (10 if cfg.default_scope == 'mmdet' else 1)
+        for g, r in zip(got, ref):
+            assert g.shape == r.shape and float((g - r).norm() / r.norm()) < FP32_TOLERANCE, tuple(x.shape)
+
+
+def test_two_stage_detectors_and_other_models_are_refused():
+    from cpvt_backbones.deploy.openmmlab import dense_head
+
+    class TwoStage(torch.nn.Module):
+        def extract_feat(self, x):
+            return x
+
+        def _forward(self, x):
+            return x
+    model = TwoStage()
+    model.roi_head = torch.nn.Identity()
+    with pytest.raises(ValueError, match='has a roi_head: two-stage detectors'):
+        dense_head(model)
+    with pytest.raises(ValueError, match='not an OpenMMLab detector or segmentor'):
+        dense_head(torch.nn.Linear(2, 2))
