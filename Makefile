@@ -22,7 +22,7 @@ demo: env
 # (with glibc's default allocator, then float32 with freed memory retained), the scaling study, and where the time
 # goes by kind of op (docs/performance.md).
 bench: env
-	$(PY) benchmarks/speed.py pcpvt_small --precision bf16 int8 int8_static --engines \
+	$(PY) benchmarks/speed.py pcpvt_small --precision bf16 int8 --engines \
 		--json benchmarks/results/bench_pcpvt_small.json
 	$(PY) benchmarks/speed.py pcpvt_small --retain-freed-memory \
 		--json benchmarks/results/bench_pcpvt_small_retained.json

@@ -1,7 +1,7 @@
 """The implementations the speed benchmark times, all on the same weights: our backbone optimized (float32)
 and plain, mmseg's ``PCPVT``, timm's ``twins_pcpvt_*``, onnxruntime on our ONNX export; with lower precisions
 asked for, our optimized model in bf16 (on CPUs with native bf16; also the plain model under bf16 autocast) and
-in int8 (activations dynamic, or static at calibrated ranges), and onnxruntime's own dynamic int8 quantization of
+in int8 (activations at calibrated ranges), and onnxruntime's own dynamic int8 quantization of
 our export (what a deployer would try instead); with ``engines``, OpenVINO (``deploy.openvino``: dynamic and
 per-shape compiled float32, bf16, NNCF int8) and torch.compile (inductor with freezing, dynamic shapes).
 Each maps a batch to its tuple of four NCHW maps."""
@@ -19,15 +19,14 @@ from cpvt_backbones.deploy.onnx import export
 from cpvt_backbones.models import PyramidCPVT, model_settings
 from timing import cpu_info, has_fast_bf16
 
-PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'plain_bf16', 'ours_bf16', 'ours_int8', 'ours_int8_static',
-         'onnxruntime_int8', 'openvino', 'openvino_static', 'openvino_bf16', 'openvino_int8', 'torch_compile')
+PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'plain_bf16', 'ours_bf16', 'ours_int8', 'onnxruntime_int8',
+         'openvino', 'openvino_static', 'openvino_bf16', 'openvino_int8', 'torch_compile')
 
 
 def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
           precisions: Sequence[str] = (), engines: bool = False) -> Dict[str, Callable]:
     """{'ours': optimized, 'plain': ours unoptimized, 'mmseg', 'timm', 'onnxruntime' (with ``onnx_dir``), and
-    for each of ``precisions`` ('bf16', 'int8', 'int8_static') the entries above}: each maps a batch to its four
-    NCHW maps.
+    for each of ``precisions`` ('bf16', 'int8') the entries above}: each maps a batch to its four NCHW maps.
     A bf16 entry is left out on a CPU without native bf16 (a printed line says so)."""
     torch.manual_seed(0)
     classifier = create_model(name)
@@ -39,12 +38,11 @@ def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
         if precision == 'bf16' and not has_fast_bf16(cpu_info()):
             print('[bench] bf16 left out: this CPU has no native bf16 (avx512_bf16 or AMX)')
             continue
-        if precision == 'int8_static':  # ranges for the speed test: random images (the timing is the same)
+        ranges = None
+        if precision == 'int8':  # ranges for the speed test: random images (the timing is the same)
             with record_input_ranges(plain) as ranges:
                 plain(torch.randn(2, 3, 224, 224))
-            impls[f'ours_{precision}'] = optimize(plain, precision='int8', input_ranges=ranges, inplace=False)
-        else:
-            impls[f'ours_{precision}'] = optimize(plain, precision=precision, inplace=False)
+        impls[f'ours_{precision}'] = optimize(plain, precision=precision, input_ranges=ranges, inplace=False)
         impls[f'ours_{precision}'].inference_only = True  # training runs the float32 path
         if precision == 'bf16':
             impls['plain_bf16'] = _Calling(plain, _autocast_bf16)
@@ -53,7 +51,7 @@ def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
         impls['timm'] = _timm(name, weights)
     if peers and onnx_dir is not None:
         impls['onnxruntime'] = _OnnxRuntime(plain, Path(onnx_dir) / f'{name}.onnx')
-        if {'int8', 'int8_static'} & set(precisions):
+        if 'int8' in precisions:
             impls['onnxruntime_int8'] = _OnnxRuntime(plain, Path(onnx_dir) / f'{name}.onnx', quantize=True)
     if engines:
         impls.update(_engines(plain, precisions))
@@ -73,7 +71,7 @@ def _engines(plain: torch.nn.Module, precisions: Sequence[str]) -> Dict[str, tor
             out['openvino_bf16'] = OpenVINOModule(ov_model, spec, 3, 'bf16')
         else:
             print('[bench] openvino_bf16 left out: OpenVINO reports no native bf16 on this CPU')
-    if {'int8', 'int8_static'} & set(precisions):
+    if 'int8' in precisions:
         calibration = [torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(i)) for i in range(8)]
         out['openvino_int8'] = OpenVINOModule(quantize(ov_model, calibration), spec, 3, 'int8')
     out['torch_compile'] = _Compiled(plain)

@@ -1,13 +1,13 @@
 """Speed and memory of our pyramid CPVT backbone, optimized (``cpvt_backbones.optimize``, the fused CPU path)
 and plain, against mmseg's ``PCPVT``, timm's ``twins_pcpvt_*`` and onnxruntime running our ONNX export (what a
-CPU deployer would pick instead); with ``--precision bf16 int8 int8_static`` also our optimized model in bf16
-(CPUs with AVX512-BF16 or AMX; beside it the plain model under bf16 autocast), int8 with dynamic activations
-and int8 with static (calibrated) ones, and onnxruntime's dynamic int8 quantization of our export; with
+CPU deployer would pick instead); with ``--precision bf16 int8`` also our optimized model in bf16 (CPUs with
+AVX512-BF16 or AMX; beside it the plain model under bf16 autocast) and int8 (activations at calibrated ranges),
+and onnxruntime's dynamic int8 quantization of our export; with
 ``--engines`` also OpenVINO (dynamic shapes, per-shape compiled, bf16, NNCF int8) and torch.compile (inductor,
 freezing), each with its first call at every case (where it compiles) reported.
 
     python benchmarks/speed.py [NAME ...] [--json PATH] [--repeats 5] [--cases infer224 infer512 ...]
-                               [--precision bf16 int8 int8_static] [--engines] [--retain-freed-memory]
+                               [--precision bf16 int8] [--engines] [--retain-freed-memory]
     python benchmarks/speed.py --scaling [--sizes 128 256 ...] [--json PATH] [--plot PATH]
     python benchmarks/speed.py --breakdown [--cases ...] [--json PATH]
     make bench
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument('--json', help='write the results here')
     parser.add_argument('--onnx-dir', default='work_dirs/bench_onnx', help='where our ONNX export is written')
     parser.add_argument('--no-onnx', action='store_true', help='leave onnxruntime out')
-    parser.add_argument('--precision', nargs='*', default=[], choices=('bf16', 'int8', 'int8_static'),
+    parser.add_argument('--precision', nargs='*', default=[], choices=('bf16', 'int8'),
                         help='also our optimized model at these precisions (and onnxruntime int8, plain bf16)')
     parser.add_argument('--engines', action='store_true',
                         help='also OpenVINO (dynamic, per-shape compiled, and at --precision) and torch.compile')

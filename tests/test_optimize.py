@@ -136,9 +136,9 @@ def test_selectable_from_an_openmmlab_config():
 
 # Relative L2 error of each map against float32, on random weights; the trained demo models' accuracy in each
 # precision is in docs/performance.md.
-TOLERANCE = {'bf16': 0.02, 'int8': 0.08, 'int8_static': 0.08}
-# Each lower precision: optimize's precision and the kernel its linear layers run ('int8_static': calibrated).
-MODES = {'bf16': ('bf16', 'onednn_bf16'), 'int8': ('int8', 'fbgemm_int8'), 'int8_static': ('int8', 'onednn_int8')}
+TOLERANCE = {'bf16': 0.02, 'int8': 0.08}
+# Each lower precision: optimize's precision and the kernel its linear layers run (int8: at calibrated ranges).
+MODES = {'bf16': ('bf16', 'onednn_bf16'), 'int8': ('int8', 'onednn_int8')}
 
 
 def _precision_or_skip(mode):
@@ -159,7 +159,7 @@ def calibrated(model: nn.Module, sizes=((64, 64), (40, 88), (2, 3))):
 
 
 def lowered(plain: nn.Module, mode: str, **kwargs) -> nn.Module:
-    ranges = calibrated(plain) if mode == 'int8_static' else None
+    ranges = calibrated(plain) if mode == 'int8' else None
     return optimize(plain, precision=MODES[mode][0], input_ranges=ranges, **kwargs)
 
 
@@ -203,10 +203,9 @@ def test_a_model_copied_under_inference_mode_runs_optimized(mode):
     assert torch.equal(out, again) and ((out - ref).norm() / ref.norm()) < TOLERANCE[mode]
 
 
-@pytest.mark.parametrize('mode', ['int8', 'int8_static'])
-def test_layers_kept_in_float32(mode):
-    _precision_or_skip(mode)
-    fast = lowered(create_model('pcpvt_tiny').eval(), mode, keep_fp32=('blocks.0.', 'head'))
+def test_layers_kept_in_float32():
+    _precision_or_skip('int8')
+    fast = lowered(create_model('pcpvt_tiny').eval(), 'int8', keep_fp32=('blocks.0.', 'head'))
     kernels = {n: m.kernel for n, m in fast.named_modules() if isinstance(m, FusedLinear)}
     assert all((k in fused.GEMMS) == n.startswith(('blocks.0.', 'head')) for n, k in kernels.items())
 
@@ -214,10 +213,10 @@ def test_layers_kept_in_float32(mode):
 def test_static_int8_mlp_hands_uint8_from_one_gemm_to_the_next():
     """With both MLP layers static int8, the first GEMM applies GELU and quantizes for the second: the hidden
     activation never exists in float32, and the block still matches float32."""
-    _precision_or_skip('int8_static')
+    _precision_or_skip('int8')
     torch.manual_seed(0)
     plain = create_model('pcpvt_tiny').eval()
-    fast = lowered(plain, 'int8_static', inplace=False)
+    fast = lowered(plain, 'int8', inplace=False)
     block = fast.blocks[1][0]
     x = torch.randn(50, block.mlp.fc1.in_features)
     kernel = fused.KERNELS['onednn_int8']
@@ -231,7 +230,7 @@ def test_static_int8_mlp_hands_uint8_from_one_gemm_to_the_next():
 
 
 def test_static_int8_needs_a_range_for_every_layer_it_quantizes():
-    _precision_or_skip('int8_static')
+    _precision_or_skip('int8')
     model = create_model('pcpvt_tiny').eval()
     ranges = calibrated(model)
     del ranges['blocks.2.1.mlp.fc2']
@@ -268,9 +267,13 @@ def test_precision_selectable_from_an_openmmlab_config():
     from mmengine.registry import DefaultScope
 
     import cpvt_backbones.adapters.mmdet  # noqa: F401
+    ranges = calibrated(create_model('pcpvt_tiny').eval())
     with DefaultScope.overwrite_default_scope('mmdet'):
-        model = MODELS.build(dict(type='PyramidCPVT', arch='pcpvt_tiny', optimize=dict(precision='int8')))
-    assert {m.kernel for m in model.modules() if isinstance(m, FusedLinear)} == {'fbgemm_int8'}
+        model = MODELS.build(dict(type='PyramidCPVT', arch='pcpvt_tiny',
+                                  optimize=dict(precision='int8', input_ranges=ranges)))
+        assert {m.kernel for m in model.modules() if isinstance(m, FusedLinear)} == {'onednn_int8'}
+        with pytest.raises(ValueError, match="precision='int8' quantizes activations at calibrated ranges"):
+            MODELS.build(dict(type='PyramidCPVT', arch='pcpvt_tiny', optimize=dict(precision='int8')))
 
 
 @pytest.mark.parametrize('mode', list(MODES))

@@ -254,7 +254,7 @@ def test_static_int8_is_calibrated_once_and_reused(workdir, tmp_path):
     assert record['images'] == 3 and set(record['input_ranges']) == linears
     assert all(low < high for low, high in record['input_ranges'].values())
     res = run([ROOT / 'tools/test.py', SEG, wd / 'iter_1.pth', '--calibrate', 'val'], workdir, env)
-    assert res.returncode != 0 and '--calibrate calibrates static int8' in res.stderr
+    assert res.returncode != 0 and '--calibrate calibrates int8' in res.stderr
 
 
 @pytest.mark.parametrize('cfg, package', [(DET, 'mmdet'), (SEG, 'mmseg')], ids=['mmdet', 'mmseg'])

@@ -143,12 +143,10 @@ def main() -> None:
     parser.add_argument('--retrain', action='store_true')
     parser.add_argument('--precisions', nargs='+', default=['fp32'], choices=PRECISIONS,
                         help='evaluate the trained models at these precisions, on every --engines engine (int8 '
-                             'calibrated on 32 training images: static activation ranges on torch, NNCF on OpenVINO)')
+                             'calibrated on 32 training images: activation ranges on torch, NNCF on OpenVINO)')
     parser.add_argument('--engines', nargs='+', default=['torch'], choices=ENGINES,
                         help='torch: our backbone optimized (cpvt_backbones.optimize); openvino: backbone, neck and '
                              'head on OpenVINO')
-    parser.add_argument('--dynamic-int8', action='store_true',
-                        help='torch engine: int8 activations quantized per call instead of calibrated ranges')
     args = parser.parse_args()
     quiet_known_warnings()
     out = Path(args.out)
@@ -164,7 +162,7 @@ def main() -> None:
         checkpoint = train(name, task.config, out, args.retrain, init_from=checkpoint)
         results[name] = {}
         ranges = (calibrate(load_config(task.config), checkpoint, CALIBRATION, 32)
-                  if 'int8' in args.precisions and 'torch' in args.engines and not args.dynamic_int8 else None)
+                  if 'int8' in args.precisions and 'torch' in args.engines else None)
         for label, factors, keep_ratio in TEST_SIZES:
             cfg = load_config(task.config)
             set_test_scale(cfg, scaled(cfg, factors), keep_ratio)

@@ -44,16 +44,16 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--plain', action='store_true', help='torch engine: do not optimize our backbone')
     parser.add_argument('--precision', choices=PRECISIONS, default='fp32', help='fp32, bf16 or int8')
     parser.add_argument('--calibrate', metavar='IMAGES',
-                        help="int8 calibration images: 'val' (the config's test set) or a folder of images, through "
-                             'the config\'s test pipeline; the result is saved and reused. torch: static activation '
-                             'ranges (without it: dynamic int8); openvino: NNCF quantization (default: val)')
+                        help="int8 calibration images: 'val' (the config's test set, the default) or a folder of "
+                             "images, through the config's test pipeline; the result is saved and reused (torch: "
+                             'activation ranges; openvino: the NNCF-quantized model)')
     parser.add_argument('--calibrate-images', type=int, default=32, metavar='N', help='images calibrated on')
 
 
 def apply_precision(cfg: Config, args: argparse.Namespace, checkpoint: str) -> None:
-    """What ``add_precision_args`` asked for, on ``cfg``: the torch engine's optimized backbone (calibrating
-    with ``checkpoint`` first if asked), or the OpenVINO engine's hook (which converts the model once the test
-    loop has loaded the checkpoint)."""
+    """What ``add_precision_args`` asked for, on ``cfg``: the torch engine's optimized backbone (int8: calibrated
+    with ``checkpoint`` first, or the saved ranges reused), or the OpenVINO engine's hook (which converts the
+    model once the test loop has loaded the checkpoint)."""
     if args.calibrate and args.precision != 'int8':
         raise SystemExit('--calibrate calibrates int8: use it with --precision int8')
     if args.engine == 'openvino':
@@ -62,11 +62,12 @@ def apply_precision(cfg: Config, args: argparse.Namespace, checkpoint: str) -> N
         use_openvino(cfg, args.precision, (args.calibrate or 'val') if args.precision == 'int8' else None,
                      args.calibrate_images)
         return
-    if args.calibrate and args.plain:
-        raise SystemExit('--calibrate calibrates static int8 for the optimized backbone: not with --plain')
     if args.plain:
+        if args.precision != 'fp32':
+            raise SystemExit('--plain keeps the plain float32 model: no --precision with it')
         return
-    ranges = calibrate(cfg, checkpoint, args.calibrate, args.calibrate_images) if args.calibrate else None
+    ranges = (calibrate(cfg, checkpoint, args.calibrate or 'val', args.calibrate_images)
+              if args.precision == 'int8' else None)
     if ranges is not None:
         print(f'[calibrate] activation ranges: {ranges}')
     optimize_backbone(cfg, args.precision, ranges)

@@ -15,12 +15,11 @@ A ``Kernel`` runs a linear layer's GEMM on 2-D float32 tokens (``KERNELS``):
   biases the cached chunk in place. Which is faster depends on the CPU (``deploy.optimize`` times both).
 * ``onednn_bf16``: oneDNN with bfloat16 weights (a copy made once) and inputs, float32 outputs; fast only on
   CPUs with native bf16 (avx512_bf16, AMX).
-* ``fbgemm_int8``: int8 weights per output channel (symmetric, made once), activations quantized per call
-  (dynamic, per tensor) by fbgemm's dynamic linear, float32 outputs.
-* ``onednn_int8``: static int8 through oneDNN: the same weights, activations quantized to uint8 with a scale
-  and zero point fixed by calibration (``FusedLinear.input_range``, from ``models.record_input_ranges``); bias and
-  residual in the GEMM's epilogue, and in the MLP the first GEMM applies GELU and writes the hidden activation
-  as uint8 in the second GEMM's quantization, so it is never float32 at all.
+* ``onednn_int8``: static int8 through oneDNN: int8 weights per output channel (symmetric, made once),
+  activations quantized to uint8 with a scale and zero point fixed by calibration (``FusedLinear.input_range``,
+  from ``deploy.record_input_ranges``); bias and residual in the GEMM's epilogue, and in the MLP the first GEMM
+  applies GELU and writes the hidden activation as uint8 in the second GEMM's quantization, so it is never
+  float32 at all.
 
 These modules are not part of the models: ``cpvt_backbones.deploy.optimize`` swaps them in for a built model's
 blocks and linear layers, sharing the same parameters (a bf16 or int8 copy of a weight is derived data, not in
@@ -142,32 +141,6 @@ def channel_scales(weight: torch.Tensor) -> torch.Tensor:
     return (weight.abs().amax(dim=1) / 127).clamp(min=1e-8)
 
 
-class FbgemmInt8(Kernel):
-    """int8 weights per output channel (symmetric), activations quantized per call by fbgemm's dynamic
-    linear, float32 out. torch marks quantized tensors (which fbgemm's weight packing takes) deprecated; its
-    other int8 ops run far slower on a CPU (``torch._int_mm`` with per-token activation scales 4-6x, and
-    ``aten._weight_int8pack_mm`` 20-50x slower than float32 oneDNN at pcpvt_small's MLP shapes), so this kernel
-    uses fbgemm while torch has it."""
-    precision = 'int8'
-
-    def available(self) -> bool:
-        return 'fbgemm' in torch.backends.quantized.supported_engines
-
-    def prepare(self, layer):
-        weight = layer.weight.detach()
-        scales = channel_scales(weight).double()
-        with warnings.catch_warnings():  # the deprecation of quantized tensors (see the class docstring)
-            warnings.filterwarnings('ignore', message='torch.quantize_per_tensor, torch.quantize_per_channel')
-            qweight = torch.quantize_per_channel(weight, scales, torch.zeros_like(scales, dtype=torch.long), 0,
-                                                 torch.qint8)
-        bias = None if layer.bias is None else layer.bias.detach()
-        with _engine('fbgemm'):  # the engine chooses the packing that linear_dynamic then runs
-            return torch.ops.quantized.linear_prepack(qweight, bias)
-
-    def linear(self, x, layer):
-        return torch.ops.quantized.linear_dynamic(x, layer.prepared, True)
-
-
 def _int8_weight(layer: nn.Module) -> Tuple[torch.Tensor, torch.Tensor]:
     """int8 weights per output channel, symmetric (zero point 0), and their float32 scales."""
     weight = layer.weight.detach()
@@ -203,7 +176,7 @@ class OneDNNInt8(Kernel):
     @staticmethod
     def quantize(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
         """float32 to uint8: round(x / scale) + zero_point, saturated (torch's vectorised quantizer, then its
-        raw bytes; see ``FbgemmInt8`` on the deprecation)."""
+        raw bytes; torch marks its quantized tensors deprecated, and only this one call uses them)."""
         with warnings.catch_warnings():
             warnings.filterwarnings('ignore', message='torch.quantize_per_tensor, torch.quantize_per_channel')
             return torch.quantize_per_tensor(x, scale, zero_point, torch.quint8).int_repr()
@@ -235,22 +208,7 @@ class OneDNNInt8(Kernel):
                                                   'gelu', [], 'none')
 
 
-class _engine:
-    """The quantized engine set to ``name`` for a ``with`` block (it selects the weight packing)."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __enter__(self):
-        self.previous = torch.backends.quantized.engine
-        torch.backends.quantized.engine = self.name
-
-    def __exit__(self, *exc):
-        torch.backends.quantized.engine = self.previous
-
-
-KERNELS = {'mkl': MKL(), 'onednn': OneDNN(), 'onednn_bf16': OneDNNBf16(), 'fbgemm_int8': FbgemmInt8(),
-           'onednn_int8': OneDNNInt8()}
+KERNELS = {'mkl': MKL(), 'onednn': OneDNN(), 'onednn_bf16': OneDNNBf16(), 'onednn_int8': OneDNNInt8()}
 GEMMS = tuple(k for k in ('mkl', 'onednn') if KERNELS[k].available())  # float32: optimize picks the faster
 
 
@@ -266,7 +224,6 @@ def check_kernel(name: str) -> str:
 def unavailable_reason(name: str) -> str:
     return {'onednn': 'this torch build has no oneDNN (torch.backends.mkldnn)',
             'onednn_bf16': 'the CPU has no native bf16 (avx512_bf16 or AMX) that oneDNN uses',
-            'fbgemm_int8': "this torch build has no fbgemm quantized engine",
             'onednn_int8': "this torch build has no oneDNN quantized linear (torch.ops.onednn.qlinear_pointwise)",
             }.get(name, 'unavailable')
 

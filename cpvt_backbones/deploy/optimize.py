@@ -64,9 +64,8 @@ def pick_gemm(block: Block, tokens: int = 1024, repeats: int = 7) -> str:
     return min(GEMMS, key=lambda g: sorted(times[g][2:])[repeats // 2])
 
 
-# The kernel each precision runs its linear layers through (float32: the faster of ``GEMMS``, timed; int8 with
-# calibrated input ranges: 'onednn_int8').
-PRECISION_KERNELS = {'fp32': None, 'bf16': 'onednn_bf16', 'int8': 'fbgemm_int8'}
+# The kernel each precision runs its linear layers through (float32: the faster of ``GEMMS``, timed).
+PRECISION_KERNELS = {'fp32': None, 'bf16': 'onednn_bf16', 'int8': 'onednn_int8'}
 
 
 @contextlib.contextmanager
@@ -100,19 +99,21 @@ def optimize(model: nn.Module, gemm: str = 'auto', precision: str = 'fp32', keep
     transformed copy, leaving ``model`` as it was). The model must be float32 on the CPU (it may be moved later:
     elsewhere the fused modules run the plain computation).
 
-    ``precision``: 'fp32', 'bf16' (CPUs with avx512_bf16 or AMX) or 'int8' (int8 weights per output channel;
-    activations quantized per call by fbgemm, or, given ``input_ranges`` from ``record_input_ranges``, static
-    uint8 activations through oneDNN). ``keep_fp32``: name prefixes of linear layers that stay float32 at a
-    lower precision (layers whose quantization costs accuracy). ``gemm``: the float32 library, 'mkl',
-    'onednn', or 'auto' (``pick_gemm``). Calling it on an optimized model is a no-op."""
+    ``precision``: 'fp32', 'bf16' (CPUs with avx512_bf16 or AMX) or 'int8' (int8 weights per output channel,
+    uint8 activations at the calibrated ``input_ranges`` from ``record_input_ranges``, through oneDNN;
+    quantizing activations per call instead measured slower at every benchmark case, docs/performance.md).
+    ``keep_fp32``: name prefixes of linear layers that stay float32 at a lower precision (layers whose
+    quantization costs accuracy). ``gemm``: the float32 library, 'mkl', 'onednn', or 'auto' (``pick_gemm``).
+    Calling it on an optimized model is a no-op."""
     check_precision(precision)
     if gemm != 'auto' and gemm not in GEMMS:
         raise ValueError(f'gemm must be one of {list(GEMMS)} (or auto), got {gemm!r}')
     low = PRECISION_KERNELS[precision]
-    if input_ranges is not None:
-        if precision != 'int8':
-            raise ValueError(f'input_ranges calibrate static int8; precision={precision!r} does not use them')
-        low = 'onednn_int8'
+    if input_ranges is not None and precision != 'int8':
+        raise ValueError(f'input_ranges calibrate int8; precision={precision!r} does not use them')
+    if input_ranges is None and precision == 'int8':
+        raise ValueError("optimize: precision='int8' quantizes activations at calibrated ranges: run the plain model "
+                         'on a few representative inputs under record_input_ranges and pass input_ranges=...')
     if low is not None and not KERNELS[low].available():
         raise RuntimeError(f"optimize: precision={precision!r} cannot run here: {unavailable_reason(low)} "
                            f"(torch reports CPU capability {torch.backends.cpu.get_cpu_capability()})")
