@@ -423,6 +423,13 @@ def run(variant: str, seed: int, args: argparse.Namespace, data, run_dir: Path) 
     caches both; a test it lacks is run on the saved final weights, so tests can be added to a finished study."""
     result_path = run_dir / 'result.json'
     model, result = None, json.loads(result_path.read_text()) if result_path.is_file() else None
+    probe_sizes = [str(s) for s in args.test_sizes]
+    if result is not None and not (run_dir / 'final.pth').is_file() and (
+            any(k not in result['top1'] for k in test_keys(args))
+            or (args.probe_images and sorted(result.get('probe', {}).get('r2', {})) != sorted(probe_sizes))):
+        print(f'[study] {variant} seed {seed}: a test is missing and the weights are not here (result.json is '
+              'kept in git, weights are not): trained again, and its result replaced', flush=True)
+        result = None
     if result is None:
         run_dir.mkdir(parents=True, exist_ok=True)
         model, result = train(variant, seed, args, data[0], run_dir)
@@ -443,7 +450,6 @@ def run(variant: str, seed: int, args: argparse.Namespace, data, run_dir: Path) 
         result['eval_seconds'] = round(result['eval_seconds'] + time.perf_counter() - start, 1)
         print(f'[study] {variant} seed {seed}: top-1 ' + ', '.join(f'{k} {result["top1"][k]:.2f}' for k in missing),
               flush=True)
-    probe_sizes = [str(s) for s in args.test_sizes]
     if args.probe_images and sorted(result.get('probe', {}).get('r2', {})) != sorted(probe_sizes):
         result['probe'] = position_probe(trained(), data[1][0][:args.probe_images], args)
         changed = True
