@@ -20,7 +20,7 @@ demo: env
 
 # Speed and memory against mmseg's and timm's PCPVT and onnxruntime on the same weights, in float32, bf16 and int8
 # (with glibc's default allocator, then float32 with freed memory retained), the scaling study, and where the time
-# goes by kind of op (docs/performance.md).
+# goes by kind of op, and whole detectors and segmentors end to end on each engine (docs/performance.md).
 bench: env
 	$(PY) benchmarks/speed.py pcpvt_small --precision bf16 int8 --engines \
 		--json benchmarks/results/bench_pcpvt_small.json
@@ -29,6 +29,7 @@ bench: env
 	$(PY) benchmarks/speed.py pcpvt_small --scaling --json benchmarks/results/scaling_pcpvt_small.json \
 		--plot benchmarks/results/scaling_pcpvt_small.png
 	$(PY) benchmarks/speed.py pcpvt_small --breakdown --json benchmarks/results/breakdown_pcpvt_small.json
+	$(PY) benchmarks/speed.py --end-to-end --precision bf16 int8 --json benchmarks/results/bench_end_to_end.json
 
 clean-env:
 	rm -rf .venv

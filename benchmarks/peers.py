@@ -4,14 +4,22 @@ asked for, our optimized model in bf16 (on CPUs with native bf16; also the plain
 in int8 (activations at calibrated ranges), and onnxruntime's own dynamic int8 quantization of
 our export (what a deployer would try instead); with ``engines``, OpenVINO (``deploy.openvino``: dynamic and
 per-shape compiled float32, bf16, NNCF int8) and torch.compile (inductor with freezing, dynamic shapes).
-Each maps a batch to its tuple of four NCHW maps."""
+Each maps a batch to its tuple of four NCHW maps.
+
+``build_dense`` gives the end-to-end implementations: a whole RetinaNet or Semantic FPN with ``pcpvt_small``
+(the COCO and ADE20K configs, random weights) in tensor mode (backbone + neck + head; preprocessing and
+post-processing are the framework's Python in every implementation, so they are left out): torch eager, torch
+with our backbone optimized (at each precision asked for), and the whole network on OpenVINO (``deploy.openmmlab``:
+float32, bf16, NNCF int8). Each maps a batch to the flat tuple of the tensor-mode outputs."""
 import contextlib
 import copy
 import re
+import time
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from cpvt_backbones import create_model, optimize, record_input_ranges
 from cpvt_backbones.convert import twins_to_mmseg
@@ -19,6 +27,7 @@ from cpvt_backbones.deploy.onnx import export
 from cpvt_backbones.models import PyramidCPVT, model_settings
 from timing import cpu_info, has_fast_bf16
 
+ROOT = Path(__file__).resolve().parents[1]
 PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'plain_bf16', 'ours_bf16', 'ours_int8', 'onnxruntime_int8',
          'openvino', 'openvino_static', 'openvino_bf16', 'openvino_int8', 'torch_compile')
 
@@ -56,6 +65,86 @@ def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
     if engines:
         impls.update(_engines(plain, precisions))
     return impls
+
+
+DENSE_CONFIGS = {'retinanet': 'configs/retinanet/retinanet_pcpvt-s_fpn_1x_coco.py',
+                 'semantic_fpn': 'configs/sem_fpn/fpn_pcpvt-s_8xb2-80k_ade20k-512x512.py'}
+DENSE_PEERS = ('optimized', 'optimized_bf16', 'optimized_int8', 'openvino', 'openvino_bf16', 'openvino_int8')
+
+
+def dense_model(task: str) -> torch.nn.Module:
+    """The detector or segmentor of ``DENSE_CONFIGS[task]`` with random weights (seed 0), in evaluation mode."""
+    from mmengine.registry import MODELS, init_default_scope
+
+    from cpvt_backbones.adapters.runtime import load_config
+    cfg = load_config(str(ROOT / DENSE_CONFIGS[task]))
+    init_default_scope(cfg.default_scope)
+    torch.manual_seed(0)
+    return MODELS.build(cfg.model).eval()
+
+
+class _TensorMode(torch.nn.Module):
+    """``model._forward`` (mmdet's and mmseg's ``mode='tensor'``: backbone, neck and head) with its outputs
+    flattened into one tuple."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return tuple(tree_flatten(self.model._forward(x))[0])
+
+
+def build_dense(task: str, precisions: Sequence[str] = (),
+                calibration_size: Tuple[int, int] = (512, 512)) -> Tuple[Dict[str, torch.nn.Module], Dict]:
+    """({'eager': the config's model in torch float32, 'optimized': the same with our backbone through
+    ``optimize``, 'optimized_<precision>' for each of ``precisions``, 'openvino' and 'openvino_<precision>':
+    the whole tensor-mode network on OpenVINO}, {implementation: seconds to build it}): the build time is
+    the engines' conversion, quantization and compilation. int8 is calibrated on two random images of
+    ``calibration_size`` (which decides accuracy, not speed). A bf16 entry is left out on a CPU without native
+    bf16 (a printed line says so)."""
+    from cpvt_backbones.deploy.openmmlab import TensorForward, attach_engine, exportable
+    from cpvt_backbones.deploy.openvino import OpenVINOModule, convert, native_bf16, quantize
+    model = dense_model(task)
+    calibration = [torch.randn(1, 3, *calibration_size, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    impls, setup = {'eager': _TensorMode(model)}, {}
+
+    def add(key: str, make: Callable[[], torch.nn.Module]) -> None:
+        start = time.perf_counter()
+        impls[key] = make()
+        impls[key].inference_only = True
+        setup[key] = time.perf_counter() - start
+
+    def with_backbone(**options) -> torch.nn.Module:
+        optimized = copy.deepcopy(model)
+        optimize(optimized.backbone, **options)
+        return _TensorMode(optimized)
+
+    add('optimized', with_backbone)
+    for precision in precisions:
+        if precision == 'bf16' and not has_fast_bf16(cpu_info()):
+            print('[bench] optimized_bf16 and openvino_bf16 left out: this CPU has no native bf16')
+            continue
+        ranges = None
+        if precision == 'int8':
+            with record_input_ranges(model.backbone) as ranges, torch.no_grad():
+                for x in calibration:
+                    model.backbone(x)
+        add(f'optimized_{precision}', lambda: with_backbone(precision=precision, input_ranges=ranges))
+
+    def on_openvino(precision: str) -> torch.nn.Module:
+        with exportable(model):
+            ov_model, spec = convert(TensorForward(model), torch.randn(2, 3, *calibration_size))
+        if precision == 'int8':
+            ov_model = quantize(ov_model, calibration)
+        return _TensorMode(attach_engine(copy.deepcopy(model), OpenVINOModule(ov_model, spec, 3, precision)))
+
+    add('openvino', lambda: on_openvino('fp32'))
+    for precision in precisions:
+        if precision == 'bf16' and not native_bf16():
+            continue
+        add(f'openvino_{precision}', lambda: on_openvino(precision))
+    return impls, setup
 
 
 def _engines(plain: torch.nn.Module, precisions: Sequence[str]) -> Dict[str, torch.nn.Module]:

@@ -5,7 +5,7 @@ from typing import List
 import torch
 
 from cpvt_backbones.utils import pyplot
-from peers import PEERS
+from peers import DENSE_PEERS, PEERS
 
 
 def _fmt(value, spec: str) -> str:
@@ -29,6 +29,23 @@ def table(rows: List[dict]) -> str:
         lines.append(f"| {r['name']} | {'x'.join(map(str, r['shape']))} | {r['ours_s']:.3f} | {times} | {ratios} "
                      f"| {r['shape'][0] / r['ours_s']:.2f} | {r['gflops']:.1f} | {100 * r['fraction_of_matmul']:.0f}% "
                      f"| {peaks} | {faults} | {diffs} |")
+    return '\n'.join(lines)
+
+
+def dense_table(rows: List[dict]) -> str:
+    """End to end: seconds per call of each implementation, its speed-up over torch eager, its build time
+    (conversion, quantization, compilation) and its first call at the case's shape."""
+    impls = ('eager',) + DENSE_PEERS
+    lines = ['| model | input | ' + ' | '.join(f'{p} s (x eager)' for p in impls) + ' | build s '
+             + ' / '.join(DENSE_PEERS) + ' | first call s ' + ' / '.join(impls) + ' | max diff from eager |',
+             '|---|---|' + '---|' * len(impls) + '---|---|---|']
+    for r in rows:
+        times = ' | '.join('-' if r[f'{p}_s'] is None else f"{r[f'{p}_s']:.3f} ({r['eager_s'] / r[f'{p}_s']:.2f}x)"
+                           for p in impls)
+        build = ' / '.join(_fmt(r['setup_s'].get(p), '.1f') for p in DENSE_PEERS)
+        first = ' / '.join(_fmt(r['first_call_s'].get(p), '.2f') for p in impls)
+        diffs = ' / '.join(_fmt(r[f'max_abs_diff_{p}'], '.1e') for p in DENSE_PEERS)
+        lines.append(f"| {r['model']} | {'x'.join(map(str, r['shape']))} | {times} | {build} | {first} | {diffs} |")
     return '\n'.join(lines)
 
 

@@ -10,6 +10,7 @@ freezing), each with its first call at every case (where it compiles) reported.
                                [--precision bf16 int8] [--engines] [--retain-freed-memory]
     python benchmarks/speed.py --scaling [--sizes 128 256 ...] [--json PATH] [--plot PATH]
     python benchmarks/speed.py --breakdown [--cases ...] [--json PATH]
+    python benchmarks/speed.py --end-to-end [retinanet semantic_fpn] [--precision bf16 int8] [--cases ...]
     make bench
 
 The implementations are in ``peers.py``, the measuring in ``timing.py``, the tables and plot in ``report.py``.
@@ -33,6 +34,12 @@ model whose activations exceed its mmap threshold (at most 32 MiB) pays for fres
 implementation in the process, which shows how much of a difference is allocation rather than compute.
 Names without an mmseg/timm counterpart (``cpvt_*``, ``pcpvt_tiny``) are timed alone.
 
+``--end-to-end`` times whole models in tensor mode (backbone + neck + head of the COCO RetinaNet and the ADE20K
+Semantic FPN configs with ``pcpvt_small``, random weights; ``peers.build_dense``): torch eager float32 (the
+reference), torch with our backbone optimized, and OpenVINO, each at every ``--precision``; by default at
+800 x 1216 and 512 x 512, batch 1. Besides the medians it reports each engine's build time (export,
+conversion, quantization, compilation) and its first call.
+
 ``--breakdown`` profiles one call of ours per case (torch.profiler, self time of each op) and splits time and
 FLOPs into GEMMs, attention, convolutions and the rest (norms, activations, adds, copies, Python), with each
 kind's rate as a fraction of the matmul rate, and the ``ceiling``: the fraction the whole model would reach if
@@ -45,8 +52,8 @@ from pathlib import Path
 
 import torch
 
-from peers import PEERS, build
-from report import breakdown_table, plot_scaling, scaling_table, table
+from peers import DENSE_CONFIGS, DENSE_PEERS, PEERS, build, build_dense
+from report import breakdown_table, dense_table, plot_scaling, scaling_table, table
 from timing import (CASES, SCALING_SIZES, allocator_info, breakdown, cpu_info, retain_freed_memory, run_case,
                     scaling)
 
@@ -54,7 +61,8 @@ from timing import (CASES, SCALING_SIZES, allocator_info, breakdown, cpu_info, r
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('names', nargs='*', default=['pcpvt_small'])
-    parser.add_argument('--cases', nargs='+', choices=sorted(CASES), default=list(CASES))
+    parser.add_argument('--cases', nargs='+', choices=sorted(CASES),
+                        help='default: every case; with --end-to-end infer800x1216 infer512_b1')
     parser.add_argument('--repeats', type=int, default=5, help='timed rounds per case, after one warm-up round')
     parser.add_argument('--threads', type=int, help='torch threads (default: torch.get_num_threads())')
     parser.add_argument('--scaling', action='store_true', help='time/memory against input pixels instead')
@@ -67,10 +75,14 @@ def main() -> None:
                         help='also our optimized model at these precisions (and onnxruntime int8, plain bf16)')
     parser.add_argument('--engines', action='store_true',
                         help='also OpenVINO (dynamic, per-shape compiled, and at --precision) and torch.compile')
+    parser.add_argument('--end-to-end', nargs='*', choices=sorted(DENSE_CONFIGS), metavar='MODEL',
+                        help=f'time whole models in tensor mode instead ({", ".join(DENSE_CONFIGS)}; default both)')
     parser.add_argument('--plot', default='benchmarks/results/scaling.png', help='for --scaling')
     parser.add_argument('--retain-freed-memory', action='store_true',
                         help='make glibc keep freed memory for reuse (see retain_freed_memory)')
     args = parser.parse_args()
+    if args.cases is None:
+        args.cases = ['infer800x1216', 'infer512_b1'] if args.end_to_end is not None else list(CASES)
     if args.retain_freed_memory:
         retain_freed_memory()
     if args.threads:
@@ -87,6 +99,19 @@ def main() -> None:
         plot_scaling(rows, Path(args.plot), name)
         print(f'[bench] plot: {args.plot}')
         result.update(name=name, scaling=rows)
+    elif args.end_to_end is not None:
+        result['cases'] = []
+        for task in args.end_to_end or list(DENSE_CONFIGS):
+            impls, setup = build_dense(task, args.precision)
+            print(f'[bench] {task}: built in ' + ', '.join(f'{k} {v:.1f} s' for k, v in setup.items()), flush=True)
+            for case in args.cases:
+                row = dict(run_case(impls, case, args.repeats, DENSE_PEERS, reference='eager'), model=task,
+                           setup_s=setup)
+                result['cases'].append(row)
+                print(f'[bench] {task} {case}: eager {row["eager_s"]:.3f} s', flush=True)
+        print(f'\nend to end, tensor mode (medians of {args.repeats} interleaved rounds)\n'
+              f'{dense_table(result["cases"])}\n')
+        result['matmul_gflops'] = statistics.median(r['matmul_gflops'] for r in result['cases'])
     elif args.breakdown:
         name = args.names[0]
         model = build(name, peers=False)['ours']

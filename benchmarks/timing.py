@@ -20,6 +20,7 @@ CASES = {
     'infer224': dict(mode='infer', batch=8, size=(224, 224)),
     'infer512': dict(mode='infer', batch=2, size=(512, 512)),
     'infer224_b1': dict(mode='infer', batch=1, size=(224, 224)),
+    'infer512_b1': dict(mode='infer', batch=1, size=(512, 512)),
     'infer480x640': dict(mode='infer', batch=1, size=(480, 640)),
     'infer800x1216': dict(mode='infer', batch=1, size=(800, 1216)),
     'train512': dict(mode='train', batch=2, size=(512, 512)),
@@ -190,8 +191,9 @@ def max_abs_diff(ref, out) -> float:
     return max((a - b).abs().max().item() for a, b in zip(ref, out))
 
 
-def run_case(impls: Dict[str, torch.nn.Module], case: str, repeats: int, peers: Tuple[str, ...]) -> dict:
-    """``impls['ours']`` against each of ``peers`` that ``impls`` has: outputs compared, then every
+def run_case(impls: Dict[str, torch.nn.Module], case: str, repeats: int, peers: Tuple[str, ...],
+             reference: str = 'ours') -> dict:
+    """``impls[reference]`` against each of ``peers`` that ``impls`` has: outputs compared, then every
     implementation and the matmul references timed interleaved, ``repeats`` rounds after a warm-up one."""
     spec = CASES[case]
     mode = spec['mode']
@@ -208,7 +210,7 @@ def run_case(impls: Dict[str, torch.nn.Module], case: str, repeats: int, peers: 
     impls = {k: m for k, m in impls.items() if mode == 'infer' or not getattr(m, 'inference_only', False)}
     row = dict(name=case, shape=[spec['batch'], 3, *spec['size']], mode=mode, first_call_s=first)
     for peer in peers:
-        row[f'max_abs_diff_{peer}'] = max_abs_diff(outs['ours'], outs[peer]) if peer in impls else None
+        row[f'max_abs_diff_{peer}'] = max_abs_diff(outs[reference], outs[peer]) if peer in impls else None
     del outs
     matmuls = {f'matmul_{lib}': Matmul(lib) for lib in gemm_libraries()}
     runs: Dict[str, Callable[[], None]] = {k: partial(_step, m, x, mode) for k, m in impls.items()}
@@ -222,16 +224,16 @@ def run_case(impls: Dict[str, torch.nn.Module], case: str, repeats: int, peers: 
                 times[key].append(elapsed)
                 faults[key].append(count)
     row['round_s'] = {key: times[key] for key in impls}  # every timed round, for paired A/B comparisons
-    for key in ('ours',) + tuple(peers):
+    for key in (reference,) + tuple(peers):
         row[f'{key}_s'] = statistics.median(times[key]) if key in impls else None
         row[f'{key}_faults'] = statistics.median(faults[key]) if key in impls else None
         row[f'{key}_peak_mb'] = peak_mb(impls[key], x, mode) if key in impls else None
-    row['gflops'] = gflops(impls['ours'], x, mode)
-    row['ours_gflops_per_s'] = row['gflops'] / row['ours_s']
+    row['gflops'] = gflops(impls[reference], x, mode)
+    row[f'{reference}_gflops_per_s'] = row['gflops'] / row[f'{reference}_s']
     for key, matmul in matmuls.items():
         row[f'{key}_gflops'] = matmul.gflops(statistics.median(times[key]))
     row['matmul_gflops'] = max(row[f'{key}_gflops'] for key in matmuls)
-    row['fraction_of_matmul'] = row['ours_gflops_per_s'] / row['matmul_gflops']
+    row['fraction_of_matmul'] = row[f'{reference}_gflops_per_s'] / row['matmul_gflops']
     return row
 
 

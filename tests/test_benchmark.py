@@ -104,3 +104,18 @@ def test_onnxruntime_runs_our_export_and_agrees(tmp_path):
     with torch.no_grad():
         for a, b in zip(model(x), runtime(x)):
             assert a.shape == b.shape and (a - b).abs().max() < 1e-3
+
+
+@pytest.mark.heavy
+def test_end_to_end_times_whole_models_on_every_engine(tmp_path):
+    """--end-to-end: Semantic FPN with pcpvt_small in tensor mode, torch eager against our optimized backbone and
+    OpenVINO on the same weights; the engines' build times and first calls are reported."""
+    pytest.importorskip('mmseg')
+    pytest.importorskip('openvino')
+    result, stdout = bench(tmp_path, '--end-to-end', 'semantic_fpn', '--cases', 'infer224_b1')
+    (row,) = result['cases']
+    assert row['model'] == 'semantic_fpn' and row['shape'] == [1, 3, 224, 224] and row['eager_s'] > 0
+    assert row['max_abs_diff_optimized'] < 1e-3 and row['max_abs_diff_openvino'] < 1e-3
+    assert row['optimized_s'] > 0 and row['openvino_s'] > 0 and row['setup_s']['openvino'] > 0
+    assert set(row['first_call_s']) == {'eager', 'optimized', 'openvino'}
+    assert '| semantic_fpn | 1x3x224x224 |' in stdout

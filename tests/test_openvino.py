@@ -93,6 +93,27 @@ def test_int8_quantizes_with_nncf_and_stays_close():
     assert max(relative_errors(engine(x), ref)) < 0.1
 
 
+def test_int8_keeps_the_named_modules_in_float32():
+    """keep_fp32 takes module names as optimize does: every converted operation knows its module, so the layers
+    under a name get no quantizer (NNCF's ignored scope), the rest still do; a name that matches nothing is
+    refused by name."""
+    model = small('pcpvt', 'peg')
+    calibration = [torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    ov_model, _ = ov_engine.convert(model, torch.randn(2, 3, 64, 64))
+    kept = ov_engine.ops_under(ov_model, ['blocks.3'])
+    assert kept and all(name in {op.get_friendly_name() for op in ov_model.get_ops()} for name in kept)
+    assert set(ov_engine.ops_under(ov_model, ['blocks'])) > set(kept)
+
+    def quantized_inputs(keep_fp32):  # operations fed by a quantizer
+        quantized = ov_engine.quantize(ov_model.clone(), calibration, keep_fp32)
+        return {out.get_node().get_friendly_name() for op in quantized.get_ops()
+                if op.get_type_name() == 'FakeQuantize' for out in op.output(0).get_target_inputs()}
+    everything, partly = quantized_inputs(()), quantized_inputs(['blocks.3'])
+    assert everything & set(kept) and not partly & set(kept) and partly
+    with pytest.raises(ValueError, match=r"keep_fp32: no converted operation comes from a module under \['head'\]"):
+        ov_engine.ops_under(ov_model, ['head'])
+
+
 def test_refusals_name_the_problem(monkeypatch):
     model = small('cpvt', 'peg')
     with pytest.raises(ValueError, match="precision must be one of .*'fp16'"):

@@ -6,8 +6,8 @@ Writes predictions (JSON for boxes, PNG label maps for masks) under OUT_DIR/pred
 visualisations (boxes or masks drawn on the image) under OUT_DIR/vis, through mmdet's DetInferencer / mmseg's
 MMSegInferencer. The backbones take any size down to 1 x 1; where a framework's visualiser cannot draw an image
 (mmseg's fails on a 1 x 1 one), that image gets one line saying so and the run goes on. Our backbones run
-optimized (``cpvt_backbones.optimize``; ``--precision bf16|int8`` on lower-precision weights, ``--calibrate``
-for static int8, as in tools/test.py); ``--plain`` keeps the plain model. ``--engine openvino`` runs backbone,
+optimized (``cpvt_backbones.optimize``; ``--precision bf16|int8`` on lower-precision weights, int8 calibrated
+on ``--calibrate`` images as in tools/test.py); ``--plain`` keeps the plain model. ``--engine openvino`` runs backbone,
 neck and head on OpenVINO (fp32, bf16, or int8 calibrated with NNCF on ``--calibrate`` images, by default the
 config's test set), the same predictions and drawings otherwise.
 """
@@ -53,7 +53,8 @@ def on_engine(model, cfg, args) -> None:
     """With --engine openvino, the inferencer's model (weights loaded) runs backbone, neck and head on OpenVINO."""
     if args.engine == 'openvino':
         calibration = (args.calibrate or 'val') if args.precision == 'int8' else None
-        openvino_model(model, cfg, args.checkpoint, args.precision, calibration, args.calibrate_images)
+        openvino_model(model, cfg, args.checkpoint, args.precision, calibration, args.calibrate_images,
+                       args.keep_fp32)
 
 
 def main() -> None:

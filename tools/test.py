@@ -9,8 +9,8 @@ published weights by name (``pcpvt_small``: fetched once, checked), a URL or a w
 
 Our backbones run optimized (``cpvt_backbones.optimize``: same weights, same outputs to float32 rounding,
 faster on a CPU), in float32 or, with ``--precision bf16|int8``, on bf16 or int8 copies of the weights (int8:
-activations quantized per call, or with ``--calibrate`` at ranges calibrated once on a few dozen images and
-saved); ``--plain`` keeps the plain model (for hooks on its inner layers). ``--engine openvino`` runs the
+activations at ranges calibrated once on ``--calibrate`` images, by default the config's test set, and saved);
+``--plain`` keeps the plain model (for hooks on its inner layers). ``--engine openvino`` runs the
 detector's or segmentor's backbone, neck and head on OpenVINO instead (fp32, bf16, or int8 through NNCF,
 calibrated on ``--calibrate`` images, by default the config's test set; the converted model is saved and reused),
 with the data preprocessor, post-processing and metrics unchanged.

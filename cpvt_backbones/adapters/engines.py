@@ -10,7 +10,7 @@ import copy
 import hashlib
 import json
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from mmengine.config import Config
@@ -23,15 +23,20 @@ ENGINES = ('torch', 'openvino')
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
 
 
-def optimize_backbone(cfg: Config, precision: str = 'fp32', input_ranges: Optional[str] = None) -> bool:
+def optimize_backbone(cfg: Config, precision: str = 'fp32', input_ranges: Optional[str] = None,
+                      keep_fp32: Sequence[str] = ()) -> bool:
     """Have the config build its backbone through ``cpvt_backbones.optimize`` (the fused CPU inference path) in
     ``precision`` ('fp32', 'bf16', 'int8'; int8 static with ``input_ranges``, a file from ``calibrate``) if the
-    backbone is one of ours; returns whether it is."""
+    backbone is one of ours; returns whether it is. ``keep_fp32``: the model's module names left in float32;
+    those under ``backbone.`` reach ``optimize`` (the torch engine runs the rest of the model in float32)."""
     backbone = _our_backbone(cfg)
     if backbone is not None:
         backbone['optimize'] = dict(precision=precision)
         if input_ranges is not None:
             backbone['optimize']['input_ranges'] = str(input_ranges)
+        inside = [p[len('backbone.'):] for p in keep_fp32 if p.startswith('backbone.')]
+        if inside:
+            backbone['optimize']['keep_fp32'] = inside
     return backbone is not None
 
 
@@ -48,19 +53,22 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
                              "images, through the config's test pipeline; the result is saved and reused (torch: "
                              'activation ranges; openvino: the NNCF-quantized model)')
     parser.add_argument('--calibrate-images', type=int, default=32, metavar='N', help='images calibrated on')
+    parser.add_argument('--keep-fp32', nargs='+', default=[], metavar='MODULE',
+                        help='int8: modules of the model (names as in named_modules, e.g. bbox_head.retina_cls, '
+                             'backbone.stages.0) whose layers stay float32')
 
 
 def apply_precision(cfg: Config, args: argparse.Namespace, checkpoint: str) -> None:
     """What ``add_precision_args`` asked for, on ``cfg``: the torch engine's optimized backbone (int8: calibrated
     with ``checkpoint`` first, or the saved ranges reused), or the OpenVINO engine's hook (which converts the
     model once the test loop has loaded the checkpoint)."""
-    if args.calibrate and args.precision != 'int8':
-        raise SystemExit('--calibrate calibrates int8: use it with --precision int8')
+    if (args.calibrate or args.keep_fp32) and args.precision != 'int8':
+        raise SystemExit('--calibrate and --keep-fp32 configure int8: use them with --precision int8')
     if args.engine == 'openvino':
         if args.plain:
             raise SystemExit('--plain keeps the plain PyTorch backbone; it does not apply to --engine openvino')
         use_openvino(cfg, args.precision, (args.calibrate or 'val') if args.precision == 'int8' else None,
-                     args.calibrate_images)
+                     args.calibrate_images, args.keep_fp32)
         return
     if args.plain:
         if args.precision != 'fp32':
@@ -70,7 +78,7 @@ def apply_precision(cfg: Config, args: argparse.Namespace, checkpoint: str) -> N
               if args.precision == 'int8' else None)
     if ranges is not None:
         print(f'[calibrate] activation ranges: {ranges}')
-    optimize_backbone(cfg, args.precision, ranges)
+    optimize_backbone(cfg, args.precision, ranges, args.keep_fp32)
 
 
 def _calibration_source(source: str, num_images: int) -> Tuple[str, Union[str, List[Path]]]:
@@ -155,23 +163,25 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
 
 
 def use_openvino(cfg: Config, precision: str = 'fp32', calibration: Optional[str] = None,
-                 calibration_images: int = 32) -> None:
+                 calibration_images: int = 32, keep_fp32: Sequence[str] = ()) -> None:
     """Have the config's test loop run the model on OpenVINO (``OpenVINOHook``)."""
     imports = cfg.setdefault('custom_imports', dict(imports=[], allow_failed_imports=False))
     if 'cpvt_backbones.adapters.hooks' not in imports['imports']:
         imports['imports'] = list(imports['imports']) + ['cpvt_backbones.adapters.hooks']
     hooks = [h for h in cfg.get('custom_hooks', []) if h.get('type') != 'OpenVINOHook']
     cfg.custom_hooks = hooks + [dict(type='OpenVINOHook', precision=precision, calibration=calibration,
-                                     calibration_images=calibration_images)]
+                                     calibration_images=calibration_images, keep_fp32=list(keep_fp32))]
 
 
 def openvino_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str], precision: str = 'fp32',
-                   calibration: Optional[str] = None, calibration_images: int = 32) -> torch.nn.Module:
+                   calibration: Optional[str] = None, calibration_images: int = 32,
+                   keep_fp32: Sequence[str] = ()) -> torch.nn.Module:
     """``model`` (a built detector or segmentor of ``cfg`` with ``checkpoint``'s weights) running on OpenVINO,
     in place. int8 is calibrated on ``calibration_images`` of ``calibration`` (see ``calibration_batches``),
-    each batch through the model's own data preprocessor. With a checkpoint file, the converted model is saved
-    under ``weights_dir()/openvino`` with a name derived from the checkpoint, the precision and the calibration,
-    and read from there next time."""
+    each batch through the model's own data preprocessor, with the modules named in ``keep_fp32`` left in
+    float32. With a checkpoint file, the converted model is saved under ``weights_dir()/openvino`` with a name
+    derived from the checkpoint, the precision, the calibration and ``keep_fp32``, and read from there next
+    time."""
     from ..convert import weights_dir
     from ..deploy.openmmlab import to_openvino_model
     model.eval()
@@ -182,27 +192,30 @@ def openvino_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str
     cache = None
     if ckpt is not None and ckpt.is_file():
         kind = 'int8' if precision == 'int8' else 'float'
-        name = _cache_name(ckpt, source, calibration_images if images else 0, kind, 'openvino')
+        name = _cache_name(ckpt, source, calibration_images if images else 0, kind, 'openvino', *sorted(keep_fp32))
         cache = weights_dir() / 'openvino' / f'{name}.xml'
     if precision == 'int8' and not (cache and cache.is_file()):
         with torch.no_grad():
             inputs = [model.data_preprocessor(batch, False)['inputs']
                       for batch, _ in calibration_batches(cfg, images, calibration_images)]
-    print(f'[openvino] {type(model).__name__} at {precision}' + (f', saved as {cache}' if cache else ''))
-    return to_openvino_model(model, precision, calibration=inputs, cache=str(cache) if cache else None)
+    print(f'[openvino] {type(model).__name__} at {precision}' + (f', float32: {", ".join(keep_fp32)}' if keep_fp32
+                                                                 else '') + (f', saved as {cache}' if cache else ''))
+    return to_openvino_model(model, precision, calibration=inputs, keep_fp32=keep_fp32,
+                             cache=str(cache) if cache else None)
 
 
 def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str, precision: str = 'fp32',
              input_ranges: Optional[str] = None, engine: str = 'torch', calibration: str = 'val',
-             calibration_images: int = 32) -> dict:
+             calibration_images: int = 32, keep_fp32: Sequence[str] = ()) -> dict:
     """Run the config's test loop on ``checkpoint`` and return its metrics: with ``engine='torch'`` our backbones
     optimized in ``precision`` (static int8 with ``input_ranges``, see ``calibrate``); with ``'openvino'`` the
-    whole model on OpenVINO (``OpenVINOHook``; int8 calibrated on ``calibration_images`` of ``calibration``)."""
+    whole model on OpenVINO (``OpenVINOHook``; int8 calibrated on ``calibration_images`` of ``calibration``);
+    int8 leaves the modules named in ``keep_fp32`` in float32."""
     cfg = copy.deepcopy(cfg)
     if engine == 'openvino':
-        use_openvino(cfg, precision, calibration if precision == 'int8' else None, calibration_images)
+        use_openvino(cfg, precision, calibration if precision == 'int8' else None, calibration_images, keep_fp32)
     else:
-        optimize_backbone(cfg, precision, input_ranges)
+        optimize_backbone(cfg, precision, input_ranges, keep_fp32)
     cfg.load_from = runner_checkpoint(cfg, checkpoint)
     cfg.work_dir = work_dir
     cfg.experiment_name = name

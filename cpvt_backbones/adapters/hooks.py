@@ -10,7 +10,7 @@ iteration after a resume (after the replay, which does not use it); a checkpoint
 rank 0, the one that wrote the checkpoint; with mmengine's default ``diff_rank_seed=False`` all ranks' states
 are equal anyway.
 """
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from mmengine.hooks import Hook
@@ -48,13 +48,16 @@ class RNGStateHook(Hook):
 class OpenVINOHook(Hook):
     """Before the test loop (after the runner has loaded the checkpoint), run the model's backbone, neck and head
     on OpenVINO at ``precision`` (``adapters.engines.openvino_model``; int8 calibrated on
-    ``calibration_images`` of ``calibration``: 'val' or a folder). ``tools/test.py --engine openvino`` adds it."""
+    ``calibration_images`` of ``calibration``: 'val' or a folder; the modules named in ``keep_fp32`` stay
+    float32). ``tools/test.py --engine openvino`` adds it."""
 
-    def __init__(self, precision: str = 'fp32', calibration: Optional[str] = None, calibration_images: int = 32):
+    def __init__(self, precision: str = 'fp32', calibration: Optional[str] = None, calibration_images: int = 32,
+                 keep_fp32: Sequence[str] = ()):
         self.precision, self.calibration, self.calibration_images = precision, calibration, calibration_images
+        self.keep_fp32 = tuple(keep_fp32)
 
     def before_test(self, runner) -> None:
         from .engines import openvino_model
         model = getattr(runner.model, 'module', runner.model)
         openvino_model(model, runner.cfg, runner.cfg.get('load_from'), self.precision, self.calibration,
-                       self.calibration_images)
+                       self.calibration_images, self.keep_fp32)

@@ -110,15 +110,17 @@ def attach_engine(model: nn.Module, engine: nn.Module) -> nn.Module:
 
 
 def to_openvino_model(model: nn.Module, precision: str = 'fp32',
-                      calibration: Optional[Iterable[torch.Tensor]] = None, ignored_scope: Sequence[str] = (),
+                      calibration: Optional[Iterable[torch.Tensor]] = None, keep_fp32: Sequence[str] = (),
                       cache: Optional[str] = None, **kwargs) -> nn.Module:
     """An OpenMMLab detector or segmentor (evaluation mode, float32, CPU) running on OpenVINO
     (``deploy.openvino.to_openvino`` on its tensor-mode forward; ``calibration``: preprocessed input batches
-    for int8; ``cache``: where the converted model is saved and read again); returns ``model``."""
+    for int8; ``keep_fp32``: names of the model's modules whose layers int8 leaves in float32, such as
+    'bbox_head.retina_cls'; ``cache``: where the converted model is saved and read again); returns ``model``."""
     dense_head(model)
     forward = TensorForward(model)
     with exportable(model):
-        engine = to_openvino(forward, precision, calibration, ignored_scope, cache=cache, **kwargs)
+        engine = to_openvino(forward, precision, calibration, [f'model.{p}' for p in keep_fp32], cache=cache,
+                             **kwargs)
     return attach_engine(model, engine)
 
 

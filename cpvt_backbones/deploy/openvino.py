@@ -12,7 +12,8 @@ head in tensor mode, ``deploy.openmmlab``). Precisions, as everywhere in the pac
   (``OPTIMIZATION_CAPABILITIES``); elsewhere it warns that it runs float32 and does;
 * ``'int8'``: NNCF post-training quantization (``nncf.quantize``, transformer preset) calibrated on
   ``calibration`` (an iterable of input batches: real images through the config's test pipeline, as the tools
-  make them), float32 where not quantized; ``ignored_scope`` keeps named layers out of it.
+  make them), float32 where not quantized; ``keep_fp32`` keeps the layers under named modules out of it (module
+  name prefixes, as ``optimize`` takes them: every converted operation remembers the module it came from).
 
 Shapes: ``shapes='dynamic'`` compiles one model for every input size; ``shapes='static'`` compiles a model per
 input shape on first use and keeps the last ``cache_size`` (``benchmarks/openvino_shapes.py`` measures both).
@@ -25,7 +26,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -144,10 +145,30 @@ def _torch_half_pixel(ov_model) -> None:
                 op.set_attribute('coordinate_transformation_mode', 'half_pixel')
 
 
+# Where each converted operation records the module it came from (``convert``; read by ``quantize``).
+MODULE_KEY = 'torch_module'
+
+
+def _record_modules(ov_model, graph) -> None:
+    """Tag every operation of ``ov_model`` with the innermost module (dotted path) of the FX node it was
+    converted from: OpenVINO's FX front end names each operation ``<FX node name>/<op>``, and each FX node keeps
+    its module stack (``nn_module_stack``)."""
+    modules = {}
+    for node in graph.nodes:
+        stack = list(node.meta.get('nn_module_stack', {}).values())
+        if stack:
+            modules[node.name] = stack[-1][0]
+    for op in ov_model.get_ops():
+        path = modules.get(op.get_friendly_name().split('/', 1)[0])
+        if path is not None:
+            op.get_rt_info()[MODULE_KEY] = path
+
+
 def convert(model: nn.Module, example: torch.Tensor):
     """``model`` (evaluation mode, float32) as an ``openvino.Model`` with dynamic batch, height and width, through
-    ``torch.export``, plus the pytree spec of its outputs."""
+    ``torch.export``, plus the pytree spec of its outputs. Every operation records the module it came from."""
     ov = _openvino()
+    from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
     if model.training:
         raise ValueError('to_openvino converts a model in evaluation mode; call model.eval() first')
     dynamic = torch.export.Dim.DYNAMIC
@@ -156,24 +177,42 @@ def convert(model: nn.Module, example: torch.Tensor):
         if any(node.target in DECOMPOSITIONS for node in program.graph.nodes):
             program = program.run_decompositions(DECOMPOSITIONS)
         _, spec = pytree.tree_flatten(model(example))
-    ov_model = ov.convert_model(program)
+    decoder = TorchFXPythonDecoder.from_exported_program(program)  # what convert_model(program) converts
+    ov_model = ov.convert_model(decoder)
+    _record_modules(ov_model, decoder.pt_module.graph)
     _torch_half_pixel(ov_model)
     return ov_model, spec
 
 
-def quantize(ov_model, calibration: Iterable[torch.Tensor], ignored_scope: Sequence[str] = (),
+def ops_under(ov_model, prefixes: Sequence[str]) -> List[str]:
+    """Names of the operations of ``ov_model`` (from ``convert``) that came from modules under any of
+    ``prefixes`` (dotted module-name prefixes: 'bbox_head' takes 'bbox_head.retina_cls' too); refused by name
+    when a prefix matches nothing."""
+    found, unmatched = [], set(prefixes)
+    for op in ov_model.get_ops():
+        info = op.get_rt_info()
+        path = info[MODULE_KEY].astype(str) if MODULE_KEY in info else None
+        hits = [p for p in prefixes if path is not None and (path == p or path.startswith(p + '.'))]
+        if hits:
+            found.append(op.get_friendly_name())
+            unmatched -= set(hits)
+    if unmatched:
+        raise ValueError(f'keep_fp32: no converted operation comes from a module under {sorted(unmatched)} (module '
+                         'names as in model.named_modules())')
+    return found
+
+
+def quantize(ov_model, calibration: Iterable[torch.Tensor], keep_fp32: Sequence[str] = (),
              subset_size: int = 300):
-    """NNCF post-training int8 quantization of ``ov_model`` (transformer preset: per-channel weights, SmoothQuant
-    off for our sizes), calibrated on the batches of ``calibration``; ``ignored_scope``: names (or regular
-    expressions, prefixed ``re:``) of OpenVINO operations kept in float."""
+    """NNCF post-training int8 quantization of ``ov_model`` (from ``convert``; transformer preset: per-channel
+    weights), calibrated on the batches of ``calibration``; the operations of the modules under ``keep_fp32``
+    (module name prefixes, ``ops_under``) stay float (NNCF's ignored scope)."""
     nncf = _nncf()
     batches = [np.ascontiguousarray(x.detach().float().cpu().numpy()) for x in calibration]
     if not batches:
         raise ValueError('int8 needs calibration data: an iterable of input batches (NCHW float tensors)')
-    names = [n for n in ignored_scope if not n.startswith('re:')]
-    patterns = [n[3:] for n in ignored_scope if n.startswith('re:')]
-    scope = nncf.IgnoredScope(names=names, patterns=patterns, validate=False) if ignored_scope else None
-    kwargs = dict(ignored_scope=scope) if scope else {}
+    kwargs = dict(ignored_scope=nncf.IgnoredScope(names=ops_under(ov_model, keep_fp32), validate=False)
+                  ) if keep_fp32 else {}
     return nncf.quantize(ov_model, nncf.Dataset(batches), model_type=nncf.ModelType.TRANSFORMER,
                          subset_size=min(subset_size, sum(len(b) for b in batches)), **kwargs)
 
@@ -257,21 +296,22 @@ def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: Tupl
 
 
 def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Optional[Iterable[torch.Tensor]] = None,
-                ignored_scope: Sequence[str] = (), shapes: str = 'dynamic', cache_size: int = 8,
+                keep_fp32: Sequence[str] = (), shapes: str = 'dynamic', cache_size: int = 8,
                 threads: Optional[int] = None, example_size: Tuple[int, int] = (224, 224),
                 in_chans: Optional[int] = None, cache: Optional[str] = None) -> OpenVINOModule:
     """``model`` (left as it is) as an ``OpenVINOModule``: converted through ``torch.export`` at an example input
     of ``example_size`` (any size works afterwards) and checked against torch at another size
-    (``check_conversion``), quantized to int8 with NNCF when ``precision='int8'`` (on ``calibration``), compiled
-    for the CPU at ``precision``. ``cache``: an ``.xml`` path where the converted (and quantized) model is saved,
-    and read instead of converting when it exists; its name must tell what it holds (the tools derive it from
-    the checkpoint, precision and calibration). ``in_chans``: input channels (default: the model's
+    (``check_conversion``), quantized to int8 with NNCF when ``precision='int8'`` (on ``calibration``; the modules
+    under the name prefixes ``keep_fp32`` stay float32), compiled for the CPU at ``precision``. ``cache``: an
+    ``.xml`` path where the converted (and quantized) model is saved, and read instead of converting when it
+    exists; its name must tell what it holds (the tools derive it from the checkpoint, precision, calibration
+    and ``keep_fp32``). ``in_chans``: input channels (default: the model's
     ``in_chans`` attribute, else 3)."""
     check_precision(precision)
     if precision == 'int8' and calibration is None and not (cache and Path(cache).is_file()):
         raise ValueError("precision='int8' quantizes with NNCF: pass calibration=<an iterable of input batches>")
-    if precision != 'int8' and (calibration is not None or ignored_scope):
-        raise ValueError(f'calibration and ignored_scope configure int8; precision={precision!r} does not use them')
+    if precision != 'int8' and (calibration is not None or keep_fp32):
+        raise ValueError(f'calibration and keep_fp32 configure int8; precision={precision!r} does not use them')
     in_chans = in_chans or getattr(model, 'in_chans', 3)
     if cache and Path(cache).is_file():
         ov = _openvino()
@@ -284,7 +324,7 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Optional
         ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size))
         check_conversion(ov_model, spec, model, in_chans)
         if precision == 'int8':
-            ov_model = quantize(ov_model, calibration, ignored_scope)
+            ov_model = quantize(ov_model, calibration, keep_fp32)
         if cache:
             save(ov_model, cache)
     return OpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads)
@@ -304,5 +344,5 @@ def save(ov_model, path: str) -> None:
         os.replace(Path(tmp) / path.name, path)
 
 
-__all__ = ['EXTRA', 'PRECISIONS', 'SHAPES', 'OpenVINOModule', 'available', 'check_conversion', 'compile_config',
-           'convert', 'native_bf16', 'quantize', 'save', 'to_openvino']
+__all__ = ['EXTRA', 'MODULE_KEY', 'PRECISIONS', 'SHAPES', 'OpenVINOModule', 'available', 'check_conversion',
+           'compile_config', 'convert', 'native_bf16', 'ops_under', 'quantize', 'save', 'to_openvino']
