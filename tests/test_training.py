@@ -254,15 +254,17 @@ def test_static_int8_is_calibrated_once_and_reused(workdir, tmp_path):
     assert record['images'] == 3 and set(record['input_ranges']) == linears
     assert all(low < high for low, high in record['input_ranges'].values())
     res = run([ROOT / 'tools/test.py', SEG, wd / 'iter_1.pth', '--calibrate', 'val'], workdir, env)
-    assert res.returncode != 0 and '--calibrate calibrates int8' in res.stderr
+    assert res.returncode != 0 and '--calibrate and --keep-fp32 configure int8' in res.stderr
 
 
 @pytest.mark.parametrize('cfg, package', [(DET, 'mmdet'), (SEG, 'mmseg')], ids=['mmdet', 'mmseg'])
 def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, workdir, tmp_path):
     """tools/test.py --engine openvino: the config's test loop with backbone, neck and head on OpenVINO gives
     torch's metrics (float32); int8 is calibrated once (NNCF on the test set) and the quantized model reused;
-    tools/infer.py --engine openvino writes torch's predictions."""
+    --keep-fp32 leaves the head in float32 and saves that model under its own name; tools/infer.py --engine
+    openvino writes torch's predictions."""
     wd = workdir / f'openvino_{package}'
+    head = 'bbox_head' if package == 'mmdet' else 'decode_head'
     train(cfg, wd, workdir, max_iters=2, options=['default_hooks.checkpoint.interval=2'])
     env = dict(CPVT_WEIGHTS_DIR=str(tmp_path))
     keep_all = ['--cfg-options', 'model.test_cfg.score_thr=0.0'] if package == 'mmdet' else []
@@ -270,7 +272,8 @@ def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, work
     scores, saved = {}, []
     for engine in (['--engine', 'torch', '--plain'], ['--engine', 'openvino'],
                    ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4'],
-                   ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4']):
+                   ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4'],
+                   ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4', '--keep-fp32', head]):
         res = run([ROOT / 'tools/test.py', cfg, wd / 'iter_2.pth', '--work-dir', wd, *engine, *keep_all], workdir, env)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         scores.setdefault(' '.join(engine), []).append(float(metric.findall(res.stdout + res.stderr)[-1][1]))
@@ -278,7 +281,7 @@ def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, work
     assert scores['--engine openvino'] == scores['--engine torch --plain'], scores
     int8 = scores['--engine openvino --precision int8 --calibrate-images 4']
     assert int8[0] == int8[1], 'the saved int8 model gives the same metrics'
-    assert len(saved) == 3 and saved[1] == saved[2] and saved[0] != saved[1], saved
+    assert len(saved) == 4 and saved[1] == saved[2] and len({saved[0], saved[1], saved[3]}) == 3, saved
     assert Path(saved[1]).is_file() and Path(saved[1]).with_suffix('.bin').is_file()
 
     images = workdir / 'data' / 'shapes' / 'val' / 'images'
