@@ -13,8 +13,8 @@ from cpvt_backbones.layers.position.rpe import relative_index
 from cpvt_backbones.layers.position.sincos import sincos_table
 
 ROOT = Path(__file__).resolve().parents[1]
-# Every encoding and the combinations the issue names; 'peg' alone takes its default placement (the first block
-# of every stage).
+# Every encoding, the PEG's frozen and separable 5 x 5 forms, and the two combinations with a PEG; 'peg' alone
+# takes its default placement (the first block of every stage).
 SPECS = ['none', 'peg', dict(type='peg', frozen=True), dict(type='peg', positions=None, kernel_size=5,
                                                              peg_type='separable'),
          'peg_qk', 'conv1x1', 'learned', 'sincos', 'rpe', 'rope_axial', 'rope_mixed', 'learned+peg', 'rope_mixed+peg']

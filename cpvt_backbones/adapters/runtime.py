@@ -51,7 +51,7 @@ KNOWN_WARNINGS = (
     r'<class .*> instance named of visualizer has been created',   # every Runner after the first in a process
 )
 # Log lines of mmengine's Runner that repeat in every run: the optimizer constructor's three lines per parameter
-# under a paramwise_cfg (about 370 in one demo run), its file-backend deprecation notices, mmseg's IoUMetric
+# under a paramwise_cfg (hundreds per run), its file-backend deprecation notices, mmseg's IoUMetric
 # built without a prefix (once per evaluation), and the scope fallback for a dataloader's collate function.
 KNOWN_LOG_LINES = ('paramwise_options -- ', '"FileClient" will be deprecated', '"HardDiskBackend" is the alias',
                    'The prefix is not set in metric class',

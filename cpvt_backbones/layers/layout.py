@@ -36,7 +36,7 @@ def pad_to_multiple(x: torch.Tensor, multiple: int) -> torch.Tensor:
     While a graph is being recorded the pad is always applied (possibly by zero), so that one graph serves
     every input size instead of one per divisibility case. The pad is a ceiling division (sizes stay
     non-negative, so ONNX's truncating division agrees with Python's flooring one), a form the symbolic-shape
-    engine simplifies at once: through the four stages' nested pads a ``%`` form made tracing take minutes."""
+    engine simplifies at once, where a ``%`` form nests one expression per stage and slows every trace."""
     pad_h, pad_w = ((n + multiple - 1) // multiple * multiple - n for n in x.shape[-2:])
     if symbolic_shapes() or pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
