@@ -1,4 +1,5 @@
 """The OpenMMLab adapters: registration, building from config dicts, strict Pretrained loading."""
+import copy
 import importlib
 import subprocess
 import sys
@@ -192,3 +193,30 @@ def test_runner_logs_without_the_known_repeated_lines(tmp_path):
     finally:
         runner.logger.removeHandler(handler)
     assert [r.getMessage() for r in records] == ['Iter(train) [ 50/1200]  lr: 1e-3']
+
+
+def test_int8_keeps_the_configs_float32_modules_unless_told_otherwise():
+    """--keep-fp32: absent, the config's int8_keep_fp32; names, those; given without names, none. The torch engine
+    passes the backbone's share to optimize, the OpenVINO engine all of them to its hook; other precisions refuse
+    it by name."""
+    import argparse
+
+    from mmengine.config import Config
+
+    from cpvt_backbones.adapters.engines import add_precision_args, apply_precision, kept_in_fp32
+    cfg = Config(dict(int8_keep_fp32=['bbox_head.retina_cls'],
+                      model=dict(backbone=dict(type='PyramidCPVT', arch='pcpvt_tiny'))))
+    assert kept_in_fp32(cfg) == ('bbox_head.retina_cls',) and kept_in_fp32(cfg, []) == ()
+    assert kept_in_fp32(cfg, ['backbone.blocks.0']) == ('backbone.blocks.0',) and kept_in_fp32(Config()) == ()
+    parser = argparse.ArgumentParser()
+    add_precision_args(parser)
+    for argv, hooked in (([], ('bbox_head.retina_cls',)), (['--keep-fp32'], ()),
+                         (['--keep-fp32', 'neck', 'backbone.blocks.0'], ('neck', 'backbone.blocks.0'))):
+        ov_cfg = copy.deepcopy(cfg)
+        apply_precision(ov_cfg, parser.parse_args(['--engine', 'openvino', '--precision', 'int8', *argv]), 'x.pth')
+        assert tuple(ov_cfg.custom_hooks[-1]['keep_fp32']) == hooked
+    torch_cfg = copy.deepcopy(cfg)
+    apply_precision(torch_cfg, parser.parse_args(['--precision', 'bf16']), 'x.pth')
+    assert 'keep_fp32' not in torch_cfg.model.backbone.optimize
+    with pytest.raises(SystemExit, match='--keep-fp32 configure int8'):
+        apply_precision(copy.deepcopy(cfg), parser.parse_args(['--precision', 'bf16', '--keep-fp32']), 'x.pth')

@@ -261,10 +261,9 @@ def test_static_int8_is_calibrated_once_and_reused(workdir, tmp_path):
 def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, workdir, tmp_path):
     """tools/test.py --engine openvino: the config's test loop with backbone, neck and head on OpenVINO gives
     torch's metrics (float32); int8 is calibrated once (NNCF on the test set) and the quantized model reused;
-    --keep-fp32 leaves the head in float32 and saves that model under its own name; tools/infer.py --engine
+    --keep-fp32 leaves the neck in float32 and saves that model under its own name; tools/infer.py --engine
     openvino writes torch's predictions."""
     wd = workdir / f'openvino_{package}'
-    head = 'bbox_head' if package == 'mmdet' else 'decode_head'
     train(cfg, wd, workdir, max_iters=2, options=['default_hooks.checkpoint.interval=2'])
     env = dict(CPVT_WEIGHTS_DIR=str(tmp_path))
     keep_all = ['--cfg-options', 'model.test_cfg.score_thr=0.0'] if package == 'mmdet' else []
@@ -273,7 +272,7 @@ def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, work
     for engine in (['--engine', 'torch', '--plain'], ['--engine', 'openvino'],
                    ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4'],
                    ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4'],
-                   ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4', '--keep-fp32', head]):
+                   ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4', '--keep-fp32', 'neck']):
         res = run([ROOT / 'tools/test.py', cfg, wd / 'iter_2.pth', '--work-dir', wd, *engine, *keep_all], workdir, env)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         scores.setdefault(' '.join(engine), []).append(float(metric.findall(res.stdout + res.stderr)[-1][1]))

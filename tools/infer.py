@@ -14,7 +14,8 @@ config's test set), the same predictions and drawings otherwise.
 import argparse
 from pathlib import Path
 
-from cpvt_backbones.adapters.engines import IMAGE_SUFFIXES, add_precision_args, apply_precision, openvino_model
+from cpvt_backbones.adapters.engines import (IMAGE_SUFFIXES, add_precision_args, apply_precision, kept_in_fp32,
+                                             openvino_model)
 from cpvt_backbones.adapters.runtime import DictAction, load_config, quiet_known_warnings, set_test_scale
 
 
@@ -53,8 +54,8 @@ def on_engine(model, cfg, args) -> None:
     """With --engine openvino, the inferencer's model (weights loaded) runs backbone, neck and head on OpenVINO."""
     if args.engine == 'openvino':
         calibration = (args.calibrate or 'val') if args.precision == 'int8' else None
-        openvino_model(model, cfg, args.checkpoint, args.precision, calibration, args.calibrate_images,
-                       args.keep_fp32)
+        keep = kept_in_fp32(cfg, args.keep_fp32) if args.precision == 'int8' else ()
+        openvino_model(model, cfg, args.checkpoint, args.precision, calibration, args.calibrate_images, keep)
 
 
 def main() -> None:

@@ -24,6 +24,10 @@ model = dict(
                    norm_cfg=dict(type='GN', num_groups=16, requires_grad=True),
                    reg_decoded_bbox=True, loss_bbox=dict(_delete_=True, type='GIoULoss', loss_weight=2.0)),
     test_cfg=dict(score_thr=0.05, max_per_img=50))
+# int8 (tools/test.py --precision int8): the FPN and the head stay float32. With everything quantized on OpenVINO
+# the demo's bbox mAP moves by up to 0.022 from float32 at its six test sizes; with the head alone kept 0.007,
+# with the FPN and the head kept 0.003 (python benchmarks/int8_scope.py; docs/performance.md#lower-precision).
+int8_keep_fp32 = ['neck', 'bbox_head']
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),

@@ -53,22 +53,23 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
                              "images, through the config's test pipeline; the result is saved and reused (torch: "
                              'activation ranges; openvino: the NNCF-quantized model)')
     parser.add_argument('--calibrate-images', type=int, default=32, metavar='N', help='images calibrated on')
-    parser.add_argument('--keep-fp32', nargs='+', default=[], metavar='MODULE',
-                        help='int8: modules of the model (names as in named_modules, e.g. bbox_head.retina_cls, '
-                             'backbone.stages.0) whose layers stay float32')
+    parser.add_argument('--keep-fp32', nargs='*', metavar='MODULE',
+                        help="int8: modules of the model (names as in named_modules, e.g. bbox_head.retina_cls) "
+                             "whose layers stay float32; default: the config's int8_keep_fp32; none given: none")
 
 
 def apply_precision(cfg: Config, args: argparse.Namespace, checkpoint: str) -> None:
     """What ``add_precision_args`` asked for, on ``cfg``: the torch engine's optimized backbone (int8: calibrated
     with ``checkpoint`` first, or the saved ranges reused), or the OpenVINO engine's hook (which converts the
     model once the test loop has loaded the checkpoint)."""
-    if (args.calibrate or args.keep_fp32) and args.precision != 'int8':
+    if (args.calibrate or args.keep_fp32 is not None) and args.precision != 'int8':
         raise SystemExit('--calibrate and --keep-fp32 configure int8: use them with --precision int8')
+    keep = kept_in_fp32(cfg, args.keep_fp32) if args.precision == 'int8' else ()
     if args.engine == 'openvino':
         if args.plain:
             raise SystemExit('--plain keeps the plain PyTorch backbone; it does not apply to --engine openvino')
         use_openvino(cfg, args.precision, (args.calibrate or 'val') if args.precision == 'int8' else None,
-                     args.calibrate_images, args.keep_fp32)
+                     args.calibrate_images, keep)
         return
     if args.plain:
         if args.precision != 'fp32':
@@ -78,7 +79,14 @@ def apply_precision(cfg: Config, args: argparse.Namespace, checkpoint: str) -> N
               if args.precision == 'int8' else None)
     if ranges is not None:
         print(f'[calibrate] activation ranges: {ranges}')
-    optimize_backbone(cfg, args.precision, ranges, args.keep_fp32)
+    optimize_backbone(cfg, args.precision, ranges, keep)
+
+
+def kept_in_fp32(cfg: Config, keep_fp32: Optional[Sequence[str]] = None) -> Tuple[str, ...]:
+    """The modules that int8 leaves in float32: ``keep_fp32`` where given (an empty list: none), else the
+    config's ``int8_keep_fp32`` (module names of its model, such as 'bbox_head.retina_cls': the layers whose
+    quantization measured costly, ``benchmarks/int8_scope.py``)."""
+    return tuple(cfg.get('int8_keep_fp32', ()) if keep_fp32 is None else keep_fp32)
 
 
 def _calibration_source(source: str, num_images: int) -> Tuple[str, Union[str, List[Path]]]:
@@ -206,12 +214,13 @@ def openvino_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str
 
 def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str, precision: str = 'fp32',
              input_ranges: Optional[str] = None, engine: str = 'torch', calibration: str = 'val',
-             calibration_images: int = 32, keep_fp32: Sequence[str] = ()) -> dict:
+             calibration_images: int = 32, keep_fp32: Optional[Sequence[str]] = None) -> dict:
     """Run the config's test loop on ``checkpoint`` and return its metrics: with ``engine='torch'`` our backbones
     optimized in ``precision`` (static int8 with ``input_ranges``, see ``calibrate``); with ``'openvino'`` the
     whole model on OpenVINO (``OpenVINOHook``; int8 calibrated on ``calibration_images`` of ``calibration``);
-    int8 leaves the modules named in ``keep_fp32`` in float32."""
+    int8 leaves the modules of ``kept_in_fp32(cfg, keep_fp32)`` in float32."""
     cfg = copy.deepcopy(cfg)
+    keep_fp32 = kept_in_fp32(cfg, keep_fp32) if precision == 'int8' else ()
     if engine == 'openvino':
         use_openvino(cfg, precision, calibration if precision == 'int8' else None, calibration_images, keep_fp32)
     else:
@@ -225,4 +234,4 @@ def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str, precision: 
 
 
 __all__ = ['ENGINES', 'IMAGE_SUFFIXES', 'add_precision_args', 'apply_precision', 'calibrate', 'calibration_batches',
-           'evaluate', 'openvino_model', 'optimize_backbone', 'use_openvino']
+           'evaluate', 'kept_in_fp32', 'openvino_model', 'optimize_backbone', 'use_openvino']
