@@ -58,7 +58,8 @@ def test_float32_matches_torch_at_odd_sizes(family, encoding):
 
 def test_classifier_output_and_static_shape_cache():
     torch.manual_seed(0)
-    model = CPVT(embed_dim=64, depth=2, num_heads=2, num_classes=7, class_token=False).eval()
+    model = CPVT(embed_dim=64, depth=2, num_heads=2, num_classes=7, class_token=False,
+                 pos_encoding=dict(type='peg', positions=(0, 1))).eval()
     engine = ov_engine.to_openvino(model, shapes='static', cache_size=2)
     for hw in ((33, 47), (64, 64), (33, 47), (5, 9)):
         x = torch.randn(3, 3, *hw)

@@ -19,7 +19,8 @@ A ``Kernel`` runs a linear layer's GEMM on 2-D float32 tokens (``KERNELS``):
   activations quantized to uint8 with a scale and zero point fixed by calibration (``FusedLinear.input_range``,
   from ``deploy.record_input_ranges``); bias and residual in the GEMM's epilogue, and in the MLP the first GEMM
   applies GELU and writes the hidden activation as uint8 in the second GEMM's quantization, so it is never
-  float32 at all.
+  float32 at all. On CPUs without int8 dot-product instructions (AVX2 without VNNI) the activations use 7 bits
+  (``activation_qmax``), as PyTorch's x86 quantization backends do (``reduce_range``).
 
 These modules are not part of the models: ``cpvt_backbones.deploy.optimize`` swaps them in for a built model's
 blocks and linear layers, sharing the same parameters (a bf16 or int8 copy of a weight is derived data, not in
@@ -29,7 +30,10 @@ applies: no autograd (and eval mode for a block), float32 inputs on a CPU, no au
 compiling or exporting (those record the plain ops). Elsewhere, training included, the modules take the plain
 float32 path.
 """
+import functools
+import re
 import warnings
+from pathlib import Path
 from typing import Optional, Tuple
 
 import torch
@@ -148,11 +152,26 @@ def _int8_weight(layer: nn.Module) -> Tuple[torch.Tensor, torch.Tensor]:
     return torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8), scales
 
 
+@functools.lru_cache(maxsize=None)
+def activation_qmax() -> int:
+    """The largest uint8 activation code: 255 on CPUs with int8 dot-product instructions (AVX512-VNNI, AVX-VNNI,
+    AMX), whose GEMMs add exact 32-bit products; 127 elsewhere, where oneDNN's AVX2 kernel adds pairs of
+    u8 x s8 products in saturating 16-bit arithmetic (cpvt_tiny at 1 x 1: 0.13 relative error with 8-bit
+    activations on an AVX2 CPU, 0.07 with 7, tests/test_optimize.py)."""
+    try:
+        flags = set(re.search(r'^flags\s*:(.*)$', Path('/proc/cpuinfo').read_text(), re.M).group(1).split())
+    except (OSError, AttributeError):
+        return 255
+    return 255 if flags & {'avx512_vnni', 'avx_vnni', 'amx_int8'} else 127
+
+
 def uint8_qparams(low: float, high: float) -> Tuple[float, int]:
-    """Scale and zero point mapping [low, high] (widened to include 0, so that 0 is exact) onto uint8."""
+    """Scale and zero point mapping [low, high] (widened to include 0, so that 0 is exact) onto the uint8 codes
+    0..``activation_qmax()``."""
+    qmax = activation_qmax()
     low, high = min(low, 0.), max(high, 0.)
-    scale = max(high - low, 1e-8) / 255
-    return scale, int(min(255, max(0, round(-low / scale))))
+    scale = max(high - low, 1e-8) / qmax
+    return scale, int(min(qmax, max(0, round(-low / scale))))
 
 
 class OneDNNInt8(Kernel):
@@ -175,11 +194,12 @@ class OneDNNInt8(Kernel):
 
     @staticmethod
     def quantize(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
-        """float32 to uint8: round(x / scale) + zero_point, saturated (torch's vectorised quantizer, then its
-        raw bytes; torch marks its quantized tensors deprecated, and only this one call uses them)."""
+        """float32 to uint8: round(x / scale) + zero_point, saturated at 0 and ``activation_qmax()`` (torch's
+        vectorised quantizer, then its raw bytes; torch marks its quantized tensors deprecated, and only this one
+        call uses them)."""
         with warnings.catch_warnings():
             warnings.filterwarnings('ignore', message='torch.quantize_per_tensor, torch.quantize_per_channel')
-            return torch.quantize_per_tensor(x, scale, zero_point, torch.quint8).int_repr()
+            return _saturate(torch.quantize_per_tensor(x, scale, zero_point, torch.quint8).int_repr())
 
     def _input(self, x, layer):
         """``x`` quantized for ``layer`` (already uint8: quantized by the previous GEMM for this layer)."""
@@ -204,8 +224,14 @@ class OneDNNInt8(Kernel):
         if consumer is None or consumer.kernel != 'onednn_int8':
             return super().gelu_linear(x, layer)
         out_scale, out_zero = consumer.prepared[4:]
-        return torch.ops.onednn.qlinear_pointwise(*self._input(x, layer), out_scale, out_zero, torch.uint8,
-                                                  'gelu', [], 'none')
+        return _saturate(torch.ops.onednn.qlinear_pointwise(*self._input(x, layer), out_scale, out_zero,
+                                                            torch.uint8, 'gelu', [], 'none'))
+
+
+def _saturate(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 activation codes capped, in place, at ``activation_qmax()`` (a no-op at 255)."""
+    qmax = activation_qmax()
+    return codes if qmax == 255 else codes.clamp_(max=qmax)
 
 
 KERNELS = {'mkl': MKL(), 'onednn': OneDNN(), 'onednn_bf16': OneDNNBf16(), 'onednn_int8': OneDNNInt8()}
