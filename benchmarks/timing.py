@@ -16,6 +16,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
 
+from cpvt_backbones.deploy.fused import cpu_flags
+
 CASES = {
     'infer224': dict(mode='infer', batch=8, size=(224, 224)),
     'infer512': dict(mode='infer', batch=2, size=(512, 512)),
@@ -85,8 +87,7 @@ def cpu_info() -> Dict:
     """The CPU model, the vector ISA torch dispatches to, and the flags that decide bf16 support."""
     text = Path('/proc/cpuinfo').read_text() if Path('/proc/cpuinfo').is_file() else ''
     model = re.search(r'^model name\s*:\s*(.+)$', text, re.M)
-    flag_line = re.search(r'^flags\s*:\s*(.+)$', text, re.M)
-    flags = set(flag_line.group(1).split()) if flag_line else set()
+    flags = cpu_flags()
     wanted = ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile')
     return dict(cpu=model.group(1).strip() if model else platform.processor() or platform.machine(),
                 isa=torch.backends.cpu.get_cpu_capability(), flags=[f for f in wanted if f in flags])
