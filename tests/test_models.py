@@ -104,7 +104,7 @@ def test_peg_settings_are_honoured():
                                                          positions=((0, 1), (), (1,), (0,))))
     assert len(model.pos_block) == 4
     assert model.pos_block[0].proj[0].kernel_size == (5, 5) and len(model.pos_block[0].proj) == 2
-    assert model.peg_after == {(0, 0): 0, (0, 1): 1, (2, 1): 2, (3, 0): 3}
+    assert model.pos_block.peg_after == {(0, 0): 0, (0, 1): 1, (2, 1): 2, (3, 0): 3}
     col = create_model('cpvt_tiny', pos_encoding=dict(type='peg', positions=(0,), kernel_size=7))
     assert len(col.pos_block) == 1 and col.pos_block[0].proj[0].padding == (3, 3)
     assert len(create_model('cpvt_tiny').pos_block) == 6  # the paper's best: after blocks 0-5
@@ -123,7 +123,7 @@ def test_peg_after_is_the_order_the_network_runs(name, positions):
         peg.register_forward_hook(lambda *_, k=k: order.append(k))
     model(torch.randn(1, 3, 64, 64))
     follows = {order[n - 1]: k for n, k in enumerate(order) if isinstance(k, int)}
-    assert follows == model.peg_after and len(model.peg_after) == len(model.pos_block)
+    assert follows == model.pos_block.peg_after and len(follows) == len(model.pos_block)
 
 
 @pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])

@@ -145,7 +145,7 @@ def test_block_parts_are_passed_by_keyword(name):
             return super().forward(x, hw, pos)
 
     class ReluMlp(Mlp):
-        def __init__(self, dim, hidden_dim, drop=0.):
+        def __init__(self, dim, hidden_dim, drop=0., act_layer=nn.GELU):
             super().__init__(dim, hidden_dim, drop)
             self.act = nn.ReLU()
 
@@ -159,3 +159,30 @@ def test_block_parts_are_passed_by_keyword(name):
     assert len(calls) == len(blocks)
     with pytest.raises(ValueError, match=r'norm1 is a RMSNorm, not a plain LayerNorm'):
         optimize(model)
+
+
+@pytest.mark.parametrize('name, features_only', [('pcpvt_tiny', False), ('pcpvt_tiny', True), ('cpvt_tiny', False),
+                                                 ('cpvt_tiny', True)])
+def test_norm_layer_and_act_layer_reach_every_norm_and_mlp(name, features_only):
+    """``norm_layer`` builds every token norm (blocks, final norm, patch embeddings, attention's reduction),
+    at ``norm_eps`` where the default model uses it, and ``act_layer`` every activation; the state-dict keys
+    stay those of the default model."""
+    class OtherNorm(nn.LayerNorm):
+        pass
+
+    norm_eps = 1e-4
+    model = create_model(name, norm_layer=OtherNorm, act_layer=nn.SiLU, norm_eps=norm_eps,
+                         features_only=features_only)
+    default = create_model(name, features_only=features_only)
+    assert list(model.state_dict()) == list(default.state_dict())
+    for n, m in default.named_modules():
+        twin = model.get_submodule(n)
+        if type(m) is nn.LayerNorm:
+            assert type(twin) is OtherNorm, n
+            assert twin.eps == (1e-5 if m.eps == 1e-5 else norm_eps), n  # a norm at its default eps keeps it
+        if isinstance(m, nn.GELU):
+            assert isinstance(twin, nn.SiLU), n
+    assert any(type(m) is nn.LayerNorm and m.eps == 1e-5 for m in default.modules()) == (name == 'pcpvt_tiny')
+    with torch.no_grad():
+        assert [o.shape for o in model(torch.randn(1, 3, 45, 61))] == \
+            [o.shape for o in default(torch.randn(1, 3, 45, 61))]

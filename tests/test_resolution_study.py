@@ -1,6 +1,6 @@
 """The Fashion-MNIST loader and the classification resolution study, end to end on a tiny configuration."""
+import dataclasses
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
@@ -8,21 +8,15 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks import resolution_study as study
+from benchmarks import resolution_summary as summary
 from cpvt_backbones.datasets import load_fashion_mnist, read_idx
 
-ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ['none', 'learned', 'peg_0-5']  # the paths: no encoding, a table (probe), PEGs (their response)
 TINY = ['--train-images', '96', '--test-images', '40', '--epochs', '2', '--batch-size', '32', '--dim', '16',
         '--depth', '6', '--heads', '2', '--image-size', '28', '--patch', '4', '--test-sizes', '28', '40',
         '--placement-canvas', '36', '--placement-images', '20', '--probe-images', '10', '--canvas-sizes', '40',
         '--variants'] + VARIANTS
-
-
-def _study():
-    spec = importlib.util.spec_from_file_location('resolution_study', ROOT / 'benchmarks/resolution_study.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _write_idx(path: Path, array: np.ndarray, compress: bool = True) -> None:
@@ -79,11 +73,10 @@ def test_loader_errors_name_the_problem(tmp_path, fake_fmnist):
 
 def test_study_stops_in_one_line_without_data(tmp_path, capsys):
     with pytest.raises(SystemExit, match=r'not found in .*apt-get install dataset-fashion-mnist'):
-        _study().main(['--data', str(tmp_path)] + TINY)
+        study.main(['--data', str(tmp_path)] + TINY)
 
 
 def test_random_resized_crop_stays_inside_and_flips():
-    study = _study()
     x = torch.arange(28.).repeat(32, 1, 28, 1)  # value = column index
     gen = torch.Generator().manual_seed(0)
     out = study.random_resized_crop(x, 28, 1.0, gen)
@@ -101,7 +94,6 @@ def test_antialiased_crop_of_the_whole_image_is_the_antialiased_resize():
     """The default crops resample as ImageNet pipelines do: a box covering the image gives exactly
     ``F.interpolate(antialias=True)`` (what PIL does), a whole-pixel box gives that of the cut-out crop
     (torchvision's RandomResizedCrop), flipped when the box says so; the aliased arm gives neither when it shrinks."""
-    study = _study()
     x = torch.randn(4, 2, 28, 28)
     whole = torch.tensor([[0., 0., 1., 1., 1.]]).repeat(4, 1)
     for size in (9, 14, 20, 42):
@@ -132,7 +124,6 @@ def test_antialiased_crop_of_the_whole_image_is_the_antialiased_resize():
 
 
 def test_recipe_options_reach_the_optimizer_and_the_tests():
-    study = _study()
     args = study.parse_args(TINY)
     model = study.build_model('peg_0-5', args)
     exempt = {n for n in model.no_weight_decay() if n.endswith('weight')}
@@ -155,7 +146,6 @@ def test_recipe_options_reach_the_optimizer_and_the_tests():
 
 
 def test_canvas_keeps_the_object_on_the_training_token_grid():
-    study = _study()
     args = study.parse_args(TINY)
     x = torch.randn(3, 1, 28, 28)
     out = study.prepare(x, 'canvas56', args)
@@ -167,14 +157,13 @@ def test_canvas_keeps_the_object_on_the_training_token_grid():
     assert study.prepare(x, 'place56@0,28', args)[..., :28, 28:].equal(x)
     assert study.prepare(x, '56', args).shape == (3, 1, 56, 56)
     assert study.prepare(x, '28', args) is x
-    args.image_size = 40  # a larger training size: the canvas holds the image at that size
+    args = dataclasses.replace(args, image_size=40)  # a larger training size: the canvas holds the image at that size
     assert torch.equal(study.prepare(x, 'canvas56', args)[..., 8:48, 8:48], study.resize(x, 40))
 
 
 def test_peg_response_sees_the_zero_padded_border():
     """On a blank image the first PEG's output is the same for every interior token and differs only where its
     3 x 3 window reaches the zero padding: the border ring that encodes absolute position."""
-    study = _study()
     args = study.parse_args(TINY)
     model = study.build_model('peg_0', args)
     with torch.no_grad():
@@ -190,7 +179,6 @@ def test_peg_response_sees_the_zero_padded_border():
 def test_position_probe_reads_relative_position_from_a_learned_table():
     """A model whose tokens are just its interpolated position table carries relative position at every size:
     the probe finds it (R^2 near 1 at 1x and after resizing); without any position encoding it finds nothing."""
-    study = _study()
     args = study.parse_args(TINY)
     table = study.build_model('learned', args)
     blind = study.build_model('none', args)
@@ -214,7 +202,6 @@ def test_position_probe_reads_relative_position_from_a_learned_table():
 
 
 def test_bad_settings_are_refused(capsys):
-    study = _study()
     for bad, message in ((['--test-sizes', '30'], 'not a multiple of the patch size'),
                          (['--test-sizes', '56'], 'must include the training size'),
                          (['--canvas-sizes', '28'], 'must be larger than the training size'),
@@ -228,7 +215,6 @@ def test_bad_settings_are_refused(capsys):
 
 
 def test_variants_differ_only_in_position_encoding():
-    study = _study()
     args = study.parse_args(TINY)
     models = {v: study.build_model(v, args) for v in study.VARIANTS}
     keys = {v: set(m.state_dict()) for v, m in models.items()}
@@ -241,7 +227,7 @@ def test_variants_differ_only_in_position_encoding():
                      'conv1x1': {'pos_block'}, 'learned+peg_0': {'pos_embed', 'pos_block'}, 'rope_axial': set(),
                      'rope_mixed': {'rope'}, 'rope_mixed+peg_0': {'rope', 'pos_block'}}
     assert len({k for k in keys['peg_0-5'] - common if k.endswith('weight')}) == 6
-    assert models['peg_-1'].peg_after == {(0, -1): 0}
+    assert models['peg_-1'].pos_block.peg_after == {(0, -1): 0}
     assert models['peg_-1_wide'].pos_block[0].proj[0].kernel_size == (13, 13)  # 2 * 7 - 1 on the 7 x 7 grid
     assert models['conv1x1'].pos_block[0].proj[0].kernel_size == (1, 1) and len(models['conv1x1'].pos_block) == 6
     assert not any(p.requires_grad for p in models['peg_frozen'].pos_block.parameters())
@@ -252,7 +238,6 @@ def test_variants_differ_only_in_position_encoding():
 
 
 def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
-    study = _study()
     work, out = tmp_path / 'work', tmp_path / 'out'
     argv = ['--data', str(fake_fmnist), '--work-dir', str(work), '--out', str(out), '--seeds', '0', '1'] + TINY
 
@@ -265,7 +250,7 @@ def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
         assert 0 <= row['top1_mean'] <= 100
     saved = json.loads((out / 'resolution_study.json').read_text())
     assert saved['meta']['seeds'] == [0, 1] and saved['meta']['iterations'] == 2 * (96 // 32)
-    assert saved['meta']['command'].startswith('python benchmarks/resolution_study.py --data')
+    assert saved['meta']['command'].startswith('python -m benchmarks.resolution_study --data')
     assert {r['variant'] for r in saved['runs']} == set(VARIANTS)
     assert (out / 'resolution_study.png').stat().st_size > 10_000
     assert [(p['top'], p['left']) for p in saved['placement'][:9]] == [(r, c) for r in (0, 4, 8) for c in (0, 4, 8)]
@@ -313,15 +298,7 @@ def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
     assert all(torch.equal(final[k], uninterrupted[k]) for k in uninterrupted)
 
 
-def _summary():
-    spec = importlib.util.spec_from_file_location('resolution_summary', ROOT / 'benchmarks/resolution_summary.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_summary_sorts_the_papers_pairs_into_agreeing_reversed_and_undecided():
-    summary = _summary()
 
     def row(mean, std=0.5):
         return dict(top1_mean=mean, top1_std=std)

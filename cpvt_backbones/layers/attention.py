@@ -1,5 +1,5 @@
 """Multi-head attention with optional spatial reduction of keys and values (PVT's SRA, Twins' GSA)."""
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -21,12 +21,12 @@ class Attention(nn.Module):
     query/key input (values keep the tokens), rotary angles for queries and keys, or a bias on the logits.
 
     The projections keep the official key names (``q``, ``kv``, ``sr``, ``norm``, ``proj``) and attention runs
-    through ``F.scaled_dot_product_attention``. The reduction's LayerNorm uses torch's default eps 1e-5, as
-    the official Twins code and timm do (only the blocks' norms use 1e-6).
+    through ``F.scaled_dot_product_attention``. The reduction's norm is ``norm_layer(dim)`` at its default eps
+    (1e-5 for ``nn.LayerNorm``, as the official Twins code and timm; only the blocks' norms use 1e-6).
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.,
-                 proj_drop: float = 0., sr_ratio: int = 1):
+                 proj_drop: float = 0., sr_ratio: int = 1, norm_layer: Callable[..., nn.Module] = nn.LayerNorm):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'dim {dim} must be divisible by num_heads {num_heads}')
@@ -41,7 +41,7 @@ class Attention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
         if sr_ratio > 1:
             self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
-            self.norm = nn.LayerNorm(dim)
+            self.norm = norm_layer(dim)
 
     def _keys_values(self, x: torch.Tensor, hw: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, heads, M, head_dim) from the (reduced) token map."""

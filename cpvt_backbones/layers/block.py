@@ -39,10 +39,12 @@ class LayerScale(nn.Module):
 
 
 class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.):
+    """``fc2(act(fc1(x)))`` with dropout after the activation and after ``fc2``; keys ``fc1``, ``fc2``."""
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0., act_layer: Callable[..., nn.Module] = nn.GELU):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden_dim)
-        self.act = nn.GELU()
+        self.act = act_layer()
         self.fc2 = nn.Linear(hidden_dim, dim)
         self.drop = nn.Dropout(drop)
 
@@ -56,21 +58,23 @@ class Block(nn.Module):
     identities).
 
     The parts are passed by keyword: ``attn_layer(dim, num_heads, qkv_bias=, attn_drop=, proj_drop=,
-    sr_ratio=)``, ``mlp_layer(dim, hidden_dim, drop=)``, ``norm_layer(dim, eps=)``. ``pos`` (from the model's
-    position encodings) goes to the attention.
+    sr_ratio=, norm_layer=)``, ``mlp_layer(dim, hidden_dim, drop=, act_layer=)``, ``norm_layer(dim, eps=)``.
+    ``pos`` (from the model's position encodings) goes to the attention. ``drop`` is the dropout of the
+    attention's projection and of the MLP, ``drop_path`` the stochastic depth of both branches.
     """
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool = True, drop: float = 0.,
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4., *, qkv_bias: bool = True, drop: float = 0.,
                  attn_drop: float = 0., drop_path: float = 0., sr_ratio: int = 1, norm_eps: float = 1e-6,
                  layer_scale_init: Optional[float] = None, attn_layer: Callable[..., nn.Module] = Attention,
-                 mlp_layer: Callable[..., nn.Module] = Mlp, norm_layer: Callable[..., nn.Module] = nn.LayerNorm):
+                 mlp_layer: Callable[..., nn.Module] = Mlp, norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
+                 act_layer: Callable[..., nn.Module] = nn.GELU):
         super().__init__()
         self.norm1 = norm_layer(dim, eps=norm_eps)
         self.attn = attn_layer(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
-                               sr_ratio=sr_ratio)
+                               sr_ratio=sr_ratio, norm_layer=norm_layer)
         self.ls1 = nn.Identity() if layer_scale_init is None else LayerScale(dim, layer_scale_init)
         self.norm2 = norm_layer(dim, eps=norm_eps)
-        self.mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=drop)
+        self.mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=drop, act_layer=act_layer)
         self.ls2 = nn.Identity() if layer_scale_init is None else LayerScale(dim, layer_scale_init)
         self.drop_path = DropPath(drop_path)
 

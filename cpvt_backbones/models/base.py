@@ -1,12 +1,16 @@
-"""What the columnar and the pyramid CPVT share: input checks, the constructor skeleton (outputs, position
-encodings, freezing), weight init, running the blocks, checkpointing."""
+"""What the columnar and the pyramid CPVT share: input checks, the constructor's arguments and build order
+(trunk, position encodings, outputs, freezing), weight init, running the blocks, checkpointing."""
+import inspect
 import math
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..layers import Attention, Block, Mlp
 from ..layers.position import Geometry, PositionEncoding, build_position_encodings, merge_attention
 
 
@@ -72,19 +76,73 @@ def init_weights(m: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a model's trunk: a patch embedding of stride ``patch_size`` over the previous map (the
+    image for the first stage), then ``depth`` blocks of width ``dim`` with ``num_heads`` heads, MLP hidden
+    width ``dim * mlp_ratio`` and keys/values reduced ``sr_ratio`` times per side."""
+    dim: int
+    depth: int
+    num_heads: int
+    mlp_ratio: float
+    patch_size: int
+    sr_ratio: int = 1
+
+
+# CPVTBase's arguments that a model derives from its own (its trunk), not for users.
+_TRUNK_ARGUMENTS = ('stages', 'num_levels', 'num_prefix_tokens')
+
+
 class CPVTBase(nn.Module):
-    """The constructor skeleton and behaviour both models share. A subclass's ``__init__`` calls
-    ``_setup_outputs`` (classifier or dense backbone), ``_setup_position`` (the position encodings, mounted
-    under their ``attr`` names) and ends with ``_finish_init(frozen, ...)`` (init, freezing). A stage runs as
-    ``_embed_position`` (after its patch embedding) then ``_run_blocks``. The attributes mean the same in both
-    models:
+    """What the columnar and the pyramid CPVT share: the arguments below, the build order, and the behaviour
+    that follows from them. A model passes its trunk as a list of ``Stage`` and implements four steps that
+    ``__init__`` runs in this order: ``_build_trunk`` (patch embeddings, blocks and whatever else sits before
+    the position encodings; the blocks come from ``make_block``, which carries the shared arguments), then
+    the position encodings are built for the whole trunk and mounted under their ``attr`` names,
+    ``_build_outputs`` (final norm and head, or a dense backbone's extra layers; ``feature_info``), and
+    ``_frozen_parts`` (what ``frozen_stages`` freezes). A stage runs as ``_embed_position`` (after its patch
+    embedding) then ``_run_blocks``.
+
+    Args:
+        in_chans: channels of the input image.
+        num_classes: classes of the linear head; 0 builds no head (``forward`` returns the pooled features).
+            Must be 0 with ``features_only``.
+        qkv_bias: bias on the query, key and value projections.
+        drop_rate: dropout after the position encoding, in the attention's output projection and in the MLP.
+        attn_drop_rate: dropout on the attention weights.
+        drop_path_rate: stochastic depth of the last block; it rises linearly from 0 at the first block over
+            all blocks of all stages (built or not).
+        norm_eps: eps of the blocks' two norms and the final norm (1e-6, as Twins and DeiT); the patch
+            embedding's and the attention's reduction norm keep ``norm_layer``'s default (1e-5 for
+            ``nn.LayerNorm``, as the official weights were trained).
+        pos_encoding: the position encodings (``cpvt_backbones.layers.position``): a name (``'peg'``,
+            ``'rope_mixed'``, ``'learned+peg'``, ``'none'``), a dict with ``type`` and the encoding's options
+            (``dict(type='peg', positions=(0,), kernel_size=5)``) or a list of those.
+        layer_scale_init: CaiT's layer scale on both residual branches of every block, initialised to this
+            value (timm's RoPE ViTs use 1e-5); None for none.
+        attn_layer: the blocks' attention, called ``attn_layer(dim, num_heads, qkv_bias=, attn_drop=,
+            proj_drop=, sr_ratio=, norm_layer=)`` (``layers.Attention``).
+        mlp_layer: the blocks' MLP, called ``mlp_layer(dim, hidden_dim, act_layer=, drop=)`` (``layers.Mlp``).
+        norm_layer: every token norm, called ``norm_layer(dim, eps=)`` or ``norm_layer(dim)``: the blocks'
+            two, the final norm, the patch embeddings' and the attention's reduction norm.
+        act_layer: the activation of every MLP (``act_layer()``) and of the simple feature pyramid.
+        features_only: build a dense backbone returning NCHW feature maps (``out_indices``) instead of a
+            classifier: no head, and nothing the last returned map does not need.
+        out_indices: with ``features_only``, the levels ``forward`` returns (increasing; default all).
+        frozen_stages: -1 freezes nothing; 0 the first patch embedding (and class token, position table);
+            k >= 1 also the first k stages (pyramid) or blocks (columnar) with their position-encoding parts.
+            Frozen parts have ``requires_grad=False`` and stay in eval mode while the model trains.
+        grad_checkpointing: recompute each block's activations in the backward pass (less memory, more time).
+        check_finite: make ``forward`` raise a ValueError on NaN or Inf inputs (a pass over the input).
+
+    Attributes, with the same meaning in both models:
 
     * ``out_indices``, ``out_channels``, ``strides``: for a dense backbone, the levels it returns, their
       channels and strides (aligned; all empty for a classifier);
     * ``pos_encodings``: the position-encoding modules (``layers.position``), in the order they act;
-    * ``peg_after``: ``{(stage, block): k}``, PEG ``pos_block.{k}`` follows that block (a columnar model
-      has one stage, 0; empty without a PEG);
     * ``num_features``: channels of the pooled features the head sees (timm's meaning);
+    * ``num_prefix_tokens``: leading tokens without a position (a class token);
+    * ``stage_specs``: the trunk as ``Stage`` entries, including stages a dense backbone does not build;
     * ``feature_info``: timm's list of taps ``forward_intermediates`` can return (``module``, ``num_chs``,
       ``reduction``): the stages of a pyramid model, the blocks of a columnar one;
     * ``unbuilt_prefixes``: the key prefixes of the full classification layout that an instance does not
@@ -96,6 +154,8 @@ class CPVTBase(nn.Module):
     check_finite: bool
     features_only: bool
     num_classes: int
+    num_prefix_tokens: int
+    stage_specs: Tuple[Stage, ...]
     out_indices: Tuple[int, ...]
     out_channels: Tuple[int, ...]
     strides: Tuple[int, ...]
@@ -103,6 +163,88 @@ class CPVTBase(nn.Module):
     num_features: int
     feature_info: List[Dict[str, object]]
     unbuilt_prefixes: Tuple[str, ...]
+
+    def __init__(self, stages: Sequence[Stage], *, num_levels: int, num_prefix_tokens: int = 0,
+                 in_chans: int = 3, num_classes: int = 1000, qkv_bias: bool = True, drop_rate: float = 0.,
+                 attn_drop_rate: float = 0., drop_path_rate: float = 0., norm_eps: float = 1e-6,
+                 pos_encoding: Any = 'peg', layer_scale_init: Optional[float] = None,
+                 attn_layer: Callable[..., nn.Module] = Attention, mlp_layer: Callable[..., nn.Module] = Mlp,
+                 norm_layer: Callable[..., nn.Module] = nn.LayerNorm, act_layer: Callable[..., nn.Module] = nn.GELU,
+                 features_only: bool = False, out_indices: Optional[Sequence[int]] = None, frozen_stages: int = -1,
+                 grad_checkpointing: bool = False, check_finite: bool = False):
+        """``stages``: the trunk; ``num_levels``: how many feature maps a dense backbone can return;
+        ``num_prefix_tokens``: class tokens. The rest are the shared arguments above."""
+        super().__init__()
+        self.stage_specs = tuple(stages)
+        stages = self.stage_specs
+        self.in_chans = in_chans
+        self.check_finite = check_finite
+        self.num_prefix_tokens = num_prefix_tokens
+        self._setup_outputs(features_only, num_classes, out_indices, num_levels)
+        built = stages[:self._num_built_stages(len(stages))]
+        limit, unit = self._frozen_limit(built)
+        if not -1 <= frozen_stages <= limit:
+            raise ValueError(f'frozen_stages must be within -1..{limit} ({unit}), got {frozen_stages}')
+
+        drop_paths = torch.linspace(0, drop_path_rate, sum(s.depth for s in stages), device='cpu').tolist()
+        make_block = partial(Block, qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate, norm_eps=norm_eps,
+                             layer_scale_init=layer_scale_init, attn_layer=attn_layer, mlp_layer=mlp_layer,
+                             norm_layer=norm_layer, act_layer=act_layer)
+        starts = [sum(s.depth for s in stages[:i]) for i in range(len(stages))]
+        stage_blocks = [[partial(make_block, s.dim, s.num_heads, mlp_ratio=s.mlp_ratio, sr_ratio=s.sr_ratio,
+                                 drop_path=drop_paths[start + j]) for j in range(s.depth)]
+                        for s, start in zip(built, starts)]
+        self._build_trunk(built, stage_blocks, norm_layer=norm_layer, drop_rate=drop_rate)
+
+        strides = [math.prod(s.patch_size for s in stages[:i + 1]) for i in range(len(stages))]
+        geometry = Geometry(dims=tuple(s.dim for s in stages), depths=tuple(s.depth for s in stages),
+                            heads=tuple(s.num_heads for s in stages), strides=tuple(strides),
+                            sr_ratios=tuple(s.sr_ratio for s in stages), num_prefix_tokens=num_prefix_tokens)
+        unbuilt = self._setup_position(geometry, pos_encoding, [s.depth for s in built])
+        self._build_outputs(built, strides, unbuilt, norm_layer=partial(norm_layer, eps=norm_eps),
+                            act_layer=act_layer, num_classes=num_classes)
+        self._finish_init(self._frozen_parts(built, frozen_stages), grad_checkpointing)
+
+    @classmethod
+    def argument_names(cls) -> List[str]:
+        """The constructor's arguments a user passes: the model's own, then the shared ones above."""
+        names: List[str] = []
+        for klass in cls.__mro__:
+            if '__init__' not in vars(klass):
+                continue
+            params = inspect.signature(klass.__init__).parameters.values()
+            names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                      and p.name not in ('self', *_TRUNK_ARGUMENTS) and p.name not in names]
+            if not any(p.kind is p.VAR_KEYWORD for p in params):
+                break
+        return names
+
+    def _num_built_stages(self, num_stages: int) -> int:
+        """How many of the trunk's stages this instance builds (all, unless a subclass cuts a dense backbone
+        after its last output)."""
+        return num_stages
+
+    def _frozen_limit(self, built: Sequence[Stage]) -> Tuple[int, str]:
+        """The largest ``frozen_stages`` and what it counts."""
+        raise NotImplementedError
+
+    def _build_trunk(self, stages: Sequence[Stage], blocks: Sequence[Sequence[Callable[[], nn.Module]]], *,
+                     norm_layer: Callable[..., nn.Module], drop_rate: float) -> None:
+        """Mount the patch embeddings and blocks of the built ``stages``; ``blocks[i][j]()`` makes block j of
+        stage i."""
+        raise NotImplementedError
+
+    def _build_outputs(self, stages: Sequence[Stage], strides: Sequence[int], unbuilt: List[str], *,
+                       norm_layer: Callable[..., nn.Module], act_layer: Callable[..., nn.Module],
+                       num_classes: int) -> None:
+        """Set ``out_channels``, ``strides``, ``num_features``, ``feature_info`` and ``unbuilt_prefixes``
+        (``unbuilt``: the position encodings' dropped prefixes) and mount the final norm and head or a dense
+        backbone's layers; ``norm_layer(dim)`` is the final norm at ``norm_eps``."""
+        raise NotImplementedError
+
+    def _frozen_parts(self, stages: Sequence[Stage], frozen_stages: int) -> List:
+        """The modules and parameters ``frozen_stages`` freezes."""
+        raise NotImplementedError
 
     def _setup_outputs(self, features_only: bool, num_classes: int, out_indices: Optional[Sequence[int]],
                        num_levels: int) -> None:
@@ -135,11 +277,6 @@ class CPVTBase(nn.Module):
     @property
     def pos_encodings(self) -> List[PositionEncoding]:
         return [getattr(self, attr) for attr in self.pos_encoding_attrs]
-
-    @property
-    def peg_after(self) -> Dict[Tuple[int, int], int]:
-        peg = getattr(self, 'pos_block', None)
-        return dict(peg.peg_after) if peg is not None else {}
 
     def _position_parts(self, stage: int, blocks: Iterable[int], embedding: bool = False) -> List:
         """The position-encoding parts tied to these blocks of ``stage`` (and its patch embedding): what
@@ -215,8 +352,12 @@ class CPVTBase(nn.Module):
         rest = tuple(p for p in self.unbuilt_prefixes if p != 'head.')
         self.unbuilt_prefixes = rest if num_classes else rest + ('head.',)
 
-    def _finish_init(self, frozen: List, grad_checkpointing: bool) -> None:
+    def _init_weights(self) -> None:
+        """The Twins/timm initialisation of every layer (``init_weights``)."""
         self.apply(init_weights)
+
+    def _finish_init(self, frozen: List, grad_checkpointing: bool) -> None:
+        self._init_weights()
         self.grad_checkpointing = grad_checkpointing
         self._frozen = frozen
         for item in frozen:

@@ -1,13 +1,13 @@
 """Columnar (DeiT-style) CPVT: a plain ViT whose position encoding is a part of its own, by default PEGs."""
 from types import MappingProxyType
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers import Attention, Block, Geometry, LayerNorm2d, Mlp, PatchEmbed, tokens_to_map
-from .base import CPVTBase, take_indices
+from ..layers import LayerNorm2d, PatchEmbed, tokens_to_map
+from .base import CPVTBase, Stage, take_indices
 
 PYRAMID_STRIDES = (4, 8, 16, 32)
 
@@ -22,11 +22,12 @@ class CeilMaxPool(nn.Module):
         return F.max_pool2d(F.pad(x, (0, 1, 0, 1), value=float('-inf')), 2, 2)
 
 
-def _simple_pyramid_level(level: int, dim: int) -> nn.Module:
-    """ViTDet's simple feature pyramid: from the stride-16 map, two 2x deconvolutions give stride 4, one gives
-    stride 8, identity stride 16, 2x max-pooling stride 32 (ceil mode, so ceil(H / 32) rows)."""
+def _simple_pyramid_level(level: int, dim: int, act_layer: Callable[..., nn.Module]) -> nn.Module:
+    """ViTDet's simple feature pyramid: from the stride-16 map, two 2x deconvolutions give stride 4 (with
+    ViTDet's channels-first LayerNorm and the model's activation between them), one gives stride 8, identity
+    stride 16, 2x max-pooling stride 32 (ceil mode, so ceil(H / 32) rows)."""
     if level == 0:
-        return nn.Sequential(nn.ConvTranspose2d(dim, dim // 2, 2, 2), LayerNorm2d(dim // 2, eps=1e-6), nn.GELU(),
+        return nn.Sequential(nn.ConvTranspose2d(dim, dim // 2, 2, 2), LayerNorm2d(dim // 2, eps=1e-6), act_layer(),
                              nn.ConvTranspose2d(dim // 2, dim // 4, 2, 2))
     if level == 1:
         return nn.ConvTranspose2d(dim, dim // 2, 2, 2)
@@ -39,23 +40,21 @@ class CPVT(CPVTBase):
     """DeiT-style vision transformer with conditional positional encodings (CPVT, arXiv 2102.10882).
 
     There is no position table: by default ``pos_block.{k}`` is the k-th PEG, after blocks 0-5 (the paper's
-    best; ``peg_after[(0, j)] = k``). ``pos_encoding`` chooses any other (``cpvt_backbones.layers.position``):
-    ``dict(type='peg', positions=(0,))`` (the paper's default), ``'learned'`` (DeiT's table for a 224 px
-    input, resized to any other), ``'sincos'``, ``'rpe'``, ``'rope_axial'``, ``'rope_mixed'``, ``'none'``, the
-    controls ``'conv1x1'``, ``'peg_qk'`` and ``dict(type='peg', frozen=True)``, or combinations
-    (``'learned+peg'``). ``layer_scale_init`` adds CaiT's layer scale to every block (timm's RoPE ViTs use
-    1e-5); ``attn_layer``, ``mlp_layer`` and ``norm_layer`` are the blocks' parts (``layers.Block``).
-    ``class_token=False`` is the GAP variant (average of the normed patch tokens, > 1 point better
-    top-1 in the paper). The patch embedding is DeiT's (a convolution, no norm).
+    best; ``pos_block.peg_after[(0, j)] = k``). ``pos_encoding`` chooses any other
+    (``cpvt_backbones.layers.position``): ``dict(type='peg', positions=(0,))`` (the paper's default),
+    ``'learned'`` (DeiT's table for a 224 px input, resized to any other), ``'sincos'``, ``'rpe'``,
+    ``'rope_axial'``, ``'rope_mixed'``, ``'none'``, the controls ``'conv1x1'``, ``'peg_qk'`` and
+    ``dict(type='peg', frozen=True)``, or combinations (``'learned+peg'``). ``class_token=False`` is the GAP
+    variant (average of the normed patch tokens, > 1 point better top-1 in the paper). The patch embedding is
+    DeiT's (a convolution, no norm).
 
     ``features_only=True`` turns it into a dense backbone: the normed stride-16 patch tokens are laid out as
     a map and a ViTDet-style simple feature pyramid makes maps at strides 4, 8, 16, 32 with dim/4, dim/2,
     dim, dim channels and spatial size ceil(H / s) x ceil(W / s) (upsampled maps are cropped to that size;
     the rows they drop come from padding). Only the levels in ``out_indices`` are built.
-    ``frozen_stages=k`` freezes the patch embedding, class token and position table for k = 0 and also
-    blocks 0..k-1 and their position-encoding parts (the PEGs after them, their RoPE frequencies or relative
-    biases) for k >= 1. ``check_finite=True`` makes forward raise a ValueError on NaN or Inf inputs (off by
-    default: a pass over the input).
+    ``frozen_stages=k`` counts blocks: the patch embedding, class token and position table for k = 0, and
+    also blocks 0..k-1 and their position-encoding parts (the PEGs after them, their RoPE frequencies or
+    relative biases) for k >= 1. Every other argument is ``CPVTBase``'s (the shared reference).
     """
 
     def __init__(
@@ -65,65 +64,66 @@ class CPVT(CPVTBase):
         num_heads: int = 3,
         mlp_ratio: float = 4.,
         patch_size: int = 16,
-        in_chans: int = 3,
-        num_classes: int = 1000,
         class_token: bool = True,
-        qkv_bias: bool = True,
-        drop_rate: float = 0.,
-        attn_drop_rate: float = 0.,
-        drop_path_rate: float = 0.,
-        norm_eps: float = 1e-6,
         pos_encoding: Any = MappingProxyType(dict(type='peg', positions=(0, 1, 2, 3, 4, 5))),
-        layer_scale_init: Optional[float] = None,
-        attn_layer: Callable[..., nn.Module] = Attention,
-        mlp_layer: Callable[..., nn.Module] = Mlp,
-        norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
-        features_only: bool = False,
-        out_indices: Optional[Sequence[int]] = None,
-        frozen_stages: int = -1,
-        grad_checkpointing: bool = False,
-        check_finite: bool = False,
+        **kwargs: Any,
     ):
-        super().__init__()
-        self._setup_outputs(features_only, num_classes, out_indices, len(PYRAMID_STRIDES))
-        if features_only and patch_size != 16:
+        """
+        Args:
+            embed_dim: width of the tokens.
+            depth: number of blocks.
+            num_heads: attention heads of every block.
+            mlp_ratio: MLP hidden width over ``embed_dim``.
+            patch_size: side of the square patches, the stride of the token grid (16 for ``features_only``).
+            class_token: prepend a class token and classify from it; False averages the patch tokens (GAP).
+            pos_encoding: as ``CPVTBase``'s; the default is PEGs after blocks 0-5.
+            **kwargs: ``CPVTBase``'s arguments.
+        """
+        if kwargs.get('features_only') and patch_size != 16:
             raise ValueError(f'the simple feature pyramid is built on stride-16 tokens, got patch_size {patch_size}')
-        if not -1 <= frozen_stages <= depth:
-            raise ValueError(f'frozen_stages must be within -1..{depth} (blocks), got {frozen_stages}')
+        super().__init__([Stage(embed_dim, depth, num_heads, mlp_ratio, patch_size)], num_levels=len(PYRAMID_STRIDES),
+                         num_prefix_tokens=int(class_token), pos_encoding=pos_encoding, **kwargs)
 
-        self.in_chans = in_chans
-        self.check_finite = check_finite
-        self.embed_dim = embed_dim
-        self.num_prefix_tokens = int(class_token)
-        self.strides = tuple(PYRAMID_STRIDES[i] for i in self.out_indices)
-        self.out_channels = tuple((embed_dim // 4, embed_dim // 2, embed_dim, embed_dim)[i] for i in self.out_indices)
+    @property
+    def embed_dim(self) -> int:
+        return self.stage_specs[0].dim
 
-        self.patch_embed = PatchEmbed(in_chans, embed_dim, patch_size, norm=False)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+    def _frozen_limit(self, built: Sequence[Stage]) -> Tuple[int, str]:
+        return built[0].depth, 'blocks'
+
+    def _build_trunk(self, stages, blocks, *, norm_layer, drop_rate) -> None:
+        stage, = stages
+        self.patch_embed = PatchEmbed(self.in_chans, stage.dim, stage.patch_size, norm_layer=None)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, stage.dim)) if self.num_prefix_tokens else None
         self.pos_drop = nn.Dropout(drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
-        self.blocks = nn.ModuleList(
-            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, dpr[j], 1, norm_eps,
-                  layer_scale_init, attn_layer, mlp_layer, norm_layer) for j in range(depth))
-        self._setup_position(Geometry((embed_dim,), (depth,), (num_heads,), (patch_size,), (1,),
-                                      self.num_prefix_tokens), pos_encoding, [depth])
-        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
-        self.num_features = embed_dim
-        self.feature_info = [dict(module=f'blocks.{j}', num_chs=embed_dim, reduction=patch_size)
-                             for j in range(depth)]
-        if features_only:
-            self.simple_fpn = nn.ModuleDict({str(i): _simple_pyramid_level(i, embed_dim) for i in self.out_indices})
-            self.unbuilt_prefixes = ('head.',)
+        self.blocks = nn.ModuleList(make() for make in blocks[0])
+
+    def _build_outputs(self, stages, strides, unbuilt, *, norm_layer, act_layer, num_classes) -> None:
+        dim, patch_size = stages[0].dim, stages[0].patch_size
+        self.strides = tuple(PYRAMID_STRIDES[i] for i in self.out_indices)
+        self.out_channels = tuple((dim // 4, dim // 2, dim, dim)[i] for i in self.out_indices)
+        self.norm = norm_layer(dim)
+        self.num_features = dim
+        self.feature_info = [dict(module=f'blocks.{j}', num_chs=dim, reduction=patch_size)
+                             for j in range(len(self.blocks))]
+        if self.features_only:
+            self.simple_fpn = nn.ModuleDict({str(i): _simple_pyramid_level(i, dim, act_layer)
+                                             for i in self.out_indices})
+            self.unbuilt_prefixes = tuple(unbuilt) + ('head.',)
         else:
-            self.unbuilt_prefixes = ()
+            self.unbuilt_prefixes = tuple(unbuilt)
             self.reset_classifier(num_classes)
 
+    def _frozen_parts(self, stages, frozen_stages: int) -> List:
         frozen: List = []
         if frozen_stages >= 0:
             frozen += [self.patch_embed] + ([self.cls_token] if self.cls_token is not None else [])
             frozen += self._position_parts(0, (), embedding=True)
-        frozen += list(self.blocks[:max(frozen_stages, 0)]) + self._position_parts(0, range(max(frozen_stages, 0)))
-        self._finish_init(frozen, grad_checkpointing)
+        blocks = range(max(frozen_stages, 0))
+        return frozen + [self.blocks[j] for j in blocks] + self._position_parts(0, blocks)
+
+    def _init_weights(self) -> None:
+        super()._init_weights()
         if self.cls_token is not None:
             nn.init.trunc_normal_(self.cls_token, std=.02)
 

@@ -1,11 +1,11 @@
 """Named size variants (data, not classes), ``create_model`` and ``list_models``."""
-import inspect
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Type, Union
 
 from torch import nn
 
 from ..convert import fetch_weights, load_pretrained, resolve_checkpoint
+from .base import CPVTBase
 from .cpvt import CPVT
 from .pcpvt import PyramidCPVT
 
@@ -69,8 +69,8 @@ def _spec(name: str) -> ModelSpec:
     return MODEL_SPECS[name]
 
 
-def _check_kwargs(cls: Type[nn.Module], kwargs: Mapping[str, Any]) -> None:
-    valid = [p for p in inspect.signature(cls.__init__).parameters if p != 'self']
+def _check_kwargs(cls: Type[CPVTBase], kwargs: Mapping[str, Any]) -> None:
+    valid = cls.argument_names()
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:
         raise TypeError(f'{cls.__name__} has no argument(s) {unknown}; valid arguments: {valid}')

@@ -1,12 +1,11 @@
 """Pyramid CPVT (Twins-PCPVT): PVT's four stages with spatial-reduction attention, a PEG, and GAP."""
-import math
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
-from ..layers import Attention, Block, Geometry, Mlp, PatchEmbed, tokens_to_map
-from .base import CPVTBase, take_indices
+from ..layers import PatchEmbed, tokens_to_map
+from .base import CPVTBase, Stage, take_indices
 
 
 class PyramidCPVT(CPVTBase):
@@ -23,13 +22,11 @@ class PyramidCPVT(CPVTBase):
 
     ``pos_encoding`` chooses how the network learns where a token is (``cpvt_backbones.layers.position``):
     by default ``'peg'``, a PEG after the first block of every stage (Twins), numbered in network order as
-    ``pos_block.{k}`` (``peg_after[(i, j)] = k``; with one PEG per stage, k is the stage); or e.g.
+    ``pos_block.{k}`` (``pos_block.peg_after[(i, j)] = k``; with one PEG per stage, k is the stage); or e.g.
     ``dict(type='peg', positions=((0, 1), (0,), (0,), (0,)), kernel_size=5)``, ``'rope_mixed'``,
-    ``'learned+peg'``, ``'none'``. ``layer_scale_init`` adds CaiT's layer scale to every block; ``attn_layer``,
-    ``mlp_layer`` and ``norm_layer`` are the blocks' parts (``layers.Block``).
-    ``frozen_stages=k`` freezes the first patch embedding for k = 0 and stages 0..k-1 entirely for k >= 1.
-    ``check_finite=True`` makes forward raise a ValueError on NaN or Inf inputs (off by default: a pass over
-    the input). Inputs in either memory format, contiguous or not, give the same result.
+    ``'learned+peg'``, ``'none'``. ``frozen_stages=k`` freezes the first patch embedding for k = 0 and stages
+    0..k-1 entirely for k >= 1. Inputs in either memory format, contiguous or not, give the same result.
+    Every other argument is ``CPVTBase``'s (the shared reference).
     """
 
     def __init__(
@@ -40,74 +37,69 @@ class PyramidCPVT(CPVTBase):
         mlp_ratios: Sequence[float] = (8, 8, 4, 4),
         sr_ratios: Sequence[int] = (8, 4, 2, 1),
         patch_sizes: Sequence[int] = (4, 2, 2, 2),
-        in_chans: int = 3,
-        num_classes: int = 1000,
-        qkv_bias: bool = True,
-        drop_rate: float = 0.,
-        attn_drop_rate: float = 0.,
-        drop_path_rate: float = 0.,
-        norm_eps: float = 1e-6,
-        pos_encoding: Any = 'peg',
-        layer_scale_init: Optional[float] = None,
-        attn_layer: Callable[..., nn.Module] = Attention,
-        mlp_layer: Callable[..., nn.Module] = Mlp,
-        norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
-        features_only: bool = False,
-        out_indices: Optional[Sequence[int]] = None,
-        frozen_stages: int = -1,
-        grad_checkpointing: bool = False,
-        check_finite: bool = False,
+        **kwargs: Any,
     ):
-        super().__init__()
+        """
+        Args:
+            embed_dims: width of each stage's tokens.
+            depths: blocks of each stage.
+            num_heads: attention heads of each stage's blocks.
+            mlp_ratios: MLP hidden width over the stage's width.
+            sr_ratios: how many times each stage's attention reduces the key/value map per side (PVT's SRA).
+            patch_sizes: each stage's patch size, its stride over the previous stage's map (the image for the
+                first), so stage strides 4, 8, 16, 32 by default.
+            **kwargs: ``CPVTBase``'s arguments.
+        """
         per_stage = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
                          sr_ratios=sr_ratios, patch_sizes=patch_sizes)
         lengths = {k: len(v) for k, v in per_stage.items()}
         if len(set(lengths.values())) != 1:
             raise ValueError(f'per-stage settings must all have one entry per stage, got lengths {lengths}')
-        num_stages = len(depths)
-        self._setup_outputs(features_only, num_classes, out_indices, num_stages)
-        num_built = self.out_indices[-1] + 1 if features_only else num_stages
-        if not -1 <= frozen_stages <= num_built:
-            raise ValueError(f'frozen_stages must be within -1..{num_built} (built stages), got {frozen_stages}')
+        stages = [Stage(dim=d, depth=n, num_heads=h, mlp_ratio=r, patch_size=p, sr_ratio=sr)
+                  for d, n, h, r, sr, p in zip(embed_dims, depths, num_heads, mlp_ratios, sr_ratios, patch_sizes)]
+        super().__init__(stages, num_levels=len(stages), **kwargs)
 
-        self.in_chans = in_chans
-        self.check_finite = check_finite
-        self.embed_dims = tuple(embed_dims)
-        stage_strides = [math.prod(patch_sizes[:i + 1]) for i in range(num_stages)]
-        self.out_channels = tuple(self.embed_dims[i] for i in self.out_indices)
-        self.strides = tuple(stage_strides[i] for i in self.out_indices)
+    @property
+    def embed_dims(self) -> Tuple[int, ...]:
+        return tuple(s.dim for s in self.stage_specs)
 
-        dpr = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
+    def _num_built_stages(self, num_stages: int) -> int:
+        return self.out_indices[-1] + 1 if self.features_only else num_stages
+
+    def _frozen_limit(self, built: Sequence[Stage]) -> Tuple[int, str]:
+        return len(built), 'built stages'
+
+    def _build_trunk(self, stages, blocks, *, norm_layer, drop_rate) -> None:
         self.patch_embeds = nn.ModuleList()
         self.pos_drops = nn.ModuleList()
         self.blocks = nn.ModuleList()
-        prev, start = in_chans, 0
-        for i in range(num_built):
-            self.patch_embeds.append(PatchEmbed(prev, embed_dims[i], patch_sizes[i]))
+        prev = self.in_chans
+        for stage, makers in zip(stages, blocks):
+            self.patch_embeds.append(PatchEmbed(prev, stage.dim, stage.patch_size, norm_layer=norm_layer))
             self.pos_drops.append(nn.Dropout(drop_rate))
-            self.blocks.append(nn.ModuleList(
-                Block(embed_dims[i], num_heads[i], mlp_ratios[i], qkv_bias, drop_rate, attn_drop_rate,
-                      dpr[start + j], sr_ratios[i], norm_eps, layer_scale_init, attn_layer, mlp_layer, norm_layer)
-                for j in range(depths[i])))
-            prev, start = embed_dims[i], start + depths[i]
-        geometry = Geometry(tuple(embed_dims), tuple(depths), tuple(num_heads), tuple(stage_strides),
-                            tuple(sr_ratios))
-        unbuilt = [f'{name}.{i}.' for i in range(num_built, num_stages) for name in ('patch_embeds', 'blocks')]
-        unbuilt += self._setup_position(geometry, pos_encoding, list(depths[:num_built]))
-        self.num_features = embed_dims[num_built - 1]
-        self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dims[i], reduction=stage_strides[i])
-                             for i in range(num_built)]
-        self.unbuilt_prefixes = tuple(unbuilt + (['norm.', 'head.'] if features_only else []))
-        if not features_only:
-            self.norm = nn.LayerNorm(embed_dims[-1], eps=norm_eps)
+            self.blocks.append(nn.ModuleList(make() for make in makers))
+            prev = stage.dim
+
+    def _build_outputs(self, stages, strides, unbuilt, *, norm_layer, act_layer, num_classes) -> None:
+        num_built = len(stages)
+        self.out_channels = tuple(stages[i].dim for i in self.out_indices)
+        self.strides = tuple(strides[i] for i in self.out_indices)
+        self.num_features = stages[-1].dim
+        self.feature_info = [dict(module=f'blocks.{i}', num_chs=stage.dim, reduction=strides[i])
+                             for i, stage in enumerate(stages)]
+        dropped = [f'{name}.{i}.' for i in range(num_built, len(strides)) for name in ('patch_embeds', 'blocks')]
+        self.unbuilt_prefixes = tuple(dropped + unbuilt + (['norm.', 'head.'] if self.features_only else []))
+        if not self.features_only:
+            self.norm = norm_layer(stages[-1].dim)
             self.reset_classifier(num_classes)
 
+    def _frozen_parts(self, stages, frozen_stages: int) -> List:
         frozen: List = []
         if frozen_stages >= 0:
             frozen += [self.patch_embeds[0]] + self._position_parts(0, (), embedding=True)
         for i in range(max(frozen_stages, 0)):
-            frozen += [self.patch_embeds[i], self.blocks[i]] + self._position_parts(i, range(depths[i]), True)
-        self._finish_init(frozen, grad_checkpointing)
+            frozen += [self.patch_embeds[i], self.blocks[i]] + self._position_parts(i, range(stages[i].depth), True)
+        return frozen
 
     def _stages(self, x: torch.Tensor, take: Sequence[int] = (), stop: Optional[int] = None,
                 norm_last: bool = False):

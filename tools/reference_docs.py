@@ -1,0 +1,79 @@
+"""Write docs/reference.md, the constructors' argument reference, from the models' ``Args:`` docstrings.
+
+    python tools/reference_docs.py
+
+The docstrings are the one place the arguments are described; this renders them for the docs
+(tests/test_reference_docs.py fails when the page and the docstrings disagree).
+"""
+import inspect
+import re
+from pathlib import Path
+from typing import Dict
+
+from cpvt_backbones.models import CPVT, MODEL_SPECS, PyramidCPVT
+from cpvt_backbones.models.base import CPVTBase
+
+PAGE = Path(__file__).resolve().parents[1] / 'docs' / 'reference.md'
+
+
+def documented_arguments(doc: str) -> Dict[str, str]:
+    """``{name: description}`` of a Google-style ``Args:`` section (continuation lines joined)."""
+    lines = inspect.cleandoc(doc).splitlines()
+    start = lines.index('Args:') + 1
+    args: Dict[str, str] = {}
+    name = None
+    for line in lines[start:]:
+        if not line.strip():
+            break
+        entry = re.match(r'    (\*\*\w+|\w+): (.*)', line)
+        if entry:
+            name = entry.group(1)
+            args[name] = entry.group(2)
+        elif line.startswith('        ') and name is not None:
+            args[name] += ' ' + line.strip()
+        else:
+            break
+    return args
+
+
+def _table(args: Dict[str, str], defaults: Dict[str, object]) -> str:
+    rows = ['| argument | default | meaning |', '|---|---|---|']
+    for name, text in args.items():
+        if name.startswith('**'):
+            continue
+        default = defaults.get(name, inspect.Parameter.empty)
+        shown = '' if default is inspect.Parameter.empty else f'`{_show(default)}`'
+        rows.append(f'| `{name}` | {shown} | {text} |')
+    return '\n'.join(rows)
+
+
+def _show(value) -> str:
+    if inspect.isclass(value):
+        return f'{value.__module__.replace("torch.nn.modules", "nn").split(".")[0]}.{value.__name__}' \
+            if value.__module__.startswith('torch') else value.__name__
+    return repr(dict(value)) if type(value).__name__ == 'mappingproxy' else repr(value)
+
+
+def _defaults(fn) -> Dict[str, object]:
+    return {p.name: p.default for p in inspect.signature(fn).parameters.values()}
+
+
+def render() -> str:
+    """The page's text."""
+    parts = ['# Constructor reference', '',
+             'Generated from the docstrings by `python tools/reference_docs.py`; `CPVT` and `PyramidCPVT` take '
+             'their own trunk arguments and every shared one. A named variant (`create_model(name, **overrides)`, '
+             "a config's `arch=dict(base=name, ...)`) is a set of these arguments:", '',
+             '| name | class | settings |', '|---|---|---|']
+    parts += [f'| `{name}` | `{spec.cls.__name__}` | {", ".join(f"`{k}={v}`" for k, v in spec.settings.items())} |'
+              for name, spec in sorted(MODEL_SPECS.items())]
+    for cls in (PyramidCPVT, CPVT):
+        parts += ['', f'## `{cls.__name__}`: the trunk', '', _table(documented_arguments(cls.__init__.__doc__),
+                                                                    _defaults(cls.__init__))]
+    parts += ['', '## Shared arguments (`CPVTBase`)', '',
+              _table(documented_arguments(CPVTBase.__doc__), _defaults(CPVTBase.__init__)), '']
+    return '\n'.join(parts)
+
+
+if __name__ == '__main__':
+    PAGE.write_text(render())
