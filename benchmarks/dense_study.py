@@ -31,17 +31,20 @@ run has finished.
 import argparse
 import copy
 import json
+import runpy
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from cpvt_backbones.adapters.runtime import METRICS, SHAPES_TASKS, build_runner, headline_score, quiet_known_warnings
+from cpvt_backbones.adapters.evaluation import METRICS, headline_score
+from cpvt_backbones.adapters.runner import build_runner, quiet_known_warnings
 from cpvt_backbones.utils import atomic_write, pyplot, strip_prefix
 from study_common import mean_std, parse_shard, run_meta, study_dir, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TASKS = SHAPES_TASKS
+# The demo's tasks, from tools/demo.py run as a module (tools/ holds scripts, not a package).
+TASKS = runpy.run_path(str(ROOT / 'tools/demo.py'))['SHAPES_TASKS']
 
 
 def label(task: str) -> str:
@@ -98,7 +101,7 @@ def backbone(variant: str, task: str, table_size: int) -> dict:
 
 
 def make_config(task: str, variant: str, seed: int, args: argparse.Namespace, work_dir: Path):
-    from cpvt_backbones.adapters.runtime import load_config
+    from cpvt_backbones.adapters.runner import load_config
     cfg = load_config(str(ROOT / TASKS[task].config), work_dir=str(work_dir))
     det_cfg = cfg if task == 'detection' else load_config(str(ROOT / TASKS['detection'].config))
     cfg.model.backbone = backbone(variant, task, max(det_cfg.train_scale))
@@ -171,8 +174,7 @@ def start_from_detector(cfg, detector: Path, path: Path) -> None:
 
 def run(task: str, variant: str, seed: int, args: argparse.Namespace, run_dir: Path) -> Dict:
     """Train (or resume) one model, then evaluate it at every test size; cached in result.json."""
-    from cpvt_backbones.adapters.engines import evaluate
-    from cpvt_backbones.adapters.runtime import set_test_scale
+    from cpvt_backbones.adapters.evaluation import evaluate, set_test_scale
     result_path = run_dir / 'result.json'
     result = json.loads(result_path.read_text()) if result_path.is_file() else None
     if result is not None and all(f in result['scores'] for f in args.factors):

@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / 'tools'))
 import demo  # noqa: E402  (the demo's test sizes and calibration images)
 
-from cpvt_backbones.adapters.engines import evaluate  # noqa: E402
-from cpvt_backbones.adapters.runtime import (SHAPES_TASKS, headline_score, load_config,  # noqa: E402
-                                             quiet_known_warnings, set_test_scale)
+from cpvt_backbones.adapters.evaluation import evaluate, headline_score, set_test_scale  # noqa: E402
+from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings  # noqa: E402
+from demo import SHAPES_TASKS  # noqa: E402
 from study_common import run_meta  # noqa: E402
 
 DEFAULT_SCOPES = {

@@ -76,7 +76,7 @@ def dense_model(task: str) -> torch.nn.Module:
     """The detector or segmentor of ``DENSE_CONFIGS[task]`` with random weights (seed 0), in evaluation mode."""
     from mmengine.registry import MODELS, init_default_scope
 
-    from cpvt_backbones.adapters.runtime import load_config
+    from cpvt_backbones.adapters.runner import load_config
     cfg = load_config(str(ROOT / DENSE_CONFIGS[task]))
     init_default_scope(cfg.default_scope)
     torch.manual_seed(0)

@@ -158,7 +158,7 @@ def test_tools_hide_only_the_known_third_party_warnings():
     """The messages mmengine/mmdet/mmseg print on every model they build are hidden; any other warning shows."""
     import warnings
 
-    from cpvt_backbones.adapters.runtime import quiet_known_warnings
+    from cpvt_backbones.adapters.runner import quiet_known_warnings
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter('always')
         quiet_known_warnings()
@@ -177,7 +177,7 @@ def test_runner_logs_without_the_known_repeated_lines(tmp_path):
     import logging
     from pathlib import Path
 
-    from cpvt_backbones.adapters.runtime import build_runner, load_config
+    from cpvt_backbones.adapters.runner import build_runner, load_config
     config = Path(__file__).resolve().parents[1] / 'configs/shapes/pcpvt-tiny_shapes-cls.py'
     cfg = load_config(str(config), work_dir=str(tmp_path))
     cfg.log_level = 'INFO'

@@ -104,9 +104,10 @@ def test_dense_study_end_to_end_then_skips(tmp_path, monkeypatch):
     monkeypatch.setattr(Runner, 'from_cfg', classmethod(lambda *a, **k: pytest.fail('a finished run ran again')))
     with DefaultScope.overwrite_default_scope('mmdet'):
         assert study.main(argv) == rows
-    import cpvt_backbones.adapters.engines as engines  # run() imports evaluate from here at each call
+    import cpvt_backbones.adapters.evaluation as evaluation  # run() imports evaluate from here at each call
     calls = []
-    monkeypatch.setattr(engines, 'evaluate', lambda *a, **k: calls.append(a[-1]) or {'coco/bbox_mAP': .5, 'mIoU': 50.})
+    monkeypatch.setattr(evaluation, 'evaluate',
+                        lambda *a, **k: calls.append(a[-1]) or {'coco/bbox_mAP': .5, 'mIoU': 50.})
     with DefaultScope.overwrite_default_scope('mmdet'):  # a test added later runs on the saved weights only
         rows = study.main(argv + ['--variants', 'peg', '--factors', '0.5', 'drawn1'])
     assert calls == ['drawn1x', 'drawn1x'] and len(rows) == 2 * 2

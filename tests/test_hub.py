@@ -194,7 +194,7 @@ def test_timm_and_openmmlab_take_names_and_urls(weights):
 
 def test_an_imagenet_config_evaluates_weights_by_name(weights, tmp_path):
     pytest.importorskip('mmpretrain')
-    from cpvt_backbones.adapters.runtime import load_config, runner_checkpoint
+    from cpvt_backbones.adapters.runner import load_config, runner_checkpoint
     cfg = load_config(str(ROOT / 'configs/shapes/pcpvt-tiny_shapes-cls.py'), work_dir=str(tmp_path / 'w'))
     path = runner_checkpoint(cfg, 'pcpvt_tiny')
     state = torch.load(path, weights_only=True)['state_dict']

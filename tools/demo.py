@@ -15,18 +15,27 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, NamedTuple, Tuple
 
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from cpvt_backbones.adapters.engines import ENGINES, calibrate, evaluate
-from cpvt_backbones.deploy import PRECISIONS
-from cpvt_backbones.adapters.runtime import (SHAPES_TASKS, build_runner, headline_score, load_config,
-                                             quiet_known_warnings, set_test_scale)
+from cpvt_backbones.adapters.engines import ENGINES, calibrate
+from cpvt_backbones.adapters.evaluation import evaluate, headline_score, set_test_scale
+from cpvt_backbones.adapters.runner import build_runner, load_config, quiet_known_warnings
 from cpvt_backbones.datasets import generate_shape_crops, generate_shapes
+from cpvt_backbones.deploy import PRECISIONS
 from cpvt_backbones.utils import pyplot
 
+
+class ShapesTask(NamedTuple):
+    scope: str      # the framework, a key of adapters.evaluation.METRICS
+    config: str     # relative to the repository root
+
+
+# The demo's CPU-sized tasks on the shapes data (benchmarks/dense_study.py and benchmarks/int8_scope.py study them).
+SHAPES_TASKS = {'detection': ShapesTask('mmdet', 'configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py'),
+                'segmentation': ShapesTask('mmseg', 'configs/shapes/fpn_pcpvt-tiny_shapes.py')}
 LABELS = {'detection': 'bbox mAP', 'segmentation': 'mIoU'}  # the summary reports both as fractions (0-1)
 PRETRAINING = 'configs/shapes/pcpvt-tiny_shapes-cls.py'
 # (label, resize target as multiples (W, H) of the training scale or None for the native size, keep ratio).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Multi-process training on one machine: tools/dist_train.sh CONFIG NPROC [train.py args ...]
-# Works on CPU too (gloo; see cpvt_backbones/adapters/runtime.py).
+# Works on CPU too (gloo; see prepare_launch in cpvt_backbones/adapters/runner.py).
 set -euo pipefail
 CONFIG=$1
 NPROC=$2

@@ -53,7 +53,7 @@ def framework_model(config: str, checkpoint: str, cfg_options=None):
     from mmengine.registry import MODELS, init_default_scope
     from mmengine.runner import load_checkpoint
 
-    from cpvt_backbones.adapters.runtime import load_config
+    from cpvt_backbones.adapters.runner import load_config
     cfg = load_config(config, cfg_options)
     init_default_scope(cfg.get('default_scope', 'mmengine'))
     model = MODELS.build(cfg.model)

@@ -14,9 +14,12 @@ config's test set), the same predictions and drawings otherwise.
 import argparse
 from pathlib import Path
 
+from mmengine.config import DictAction
+
 from cpvt_backbones.adapters.engines import (IMAGE_SUFFIXES, add_precision_args, apply_precision, kept_in_fp32,
                                              openvino_model)
-from cpvt_backbones.adapters.runtime import DictAction, load_config, quiet_known_warnings, set_test_scale
+from cpvt_backbones.adapters.evaluation import set_test_scale
+from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings
 
 
 def collect_images(inputs):

@@ -13,9 +13,10 @@ import csv
 import json
 from pathlib import Path
 
-from cpvt_backbones.adapters.engines import evaluate
-from cpvt_backbones.adapters.runtime import (METRICS, DictAction, headline_score, load_config, quiet_known_warnings,
-                                             set_cls_test_size, set_test_scale)
+from mmengine.config import DictAction
+
+from cpvt_backbones.adapters.evaluation import METRICS, evaluate, headline_score, set_cls_test_size, set_test_scale
+from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings
 from cpvt_backbones.utils import pyplot
 
 

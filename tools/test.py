@@ -19,8 +19,8 @@ import argparse
 import os
 
 from cpvt_backbones.adapters.engines import add_precision_args, apply_precision
-from cpvt_backbones.adapters.runtime import (add_common_args, build_runner, launched, load_config, quiet_known_warnings,
-                                             runner_checkpoint)
+from cpvt_backbones.adapters.runner import (add_common_args, build_runner, launched, load_config, quiet_known_warnings,
+                                            runner_checkpoint)
 
 
 def main() -> None:

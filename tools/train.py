@@ -7,8 +7,8 @@ import argparse
 import os
 
 
-from cpvt_backbones.adapters.runtime import (add_common_args, build_runner, enable_amp, launched, load_config,
-                                             quiet_known_warnings)
+from cpvt_backbones.adapters.runner import (add_common_args, build_runner, enable_amp, launched, load_config,
+                                            quiet_known_warnings)
 
 
 def main() -> None:

@@ -1,9 +1,12 @@
 """What the tools need to run a config's model on an inference engine: the precision options, calibration on
-the config's own test pipeline, the OpenVINO engine for a whole detector or segmentor, and evaluation.
+the config's own test pipeline, and the OpenVINO engine for a whole detector or segmentor.
 
 Engines (``ENGINES``): 'torch', our backbones through ``cpvt_backbones.optimize`` (the rest of the model in
 PyTorch); 'openvino', backbone + neck + head on OpenVINO (``deploy.openmmlab``), the data preprocessor and
-post-processing in the framework's Python. Precisions are ``deploy.PRECISIONS`` for both.
+post-processing in the framework's Python. Precisions are ``deploy.PRECISIONS`` for both. The engines
+themselves are in ``deploy`` and need torch only; what is here works on an mmengine config (its backbone, its
+test pipeline, its test loop's hooks), so it sits with the adapters. ``adapters.evaluation`` runs the config's
+test loop on either engine.
 """
 import argparse
 import copy
@@ -17,7 +20,7 @@ from mmengine.config import Config
 
 from ..deploy import PRECISIONS
 from ..utils import atomic_write
-from .runtime import _our_backbone, _test_pipelines, build_runner, runner_checkpoint
+from .runner import build_runner, evaluation_datasets, our_backbone
 
 ENGINES = ('torch', 'openvino')
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
@@ -29,7 +32,7 @@ def optimize_backbone(cfg: Config, precision: str = 'fp32', input_ranges: Option
     ``precision`` ('fp32', 'bf16', 'int8'; int8 static with ``input_ranges``, a file from ``calibrate``) if the
     backbone is one of ours; returns whether it is. ``keep_fp32``: the model's module names left in float32;
     those under ``backbone.`` reach ``optimize`` (the torch engine runs the rest of the model in float32)."""
-    backbone = _our_backbone(cfg)
+    backbone = our_backbone(cfg)
     if backbone is not None:
         backbone['optimize'] = dict(precision=precision)
         if input_ranges is not None:
@@ -113,7 +116,7 @@ def calibration_batches(cfg: Config, source: Union[str, List[Path]], num_images:
     if source == 'val':
         batches = ((batch, len(batch['inputs'])) for batch in Runner.build_dataloader(cfg.test_dataloader))
     else:
-        dataset = next(_test_pipelines(cfg))  # the test set's (innermost) dataset
+        dataset = next(evaluation_datasets(cfg))  # the test set's (innermost) dataset
         pipeline = Compose([s for s in dataset.pipeline if 'Annotation' not in s['type']])
         batches = ((pseudo_collate([pipeline(dict(img_path=str(p), img_id=i))]), 1) for i, p in enumerate(source))
     for batch, size in batches:
@@ -143,7 +146,7 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
 
     from ..convert import weights_dir
     from ..deploy import record_input_ranges
-    if _our_backbone(cfg) is None:
+    if our_backbone(cfg) is None:
         raise ValueError('calibrate: the config\'s backbone is not one of ours (PyramidCPVT or CPVT)')
     ckpt = Path(checkpoint).resolve()
     if not ckpt.is_file():
@@ -156,7 +159,7 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
     cfg.work_dir = str(out.parent / 'work_dir')
     cfg.log_level = 'WARNING'
     cfg.load_from = None
-    _our_backbone(cfg).pop('optimize', None)  # calibration runs the plain model (its layers are called)
+    our_backbone(cfg).pop('optimize', None)  # calibration runs the plain model (its layers are called)
     runner = build_runner(cfg)
     load_checkpoint(runner.model, str(ckpt), map_location='cpu', revise_keys=[(r'^module\.', '')])
     runner.model.eval()
@@ -212,26 +215,5 @@ def openvino_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str
                              cache=str(cache) if cache else None)
 
 
-def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str, precision: str = 'fp32',
-             input_ranges: Optional[str] = None, engine: str = 'torch', calibration: str = 'val',
-             calibration_images: int = 32, keep_fp32: Optional[Sequence[str]] = None) -> dict:
-    """Run the config's test loop on ``checkpoint`` and return its metrics: with ``engine='torch'`` our backbones
-    optimized in ``precision`` (static int8 with ``input_ranges``, see ``calibrate``); with ``'openvino'`` the
-    whole model on OpenVINO (``OpenVINOHook``; int8 calibrated on ``calibration_images`` of ``calibration``);
-    int8 leaves the modules of ``kept_in_fp32(cfg, keep_fp32)`` in float32."""
-    cfg = copy.deepcopy(cfg)
-    keep_fp32 = kept_in_fp32(cfg, keep_fp32) if precision == 'int8' else ()
-    if engine == 'openvino':
-        use_openvino(cfg, precision, calibration if precision == 'int8' else None, calibration_images, keep_fp32)
-    else:
-        optimize_backbone(cfg, precision, input_ranges, keep_fp32)
-    cfg.load_from = runner_checkpoint(cfg, checkpoint)
-    cfg.work_dir = work_dir
-    cfg.experiment_name = name
-    cfg.log_level = 'WARNING'
-    cfg.default_hooks.pop('visualization', None)
-    return build_runner(cfg).test()
-
-
 __all__ = ['ENGINES', 'IMAGE_SUFFIXES', 'add_precision_args', 'apply_precision', 'calibrate', 'calibration_batches',
-           'evaluate', 'kept_in_fp32', 'openvino_model', 'optimize_backbone', 'use_openvino']
+           'kept_in_fp32', 'openvino_model', 'optimize_backbone', 'use_openvino']

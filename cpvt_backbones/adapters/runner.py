@@ -1,0 +1,161 @@
+"""Building and launching mmengine's Runner for our train/test tools: the config (read, overridden, its parts we
+look up), the Runner with the framework's known notices filtered, the checkpoint it loads, AMP and CPU
+multi-process launch."""
+import contextlib
+import gc
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from mmengine.config import Config, DictAction
+
+from ..utils import atomic_write
+
+__all__ = ['KNOWN_LOG_LINES', 'KNOWN_WARNINGS', 'add_common_args', 'build_runner', 'enable_amp',
+           'evaluation_datasets', 'launched', 'load_config', 'our_backbone', 'prepare_launch', 'quiet_known_warnings',
+           'runner_checkpoint']
+
+# Warnings mmengine, mmdet and mmseg print each time they build a model, a Runner or an inferencer, none about
+# anything our tools or configs could change.
+KNOWN_WARNINGS = (
+    r'Failed to add <class .mmengine\.visualization\.vis_backend\.LocalVisBackend',  # inferencers without save_dir
+    r'Default ``avg_non_ignore`` is False',                       # mmseg's CrossEntropyLoss default
+    r'``build_loss`` would be deprecated soon',                   # mmseg's own heads
+    r'The draw is False, it means that the hook for visualization',  # mmseg's hook, drawing off by default
+    r'<class .*> instance named of visualizer has been created',   # every Runner after the first in a process
+)
+# Log lines of mmengine's Runner that repeat in every run: the optimizer constructor's three lines for every
+# parameter under a paramwise_cfg, its file-backend deprecation notices, mmseg's IoUMetric built without a prefix
+# (at every evaluation), and the scope fallback for a dataloader's collate function.
+KNOWN_LOG_LINES = ('paramwise_options -- ', '"FileClient" will be deprecated', '"HardDiskBackend" is the alias',
+                   'The prefix is not set in metric class',
+                   'registry tree. As a workaround, the current "function" registry')
+
+
+def quiet_known_warnings() -> None:
+    """Hide ``KNOWN_WARNINGS`` (our tools call this first); every other warning, ours included, still shows."""
+    for message in KNOWN_WARNINGS:
+        warnings.filterwarnings('ignore', message=message, category=UserWarning)
+
+
+class _DropKnownLogLines(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(line in message for line in KNOWN_LOG_LINES)
+
+
+def build_runner(cfg: Config):
+    """mmengine's Runner for ``cfg``, its logger without ``KNOWN_LOG_LINES`` (every other line still shows)."""
+    from mmengine.runner import Runner
+    runner = Runner.from_cfg(cfg)
+    runner.logger.addFilter(_DropKnownLogLines())
+    return runner
+
+
+def load_config(path: str, cfg_options: Optional[dict] = None, work_dir: Optional[str] = None) -> Config:
+    """Read a config, apply ``--cfg-options`` and choose ``work_dirs/<config name>`` unless given."""
+    cfg = Config.fromfile(path)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = str(Path('work_dirs') / Path(path).stem)
+    return cfg
+
+
+def add_common_args(parser, launchers: Sequence[str] = ('none', 'pytorch', 'slurm', 'mpi')) -> None:
+    parser.add_argument('--work-dir', help='where logs and checkpoints go (default: work_dirs/<config name>)')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries: key=value')
+    parser.add_argument('--launcher', choices=launchers, default='none')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+
+
+def our_backbone(cfg: Config) -> Optional[dict]:
+    """The config's backbone settings if the backbone is one of ours (PyramidCPVT or CPVT), else None."""
+    backbone = cfg.model.get('backbone') or {}
+    return backbone if str(backbone.get('type', '')).rsplit('.', 1)[-1] in ('PyramidCPVT', 'CPVT') else None
+
+
+def evaluation_datasets(cfg: Config) -> Iterator[dict]:
+    """The datasets the config evaluates on, those of its test and val dataloaders (test first), each the
+    innermost one: the dataset with the pipeline, inside any wrapping dataset."""
+    for loader in ('test_dataloader', 'val_dataloader'):
+        if cfg.get(loader) is None:
+            continue
+        dataset = cfg[loader].dataset
+        while 'pipeline' not in dataset:
+            dataset = dataset.dataset
+        yield dataset
+
+
+def runner_checkpoint(cfg: Config, spec: str) -> str:
+    """What mmengine's Runner loads (``load_from``) for a CHECKPOINT argument: an mmengine checkpoint as it is;
+    for an mmpretrain config whose backbone is ours, also a model name with published weights, a URL or a bare
+    weight file in any layout we read, written once as that classifier's checkpoint (``backbone.*``,
+    ``head.fc.*``) beside the cached weights."""
+    from ..convert import detect_layout, from_twins, load_weights_file, resolve_checkpoint, to_twins, weights_dir
+    if cfg.get('default_scope') != 'mmpretrain' or our_backbone(cfg) is None:
+        return spec
+    path = resolve_checkpoint(spec, classifier=True)
+    state = load_weights_file(path)
+    if detect_layout(state) == 'classifier':
+        return str(path)
+    out = weights_dir() / 'classifiers' / f'{path.stem}.mmpretrain.pth'
+    if not out.is_file():
+        atomic_write(out, lambda f: torch.save(dict(state_dict=from_twins(to_twins(state), 'classifier')), f))
+    return str(out)
+
+
+def enable_amp(cfg: Config) -> None:
+    """Mixed precision through mmengine's AmpOptimWrapper: fp16 with dynamic loss scaling on a GPU. mmengine
+    0.10.7 supports it only on CUDA/NPU/MLU, so on a CPU-only machine this is an error, not a silent no-op."""
+    if not torch.cuda.is_available():
+        raise SystemExit('--amp needs a GPU: mmengine 0.10.7 runs AmpOptimWrapper only on CUDA/NPU/MLU devices')
+    cfg.optim_wrapper.type = 'AmpOptimWrapper'
+    cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+
+
+def prepare_launch(cfg: Config, launcher: str) -> None:
+    """Set the launcher; without a GPU, make multi-process training work on CPU.
+
+    mmengine's own set-up calls ``torch.cuda.set_device`` and wraps the model in DDP with
+    ``device_ids=[LOCAL_RANK]``, both of which fail on CPU. Here the process group is started with gloo
+    before the Runner is built (so mmengine skips its own init) and DDP gets ``device_ids=None``.
+    """
+    cfg.launcher = launcher
+    if launcher == 'none' or torch.cuda.is_available():
+        return
+    if launcher != 'pytorch':
+        raise SystemExit(f'launcher {launcher!r} needs GPUs here; on CPU use torchrun (--launcher pytorch)')
+    cfg.setdefault('env_cfg', {}).setdefault('dist_cfg', {})['backend'] = 'gloo'
+    wrapper = dict(cfg.get('model_wrapper_cfg') or {})
+    wrapper.setdefault('type', 'MMDistributedDataParallel')
+    wrapper['device_ids'] = None
+    cfg.model_wrapper_cfg = wrapper
+    if not dist.is_initialized():
+        dist.init_process_group(backend='gloo', rank=int(os.environ['RANK']),
+                                world_size=int(os.environ['WORLD_SIZE']))
+
+
+@contextlib.contextmanager
+def launched(cfg: Config, launcher: str):
+    """``prepare_launch``, and on the way out an orderly end of the process group: the ranks meet at a
+    barrier, then each destroys its group. A gloo group left to the interpreter's exit is torn down while its
+    peers may already be gone, or while the interpreter itself is being finalised, which aborts a rank now and
+    then ("terminate called without an active exception") after all the work is done. The runner's DDP
+    wrapper holds the group too, and the runner lives in reference cycles (its loops point back at it), so it
+    is collected first. (After an error there is no barrier: a peer may never come.)"""
+    prepare_launch(cfg, launcher)
+    try:
+        yield
+        if dist.is_initialized():
+            gc.collect()
+            dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
