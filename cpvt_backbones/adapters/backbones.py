@@ -24,7 +24,7 @@ class _OpenMMLabBackbone:
     constructor arguments (``base='<name>'`` starts from a named variant). ``optimize=True`` applies
     ``cpvt_backbones.optimize`` (the fused CPU inference path: same weights, same outputs to float32 rounding);
     a dict passes its arguments (``optimize=dict(precision='int8')``; ``input_ranges`` may name the JSON file
-    that ``adapters.runtime.calibrate`` writes, for static int8)."""
+    that ``adapters.engines.calibrate`` writes, for static int8)."""
 
     def _setup(self, arch: Union[str, Mapping[str, Any]], out_indices: Optional[Sequence[int]], out_type: str,
                drop_path_rate: float, frozen_stages: int, with_cp: bool, optimize: Union[bool, Mapping],
@@ -44,7 +44,7 @@ class _OpenMMLabBackbone:
         core_cls.__init__(self, **settings, **fixed)
         if optimize:
             options = dict(optimize) if isinstance(optimize, Mapping) else {}
-            if isinstance(options.get('input_ranges'), str):  # a file written by adapters.runtime.calibrate
+            if isinstance(options.get('input_ranges'), str):  # a file written by adapters.engines.calibrate
                 with open(options['input_ranges']) as f:
                     options['input_ranges'] = json.load(f)['input_ranges']
             optimize_model(self, **options)
