@@ -3,12 +3,15 @@ import pickle
 
 import pytest
 import torch
+from torch import nn
 
 from cpvt_backbones import create_model
 from cpvt_backbones.convert import (CheckpointMismatchError, UnknownKeysError, backbone_only, classifier_to_twins,
                                     deit_to_twins, detect_layout, from_twins, load_into, load_pretrained,
                                     load_weights_file, mmpretrain_to_twins, mmseg_to_twins, to_twins,
                                     twins_to_mmpretrain, twins_to_mmseg, unwrap_state_dict)
+from cpvt_backbones.layers.position import (ENCODINGS, PositionEncoding, register_encoding, registered_encoding,
+                                            state_dict_roots)
 
 
 @pytest.fixture(scope='module')
@@ -223,14 +226,68 @@ def test_convert_checkpoint_cli(tmp_path, small_sd, target, suffix):
     src = tmp_path / 'mmseg.pth'
     torch.save({'state_dict': twins_to_mmseg(small_sd), 'meta': {}}, src)
     mid, back = tmp_path / f'mid{suffix}', tmp_path / 'back.pth'
-    for args in ([src, mid, '--to', target, '--check', 'pcpvt_small'], [mid, back, '--to', 'twins']):
+    for args in ([src, mid, '--to', target, '--check', 'pcpvt_small'], [mid, back, '--to', 'native']):
         out = subprocess.run([sys.executable, tool, *map(str, args)], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
     restored = load_weights_file(back)
     dense = {k: v for k, v in small_sd.items() if not k.startswith(('head.', 'norm.'))}
     assert set(restored) == set(dense) and all(torch.equal(restored[k], dense[k]) for k in dense)
     assert detect_layout(load_weights_file(mid)) == {'mmseg': 'mmseg', 'mmpretrain': 'mmpretrain',
-                                                     'backbone': 'twins'}[target]
+                                                     'backbone': 'native'}[target]
     bad = subprocess.run([sys.executable, tool, str(src), str(tmp_path / 'x.pth'), '--prefix', 'backbone.'],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "no key of" in bad.stderr
+
+
+class ChannelScale(PositionEncoding):
+    """An encoding registered by a test only: a learned per-channel scale of each stage's tokens, mounted under an
+    attribute no built-in encoding uses."""
+    attr, name = 'pos_scale', 'channel_scale'
+
+    def __init__(self, geometry):
+        super().__init__(geometry)
+        self.scales = nn.ParameterList([nn.Parameter(torch.ones(dim)) for dim in geometry.dims])
+
+    def embed(self, stage, x, hw):
+        return x * self.scales[stage]
+
+
+@pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
+def test_a_registered_encoding_loads_without_converter_changes(tmp_path, name):
+    """The converters take the position encodings' key roots from the registry: a new encoding's checkpoint is
+    native, loads by path and inside a classifier checkpoint, and stops being recognised once unregistered."""
+    with registered_encoding(ChannelScale):
+        assert 'pos_scale.' in state_dict_roots()
+        torch.manual_seed(0)
+        model = create_model(name, pos_encoding='channel_scale')
+        with torch.no_grad():
+            for p in model.pos_scale.parameters():
+                p.normal_()
+        sd = model.state_dict()
+        assert 'pos_scale.scales.0' in sd and detect_layout(sd) == 'native'
+        path = tmp_path / 'w.pth'
+        torch.save({'state_dict': sd}, path)
+        loaded = create_model(name, pos_encoding='channel_scale', pretrained=str(path))
+        assert all(torch.equal(v, sd[k]) for k, v in loaded.state_dict().items())
+        wrapped = from_twins(sd, 'classifier')
+        assert 'backbone.pos_scale.scales.0' in wrapped and detect_layout(wrapped) == 'classifier'
+        fresh = create_model(name, pos_encoding='channel_scale')
+        load_into(fresh, wrapped)
+        assert all(torch.equal(v, sd[k]) for k, v in fresh.state_dict().items())
+    assert 'channel_scale' not in ENCODINGS and 'pos_scale.' not in state_dict_roots()
+    with pytest.raises(ValueError, match='unrecognised checkpoint layout'):
+        detect_layout(sd)
+    with pytest.raises(UnknownKeysError, match='backbone.pos_scale.scales.0'):
+        classifier_to_twins(wrapped)
+
+
+def test_registry_refuses_taken_names_and_restores_itself_after_an_error():
+    before = dict(ENCODINGS)
+    with pytest.raises(ValueError, match="name 'peg' is taken"):
+        register_encoding(type('OtherPEG', (ChannelScale,), dict(name='peg')))
+    with pytest.raises(RuntimeError, match='inside'):
+        with registered_encoding(ChannelScale):
+            with pytest.raises(ValueError, match="'channel_scale' is taken"):
+                register_encoding(ChannelScale)
+            raise RuntimeError('inside')
+    assert ENCODINGS == before

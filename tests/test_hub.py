@@ -61,7 +61,7 @@ def weights(tmp_path, monkeypatch):
     files = {}
     save_file(sd, tmp_path / 'a.safetensors')
     files['model.safetensors'] = (tmp_path / 'a.safetensors').read_bytes()
-    for layout, wrap in (('twins', lambda d: d), ('mmseg', lambda d: dict(state_dict=d, meta={})),
+    for layout, wrap in (('native', lambda d: d), ('mmseg', lambda d: dict(state_dict=d, meta={})),
                          ('mmpretrain', lambda d: dict(state_dict=d))):
         torch.save(wrap(from_twins(sd, layout)), tmp_path / f'{layout}.pth')
         data = (tmp_path / f'{layout}.pth').read_bytes()
@@ -70,8 +70,8 @@ def weights(tmp_path, monkeypatch):
     server.files.update(files)
     hub_file, twins_file, mmseg_file, mmpretrain_file = files
     prefix = hub._hash_in_name
-    table = (hub.WeightSource(f'{server.url}/{hub_file}', 'tiny.in1k.safetensors', 'twins'),
-             hub.WeightSource(f'{server.url}/{twins_file}', twins_file, 'twins', prefix(twins_file)),
+    table = (hub.WeightSource(f'{server.url}/{hub_file}', 'tiny.in1k.safetensors', 'native'),
+             hub.WeightSource(f'{server.url}/{twins_file}', twins_file, 'native', prefix(twins_file)),
              hub.WeightSource(f'{server.url}/{mmseg_file}', mmseg_file, 'mmseg', prefix(mmseg_file), classifier=False),
              hub.WeightSource(f'{server.url}/{mmpretrain_file}', mmpretrain_file, 'mmpretrain',
                               prefix(mmpretrain_file)))
@@ -114,7 +114,7 @@ def test_falls_back_to_the_next_source_and_backbones_skip_headless_ones(weights)
     path, source = hub.fetch_weights('pcpvt_tiny', classifier=True)
     assert source is weights['table'][1] and path.name == source.filename
     assert not (weights['cache'] / 'tiny.in1k.safetensors').exists()
-    assert [s.layout for s in hub.sources('pcpvt_tiny', classifier=True)] == ['twins', 'twins', 'mmpretrain']
+    assert [s.layout for s in hub.sources('pcpvt_tiny', classifier=True)] == ['native', 'native', 'mmpretrain']
 
 
 def test_a_corrupted_download_is_refused_and_not_kept(weights):
@@ -154,7 +154,7 @@ def test_a_corrupted_cached_file_is_refused(weights):
 
 
 def test_offline_names_the_urls_and_where_to_put_a_copy(weights, monkeypatch):
-    dead = [hub.WeightSource('http://127.0.0.1:9/x.pth', 'x.pth', 'twins')]
+    dead = [hub.WeightSource('http://127.0.0.1:9/x.pth', 'x.pth', 'native')]
     monkeypatch.setitem(hub.PRETRAINED, 'pcpvt_tiny', tuple(dead))
     with pytest.raises(hub.WeightsUnavailableError) as info:
         create_model('pcpvt_tiny', pretrained=True)
@@ -169,7 +169,7 @@ def test_offline_names_the_urls_and_where_to_put_a_copy(weights, monkeypatch):
 
 def test_the_published_table_is_what_the_issue_lists():
     small = hub.PRETRAINED['pcpvt_small']
-    assert [s.layout for s in small] == ['twins', 'twins', 'mmseg']
+    assert [s.layout for s in small] == ['native', 'native', 'mmseg']
     assert small[0].url.endswith('timm/twins_pcpvt_small.in1k/resolve/main/model.safetensors')
     assert small[1].sha256_prefix == 'e70e7e7a' and small[2].sha256_prefix == 'e638c41c' and not small[2].classifier
     assert [s[1].sha256_prefix for s in (hub.PRETRAINED['pcpvt_base'], hub.PRETRAINED['pcpvt_large'])] == \

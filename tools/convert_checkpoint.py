@@ -1,13 +1,13 @@
-"""Convert a weight file between layouts (ours = official Twins/CPVT = timm; mmseg; mmpretrain; DeiT).
+"""Convert a weight file between layouts (native: ours = official Twins/CPVT = timm; mmseg; mmpretrain; DeiT).
 
-    python tools/convert_checkpoint.py SRC DST [--to twins|backbone|mmseg|mmpretrain|rope_vit] [--prefix backbone.]
+    python tools/convert_checkpoint.py SRC DST [--to native|backbone|mmseg|mmpretrain|rope_vit] [--prefix backbone.]
                                        [--drop-pos-embed] [--check MODEL_NAME]
 
 SRC may be wrapped (``state_dict``/``model``/``module``) and may be ``.safetensors``; it is read with
 ``weights_only=True``. ``--prefix`` keeps only the keys under it (a detector's or classifier's backbone).
-``--to backbone`` writes our layout without the classifier head, for a dense config's ``init_cfg``.
-``--check`` loads the result strictly into ``create_model(MODEL_NAME)`` first (in our layout, before writing
-another). DST is ``.safetensors`` or a ``torch.save`` file holding ``{'state_dict': ...}``.
+``--to backbone`` writes the native layout without the classifier head, for a dense config's ``init_cfg``.
+``--check`` loads the result strictly into ``create_model(MODEL_NAME)`` first (in the native layout, before
+writing another). DST is ``.safetensors`` or a ``torch.save`` file holding ``{'state_dict': ...}``.
 """
 import argparse
 from pathlib import Path
@@ -33,7 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('src')
     parser.add_argument('dst')
-    parser.add_argument('--to', default='twins', choices=['twins', 'backbone', 'mmseg', 'mmpretrain', 'rope_vit'])
+    parser.add_argument('--to', default='native', choices=['native', 'backbone', 'mmseg', 'mmpretrain', 'rope_vit'])
     parser.add_argument('--prefix', help='keep only keys under this prefix, stripped (e.g. backbone.)')
     parser.add_argument('--drop-pos-embed', action='store_true',
                         help="discard a DeiT checkpoint's position embedding (CPVT has none)")

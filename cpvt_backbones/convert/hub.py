@@ -33,7 +33,7 @@ CHUNK = 1 << 20
 class WeightSource:
     url: str
     filename: str                      # the name it is cached under
-    layout: str                        # what ``convert.detect_layout`` calls it: 'twins', 'mmseg', ...
+    layout: str                        # what ``convert.detect_layout`` calls it: 'native', 'mmseg', ...
     sha256_prefix: Optional[str] = None   # as published in the file name
     classifier: bool = True            # holds the ImageNet head (a backbone-only file does not)
     note: str = ''
@@ -54,9 +54,9 @@ def _hash_in_name(filename: str) -> Optional[str]:
 
 PRETRAINED: Dict[str, Tuple[WeightSource, ...]] = {
     f'pcpvt_{size}': (
-        WeightSource(_TIMM_HUB.format(size=size), f'twins_pcpvt_{size}.in1k.safetensors', 'twins',
+        WeightSource(_TIMM_HUB.format(size=size), f'twins_pcpvt_{size}.in1k.safetensors', 'native',
                      note="timm's hub file"),
-        WeightSource(_TIMM_RELEASE.format(file=timm_file), timm_file, 'twins', _hash_in_name(timm_file),
+        WeightSource(_TIMM_RELEASE.format(file=timm_file), timm_file, 'native', _hash_in_name(timm_file),
                      note="timm's release file (the official Twins weights)"),
         WeightSource(_MMSEG.format(file=mmseg_file), mmseg_file, 'mmseg', _hash_in_name(mmseg_file), classifier=False,
                      note="mmseg's converted file (backbone only: no classifier head)"),

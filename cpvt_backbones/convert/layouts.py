@@ -1,20 +1,31 @@
-"""Pure key-layout converters between our (= official Twins = timm) layout and other frameworks'.
+"""Pure key-layout converters between the native layout and other frameworks'.
 
-Each converter maps every key it is given or raises ``UnknownKeysError`` naming the keys it cannot place;
-nothing is dropped silently. Ours is the reference layout, so official Twins/CPVT and timm ``twins_pcpvt_*``
-weights need no conversion.
+The native layout is our models' keys, which are those of the official Twins/CPVT releases and of timm's
+``twins_pcpvt_*``: such weights need no conversion. Every other layout is a table of rules, ``(native template,
+foreign template)`` pairs read in one direction and written in the other by ``apply_rules``. Each converter maps
+every key it is given or raises ``UnknownKeysError`` naming the keys it cannot place; nothing is dropped silently
+(a rule that drops keys names them: the classifier's ``norm`` and ``head``, which mmseg's backbone has no place
+for).
 """
 import re
-from typing import Callable, Dict, List, Mapping, Pattern, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Pattern, Sequence, Tuple, Union
 
 import torch
 
+from ..layers.position import state_dict_roots
+
 StateDict = Dict[str, torch.Tensor]
 
-TWINS_ROOTS = ('patch_embeds.', 'patch_embed.', 'cls_token', 'pos_embed.', 'blocks.', 'pos_block.', 'pos_qk.',
-               'rel_pos.', 'rope.', 'norm.', 'head.', 'simple_fpn.')
-# Keys of the classifier that mmseg's / mmpretrain's dense backbones have no place for.
-CLASSIFIER_ONLY = ('norm.', 'head.')
+# Roots of the native keys that belong to the model itself rather than to a position encoding (whose roots come
+# from the encoding registry, ``native_roots``): the patch embeddings (pyramid, columnar), the class token, the
+# blocks, the final norm, the simple feature pyramid of a dense columnar model, the classifier head.
+MODEL_ROOTS = ('patch_embeds.', 'patch_embed.', 'cls_token', 'blocks.', 'norm.', 'simple_fpn.', 'head.')
+
+
+def native_roots() -> Tuple[str, ...]:
+    """The prefixes of every native key: the model's own roots and those of every registered position encoding
+    (``cpvt_backbones.layers.position.state_dict_roots``)."""
+    return MODEL_ROOTS + state_dict_roots()
 
 
 class UnknownKeysError(KeyError):
@@ -27,101 +38,159 @@ class UnknownKeysError(KeyError):
         return self.args[0]
 
 
-def _compile(template: str) -> Pattern:
-    pattern = re.escape(template)
-    for name, group in (('i', r'\d+'), ('j', r'\d+'), ('p', r'weight|bias')):
-        pattern = pattern.replace(re.escape('{%s}' % name), f'(?P<{name}>{group})')
-    return re.compile(pattern)
+class Fold(NamedTuple):
+    """How one tensor of a layout is several of another: ``split`` takes the tensor to its parts by name,
+    ``merge`` takes the parts back to the tensor (None when parts are missing: their keys are then unknown)."""
+    split: Callable[[torch.Tensor], Dict[str, torch.Tensor]]
+    merge: Callable[[Dict[str, torch.Tensor]], Optional[torch.Tensor]]
 
 
-def _renamer(rules: Sequence[Tuple[str, str]]) -> Callable[[str], str]:
-    """Rename by the first matching (source template, target template) rule; None when nothing matches."""
-    compiled = [(_compile(src), dst) for src, dst in rules]
+def split_qkv(value: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """A fused attention input projection (q; k; v stacked on dim 0) -> its ``q`` and ``kv`` (views)."""
+    dim = value.shape[0] // 3
+    return {'q': value[:dim], 'kv': value[dim:]}
 
-    def rename(key: str):
-        for pattern, dst in compiled:
-            m = pattern.fullmatch(key)
-            if m:
-                return dst.format(**m.groupdict())
+
+def merge_qkv(parts: Dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
+    """``q`` and ``kv`` -> the fused (q; k; v) projection; None unless both are given."""
+    if set(parts) != {'q', 'kv'}:
         return None
-    return rename
+    return torch.cat((parts['q'], parts['kv']), dim=0)
 
 
-# (ours, mmseg) for mmseg 1.x ``PCPVT``; q and kv are merged into nn.MultiheadAttention's in_proj separately.
-_MMSEG_RULES = [
+def _split_blocks(value: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """timm's RoPE ``freqs`` (2, depth, heads, head_dim / 2) -> one (2, heads, head_dim / 2) copy per block."""
+    return {str(j): value[:, j].clone() for j in range(value.shape[1])}
+
+
+def _stack_blocks(parts: Dict[str, torch.Tensor]) -> torch.Tensor:
+    """One RoPE frequency tensor per block -> timm's (2, depth, heads, head_dim / 2); the blocks must be 0..n-1."""
+    freqs = {int(j): value for j, value in parts.items()}
+    if sorted(freqs) != list(range(len(freqs))):
+        raise ValueError(f'rope.freqs.{{j}} must cover blocks 0..{len(freqs) - 1}, got {sorted(freqs)}')
+    return torch.stack([freqs[j] for j in range(len(freqs))], dim=1)
+
+
+QKV = Fold(split_qkv, merge_qkv)
+PER_BLOCK = Fold(_split_blocks, _stack_blocks)
+
+# A rule is (source template, target template) or (source, target, fold); a target None drops the key. Fields:
+# {i} {j} indices, {p} weight|bias, {n} a layer scale's 1|2, {part} q|kv, {rest} anything, {native} a native
+# backbone key (under a root of ``native_roots`` other than the head). A fold rule's templates differ by one
+# field: the source has it (its parts merge into one target key) or the target has it (the source splits).
+Rule = Union[Tuple[str, Optional[str]], Tuple[str, str, Fold]]
+_FIELDS = {'i': r'\d+', 'j': r'\d+', 'p': r'weight|bias', 'n': r'[12]', 'part': r'q|kv', 'rest': r'.*'}
+_FIELD = re.compile(r'\{(\w+)\}')
+
+
+class _Compiled(NamedTuple):
+    source: Pattern
+    target: Optional[str]
+    fold: Optional[Fold]
+    field: Optional[str]     # the fold's field: in the source (a merge) or in the target (a split)
+
+
+def _compile(rule: Rule, fields: Mapping[str, str]) -> _Compiled:
+    source, target, *folds = rule
+    pattern, end = '', 0
+    for m in _FIELD.finditer(source):
+        pattern += re.escape(source[end:m.start()]) + f'(?P<{m.group(1)}>{fields[m.group(1)]})'
+        end = m.end()
+    pattern = re.compile(pattern + re.escape(source[end:]))
+    if not folds:
+        return _Compiled(pattern, target, None, None)
+    differ = set(_FIELD.findall(source)) ^ set(_FIELD.findall(target))
+    if len(differ) != 1:
+        raise ValueError(f'fold rule {rule[:2]} must differ by one field, got {sorted(differ)}')
+    return _Compiled(pattern, target, folds[0], differ.pop())
+
+
+def _first_match(compiled: Sequence[_Compiled], key: str) -> Tuple[int, Optional[re.Match]]:
+    for index, rule in enumerate(compiled):
+        m = rule.source.fullmatch(key)
+        if m:
+            return index, m
+    return -1, None
+
+
+def inverted(rules: Sequence[Rule]) -> List[Rule]:
+    """The rules read the other way: targets become sources (a fold splits what it merged, and back)."""
+    return [(target, source, *fold) for source, target, *fold in rules]
+
+
+def apply_rules(state_dict: Mapping[str, torch.Tensor], rules: Sequence[Rule], layout: str) -> StateDict:
+    """Rename every key by the first rule whose source template matches it whole.
+
+    Renamed and split keys keep the input's order; merged keys follow them, by rule and then in the order their
+    first part came. Keys that no rule matches, and the parts of a merge left incomplete, raise
+    ``UnknownKeysError`` (``layout`` names the input's layout in its message).
+    """
+    native = '|'.join(re.escape(root) for root in native_roots() if root != 'head.')
+    fields = {**_FIELDS, 'native': f'(?:{native}).*'}
+    compiled = [_compile(rule, fields) for rule in rules]
+    out: StateDict = {}
+    unknown: List[str] = []
+    merges: Dict[Tuple[int, str], Dict[str, Tuple[str, torch.Tensor]]] = {}
+    for key, value in state_dict.items():
+        index, m = _first_match(compiled, key)
+        if m is None:
+            unknown.append(key)
+            continue
+        rule, names = compiled[index], m.groupdict()
+        if rule.target is None:
+            continue
+        if rule.fold is None:
+            out[rule.target.format(**names)] = value
+        elif rule.field in names:
+            part = names.pop(rule.field)
+            merges.setdefault((index, rule.target.format(**names)), {})[part] = (key, value)
+        else:
+            for part, piece in rule.fold.split(value).items():
+                out[rule.target.format(**names, **{rule.field: part})] = piece
+    for (index, target), parts in sorted(merges.items(), key=lambda item: item[0][0]):
+        merged = compiled[index].fold.merge({part: value for part, (_, value) in parts.items()})
+        if merged is None:
+            unknown += [key for key, _ in parts.values()]
+        else:
+            out[target] = merged
+    if unknown:
+        raise UnknownKeysError(layout, unknown)
+    return out
+
+
+# (native, mmseg) for mmseg 1.x ``PCPVT``; q and kv are one nn.MultiheadAttention in_proj there.
+_MMSEG = [
     ('patch_embeds.{i}.proj.{p}', 'patch_embeds.{i}.projection.{p}'),
     ('patch_embeds.{i}.norm.{p}', 'patch_embeds.{i}.norm.{p}'),
     ('pos_block.{i}.proj.0.{p}', 'position_encodings.{i}.proj.{p}'),
     ('blocks.{i}.{j}.norm1.{p}', 'layers.{i}.{j}.norm1.{p}'),
     ('blocks.{i}.{j}.norm2.{p}', 'layers.{i}.{j}.norm2.{p}'),
+    ('blocks.{i}.{j}.attn.{part}.{p}', 'layers.{i}.{j}.attn.attn.in_proj_{p}', QKV),
     ('blocks.{i}.{j}.attn.proj.{p}', 'layers.{i}.{j}.attn.attn.out_proj.{p}'),
     ('blocks.{i}.{j}.attn.sr.{p}', 'layers.{i}.{j}.attn.sr.{p}'),
     ('blocks.{i}.{j}.attn.norm.{p}', 'layers.{i}.{j}.attn.norm.{p}'),
     ('blocks.{i}.{j}.mlp.fc1.{p}', 'layers.{i}.{j}.ffn.layers.0.0.{p}'),
     ('blocks.{i}.{j}.mlp.fc2.{p}', 'layers.{i}.{j}.ffn.layers.1.{p}'),
 ]
-_to_mmseg = _renamer(_MMSEG_RULES)
-# mmseg's own converter (tools/model_converters/twins2mmseg.py, which made its published PCPVT weights) keeps
-# the classifier's final ``norm``; mmseg's backbone ignores it on load, and so does our dense backbone.
-_from_mmseg = _renamer([(b, a) for a, b in _MMSEG_RULES] + [('norm.{p}', 'norm.{p}')])
-_IN_PROJ = re.compile(r'layers\.(\d+)\.(\d+)\.attn\.attn\.in_proj_(weight|bias)')
-_Q_OR_KV = re.compile(r'blocks\.(\d+)\.(\d+)\.attn\.(q|kv)\.(weight|bias)')
+# The classifier's final norm and head, which mmseg's backbone has no place for: left out when writing.
+_CLASSIFIER_ONLY = [('norm.{rest}', None), ('head.{rest}', None)]
 
 
 def mmseg_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
-    """mmseg 1.x ``PCPVT`` backbone keys -> ours. ``in_proj`` (q; k; v stacked) splits into ``q`` and ``kv``;
-    a final ``norm`` (as mmseg's converter writes it) is kept."""
-    out: StateDict = {}
-    unknown: List[str] = []
-    for key, value in state_dict.items():
-        m = _IN_PROJ.fullmatch(key)
-        if m:
-            i, j, p = m.groups()
-            dim = value.shape[0] // 3
-            out[f'blocks.{i}.{j}.attn.q.{p}'] = value[:dim]
-            out[f'blocks.{i}.{j}.attn.kv.{p}'] = value[dim:]
-            continue
-        new = _from_mmseg(key)
-        if new is None:
-            unknown.append(key)
-        else:
-            out[new] = value
-    if unknown:
-        raise UnknownKeysError('mmseg PCPVT', unknown)
-    return out
+    """mmseg 1.x ``PCPVT`` backbone keys -> native. ``in_proj`` (q; k; v stacked) splits into ``q`` and ``kv``;
+    a final ``norm`` is kept: mmseg's own converter (tools/model_converters/twins2mmseg.py, which made its
+    published PCPVT weights) keeps it, and mmseg's backbone, like our dense one, ignores it on load."""
+    return apply_rules(state_dict, inverted(_MMSEG) + [('norm.{p}', 'norm.{p}')], 'mmseg PCPVT')
 
 
 def twins_to_mmseg(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
-    """Ours -> mmseg 1.x ``PCPVT`` backbone keys. The classifier's final ``norm`` and ``head`` have no
+    """Native -> mmseg 1.x ``PCPVT`` backbone keys. The classifier's final ``norm`` and ``head`` have no
     counterpart in mmseg's backbone and are left out; any other key that does not fit raises."""
-    out: StateDict = {}
-    unknown: List[str] = []
-    pending: Dict[Tuple[str, str, str], Dict[str, torch.Tensor]] = {}
-    for key, value in state_dict.items():
-        if key.startswith(CLASSIFIER_ONLY):
-            continue
-        m = _Q_OR_KV.fullmatch(key)
-        if m:
-            i, j, which, p = m.groups()
-            pending.setdefault((i, j, p), {})[which] = value
-            continue
-        new = _to_mmseg(key)
-        if new is None:
-            unknown.append(key)
-        else:
-            out[new] = value
-    for (i, j, p), parts in pending.items():
-        if set(parts) != {'q', 'kv'}:
-            unknown += [f'blocks.{i}.{j}.attn.{w}.{p}' for w in parts]
-            continue
-        out[f'layers.{i}.{j}.attn.attn.in_proj_{p}'] = torch.cat((parts['q'], parts['kv']), dim=0)
-    if unknown:
-        raise UnknownKeysError('our (Twins/timm) PCPVT', unknown)
-    return out
+    return apply_rules(state_dict, _CLASSIFIER_ONLY + _MMSEG, 'our (Twins/timm) PCPVT')
 
 
-# (ours, mmpretrain) for mmpretrain 1.x ``PCPVT`` inside an ``ImageClassifier`` (GAP neck, LinearClsHead).
-_MMPRETRAIN_RULES = [
+# (native, mmpretrain) for mmpretrain 1.x ``PCPVT`` inside an ``ImageClassifier`` (GAP neck, LinearClsHead).
+_MMPRETRAIN = [
     ('patch_embeds.{i}.proj.{p}', 'backbone.patch_embeds.{i}.projection.{p}'),
     ('patch_embeds.{i}.norm.{p}', 'backbone.patch_embeds.{i}.norm.{p}'),
     ('pos_block.{i}.proj.0.{p}', 'backbone.position_encodings.{i}.proj.{p}'),
@@ -132,46 +201,31 @@ _MMPRETRAIN_RULES = [
     ('norm.{p}', 'backbone.norm_after_stage3.{p}'),
     ('head.{p}', 'head.fc.{p}'),
 ]
-_to_mmpretrain = _renamer(_MMPRETRAIN_RULES)
-_from_mmpretrain = _renamer([(b, a) for a, b in _MMPRETRAIN_RULES])
-
-
-def _rename_all(state_dict: Mapping[str, torch.Tensor], rename: Callable[[str], str], layout: str) -> StateDict:
-    out: StateDict = {}
-    unknown: List[str] = []
-    for key, value in state_dict.items():
-        new = rename(key)
-        if new is None:
-            unknown.append(key)
-        else:
-            out[new] = value
-    if unknown:
-        raise UnknownKeysError(layout, unknown)
-    return out
 
 
 def mmpretrain_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
-    """mmpretrain 1.x ``PCPVT`` keys -> ours: a whole classifier (``backbone.*``, ``head.fc.*``) or its
+    """mmpretrain 1.x ``PCPVT`` keys -> native: a whole classifier (``backbone.*``, ``head.fc.*``) or its
     backbone alone (keys without the ``backbone.`` prefix)."""
     if not any(k.startswith(('backbone.', 'head.fc.')) for k in state_dict):
         state_dict = {f'backbone.{k}': v for k, v in state_dict.items()}
-    return _rename_all(state_dict, _from_mmpretrain, 'mmpretrain PCPVT')
+    return apply_rules(state_dict, inverted(_MMPRETRAIN), 'mmpretrain PCPVT')
 
 
 def twins_to_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
-    """Ours -> an mmpretrain 1.x ``ImageClassifier`` with its ``PCPVT`` backbone (``norm_after_stage`` on the
+    """Native -> an mmpretrain 1.x ``ImageClassifier`` with its ``PCPVT`` backbone (``norm_after_stage`` on the
     last stage only, as in mmpretrain's Twins configs) and a ``LinearClsHead``."""
-    return _rename_all(state_dict, _to_mmpretrain, 'our (Twins/timm) PCPVT')
+    return apply_rules(state_dict, _MMPRETRAIN, 'our (Twins/timm) PCPVT')
 
 
-_DEIT_RULES = [('cls_token', 'cls_token'), ('patch_embed.proj.{p}', 'patch_embed.proj.{p}'),
-               ('pos_block.{i}.proj.0.{p}', 'pos_block.{i}.proj.0.{p}'), ('norm.{p}', 'norm.{p}'),
-               ('head.{p}', 'head.{p}')] + [
-    (f'blocks.{{i}}.{m}.{{p}}', f'blocks.{{i}}.{m}.{{p}}')
-    for m in ('norm1', 'norm2', 'attn.proj', 'mlp.fc1', 'mlp.fc2')]
-_from_deit = _renamer(_DEIT_RULES)
-_QKV = re.compile(r'blocks\.(\d+)\.attn\.qkv\.(weight|bias)')
-_Q_OR_KV_COLUMNAR = re.compile(r'blocks\.(\d+)\.attn\.(q|kv)\.(weight|bias)')
+# (native, timm) for what timm's ViTs (DeiT, the RoPE ViTs) share with our columnar model; q and kv are one qkv.
+_VIT = [(key, key) for key in ('cls_token', 'patch_embed.proj.{p}', 'norm.{p}', 'head.{p}')] + [
+    (f'blocks.{{i}}.{m}.{{p}}',) * 2 for m in ('norm1', 'norm2', 'attn.proj', 'mlp.fc1', 'mlp.fc2')] + [
+    ('blocks.{i}.attn.{part}.{p}', 'blocks.{i}.attn.qkv.{p}', QKV)]
+_DEIT = _VIT + [('pos_block.{i}.proj.0.{p}', 'pos_block.{i}.proj.0.{p}')]
+# timm's RoPE ViTs: layer scales ``gamma_1/2``, and ``rope.freqs`` (2, depth, heads, head_dim / 2) for all blocks.
+_ROPE_VIT = _VIT + [('blocks.{i}.ls{n}.gamma', 'blocks.{i}.gamma_{n}'), ('rope.freqs.{j}', 'rope.freqs', PER_BLOCK)]
+_QKV = re.compile(r'blocks\.\d+\.attn\.qkv\.(weight|bias)')
+_ROPE_VIT_ONLY = re.compile(r'rope\.freqs|blocks\.\d+\.gamma_[12]')
 
 
 def deit_to_twins(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool = False) -> StateDict:
@@ -182,33 +236,8 @@ def deit_to_twins(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool =
     from DeiT weights, whose PEGs then start fresh (load with ``strict=False``). Distillation tokens and heads
     have no counterpart and raise.
     """
-    out: StateDict = {}
-    unknown: List[str] = []
-    for key, value in state_dict.items():
-        m = _QKV.fullmatch(key)
-        if m:
-            j, p = m.groups()
-            dim = value.shape[0] // 3
-            out[f'blocks.{j}.attn.q.{p}'] = value[:dim]
-            out[f'blocks.{j}.attn.kv.{p}'] = value[dim:]
-        elif key == 'pos_embed':
-            if not drop_pos_embed:
-                out['pos_embed.0'] = value
-        else:
-            new = _from_deit(key)
-            if new is None:
-                unknown.append(key)
-            else:
-                out[new] = value
-    if unknown:
-        raise UnknownKeysError('DeiT/timm ViT', unknown)
-    return out
-
-
-_ROPE_VIT_SAME = _renamer(_DEIT_RULES[:2] + _DEIT_RULES[3:])
-_ROPE_VIT_ONLY = re.compile(r'rope\.freqs|blocks\.\d+\.gamma_[12]')
-_OUR_ROPE = re.compile(r'rope\.freqs\.(\d+)')
-_OUR_SCALE = re.compile(r'blocks\.(\d+)\.ls([12])\.gamma')
+    pos_embed = ('pos_embed', None if drop_pos_embed else 'pos_embed.0')
+    return apply_rules(state_dict, inverted(_DEIT) + [pos_embed], 'DeiT/timm ViT')
 
 
 def rope_vit_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
@@ -219,113 +248,56 @@ def rope_vit_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     ``attn.qkv`` splits into ``attn.q`` / ``attn.kv`` (as DeiT's), ``gamma_1/2`` are the layer scales
     ``ls1/ls2.gamma``, and ``rope.freqs`` (2, depth, heads, head_dim / 2) splits into one ``rope.freqs.{j}``
     per block. Anything else raises ``UnknownKeysError``."""
-    out: StateDict = {}
-    unknown: List[str] = []
-    for key, value in state_dict.items():
-        qkv, gamma = _QKV.fullmatch(key), re.fullmatch(r'blocks\.(\d+)\.gamma_([12])', key)
-        if key == 'rope.freqs':
-            out.update({f'rope.freqs.{j}': value[:, j].clone() for j in range(value.shape[1])})
-        elif qkv:
-            j, p = qkv.groups()
-            dim = value.shape[0] // 3
-            out[f'blocks.{j}.attn.q.{p}'], out[f'blocks.{j}.attn.kv.{p}'] = value[:dim], value[dim:]
-        elif gamma:
-            out[f'blocks.{gamma.group(1)}.ls{gamma.group(2)}.gamma'] = value
-        elif _ROPE_VIT_SAME(key) is not None:
-            out[_ROPE_VIT_SAME(key)] = value
-        else:
-            unknown.append(key)
-    if unknown:
-        raise UnknownKeysError('timm RoPE ViT', unknown)
-    return out
+    return apply_rules(state_dict, inverted(_ROPE_VIT), 'timm RoPE ViT')
 
 
 def twins_to_rope_vit(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
-    """Ours (a columnar model with RoPE, see ``rope_vit_to_twins``) -> timm's RoPE ViT keys; keys of other
+    """Native (a columnar model with RoPE, see ``rope_vit_to_twins``) -> timm's RoPE ViT keys; keys of other
     position encodings (a PEG) have no place there and raise ``UnknownKeysError``."""
-    out: StateDict = {}
-    unknown: List[str] = []
-    pending: Dict[Tuple[str, str], Dict[str, torch.Tensor]] = {}
-    freqs: Dict[int, torch.Tensor] = {}
-    for key, value in state_dict.items():
-        rope, scale, qkv = _OUR_ROPE.fullmatch(key), _OUR_SCALE.fullmatch(key), _Q_OR_KV_COLUMNAR.fullmatch(key)
-        if rope:
-            freqs[int(rope.group(1))] = value
-        elif scale:
-            out[f'blocks.{scale.group(1)}.gamma_{scale.group(2)}'] = value
-        elif qkv:
-            j, which, p = qkv.groups()
-            pending.setdefault((j, p), {})[which] = value
-        elif _ROPE_VIT_SAME(key) is not None:
-            out[_ROPE_VIT_SAME(key)] = value
-        else:
-            unknown.append(key)
-    for (j, p), parts in pending.items():
-        if set(parts) != {'q', 'kv'}:
-            unknown += [f'blocks.{j}.attn.{w}.{p}' for w in parts]
-        else:
-            out[f'blocks.{j}.attn.qkv.{p}'] = torch.cat((parts['q'], parts['kv']))
-    if freqs:
-        if sorted(freqs) != list(range(len(freqs))):
-            raise ValueError(f'rope.freqs.{{j}} must cover blocks 0..{len(freqs) - 1}, got {sorted(freqs)}')
-        out['rope.freqs'] = torch.stack([freqs[j] for j in range(len(freqs))], dim=1)
-    if unknown:
-        raise UnknownKeysError('our columnar model with RoPE', unknown)
-    return out
+    return apply_rules(state_dict, _ROPE_VIT, 'our columnar model with RoPE')
+
+
+# (native, our backbone inside an mmpretrain ``ImageClassifier``): the keys of a checkpoint of configs/imagenet.
+_CLASSIFIER = [('head.{rest}', 'head.fc.{rest}'), ('{native}', 'backbone.{native}')]
 
 
 def backbone_only(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
-    """Our layout without the classifier head: the checkpoint a dense config's ``init_cfg`` points at."""
+    """The native layout without the classifier head: the checkpoint a dense config's ``init_cfg`` points at."""
     sd = to_twins(state_dict)
     return {k: v for k, v in sd.items() if not k.startswith('head.')}
 
 
 def classifier_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
-    """Our backbone inside an mmpretrain ``ImageClassifier`` (``backbone.*`` in our layout, ``head.fc.*``),
-    e.g. a checkpoint of ``configs/imagenet`` -> ours."""
-    def rename(key: str):
-        if key.startswith('head.fc.'):
-            return 'head.' + key[len('head.fc.'):]
-        inner = key[len('backbone.'):] if key.startswith('backbone.') else ''
-        return inner if inner.startswith(TWINS_ROOTS) and not inner.startswith('head.') else None
-    return _rename_all(state_dict, rename, 'mmpretrain ImageClassifier with our backbone')
+    """Our backbone inside an mmpretrain ``ImageClassifier`` (``backbone.*`` native, ``head.fc.*``), e.g. a
+    checkpoint of ``configs/imagenet`` -> native."""
+    return apply_rules(state_dict, inverted(_CLASSIFIER), 'mmpretrain ImageClassifier with our backbone')
 
 
 def twins_to_classifier(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
-    """Ours -> our backbone inside an mmpretrain ``ImageClassifier`` (``backbone.*``, ``head.fc.*``): the keys
+    """Native -> our backbone inside an mmpretrain ``ImageClassifier`` (``backbone.*``, ``head.fc.*``): the keys
     of a checkpoint of ``configs/imagenet`` (the inverse of ``classifier_to_twins``)."""
-    out: StateDict = {}
-    unknown: List[str] = []
-    for key, value in state_dict.items():
-        if key.startswith('head.'):
-            out['head.fc.' + key[len('head.'):]] = value
-        elif key.startswith(TWINS_ROOTS):
-            out['backbone.' + key] = value
-        else:
-            unknown.append(key)
-    if unknown:
-        raise UnknownKeysError('our (Twins/timm) layout', unknown)
-    return out
+    return apply_rules(state_dict, _CLASSIFIER, 'our (Twins/timm)')
 
 
-def _is_our_classifier(keys: Sequence[str]) -> bool:
+def _is_our_classifier(keys: Sequence[str], roots: Tuple[str, ...]) -> bool:
     return bool(keys) and any(k.startswith('backbone.') for k in keys) and all(
-        k.startswith('head.fc.') or (k.startswith('backbone.') and k[len('backbone.'):].startswith(TWINS_ROOTS))
+        k.startswith('head.fc.') or (k.startswith('backbone.') and k[len('backbone.'):].startswith(roots))
         for k in keys)
 
 
 def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
-    """The layout of a state dict: 'twins' (ours, official Twins/CPVT, timm ``twins_pcpvt_*``), 'classifier' (ours
-    inside an mmpretrain classifier), 'mmseg', 'mmpretrain' (its own ``PCPVT``), 'deit' or 'rope_vit' (timm's
-    RoPE ViTs)."""
+    """The layout of a state dict: 'native' (our models', official Twins/CPVT, timm ``twins_pcpvt_*``; any
+    registered position encoding's keys included), 'classifier' (native inside an mmpretrain classifier),
+    'mmseg', 'mmpretrain' (its own ``PCPVT``), 'deit' or 'rope_vit' (timm's RoPE ViTs)."""
     keys = list(state_dict)
+    roots = native_roots()
     if any(_ROPE_VIT_ONLY.fullmatch(k) for k in keys):
         return 'rope_vit'
     if any(_QKV.fullmatch(k) for k in keys):
         return 'deit'
-    if keys and all(k.startswith(TWINS_ROOTS) for k in keys):
-        return 'twins'
-    if _is_our_classifier(keys):
+    if keys and all(k.startswith(roots) for k in keys):
+        return 'native'
+    if _is_our_classifier(keys, roots):
         return 'classifier'
     if any(k.startswith(('backbone.stages.', 'stages.', 'backbone.position_encodings.')) for k in keys):
         return 'mmpretrain'
@@ -338,21 +310,27 @@ def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
                      f'first keys: {keys[:8]}')
 
 
+# Each layout ``detect_layout`` names, read into native keys (DeiT's, which takes an option, by ``to_twins``).
+READERS: Dict[str, Callable[[Mapping[str, torch.Tensor]], StateDict]] = {
+    'native': dict, 'classifier': classifier_to_twins, 'mmseg': mmseg_to_twins, 'mmpretrain': mmpretrain_to_twins,
+    'rope_vit': rope_vit_to_twins}
+# Each layout ``from_twins`` writes.
+WRITERS: Dict[str, Callable[[Mapping[str, torch.Tensor]], StateDict]] = {
+    'native': dict, 'backbone': backbone_only, 'classifier': twins_to_classifier, 'mmseg': twins_to_mmseg,
+    'mmpretrain': twins_to_mmpretrain, 'rope_vit': twins_to_rope_vit}
+
+
 def to_twins(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool = False) -> StateDict:
-    """Any known layout -> ours (see ``detect_layout``)."""
+    """Any known layout (see ``detect_layout``) -> native; ``drop_pos_embed`` as ``deit_to_twins``'s."""
     layout = detect_layout(state_dict)
     if layout == 'deit':
         return deit_to_twins(state_dict, drop_pos_embed)
-    readers = {'rope_vit': rope_vit_to_twins, 'twins': dict, 'classifier': classifier_to_twins, 'mmseg': mmseg_to_twins,
-               'mmpretrain': mmpretrain_to_twins}
-    return readers[layout](state_dict)
+    return READERS[layout](state_dict)
 
 
 def from_twins(state_dict: Mapping[str, torch.Tensor], layout: str) -> StateDict:
-    """Ours -> ``layout``: 'twins' (unchanged), 'backbone' (no head), 'classifier' (our backbone in an mmpretrain
-    classifier), 'mmseg', 'mmpretrain' or 'rope_vit'."""
-    writers = {'twins': dict, 'backbone': backbone_only, 'classifier': twins_to_classifier, 'mmseg': twins_to_mmseg,
-               'mmpretrain': twins_to_mmpretrain, 'rope_vit': twins_to_rope_vit}
-    if layout not in writers:
-        raise ValueError(f'cannot write layout {layout!r}; choose one of {sorted(writers)}')
-    return writers[layout](state_dict)
+    """Native -> ``layout``: 'native' (unchanged), 'backbone' (no head), 'classifier' (our backbone in an
+    mmpretrain classifier), 'mmseg', 'mmpretrain' or 'rope_vit'."""
+    if layout not in WRITERS:
+        raise ValueError(f'cannot write layout {layout!r}; choose one of {sorted(WRITERS)}')
+    return WRITERS[layout](state_dict)

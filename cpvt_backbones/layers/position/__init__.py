@@ -6,10 +6,14 @@
 * a dict with ``type`` and the encoding's options: ``dict(type='peg', positions=(0,), kernel_size=3)``;
 * a list of names or dicts (a combination); ``None``, ``'none'`` or ``()``: no position encoding.
 
-A new encoding is a ``PositionEncoding`` subclass in its own file plus its line in ``ENCODINGS``.
+A new encoding is a ``PositionEncoding`` subclass in its own file plus its line in ``ENCODINGS``; code outside
+the package adds one with ``register_encoding`` (or ``registered_encoding`` for a ``with`` block). Its keys sit
+under ``attr + '.'`` in a model's state dict; ``state_dict_roots()`` lists these roots for every registered
+encoding, so the checkpoint converters (``cpvt_backbones.convert``) recognise a new encoding's keys as native.
 """
 import inspect
-from typing import Any, Dict, List, Mapping, Sequence, Type, Union
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple, Type, Union
 
 from .base import AttentionPosition, Geometry, PositionEncoding, Rotary, merge_attention, rotate
 from .conv1x1 import Conv1x1Encoding
@@ -25,6 +29,41 @@ ENCODINGS: Dict[str, Type[PositionEncoding]] = {
                               RPEEncoding, AxialRoPEEncoding, RoPEEncoding)}
 
 Spec = Union[None, str, Mapping[str, Any], Sequence[Union[str, Mapping[str, Any]]]]
+
+
+def register_encoding(cls: Type[PositionEncoding]) -> Type[PositionEncoding]:
+    """Add ``cls`` to ``ENCODINGS`` under its ``name`` (a name already taken, or ``'none'``, raises); returns it."""
+    if not (isinstance(cls, type) and issubclass(cls, PositionEncoding)):
+        raise TypeError(f'a position encoding is a PositionEncoding subclass, got {cls!r}')
+    if not cls.name or not cls.attr:
+        raise ValueError(f'{cls.__name__} must set name (its registry name) and attr (where models mount it)')
+    if cls.name in ENCODINGS or cls.name == 'none':
+        raise ValueError(f'position encoding name {cls.name!r} is taken')
+    ENCODINGS[cls.name] = cls
+    return cls
+
+
+def unregister_encoding(name: str) -> Type[PositionEncoding]:
+    """Remove the encoding registered under ``name`` from ``ENCODINGS``; returns its class."""
+    if name not in ENCODINGS:
+        raise KeyError(f'no position encoding {name!r} is registered')
+    return ENCODINGS.pop(name)
+
+
+@contextmanager
+def registered_encoding(cls: Type[PositionEncoding]) -> Iterator[Type[PositionEncoding]]:
+    """``cls`` registered inside the ``with`` block only: the registry is as before once it exits."""
+    register_encoding(cls)
+    try:
+        yield cls
+    finally:
+        unregister_encoding(cls.name)
+
+
+def state_dict_roots() -> Tuple[str, ...]:
+    """The state-dict key prefixes of the registered encodings: ``attr + '.'`` for each attribute an encoding is
+    mounted under (encodings that share one, as ``peg`` and ``conv1x1``, give it once), in registry order."""
+    return tuple(dict.fromkeys(f'{cls.attr}.' for cls in ENCODINGS.values()))
 
 
 def parse_position_encoding(spec: Spec) -> List[Dict[str, Any]]:
@@ -73,5 +112,6 @@ def build_position_encodings(spec: Spec, geometry: Geometry) -> List[PositionEnc
 
 
 __all__ = ['AttentionPosition', 'ENCODINGS', 'Geometry', 'PEG', 'PEG_TYPES', 'PositionEncoding', 'Rotary',
-           'build_position_encodings', 'merge_attention', 'parse_position_encoding', 'peg_responses', 'resize_table',
-           'rotate', 'sincos_table']
+           'build_position_encodings', 'merge_attention', 'parse_position_encoding', 'peg_responses',
+           'register_encoding', 'registered_encoding', 'resize_table', 'rotate', 'sincos_table', 'state_dict_roots',
+           'unregister_encoding']
