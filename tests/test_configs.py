@@ -92,12 +92,20 @@ def test_parameter_counts_match_paper(name):
 
 @pytest.mark.parametrize('path', DENSE, ids=lambda p: p.name)
 def test_every_custom_key_matches_a_parameter(path):
+    """A config's own custom_keys entries each match a parameter; the shared ones (configs/_base_/
+    position_no_decay.py, one per registered position encoding, tests/test_weight_decay.py) match exactly the
+    parameters the backbone keeps out of weight decay, and nothing of the neck or head."""
     cfg = load(path)
     keys = cfg.optim_wrapper.get('paramwise_cfg', {}).get('custom_keys', {})
-    names = [n for n, _ in build(cfg).named_parameters()]
+    model = build(cfg)
+    names = [n for n, _ in model.named_parameters()]
+    shared = cfg.get('position_no_decay', {})
     for key in keys:
-        assert any(key in n for n in names), f'custom_keys entry {key!r} matches no parameter'
-    if 'pos_block' in keys:
+        assert key in shared or any(key in n for n in names), f'custom_keys entry {key!r} matches no parameter'
+    if shared:
+        assert {n for n in names if any(key in n for key in shared)} == \
+            {f'backbone.{n}' for n in model.backbone.no_weight_decay()}
+    if 'pos_block.' in keys:
         assert any(n.startswith('backbone.pos_block.') for n in names)
 
 

@@ -15,6 +15,8 @@ from mmengine.registry import PARAM_SCHEDULERS, DefaultScope  # noqa: E402
 from mmpretrain.registry import DATA_SAMPLERS, MODELS, TRANSFORMS  # noqa: E402
 from mmpretrain.structures import DataSample  # noqa: E402
 
+from cpvt_backbones.layers.position import state_dict_roots  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / 'configs' / 'imagenet'
 
@@ -122,7 +124,7 @@ def test_recipe(name):
     paramwise = cfg.optim_wrapper.paramwise_cfg
     assert paramwise.norm_decay_mult == paramwise.bias_decay_mult == paramwise.flat_decay_mult == 0
     keys = paramwise.custom_keys
-    assert set(keys) == ({'pos_block', 'cls_token'} if has_class_token(name) else {'pos_block'})
+    assert set(keys) == {*state_dict_roots(), 'cls_token'}  # every position encoding's, as tests/test_weight_decay
     assert all(v == dict(decay_mult=0.0) for v in keys.values())
     assert cfg.auto_scale_lr.base_batch_size == GPUS * BATCH == 1024
 
@@ -185,8 +187,9 @@ def test_model_size_and_weight_decay(name):
         assert count == params
 
     names = {id(p): n for n, p in model.named_parameters()}
-    for key in cfg.optim_wrapper.paramwise_cfg.custom_keys:
-        assert any(key in n for n in names.values()), f'custom_keys entry {key!r} matches no parameter'
+    keys = cfg.optim_wrapper.paramwise_cfg.custom_keys  # one per position encoding: they match its parameters only
+    assert {n for n in names.values() if any(key in n for key in keys)} == \
+        {f'backbone.{n}' for n in model.backbone.no_weight_decay()}
     assert ('backbone.cls_token' in names.values()) == has_class_token(name)
 
     with DefaultScope.overwrite_default_scope('mmpretrain'):

@@ -1,9 +1,10 @@
 # The DeiT ImageNet-1k recipe (300 epochs, 8 processes x 128 images) shared by the CPVT and PCPVT classification
-# configs in configs/imagenet/, which add the backbone, the head width and the class-token decay key.
+# configs in configs/imagenet/, which add the backbone and the head width.
 _base_ = [
     'mmpretrain::_base_/datasets/imagenet_bs64_swin_224.py',
     'mmpretrain::_base_/schedules/imagenet_bs1024_adamw_swin.py',
     'mmpretrain::_base_/default_runtime.py',
+    './position_no_decay.py',
 ]
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmpretrain', 'cpvt_backbones.adapters.checkpoint',
@@ -36,14 +37,14 @@ train_dataloader = dict(
 )
 
 # lr = 5e-4 x global batch / 512; --auto-scale-lr rescales it from 1024 for other batch sizes.
-# No weight decay on the PEGs, norms, biases and other flat parameters.
+# No weight decay on the position encodings (the PEGs), the class token, norms, biases and other flat parameters.
 optim_wrapper = dict(
     optimizer=dict(type='AdamW', lr=5e-4 * 1024 / 512, weight_decay=0.05, eps=1e-8, betas=(0.9, 0.999)),
     paramwise_cfg=dict(
         norm_decay_mult=0.0,
         bias_decay_mult=0.0,
         flat_decay_mult=0.0,
-        custom_keys=dict(_delete_=True, pos_block=dict(decay_mult=0.0))),
+        custom_keys=dict(_delete_=True, **_base_.position_no_decay)),
     clip_grad=dict(max_norm=5.0),
 )
 

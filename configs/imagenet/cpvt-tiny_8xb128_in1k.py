@@ -3,4 +3,3 @@
 _base_ = '../_base_/imagenet_deit.py'
 
 model = dict(backbone=dict(type='CPVT', arch='cpvt_tiny'), head=dict(in_channels=192))
-optim_wrapper = dict(paramwise_cfg=dict(custom_keys=dict(cls_token=dict(decay_mult=0.0))))

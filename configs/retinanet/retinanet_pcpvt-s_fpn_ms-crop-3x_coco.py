@@ -1,7 +1,7 @@
 # PCPVT-S RetinaNet 3x with multi-scale training (the paper: 45.2 AP). DETR-style augmentation: short side
-# 480-800 (max 1333), or resize-crop-resize; AdamW lr 1e-4, wd 0.05 with the PEG and all norms out of weight
-# decay (tests check that every custom_keys entry matches real parameters); 36 epochs, x0.1 at 27 and 33.
-_base_ = './retinanet_pcpvt-s_fpn_1x_coco.py'
+# 480-800 (max 1333), or resize-crop-resize; AdamW lr 1e-4, wd 0.05 with the position encoding (the PEG) and all
+# norms out of weight decay (tests check which parameters each custom_keys entry matches); 36 epochs, x0.1 at 27, 33.
+_base_ = ['./retinanet_pcpvt-s_fpn_1x_coco.py', '../_base_/position_no_decay.py']
 
 train_pipeline = [
     dict(type='LoadImageFromFile', backend_args={{_base_.backend_args}}),
@@ -29,4 +29,4 @@ param_scheduler = [
 ]
 optim_wrapper = dict(
     optimizer=dict(weight_decay=0.05),
-    paramwise_cfg=dict(custom_keys={'pos_block': dict(decay_mult=0.), 'norm': dict(decay_mult=0.)}))
+    paramwise_cfg=dict(custom_keys={**_base_.position_no_decay, 'norm': dict(decay_mult=0.)}))

@@ -3,5 +3,4 @@
 _base_ = './pcpvt-tiny_shapes-cls.py'
 
 model = dict(backbone=dict(type='CPVT', arch='cpvt_tiny_gap', drop_path_rate=0.1), head=dict(in_channels=192))
-optim_wrapper = dict(optimizer=dict(lr=1e-3),
-                     paramwise_cfg=dict(custom_keys={'pos_block': dict(decay_mult=0.), 'norm': dict(decay_mult=0.)}))
+optim_wrapper = dict(optimizer=dict(lr=1e-3))

@@ -1,7 +1,7 @@
 # Semantic FPN with pcpvt_tiny trained from scratch on the embedded shapes dataset, on CPU
 # (python tools/make_shapes.py writes data/shapes). Images keep their own size: no crop, no padding to a
 # multiple of 32 beyond what batching needs.
-_base_ = ['mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/default_runtime.py']
+_base_ = ['mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/default_runtime.py', '../_base_/position_no_decay.py']
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg', 'cpvt_backbones.adapters.checkpoint',
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
@@ -54,7 +54,7 @@ val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 optim_wrapper = dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
                      clip_grad=dict(max_norm=10.0),
-                     paramwise_cfg=dict(custom_keys={'pos_block': dict(decay_mult=0.), 'norm': dict(decay_mult=0.)}))
+                     paramwise_cfg=dict(custom_keys={**_base_.position_no_decay, 'norm': dict(decay_mult=0.)}))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
     dict(type='PolyLR', eta_min=0., power=0.9, begin=50, end=max_iters, by_epoch=False),

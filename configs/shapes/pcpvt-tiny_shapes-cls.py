@@ -1,7 +1,7 @@
 # pcpvt_tiny classifying the 64 x 64 shape crops (mmpretrain; `python tools/make_shapes.py --classification`
 # writes them to data/shapes_cls): the demo's stand-in for ImageNet pretraining. 1,200 iterations of 64 crops
 # reach 94% top-1 on the 400 held-out crops (300 reach 41%).
-_base_ = 'mmpretrain::_base_/default_runtime.py'
+_base_ = ['mmpretrain::_base_/default_runtime.py', '../_base_/position_no_decay.py']
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmpretrain', 'cpvt_backbones.adapters.checkpoint',
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
@@ -38,7 +38,7 @@ train_cfg = dict(by_epoch=False, max_iters=max_iters, val_interval=max_iters)
 val_cfg = dict()
 test_cfg = dict()
 optim_wrapper = dict(optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05), clip_grad=dict(max_norm=5.0),
-                     paramwise_cfg=dict(custom_keys={'pos_block': dict(decay_mult=0.), 'norm': dict(decay_mult=0.)}))
+                     paramwise_cfg=dict(custom_keys={**_base_.position_no_decay, 'norm': dict(decay_mult=0.)}))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=30),
     dict(type='CosineAnnealingLR', T_max=max_iters - 30, eta_min=1e-5, by_epoch=False, begin=30, end=max_iters),

@@ -2,7 +2,7 @@
 # from the backbone pretrained on the shape crops, configs/shapes/pcpvt-tiny_shapes-cls.py)
 # (python tools/make_shapes.py writes data/shapes). No padding to a multiple of 32: the backbone takes any
 # size, so the detector trains and predicts on images as they are.
-_base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
+_base_ = ['mmdet::retinanet/retinanet_r50_fpn_1x_coco.py', '../_base_/position_no_decay.py']
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet', 'cpvt_backbones.adapters.checkpoint',
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
@@ -60,7 +60,7 @@ max_iters = 700
 train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
 optim_wrapper = dict(optimizer=dict(_delete_=True, type='AdamW', lr=1e-3, weight_decay=0.05),
                      clip_grad=dict(max_norm=10.0),
-                     paramwise_cfg=dict(custom_keys={'pos_block': dict(decay_mult=0.), 'norm': dict(decay_mult=0.)}))
+                     paramwise_cfg=dict(custom_keys={**_base_.position_no_decay, 'norm': dict(decay_mult=0.)}))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
     dict(type='CosineAnnealingLR', T_max=max_iters, eta_min=1e-5, by_epoch=False, begin=0, end=max_iters),
