@@ -1,6 +1,12 @@
 # Everything runs inside .venv/ in the repo root; `make env` creates or reuses it (see tools/setup_env.sh).
 PY := .venv/bin/python
 PYTEST_ARGS ?=
+# The suite runs on PYTEST_WORKERS pytest-xdist workers (the project's machines have 2 cores; 0 runs it in one
+# process), each torch process on one OpenMP thread so that the workers do not compete for the cores. With
+# --dist loadgroup the tests of one xdist_group, which share a module fixture's trained or converted model, run on
+# one worker.
+PYTEST_WORKERS ?= 2
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup
 
 .PHONY: env test test-quick demo bench clean-env
 
@@ -9,11 +15,11 @@ env:
 
 test: env
 	.venv/bin/ruff check cpvt_backbones tools benchmarks tests
-	$(PY) -m pytest -q -p no:cacheprovider --durations=20 $(PYTEST_ARGS) tests
+	$(PYTEST) --durations=20 $(PYTEST_ARGS) tests
 
 test-quick: env
 	.venv/bin/ruff check cpvt_backbones tools benchmarks tests
-	$(PY) -m pytest -q -p no:cacheprovider -m "not heavy" $(PYTEST_ARGS) tests
+	$(PYTEST) -m "not heavy" $(PYTEST_ARGS) tests
 
 demo: env
 	$(PY) tools/demo.py
@@ -22,14 +28,14 @@ demo: env
 # (with glibc's default allocator, then float32 with freed memory retained), the scaling study, and where the time
 # goes by kind of op, and whole detectors and segmentors end to end on each engine (docs/performance.md).
 bench: env
-	$(PY) benchmarks/speed.py pcpvt_small --precision bf16 int8 --engines \
+	$(PY) -m benchmarks.speed pcpvt_small --precision bf16 int8 --engines \
 		--json benchmarks/results/bench_pcpvt_small.json
-	$(PY) benchmarks/speed.py pcpvt_small --retain-freed-memory \
+	$(PY) -m benchmarks.speed pcpvt_small --retain-freed-memory \
 		--json benchmarks/results/bench_pcpvt_small_retained.json
-	$(PY) benchmarks/speed.py pcpvt_small --scaling --json benchmarks/results/scaling_pcpvt_small.json \
+	$(PY) -m benchmarks.speed pcpvt_small --scaling --json benchmarks/results/scaling_pcpvt_small.json \
 		--plot benchmarks/results/scaling_pcpvt_small.png
-	$(PY) benchmarks/speed.py pcpvt_small --breakdown --json benchmarks/results/breakdown_pcpvt_small.json
-	$(PY) benchmarks/speed.py --end-to-end --precision bf16 int8 --json benchmarks/results/bench_end_to_end.json
+	$(PY) -m benchmarks.speed pcpvt_small --breakdown --json benchmarks/results/breakdown_pcpvt_small.json
+	$(PY) -m benchmarks.speed --end-to-end --precision bf16 int8 --json benchmarks/results/bench_end_to_end.json
 
 clean-env:
 	rm -rf .venv

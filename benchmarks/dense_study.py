@@ -1,7 +1,7 @@
 """Resolution generalisation on the dense tasks: the position encodings against the peer a user would pick, on the
 shapes data.
 
-    python benchmarks/dense_study.py [--seeds 0 1 2] [--det-iters 300] [--seg-iters 350] [--shard K/N] [--out DIR]
+    python -m benchmarks.dense_study [--seeds 0 1 2] [--det-iters 300] [--seg-iters 350] [--shard K/N] [--out DIR]
 
 RetinaNet and Semantic FPN as in the demo (configs/shapes), with five backbones that share widths
 (32/64/160/256), depths (2-2-2-2), heads (1/2/5/8), MLP ratio (4) and reduction ratios (8/4/2/1):
@@ -31,20 +31,19 @@ run has finished.
 import argparse
 import copy
 import json
-import runpy
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from cpvt_backbones.adapters.evaluation import METRICS, headline_score
 from cpvt_backbones.adapters.runner import build_runner, quiet_known_warnings
 from cpvt_backbones.utils import atomic_write, pyplot, strip_prefix
-from study_common import mean_std, parse_shard, run_meta, study_dir, write_csv
+from benchmarks.study_common import load_demo, mean_std, parse_shard, run_meta, study_dir, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The demo's tasks, from tools/demo.py run as a module (tools/ holds scripts, not a package).
-TASKS = runpy.run_path(str(ROOT / 'tools/demo.py'))['SHAPES_TASKS']
+TASKS = load_demo().SHAPES_TASKS  # the demo's tasks: configs, scopes
 
 
 def label(task: str) -> str:
@@ -64,7 +63,28 @@ FACTORS = SCALES + ('native',) + tuple(f'drawn{f}' for f in SCALES)
 DEFAULT_FACTORS = SCALES + ('native', 'drawn1', 'drawn2', 'drawn3')
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+@dataclass(frozen=True)
+class DenseStudyConfig:
+    """The study's settings: one field per command-line option of the same name (``parse_args`` documents them),
+    ``--shard`` as its two numbers."""
+    tasks: Tuple[str, ...]
+    variants: Tuple[str, ...]
+    seeds: Tuple[int, ...]
+    det_iters: int
+    seg_iters: int
+    seg_init: str
+    factors: Tuple[str, ...]
+    data: str
+    num_train: int
+    num_val: int
+    shard_index: int
+    num_shards: int
+    work_dir: Path
+    out: Path
+    name: str
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> DenseStudyConfig:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--tasks', nargs='+', default=list(TASKS), choices=list(TASKS))
     p.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(VARIANTS))
@@ -78,12 +98,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--num-train', type=int, default=800)
     p.add_argument('--num-val', type=int, default=100)
     p.add_argument('--shard', default='0/1', help='K/N: run every N-th (task, variant, seed) from the K-th (0-based)')
-    p.add_argument('--work-dir', default=str(study_dir('dense_study')))
-    p.add_argument('--out', default=str(ROOT / 'benchmarks/results'))
+    p.add_argument('--work-dir', type=Path, default=study_dir('dense_study'))
+    p.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results')
     p.add_argument('--name', default='dense_study')
     args = p.parse_args(argv)
-    args.shard_index, args.num_shards = parse_shard(p, args.shard)
-    return args
+    shard_index, num_shards = parse_shard(p, args.shard)
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items()}  # immutable throughout
+    del options['shard']
+    return DenseStudyConfig(**options, shard_index=shard_index, num_shards=num_shards)
 
 
 def backbone(variant: str, task: str, table_size: int) -> dict:
@@ -100,20 +122,20 @@ def backbone(variant: str, task: str, table_size: int) -> dict:
                 convert_weights=False)
 
 
-def make_config(task: str, variant: str, seed: int, args: argparse.Namespace, work_dir: Path):
+def make_config(task: str, variant: str, seed: int, settings: DenseStudyConfig, work_dir: Path):
     from cpvt_backbones.adapters.runner import load_config
     cfg = load_config(str(ROOT / TASKS[task].config), work_dir=str(work_dir))
     det_cfg = cfg if task == 'detection' else load_config(str(ROOT / TASKS['detection'].config))
     cfg.model.backbone = backbone(variant, task, max(det_cfg.train_scale))
     if variant == 'pvt' and task == 'segmentation':
         cfg.custom_imports['imports'] = list(cfg.custom_imports['imports']) + ['mmdet.models']
-    data_root = str(Path(args.data)) + '/'
+    data_root = str(Path(settings.data)) + '/'
     for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         cfg[loader].dataset.data_root = data_root
     if task == 'detection':
         for evaluator in ('val_evaluator', 'test_evaluator'):
             cfg[evaluator].ann_file = data_root + 'annotations/val.json'
-    iters = args.det_iters if task == 'detection' else args.seg_iters
+    iters = settings.det_iters if task == 'detection' else settings.seg_iters
     warmup = min(cfg.param_scheduler[0].end, max(1, iters // 10))
     cfg.param_scheduler[0].end = warmup
     cfg.param_scheduler[1].begin = warmup if task == 'segmentation' else 0
@@ -136,12 +158,12 @@ def test_scale(cfg, factor: str):
         tuple(round(s * float(factor)) for s in cfg.train_scale)
 
 
-def use_drawn_split(cfg, factor: str, args: argparse.Namespace) -> None:
+def use_drawn_split(cfg, factor: str, settings: DenseStudyConfig) -> None:
     """Point the test at the held-out scenes drawn natively with the long side of the ``factor`` resize."""
     from cpvt_backbones.datasets import ShapesSpec, generate_drawn_split
     long_side = round(float(factor[len('drawn'):]) * max(cfg.train_scale))
-    root = generate_drawn_split(f'{args.data}_drawn/{long_side}',
-                                ShapesSpec(num_train=args.num_train, num_val=args.num_val), long_side)
+    root = generate_drawn_split(f'{settings.data}_drawn/{long_side}',
+                                ShapesSpec(num_train=settings.num_train, num_val=settings.num_val), long_side)
     for loader in ('val_dataloader', 'test_dataloader'):
         cfg[loader].dataset.data_root = f'{root}/'
     for evaluator in ('val_evaluator', 'test_evaluator'):
@@ -172,30 +194,30 @@ def start_from_detector(cfg, detector: Path, path: Path) -> None:
     cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=str(path))
 
 
-def run(task: str, variant: str, seed: int, args: argparse.Namespace, run_dir: Path) -> Dict:
+def run(task: str, variant: str, seed: int, settings: DenseStudyConfig, run_dir: Path) -> Dict:
     """Train (or resume) one model, then evaluate it at every test size; cached in result.json."""
     from cpvt_backbones.adapters.evaluation import evaluate, set_test_scale
     result_path = run_dir / 'result.json'
     result = json.loads(result_path.read_text()) if result_path.is_file() else None
-    if result is not None and all(f in result['scores'] for f in args.factors):
+    if result is not None and all(f in result['scores'] for f in settings.factors):
         return result
-    cfg, iters = make_config(task, variant, seed, args, run_dir)
+    cfg, iters = make_config(task, variant, seed, settings, run_dir)
     final = run_dir / f'iter_{iters}.pth'
     start = time.perf_counter()
     if not final.is_file():
-        if task == 'segmentation' and args.seg_init == 'detection':
-            start_from_detector(cfg, run_dir.parent / f'detection-{variant}-seed{seed}' / f'iter_{args.det_iters}.pth',
-                                run_dir / 'backbone_from_detector.pth')
+        if task == 'segmentation' and settings.seg_init == 'detection':
+            detector = run_dir.parent / f'detection-{variant}-seed{seed}' / f'iter_{settings.det_iters}.pth'
+            start_from_detector(cfg, detector, run_dir / 'backbone_from_detector.pth')
         build_runner(copy.deepcopy(cfg)).train()
     train_seconds = time.perf_counter() - start
     scores = dict(result['scores']) if result else {}
     start = time.perf_counter()
-    for factor in (f for f in args.factors if f not in scores):
+    for factor in (f for f in settings.factors if f not in scores):
         test_cfg = copy.deepcopy(cfg)
         test_cfg.resume = False
         set_test_scale(test_cfg, test_scale(cfg, factor))
         if factor.startswith('drawn'):
-            use_drawn_split(test_cfg, factor, args)
+            use_drawn_split(test_cfg, factor, settings)
         scores[factor] = headline_score(TASKS[task].scope, evaluate(test_cfg, str(final), str(run_dir / 'eval'),
                                                                     f'{factor}x'))
         print(f'[dense] {task} {variant} seed {seed} @ {factor}: {label(task)} {scores[factor]:.2f}', flush=True)
@@ -207,13 +229,13 @@ def run(task: str, variant: str, seed: int, args: argparse.Namespace, run_dir: P
     return result
 
 
-def summarise(results: List[Dict], args: argparse.Namespace) -> List[Dict]:
+def summarise(results: List[Dict], settings: DenseStudyConfig) -> List[Dict]:
     rows = []
-    for task in args.tasks:
-        for variant in args.variants:
+    for task in settings.tasks:
+        for variant in settings.variants:
             runs = sorted((r for r in results if r['task'] == task and r['variant'] == variant),
                           key=lambda r: r['seed'])
-            for factor in args.factors:
+            for factor in settings.factors:
                 values = [r['scores'][factor] for r in runs]
                 m, sd = mean_std(values)
                 rows.append(dict(task=task, variant=variant, factor=factor, mean=m, std=sd,
@@ -221,13 +243,13 @@ def summarise(results: List[Dict], args: argparse.Namespace) -> List[Dict]:
     return rows
 
 
-def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
+def plot(rows: List[Dict], settings: DenseStudyConfig, path: Path) -> None:
     plt = pyplot()
-    scaled = [f for f in SCALES if f in args.factors]
-    drawn = [f for f in SCALES if f'drawn{f}' in args.factors]
-    fig, axes = plt.subplots(1, len(args.tasks), figsize=(5.8 * len(args.tasks), 4.4), squeeze=False)
-    for ax, task in zip(axes[0], args.tasks):
-        for i, variant in enumerate(args.variants):
+    scaled = [f for f in SCALES if f in settings.factors]
+    drawn = [f for f in SCALES if f'drawn{f}' in settings.factors]
+    fig, axes = plt.subplots(1, len(settings.tasks), figsize=(5.8 * len(settings.tasks), 4.4), squeeze=False)
+    for ax, task in zip(axes[0], settings.tasks):
+        for i, variant in enumerate(settings.variants):
             r = {row['factor']: row for row in rows if row['task'] == task and row['variant'] == variant}
             line = ax.errorbar([float(f) for f in scaled], [r[f]['mean'] for f in scaled],
                                yerr=[r[f]['std'] for f in scaled], marker='o', capsize=3, label=VARIANTS[variant])
@@ -239,77 +261,78 @@ def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
                 ax.errorbar([3.35 + 0.06 * i], [r['native']['mean']], yerr=[r['native']['std']], marker='s',
                             capsize=3, color=colour)
         ax.axvline(1, color='grey', ls=':', lw=1)
-        ax.set_xticks([float(f) for f in scaled] + ([3.4] if 'native' in args.factors else []))
-        ax.set_xticklabels(scaled + (['native'] if 'native' in args.factors else []))
+        ax.set_xticks([float(f) for f in scaled] + ([3.4] if 'native' in settings.factors else []))
+        ax.set_xticklabels(scaled + (['native'] if 'native' in settings.factors else []))
         ax.set_xlabel('test long side / training long side\nsolid: resized; dashed: drawn at that size')
         ax.set_ylabel(label(task))
         ax.set_title(task)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    start = 'from scratch' if args.seg_init == 'scratch' else "segmentor from the detector's backbone"
-    fig.suptitle(f'shapes data, trained at 1x ({start}); mean +- std over {len(args.seeds)} seeds', fontsize=10)
+    start = 'from scratch' if settings.seg_init == 'scratch' else "segmentor from the detector's backbone"
+    fig.suptitle(f'shapes data, trained at 1x ({start}); mean +- std over {len(settings.seeds)} seeds', fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespace, meta: Dict) -> None:
-    out = Path(args.out)
+def write_outputs(rows: List[Dict], results: List[Dict], settings: DenseStudyConfig, meta: Dict) -> None:
+    out = settings.out
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, out / f'{args.name}.csv')
-    (out / f'{args.name}.json').write_text(json.dumps(dict(meta=meta, rows=rows, runs=results), indent=2))
+    write_csv(rows, out / f'{settings.name}.csv')
+    (out / f'{settings.name}.json').write_text(json.dumps(dict(meta=meta, rows=rows, runs=results), indent=2))
     lines = []
 
     def heading(factor: str) -> str:
         return factor if factor == 'native' else f'drawn {factor[5:]}x' if factor.startswith('drawn') else f'{factor}x'
-    for task in args.tasks:
+    for task in settings.tasks:
         lines += [f'**{task}** ({label(task)})', '',
-                  '| backbone | ' + ' | '.join(heading(f) for f in args.factors) + ' |',
-                  '|---|' + '---|' * len(args.factors)]
-        for variant in args.variants:
+                  '| backbone | ' + ' | '.join(heading(f) for f in settings.factors) + ' |',
+                  '|---|' + '---|' * len(settings.factors)]
+        for variant in settings.variants:
             r = {row['factor']: row for row in rows if row['task'] == task and row['variant'] == variant}
             lines.append(f'| {VARIANTS[variant]} | ' + ' | '.join(
-                f'{r[f]["mean"]:.1f} ± {r[f]["std"]:.1f}' for f in args.factors) + ' |')
+                f'{r[f]["mean"]:.1f} ± {r[f]["std"]:.1f}' for f in settings.factors) + ' |')
         lines.append('')
     table = '\n'.join(lines)
-    init = 'at random' if args.seg_init == 'scratch' else 'from the detector backbone of the same variant and seed'
-    (out / f'{args.name}.md').write_text(
-        table + f'\nMean ± standard deviation over seeds {args.seeds} on the {args.num_val} held-out images. '
-        f'Iterations: detection {args.det_iters}, segmentation {args.seg_iters} (batch 8); segmentor initialised '
-        f'{init}. Run time summed over runs (training and evaluation, one thread each): {meta["run_minutes"]} min; '
-        f'this invocation: {meta["wall_minutes"]} min of wall time (runs already finished are read from their '
-        f'result.json).\n\n'
+    init = 'at random' if settings.seg_init == 'scratch' else 'from the detector backbone of the same variant and seed'
+    (out / f'{settings.name}.md').write_text(
+        table + f'\nMean ± standard deviation over seeds {list(settings.seeds)} on the {settings.num_val} held-out '
+        f'images. Iterations: detection {settings.det_iters}, segmentation {settings.seg_iters} (batch 8); segmentor '
+        f'initialised {init}. Run time summed over runs (training and evaluation, one thread each): '
+        f'{meta["run_minutes"]} min; this invocation: {meta["wall_minutes"]} min of wall time (runs already finished '
+        f'are read from their result.json).\n\n'
         f'`{meta["command"]}`\n')
-    plot(rows, args, out / f'{args.name}.png')
+    plot(rows, settings, out / f'{settings.name}.png')
     print(table)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-    args = parse_args(argv)
+    settings = parse_args(argv)
     quiet_known_warnings()
     from cpvt_backbones.datasets import ShapesSpec, generate_shapes
     start = time.perf_counter()
-    generate_shapes(args.data, ShapesSpec(num_train=args.num_train, num_val=args.num_val))
-    work = Path(args.work_dir)
+    generate_shapes(settings.data, ShapesSpec(num_train=settings.num_train, num_val=settings.num_val))
+    work = settings.work_dir
 
     def run_pair(seed: int, variant: str) -> List[Dict]:  # a segmentor may start from the same pair's detector
-        return [run(task, variant, seed, args, work / f'{task}-{variant}-seed{seed}') for task in args.tasks]
-    pairs = [(seed, variant) for seed in args.seeds for variant in args.variants]
-    for seed, variant in pairs[args.shard_index::args.num_shards]:
+        return [run(task, variant, seed, settings, work / f'{task}-{variant}-seed{seed}') for task in settings.tasks]
+    pairs = [(seed, variant) for seed in settings.seeds for variant in settings.variants]
+    for seed, variant in pairs[settings.shard_index::settings.num_shards]:
         run_pair(seed, variant)
-    pending = [f'{t}-{v}-seed{s}' for s, v in pairs for t in args.tasks
+    pending = [f'{t}-{v}-seed{s}' for s, v in pairs for t in settings.tasks
                if not (work / f'{t}-{v}-seed{s}' / 'result.json').is_file()]
     if pending:
         print(f'[dense] this shard is done; {len(pending)} run(s) of other shards pending: outputs are written once '
               'every run has finished')
         return []
     results = [r for seed, variant in pairs for r in run_pair(seed, variant)]
-    rows = summarise(results, args)
-    meta = dict(run_meta('benchmarks/dense_study.py', argv, start), seeds=args.seeds, det_iters=args.det_iters,
-                seg_iters=args.seg_iters, factors=args.factors, num_train=args.num_train, num_val=args.num_val,
+    rows = summarise(results, settings)
+    meta = dict(run_meta('benchmarks.dense_study', argv, start), seeds=list(settings.seeds),
+                det_iters=settings.det_iters, seg_iters=settings.seg_iters, factors=list(settings.factors),
+                num_train=settings.num_train, num_val=settings.num_val,
                 run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1))
-    write_outputs(rows, results, args, meta)
-    print(f'[dense] {meta["wall_minutes"]} min; results in {args.out}')
+    write_outputs(rows, results, settings, meta)
+    print(f'[dense] {meta["wall_minutes"]} min; results in {settings.out}')
     return rows
 
 

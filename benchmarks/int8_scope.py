@@ -3,7 +3,7 @@ every demo test size in torch float32 and on OpenVINO int8 (NNCF, calibrated as 
 images through the test pipeline) with each candidate part of the model kept in float32 (``keep_fp32``,
 NNCF's ignored scope).
 
-    python benchmarks/int8_scope.py [--task detection|segmentation] [--demo-dir work_dirs/demo]
+    python -m benchmarks.int8_scope [--task detection|segmentation] [--demo-dir work_dirs/demo]
         [--scopes none backbone neck bbox_head ...] [--json PATH]
 
 A scope is 'none' (everything quantized) or '+'-joined module names of the model ('bbox_head.retina_cls+
@@ -12,18 +12,16 @@ score and its largest deviation from float32 over the sizes.
 """
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / 'tools'))
-import demo  # noqa: E402  (the demo's test sizes and calibration images)
+from cpvt_backbones.adapters.evaluation import evaluate, headline_score, set_test_scale
+from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings
+from benchmarks.study_common import load_demo, run_meta
 
-from cpvt_backbones.adapters.evaluation import evaluate, headline_score, set_test_scale  # noqa: E402
-from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings  # noqa: E402
-from demo import SHAPES_TASKS  # noqa: E402
-from study_common import run_meta  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+demo = load_demo()  # the demo's tasks, test sizes, resize targets and calibration images
+SHAPES_TASKS = demo.SHAPES_TASKS
 
 DEFAULT_SCOPES = {
     'detection': ['none', 'backbone', 'neck', 'bbox_head', 'bbox_head.retina_cls+bbox_head.retina_reg',
@@ -75,7 +73,7 @@ def main(argv=None) -> dict:
     lines += [f'| {r["scope"]} | ' + ' | '.join(f'{r["scores"][k]:.3f}' for k in labels) + f' | {r["worst"]:.3f} |'
               for r in rows]
     print('\n'.join(lines))
-    result = dict(run_meta('benchmarks/int8_scope.py', argv, start), task=args.task, checkpoint=str(checkpoint),
+    result = dict(run_meta('benchmarks.int8_scope', argv, start), task=args.task, checkpoint=str(checkpoint),
                   reference=reference, rows=rows, table='\n'.join(lines))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -1,6 +1,6 @@
 """OpenVINO's dynamic shapes against a cache of shape-specialised compiled models, on a stream of mixed sizes.
 
-    python benchmarks/openvino_shapes.py [NAME] [--sizes data/shapes/val/images | --sizes 480x640 ...]
+    python -m benchmarks.openvino_shapes [NAME] [--sizes data/shapes/val/images | --sizes 480x640 ...]
         [--stream 60] [--precision fp32|bf16] [--json PATH]
 
 One ``OpenVINOModule`` per strategy (``deploy.openvino``): ``shapes='dynamic'`` (one compiled model) and
@@ -26,7 +26,7 @@ import torch
 
 from cpvt_backbones import create_model
 from cpvt_backbones.deploy.openvino import OpenVINOModule, convert
-from timing import cpu_info
+from benchmarks.timing import cpu_info
 
 ROOT = Path(__file__).resolve().parents[1]
 FALLBACK_SIZES = ((480, 640), (512, 512), (384, 683), (600, 800), (256, 1024), (333, 500), (720, 540), (224, 224))
@@ -94,8 +94,8 @@ def main() -> Dict:
             engine(inputs[hw])
             steady[strategy].append(time.perf_counter() - start)
     result = dict(cpu=info, name=args.name, precision=args.precision, threads=torch.get_num_threads(),
-                  sizes=[list(s) for s in distinct], stream=len(stream), command='python ' + ' '.join(
-                      ['benchmarks/openvino_shapes.py'] + sys.argv[1:]), convert_s=round(convert_s, 2),
+                  sizes=[list(s) for s in distinct], stream=len(stream), command=' '.join(
+                      ['python', '-m', 'benchmarks.openvino_shapes'] + sys.argv[1:]), convert_s=round(convert_s, 2),
                   rss_after_convert_mb=round(base_rss, 1), strategies={})
     for strategy in engines:
         result['strategies'][strategy] = dict(

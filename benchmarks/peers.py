@@ -25,7 +25,7 @@ from cpvt_backbones import create_model, optimize, record_input_ranges
 from cpvt_backbones.convert import twins_to_mmseg
 from cpvt_backbones.deploy.onnx import export
 from cpvt_backbones.models import PyramidCPVT, model_settings
-from timing import cpu_info, has_fast_bf16
+from benchmarks.timing import cpu_info, has_fast_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'plain_bf16', 'ours_bf16', 'ours_int8', 'onnxruntime_int8',

@@ -1,7 +1,7 @@
 """The resolution verdict across training recipes: the crop protocol with global average pooling, one factor at a
 time from the default recipe, five encodings, several seeds.
 
-    python benchmarks/recipe_sweep.py [--scale small|large] [--cells ...] [--pair auto|F1+F2] [--seeds 0 1 2]
+    python -m benchmarks.recipe_sweep [--scale small|large] [--cells ...] [--pair auto|F1+F2] [--seeds 0 1 2]
         [--max-seeds 5] [--jobs N] [--threads T] [--device cpu|cuda]
 
 Each cell is one ``resolution_study.py`` study (its outputs under ``--out/recipe_sweep[_large]/``): the default
@@ -33,9 +33,9 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-import resolution_study as rs
 from cpvt_backbones.utils import pyplot
-from study_common import mean_std, run_meta, write_csv
+from benchmarks import resolution_study as rs
+from benchmarks.study_common import mean_std, run_meta, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / 'benchmarks/results/recipe_runs'
@@ -114,16 +114,15 @@ class Sweep(NamedTuple):
 _DATA: Dict[Tuple, Tuple] = {}
 
 
-def _train_one(argv: List[str], variant: str, seed: int, threads: int) -> str:
+def _train_one(config: rs.StudyConfig, variant: str, seed: int, threads: int) -> str:
     """One (cell, encoding, seed) run in a pool worker: trained (or resumed), tested, cached in result.json."""
     torch.set_num_threads(threads)
-    args = rs.parse_args(argv + ['--variants', variant, '--seeds', str(seed)])
-    key = (args.data, args.train_images, args.test_images)
+    key = (config.data, config.train_images, config.test_images)
     if key not in _DATA:
-        _DATA[key] = (rs.load_split(args.data, 'train', args.train_images),
-                      rs.load_split(args.data, 'test', args.test_images))
-    rs.run(variant, seed, args, _DATA[key], rs.run_dir(args, variant, seed))
-    return f'{args.runs}/{variant}-seed{seed}'
+        _DATA[key] = (rs.load_split(config.data, 'train', config.train_images),
+                      rs.load_split(config.data, 'test', config.test_images))
+    rs.run(variant, seed, config, _DATA[key], config.run_dir(variant, seed))
+    return f'{config.runs}/{variant}-seed{seed}'
 
 
 def run_cells(sweep: Sweep, cells: Dict[str, List[int]], jobs: int, threads: int) -> None:
@@ -131,12 +130,11 @@ def run_cells(sweep: Sweep, cells: Dict[str, List[int]], jobs: int, threads: int
     cell's study outputs (tests a cell adds run there, on the saved models)."""
     todo, seen = [], set()
     for cell, seeds in cells.items():
-        argv = sweep.argv(cell, seeds)
-        args = rs.parse_args(argv)
+        config = rs.parse_args(sweep.argv(cell, seeds))
         for seed, variant in itertools.product(seeds, ENCODINGS):
-            if (args.runs, variant, seed) not in seen:
-                seen.add((args.runs, variant, seed))
-                todo.append((argv, variant, seed))
+            if (config.runs, variant, seed) not in seen:
+                seen.add((config.runs, variant, seed))
+                todo.append((config, variant, seed))
     if todo:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context('spawn')) as pool:
             for done in pool.map(_train_one, *zip(*todo), [threads] * len(todo)):
@@ -147,13 +145,13 @@ def run_cells(sweep: Sweep, cells: Dict[str, List[int]], jobs: int, threads: int
 
 def load_cell(sweep: Sweep, cell: str, seeds: Sequence[int]) -> Dict:
     """Per encoding and test size (1x, 1.4x, 2x, 3x): top-1 per seed, from the runs' result.json."""
-    args = rs.parse_args(sweep.argv(cell, seeds))
-    keys = rs.size_keys(args)[:len(args.test_sizes)]
+    config = rs.parse_args(sweep.argv(cell, seeds))
+    keys = rs.size_keys(config)[:len(config.test_sizes)]
     top1 = {}
     for variant in ENCODINGS:
-        results = [json.loads((rs.run_dir(args, variant, s) / 'result.json').read_text()) for s in seeds]
+        results = [json.loads((config.run_dir(variant, s) / 'result.json').read_text()) for s in seeds]
         top1[variant] = {rs.key_size(k): [r['top1'][k] for r in results] for k in keys}
-    return dict(cell=cell, label=cell_recipe(cell).label, seeds=list(seeds), image_size=args.image_size,
+    return dict(cell=cell, label=cell_recipe(cell).label, seeds=list(seeds), image_size=config.image_size,
                 top1=top1)
 
 
@@ -298,7 +296,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
     start = time.perf_counter()
     sweep = Sweep(args.scale, args.device, args.data, Path(args.work_dir), Path(args.out),
                   tuple(shlex.split(args.study_options)))
-    rs.ensure_data(args.data)
+    rs.ensure_data(Path(args.data))
     done: Dict[str, Dict] = {}
 
     def run_and_load(cells: Dict[str, List[int]]) -> None:
@@ -321,7 +319,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
             run_and_load({pair: list(args.pair_seeds)})
     cells = [done[c] for c in ['default', *FACTORS, pair, 'cls'] if c in done] + \
         [done[c] for c in done if c not in ['default', *FACTORS, pair, 'cls']]
-    meta = dict(run_meta('benchmarks/recipe_sweep.py', argv, start), scale=args.scale, device=args.device,
+    meta = dict(run_meta('benchmarks.recipe_sweep', argv, start), scale=args.scale, device=args.device,
                 pair=pair, movement=movement, encodings=list(ENCODINGS))
     write_outputs(cells, sweep, meta)
     return cells

@@ -5,7 +5,7 @@ from typing import List
 import torch
 
 from cpvt_backbones.utils import pyplot
-from peers import DENSE_PEERS, PEERS
+from benchmarks.peers import DENSE_PEERS, PEERS
 
 
 def _fmt(value, spec: str) -> str:

@@ -1,6 +1,6 @@
 """CPVT's position-encoding comparison and its resolution test, on real images (Fashion-MNIST).
 
-    python benchmarks/resolution_study.py --name NAME [--variants ...] [--head cls|gap] [--image-size 14 --patch 2
+    python -m benchmarks.resolution_study --name NAME [--variants ...] [--head cls|gap] [--image-size 14 --patch 2
         --test-sizes 14 20 28 42] [--seeds 0 1 2] [--shard K/N] [--out DIR]
 
 One DeiT-style ``CPVT`` (``--depth`` blocks, ``--dim`` wide, patch ``--patch``, a class token or global average
@@ -35,6 +35,7 @@ import json
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -48,7 +49,7 @@ from cpvt_backbones.datasets import load_fashion_mnist
 from cpvt_backbones.datasets.fashion_mnist import DEFAULT_ROOT
 
 from cpvt_backbones.utils import atomic_write, pyplot
-from study_common import mean_std, parse_shard, run_meta, study_dir, write_csv
+from benchmarks.study_common import mean_std, parse_shard, run_meta, study_dir, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training-set pixel statistics
@@ -88,9 +89,51 @@ VARIANTS: Dict[str, Variant] = {
 }
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+@dataclass(frozen=True)
+class StudyConfig:
+    """A study's settings: one field per command-line option of the same name (``parse_args`` documents them),
+    ``--shard`` as its two numbers and ``runs`` resolved to the name when not given."""
+    data: Path
+    variants: Tuple[str, ...]
+    head: str
+    shard_index: int
+    num_shards: int
+    seeds: Tuple[int, ...]
+    train_images: int
+    test_images: int
+    image_size: int
+    test_sizes: Tuple[int, ...]
+    canvas_sizes: Tuple[int, ...]
+    placement_canvas: int
+    placement_images: int
+    probe_images: int
+    epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    drop_path: float
+    crop_scale: float
+    crop_resample: str
+    test_resample: str
+    decay_position: bool
+    dim: int
+    depth: int
+    heads: int
+    patch: int
+    device: str
+    work_dir: Path
+    out: Path
+    name: str
+    runs: str
+
+    def run_dir(self, variant: str, seed: int) -> Path:
+        """Where one (variant, seed) run keeps its checkpoints, weights and result.json."""
+        return self.work_dir / self.runs / f'{variant}-seed{seed}'
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> StudyConfig:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--data', default=str(DEFAULT_ROOT), help='directory with the Fashion-MNIST IDX files')
+    p.add_argument('--data', type=Path, default=DEFAULT_ROOT, help='directory with the Fashion-MNIST IDX files')
     p.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument('--head', choices=('cls', 'gap'), default='cls', help='class token, or global average pooling')
     p.add_argument('--shard', default='0/1', help='K/N: run every N-th (variant, seed) from the K-th (0-based)')
@@ -128,15 +171,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--heads', type=int, default=2)
     p.add_argument('--patch', type=int, default=2)
     p.add_argument('--device', default='cpu', help='torch device to train and test on (cpu, cuda, ...)')
-    p.add_argument('--work-dir', default=str(study_dir('resolution_study')), help='runs go to WORK_DIR/RUNS/')
-    p.add_argument('--out', default=str(ROOT / 'benchmarks/results'))
+    p.add_argument('--work-dir', type=Path, default=study_dir('resolution_study'), help='runs go to WORK_DIR/RUNS/')
+    p.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results')
     p.add_argument('--name', default='resolution_study', help='name of the outputs (and of the runs by default)')
     p.add_argument('--runs', default=None,
                    help='directory name of the trained runs under --work-dir (default: --name); studies that '
                         'differ only in test-time options share runs')
     args = p.parse_args(argv)
-    args.runs = args.runs or args.name
-    args.shard_index, args.num_shards = parse_shard(p, args.shard)
+    shard_index, num_shards = parse_shard(p, args.shard)
     for size in [args.image_size] + args.test_sizes + args.canvas_sizes:
         if size % args.patch:
             p.error(f'size {size} is not a multiple of the patch size {args.patch} (the study avoids padding)')
@@ -150,19 +192,22 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error(f'--placement-canvas {args.placement_canvas} is not a multiple of the patch size {args.patch}')
     if not 0 < args.crop_scale <= 1:
         p.error(f'--crop-scale must be in (0, 1], got {args.crop_scale}')
-    return args
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items()}  # immutable throughout
+    del options['shard']
+    options['runs'] = args.runs or args.name
+    return StudyConfig(**options, shard_index=shard_index, num_shards=num_shards)
 
 
-def ensure_data(root: str) -> None:
-    """Stop in one line, naming how to get the data, when Fashion-MNIST is not under ``root``
-    (``tools/setup_env.sh`` installs Debian's package where it can)."""
+def ensure_data(root: Path) -> None:
+    """Stop in one line, naming how to get the data, when Fashion-MNIST is not under ``root``. The study installs
+    nothing: ``make env`` (``tools/setup_env.sh``) installs Debian's package where it runs as root with apt-get."""
     try:
         load_fashion_mnist('test', root)
     except FileNotFoundError as e:
-        raise SystemExit(f'[study] {e}')
+        raise SystemExit(f'[study] {e} (`make env` installs dataset-fashion-mnist when run as root with apt-get)')
 
 
-def load_split(root: str, split: str, count: int, subset_seed: int = 0):
+def load_split(root: Path, split: str, count: int, subset_seed: int = 0):
     """The first ``count`` images of a fixed permutation (the same subset for every variant and seed),
     normalised to (N, 1, 28, 28) float32."""
     images, labels = load_fashion_mnist(split, root)
@@ -238,22 +283,22 @@ def resize(x: torch.Tensor, size: int, mode: str = 'bilinear') -> torch.Tensor:
                                                        antialias=size < x.shape[-1])
 
 
-def build_model(variant: str, args: argparse.Namespace) -> CPVT:
-    return CPVT(embed_dim=args.dim, depth=args.depth, num_heads=args.heads, patch_size=args.patch, in_chans=1,
-                num_classes=10, class_token=args.head == 'cls', drop_path_rate=args.drop_path,
-                pos_encoding=VARIANTS[variant].spec(args.image_size, args.patch))
+def build_model(variant: str, config: StudyConfig) -> CPVT:
+    return CPVT(embed_dim=config.dim, depth=config.depth, num_heads=config.heads, patch_size=config.patch, in_chans=1,
+                num_classes=10, class_token=config.head == 'cls', drop_path_rate=config.drop_path,
+                pos_encoding=VARIANTS[variant].spec(config.image_size, config.patch))
 
 
-def make_optimizer(model: CPVT, args: argparse.Namespace, total_steps: int):
+def make_optimizer(model: CPVT, config: StudyConfig, total_steps: int):
     """AdamW without decay on biases, norms, the class token and (unless ``--decay-position``) the position
     encodings' weights; linear warm-up then cosine."""
     skip = model.no_weight_decay()
-    if args.decay_position:
+    if config.decay_position:
         skip = {n for n in skip if n == 'cls_token'}
     decay = [p for n, p in model.named_parameters() if p.ndim > 1 and n not in skip]
     rest = [p for n, p in model.named_parameters() if p.ndim <= 1 or n in skip]
-    opt = torch.optim.AdamW([dict(params=decay, weight_decay=args.weight_decay), dict(params=rest, weight_decay=0.)],
-                            lr=args.lr)
+    opt = torch.optim.AdamW([dict(params=decay, weight_decay=config.weight_decay), dict(params=rest, weight_decay=0.)],
+                            lr=config.lr)
     warmup = max(1, total_steps // 10)
 
     def factor(step: int) -> float:
@@ -263,20 +308,20 @@ def make_optimizer(model: CPVT, args: argparse.Namespace, total_steps: int):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def placements(args: argparse.Namespace) -> List[Tuple[int, int]]:
+def placements(config: StudyConfig) -> List[Tuple[int, int]]:
     """Top-left pixel offsets (patch-aligned) of the image on the placement canvas: corners, edge middles, centre."""
-    if not args.placement_canvas:
+    if not config.placement_canvas:
         return []
-    free = args.placement_canvas - args.image_size
-    steps = (0, (free // 2) // args.patch * args.patch, free)
+    free = config.placement_canvas - config.image_size
+    steps = (0, (free // 2) // config.patch * config.patch, free)
     return [(r, c) for r in steps for c in steps]
 
 
-def size_keys(args: argparse.Namespace) -> List[str]:
+def size_keys(config: StudyConfig) -> List[str]:
     """'56': the test images resized to 56 px (bilinear); 'bicubic56': the same with bicubic resizing;
     'canvas56': at the training size, centred on a blank 56 px canvas."""
-    prefix = '' if args.test_resample == 'bilinear' else args.test_resample
-    return [f'{prefix}{s}' for s in args.test_sizes] + [f'canvas{s}' for s in args.canvas_sizes]
+    prefix = '' if config.test_resample == 'bilinear' else config.test_resample
+    return [f'{prefix}{s}' for s in config.test_sizes] + [f'canvas{s}' for s in config.canvas_sizes]
 
 
 def key_size(key: str) -> int:
@@ -284,49 +329,49 @@ def key_size(key: str) -> int:
     return int(key.removeprefix('canvas').removeprefix('bicubic'))
 
 
-def placement_keys(args: argparse.Namespace) -> List[str]:
+def placement_keys(config: StudyConfig) -> List[str]:
     """'place56@0,28': at 28 px on a blank 56 px canvas, top-left corner at row 0, column 28."""
-    return [f'place{args.placement_canvas}@{r},{c}' for r, c in placements(args)]
+    return [f'place{config.placement_canvas}@{r},{c}' for r, c in placements(config)]
 
 
-def test_keys(args: argparse.Namespace) -> List[str]:
-    return size_keys(args) + placement_keys(args)
+def test_keys(config: StudyConfig) -> List[str]:
+    return size_keys(config) + placement_keys(config)
 
 
-def prepare(x: torch.Tensor, key: str, args: argparse.Namespace) -> torch.Tensor:
+def prepare(x: torch.Tensor, key: str, config: StudyConfig) -> torch.Tensor:
     """The test input for ``key`` (see ``test_keys``). Canvas tests put the image, at the training size, on a
     black canvas (the Fashion-MNIST background) at patch-aligned offsets, so the object falls on the same token
     grid as in training."""
     if key.startswith('place'):
         size, offsets = key[len('place'):].split('@')
-        (top, left), total = map(int, offsets.split(',')), int(size) - args.image_size
+        (top, left), total = map(int, offsets.split(',')), int(size) - config.image_size
     elif key.startswith('canvas'):
-        total = int(key[len('canvas'):]) - args.image_size
-        top = left = (total // 2) // args.patch * args.patch
+        total = int(key[len('canvas'):]) - config.image_size
+        top = left = (total // 2) // config.patch * config.patch
     elif key.startswith('bicubic'):
         return resize(x, key_size(key), 'bicubic')
     else:
         return resize(x, int(key))
-    return F.pad(resize(x, args.image_size), (left, total - left, top, total - top), value=-MEAN / STD)
+    return F.pad(resize(x, config.image_size), (left, total - left, top, total - top), value=-MEAN / STD)
 
 
 @torch.inference_mode()
-def evaluate(model: CPVT, x: torch.Tensor, y: torch.Tensor, keys: Sequence[str], args: argparse.Namespace,
+def evaluate(model: CPVT, x: torch.Tensor, y: torch.Tensor, keys: Sequence[str], config: StudyConfig,
              batch: int = 250):
     """Top-1 (%) for each test key; placement tests use the first ``--placement-images`` images."""
     model.eval()
     out = {}
     for key in keys:
-        n = min(len(x), args.placement_images) if key.startswith('place') else len(x)
+        n = min(len(x), config.placement_images) if key.startswith('place') else len(x)
         xs, ys = x[:n], y[:n]
-        correct = sum((model(prepare(xs[i:i + batch], key, args).to(args.device)).argmax(-1).cpu()
+        correct = sum((model(prepare(xs[i:i + batch], key, config).to(config.device)).argmax(-1).cpu()
                        == ys[i:i + batch]).sum().item() for i in range(0, n, batch))
         out[key] = 100. * correct / n
     return out
 
 
 @torch.inference_mode()
-def position_probe(model: CPVT, x: torch.Tensor, args: argparse.Namespace) -> Dict:
+def position_probe(model: CPVT, x: torch.Tensor, config: StudyConfig) -> Dict:
     """What the network knows about where a token is, at sizes it never saw.
 
     A ridge regression from the final patch-token features to the token's relative position in the image
@@ -339,19 +384,19 @@ def position_probe(model: CPVT, x: torch.Tensor, args: argparse.Namespace) -> Di
     half = len(x) // 2
 
     def tokens_and_targets(images: torch.Tensor, size: int):
-        tokens = model.forward_features(resize(images, size).to(args.device))[:, model.num_prefix_tokens:].cpu()
-        grid = size // args.patch
+        tokens = model.forward_features(resize(images, size).to(config.device))[:, model.num_prefix_tokens:].cpu()
+        grid = size // config.patch
         centres = (torch.arange(grid) + 0.5) / grid
         target = torch.stack(torch.meshgrid(centres, centres, indexing='ij'), dim=-1).reshape(1, grid * grid, 2)
         return tokens.reshape(-1, tokens.shape[-1]), target.expand(len(images), -1, -1).reshape(-1, 2), grid
 
-    features, targets, _ = tokens_and_targets(x[:half], args.image_size)
+    features, targets, _ = tokens_and_targets(x[:half], config.image_size)
     features = torch.cat((features, torch.ones(len(features), 1)), dim=1).double()
     gram = features.T @ features
     weights = torch.linalg.solve(gram + 1e-3 * gram.diagonal().mean() * torch.eye(len(gram), dtype=gram.dtype),
                                  features.T @ targets.double())
     out = dict(r2={}, rows={}, true_rows={})
-    for size in args.test_sizes:
+    for size in config.test_sizes:
         features, targets, grid = tokens_and_targets(x[half:], size)
         pred = torch.cat((features, torch.ones(len(features), 1)), dim=1).double() @ weights
         residual = ((pred - targets) ** 2).sum()
@@ -362,20 +407,20 @@ def position_probe(model: CPVT, x: torch.Tensor, args: argparse.Namespace) -> Di
     return out
 
 
-def train(variant: str, seed: int, args: argparse.Namespace, train_data, run_dir: Path):
+def train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Path):
     """Train one model, resuming from its last finished epoch; returns it with its training record."""
-    x_train, y_train = (t.to(args.device) for t in train_data)
+    x_train, y_train = (t.to(config.device) for t in train_data)
     torch.manual_seed(seed)
-    model = build_model(variant, args).to(args.device)
-    steps_per_epoch = len(x_train) // args.batch_size
+    model = build_model(variant, config).to(config.device)
+    steps_per_epoch = len(x_train) // config.batch_size
     if steps_per_epoch < 1:
-        raise SystemExit(f'[study] --batch-size {args.batch_size} is larger than --train-images {len(x_train)}')
-    opt, sched = make_optimizer(model, args, steps_per_epoch * args.epochs)
+        raise SystemExit(f'[study] --batch-size {config.batch_size} is larger than --train-images {len(x_train)}')
+    opt, sched = make_optimizer(model, config, steps_per_epoch * config.epochs)
     gen = torch.Generator().manual_seed(seed)
     state = dict(epoch=0, log=[], train_seconds=0.)
     ckpt_path = run_dir / 'checkpoint.pth'
     if ckpt_path.is_file():
-        ckpt = torch.load(ckpt_path, weights_only=False, map_location=args.device)
+        ckpt = torch.load(ckpt_path, weights_only=False, map_location=config.device)
         model.load_state_dict(ckpt['model'])
         opt.load_state_dict(ckpt['optimizer'])
         sched.load_state_dict(ckpt['scheduler'])
@@ -383,14 +428,14 @@ def train(variant: str, seed: int, args: argparse.Namespace, train_data, run_dir
         torch.set_rng_state(ckpt['torch_rng'].cpu())
         state = ckpt['state']
         print(f'[study] {variant} seed {seed}: resuming after epoch {state["epoch"]}', flush=True)
-    for epoch in range(state['epoch'], args.epochs):
+    for epoch in range(state['epoch'], config.epochs):
         model.train()
         start, loss_sum, correct = time.perf_counter(), 0., 0
         order = torch.randperm(len(x_train), generator=gen)
         for step in range(steps_per_epoch):
-            idx = order[step * args.batch_size:(step + 1) * args.batch_size]
-            idx = idx.to(args.device)
-            xb = random_resized_crop(x_train[idx], args.image_size, args.crop_scale, gen, args.crop_resample)
+            idx = order[step * config.batch_size:(step + 1) * config.batch_size]
+            idx = idx.to(config.device)
+            xb = random_resized_crop(x_train[idx], config.image_size, config.crop_scale, gen, config.crop_resample)
             yb = y_train[idx]
             logits = model(xb)
             loss = F.cross_entropy(logits, yb, label_smoothing=0.1)
@@ -404,54 +449,54 @@ def train(variant: str, seed: int, args: argparse.Namespace, train_data, run_dir
         state['epoch'] = epoch + 1
         state['train_seconds'] += seconds
         state['log'].append(dict(epoch=epoch + 1, loss=round(loss_sum / steps_per_epoch, 4),
-                                 train_top1=round(100. * correct / (steps_per_epoch * args.batch_size), 2),
+                                 train_top1=round(100. * correct / (steps_per_epoch * config.batch_size), 2),
                                  seconds=round(seconds, 1)))
         print(f'[study] {variant} seed {seed}: {state["log"][-1]}', flush=True)
         ckpt = dict(model=model.state_dict(), optimizer=opt.state_dict(), scheduler=sched.state_dict(),
                     generator=gen.get_state(), torch_rng=torch.get_rng_state(), state=state)
         atomic_write(ckpt_path, lambda f: torch.save(ckpt, f))
     atomic_write(run_dir / 'final.pth', lambda f: torch.save(model.state_dict(), f))
-    record = dict(variant=variant, seed=seed, device=args.device, top1={}, epochs=args.epochs,
-                  iterations=steps_per_epoch * args.epochs,
+    record = dict(variant=variant, seed=seed, device=config.device, top1={}, epochs=config.epochs,
+                  iterations=steps_per_epoch * config.epochs,
                   params=sum(p.numel() for p in model.parameters()), train_seconds=round(state['train_seconds'], 1),
                   eval_seconds=0., log=state['log'])
     return model, record
 
 
-def run(variant: str, seed: int, args: argparse.Namespace, data, run_dir: Path) -> Dict:
+def run(variant: str, seed: int, config: StudyConfig, data, run_dir: Path) -> Dict:
     """One (variant, seed): trained once, then tested on every test this invocation asks for. result.json
     caches both; a test it lacks is run on the saved final weights, so tests can be added to a finished study."""
     result_path = run_dir / 'result.json'
     model, result = None, json.loads(result_path.read_text()) if result_path.is_file() else None
-    probe_sizes = [str(s) for s in args.test_sizes]
+    probe_sizes = [str(s) for s in config.test_sizes]
     if result is not None and not (run_dir / 'final.pth').is_file() and (
-            any(k not in result['top1'] for k in test_keys(args))
-            or (args.probe_images and sorted(result.get('probe', {}).get('r2', {})) != sorted(probe_sizes))):
+            any(k not in result['top1'] for k in test_keys(config))
+            or (config.probe_images and sorted(result.get('probe', {}).get('r2', {})) != sorted(probe_sizes))):
         print(f'[study] {variant} seed {seed}: a test is missing and the weights are not here (result.json is '
               'kept in git, weights are not): trained again, and its result replaced', flush=True)
         result = None
     if result is None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        model, result = train(variant, seed, args, data[0], run_dir)
+        model, result = train(variant, seed, config, data[0], run_dir)
 
     def trained() -> CPVT:
         if model is not None:
             return model
-        saved = build_model(variant, args)
+        saved = build_model(variant, config)
         saved.load_state_dict(torch.load(run_dir / 'final.pth', map_location='cpu'))
-        return saved.to(args.device)
+        return saved.to(config.device)
 
-    missing = [k for k in test_keys(args) if k not in result['top1']]
+    missing = [k for k in test_keys(config) if k not in result['top1']]
     changed = bool(missing)
     if missing:
         model = trained()
         start = time.perf_counter()
-        result['top1'].update(evaluate(model, *data[1], missing, args))
+        result['top1'].update(evaluate(model, *data[1], missing, config))
         result['eval_seconds'] = round(result['eval_seconds'] + time.perf_counter() - start, 1)
         print(f'[study] {variant} seed {seed}: top-1 ' + ', '.join(f'{k} {result["top1"][k]:.2f}' for k in missing),
               flush=True)
-    if args.probe_images and sorted(result.get('probe', {}).get('r2', {})) != sorted(probe_sizes):
-        result['probe'] = position_probe(trained(), data[1][0][:args.probe_images], args)
+    if config.probe_images and sorted(result.get('probe', {}).get('r2', {})) != sorted(probe_sizes):
+        result['probe'] = position_probe(trained(), data[1][0][:config.probe_images], config)
         changed = True
         print(f'[study] {variant} seed {seed}: position probe R^2 {result["probe"]["r2"]}', flush=True)
     if changed:
@@ -459,20 +504,20 @@ def run(variant: str, seed: int, args: argparse.Namespace, data, run_dir: Path) 
     return result
 
 
-def summarise(results: List[Dict], args: argparse.Namespace) -> List[Dict]:
+def summarise(results: List[Dict], config: StudyConfig) -> List[Dict]:
     """One row per (variant, test): per-seed top-1, mean, standard deviation, and the change from the
     training size (paired by seed)."""
     rows = []
-    for variant in args.variants:
+    for variant in config.variants:
         runs = sorted((r for r in results if r['variant'] == variant), key=lambda r: r['seed'])
-        keys = size_keys(args)
-        base = keys[args.test_sizes.index(args.image_size)]
+        keys = size_keys(config)
+        base = keys[config.test_sizes.index(config.image_size)]
         for key in keys:
             size = key_size(key)
             accs = [r['top1'][key] for r in runs]
             (m, s), (dm, ds) = mean_std(accs), mean_std([r['top1'][key] - r['top1'][base] for r in runs])
             rows.append(dict(variant=variant, test='canvas' if key.startswith('canvas') else 'resize', size=size,
-                             factor=round(size / args.image_size, 2), grid=size // args.patch, top1_mean=m,
+                             factor=round(size / config.image_size, 2), grid=size // config.patch, top1_mean=m,
                              top1_std=s, change_mean=dm, change_std=ds, top1_per_seed=[round(a, 2) for a in accs],
                              seeds=[r['seed'] for r in runs]))
     return rows
@@ -486,19 +531,19 @@ def line_style(variant: str, plt) -> Dict:
     return dict(color=plt.cm.tab20(list(VARIANTS).index(variant) % 20), ls=family, marker='o', ms=4)
 
 
-def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
+def plot(rows: List[Dict], config: StudyConfig, path: Path) -> None:
     plt = pyplot()
-    train_grid = args.image_size // args.patch
+    train_grid = config.image_size // config.patch
     panels = [('resize', 'top1', 'top-1 (%)', 'images resized'),
               ('resize', 'change', f'change from {train_grid} x {train_grid} (points)', 'images resized')]
-    if args.canvas_sizes:
+    if config.canvas_sizes:
         panels.append(('canvas', 'change', f'change from {train_grid} x {train_grid} (points)',
-                       f'{args.image_size} px images centred on a blank canvas'))
+                       f'{config.image_size} px images centred on a blank canvas'))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
     for ax, (test, value, ylabel, title) in zip(axes[0], panels):
-        for variant in args.variants:
+        for variant in config.variants:
             r = [row for row in rows if row['variant'] == variant and (row['test'] == test or
-                                                                       row['size'] == args.image_size)]
+                                                                       row['size'] == config.image_size)]
             ax.errorbar([row['grid'] for row in r], [row[f'{value}_mean'] for row in r],
                         yerr=[row[f'{value}_std'] for row in r], capsize=3, label=VARIANTS[variant].label,
                         **line_style(variant, plt))
@@ -511,30 +556,30 @@ def plot(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
         ax.set_xticks(sorted({row['grid'] for row in rows}))
         ax.grid(alpha=0.3)
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc='center left', bbox_to_anchor=(1, 0.5), fontsize=8)
-    fig.suptitle(f'Fashion-MNIST, trained at {args.image_size} px ({train_grid} x {train_grid} tokens), tested '
+    fig.suptitle(f'Fashion-MNIST, trained at {config.image_size} px ({train_grid} x {train_grid} tokens), tested '
                  f'without fine-tuning; mean +- std over {len(rows[0]["seeds"])} seeds', fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches='tight')
     plt.close(fig)
 
 
-def summarise_placements(results: List[Dict], args: argparse.Namespace) -> List[Dict]:
+def summarise_placements(results: List[Dict], config: StudyConfig) -> List[Dict]:
     rows = []
-    for variant in args.variants:
+    for variant in config.variants:
         runs = sorted((r for r in results if r['variant'] == variant), key=lambda r: r['seed'])
-        for (top, left), key in zip(placements(args), placement_keys(args)):
+        for (top, left), key in zip(placements(config), placement_keys(config)):
             accs = [r['top1'][key] for r in runs]
             m, sd = mean_std(accs)
-            rows.append(dict(variant=variant, canvas=args.placement_canvas, top=top, left=left, top1_mean=m,
+            rows.append(dict(variant=variant, canvas=config.placement_canvas, top=top, left=left, top1_mean=m,
                              top1_std=sd, top1_per_seed=[round(a, 2) for a in accs]))
     return rows
 
 
-def plot_placements(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
+def plot_placements(rows: List[Dict], config: StudyConfig, path: Path) -> None:
     plt = pyplot()
     offsets = sorted({row['top'] for row in rows})
-    fig, axes = plt.subplots(1, len(args.variants), figsize=(3.3 * len(args.variants) + 1, 3.6), squeeze=False)
-    for ax, variant in zip(axes[0], args.variants):
+    fig, axes = plt.subplots(1, len(config.variants), figsize=(3.3 * len(config.variants) + 1, 3.6), squeeze=False)
+    for ax, variant in zip(axes[0], config.variants):
         cells = {(row['top'], row['left']): row for row in rows if row['variant'] == variant}
         grid = np.array([[cells[(r, c)]['top1_mean'] for c in offsets] for r in offsets])
         image = ax.imshow(grid, vmin=0, vmax=100, cmap='viridis')
@@ -546,18 +591,18 @@ def plot_placements(rows: List[Dict], args: argparse.Namespace, path: Path) -> N
         ax.set_yticks(range(len(offsets)), [f'y={r}' for r in offsets], fontsize=7)
         ax.set_title(VARIANTS[variant].label, fontsize=8)
     fig.colorbar(image, ax=axes[0].tolist(), label='top-1 (%)', shrink=0.85)
-    fig.suptitle(f'Accuracy by position: {args.image_size} px images at 3 x 3 offsets (px) on a blank '
-                 f'{args.placement_canvas} px canvas (trained at {args.image_size} px, no canvas); '
-                 f'{args.placement_images} images, mean ± std over seeds', fontsize=9)
+    fig.suptitle(f'Accuracy by position: {config.image_size} px images at 3 x 3 offsets (px) on a blank '
+                 f'{config.placement_canvas} px canvas (trained at {config.image_size} px, no canvas); '
+                 f'{config.placement_images} images, mean ± std over seeds', fontsize=9)
     fig.savefig(path, dpi=120, bbox_inches='tight')
     plt.close(fig)
 
 
-def summarise_probe(results: List[Dict], args: argparse.Namespace) -> List[Dict]:
+def summarise_probe(results: List[Dict], config: StudyConfig) -> List[Dict]:
     rows = []
-    for variant in args.variants:
+    for variant in config.variants:
         runs = sorted((r for r in results if r['variant'] == variant and 'probe' in r), key=lambda r: r['seed'])
-        for size in map(str, args.test_sizes if runs else []):
+        for size in map(str, config.test_sizes if runs else []):
             r2 = [r['probe']['r2'][size] for r in runs]
             m, sd = mean_std(r2, digits=3)
             rows.append(dict(variant=variant, size=int(size), r2_mean=m, r2_std=sd, r2_per_seed=r2,
@@ -567,17 +612,17 @@ def summarise_probe(results: List[Dict], args: argparse.Namespace) -> List[Dict]
     return rows
 
 
-def plot_probe(rows: List[Dict], args: argparse.Namespace, path: Path) -> None:
+def plot_probe(rows: List[Dict], config: StudyConfig, path: Path) -> None:
     plt = pyplot()
-    cols = min(5, len(args.variants))
-    nrows = -(-len(args.variants) // cols)
+    cols = min(5, len(config.variants))
+    nrows = -(-len(config.variants) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(3.4 * cols, 3.4 * nrows), squeeze=False)
-    for ax in axes.flat[len(args.variants):]:
+    for ax in axes.flat[len(config.variants):]:
         ax.axis('off')
-    for ax, variant in zip(axes.flat, args.variants):
+    for ax, variant in zip(axes.flat, config.variants):
         for row in (r for r in rows if r['variant'] == variant):
             ax.plot(row['true_rows'], row['predicted_rows'], marker='.',
-                    label=f'{row["size"]} px ({row["size"] // args.patch}x{row["size"] // args.patch}): '
+                    label=f'{row["size"]} px ({row["size"] // config.patch}x{row["size"] // config.patch}): '
                           f'R² {row["r2_mean"]:.2f}')
         ax.plot([0, 1], [0, 1], color='grey', ls=':', lw=1)
         ax.set_xlim(0, 1)
@@ -601,27 +646,27 @@ def peg_response(model: CPVT, x: torch.Tensor) -> torch.Tensor:
     return peg_responses(model, x)[0][0]
 
 
-def plot_peg_response(args: argparse.Namespace, test_image: torch.Tensor, path: Path) -> None:
+def plot_peg_response(config: StudyConfig, test_image: torch.Tensor, path: Path) -> None:
     """For each PEG variant (lowest seed): the first PEG's response on a blank image and on a test image, at the
     training size and at 2x (resized and on a canvas)."""
     plt = pyplot()
-    seed = min(args.seeds)
-    variants = [v for v in ('peg_0', 'peg_0-5', 'peg_-1_wide') if v in args.variants
-                and (run_dir(args, v, seed) / 'final.pth').is_file()]
+    seed = min(config.seeds)
+    variants = [v for v in ('peg_0', 'peg_0-5', 'peg_-1_wide') if v in config.variants
+                and (config.run_dir(v, seed) / 'final.pth').is_file()]
     if not variants:
         print(f'[study] no PEG run of seed {seed} has its weights here: {path.name} not drawn')
         return
-    big = 2 * args.image_size
-    test_image = resize(test_image, args.image_size)
+    big = 2 * config.image_size
+    test_image = resize(test_image, config.image_size)
     blank = torch.full_like(test_image, -MEAN / STD)
     inputs = [('blank, 1x', blank), (f'blank, {big} px', resize(blank, big)), ('test image, 1x', test_image),
               (f'test image resized to {big} px', resize(test_image, big)),
-              (f'test image on a {big} px canvas', prepare(test_image, f'canvas{big}', args))]
+              (f'test image on a {big} px canvas', prepare(test_image, f'canvas{big}', config))]
     fig, axes = plt.subplots(len(variants), len(inputs), figsize=(3.1 * len(inputs), 3 * len(variants)),
                              squeeze=False)
     for row, variant in zip(axes, variants):
-        model = build_model(variant, args)
-        model.load_state_dict(torch.load(run_dir(args, variant, seed) / 'final.pth', map_location='cpu'))
+        model = build_model(variant, config)
+        model.load_state_dict(torch.load(config.run_dir(variant, seed) / 'final.pth', map_location='cpu'))
         maps = [peg_response(model, x).numpy() for _, x in inputs]
         vmax = max(float(m.max()) for m in maps)
         for ax, (label, _), response in zip(row, inputs, maps):
@@ -642,109 +687,109 @@ def paper(variant: str) -> str:
     return '—' if value is None else f'{value:.1f}'
 
 
-def write_outputs(rows: List[Dict], results: List[Dict], args: argparse.Namespace, meta: Dict) -> None:
-    out = Path(args.out)
+def write_outputs(rows: List[Dict], results: List[Dict], config: StudyConfig, meta: Dict) -> None:
+    out = config.out
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, out / f'{args.name}.csv')
-    placement, probe = summarise_placements(results, args), summarise_probe(results, args)
-    (out / f'{args.name}.json').write_text(json.dumps(dict(meta=meta, rows=rows, placement=placement, probe=probe,
+    write_csv(rows, out / f'{config.name}.csv')
+    placement, probe = summarise_placements(results, config), summarise_probe(results, config)
+    (out / f'{config.name}.json').write_text(json.dumps(dict(meta=meta, rows=rows, placement=placement, probe=probe,
                                                            runs=results), indent=2))
 
     def heading(key):
         size = key_size(key)
-        grid = f'{size // args.patch}x{size // args.patch}'
+        grid = f'{size // config.patch}x{size // config.patch}'
         return f'canvas {size} px, {grid}' if key.startswith('canvas') else \
-            f'{size} px, {grid} ({size / args.image_size:.2g}x)'
-    keys = size_keys(args)
+            f'{size} px, {grid} ({size / config.image_size:.2g}x)'
+    keys = size_keys(config)
     lines = ['| position encoding | paper (DeiT-tiny, ImageNet) | ' + ' | '.join(heading(k) for k in keys) + ' |',
              '|---|---|' + '---|' * len(keys)]
-    for variant in args.variants:
+    for variant in config.variants:
         cells = []
         for row in (r for r in rows if r['variant'] == variant):
             cell = f'{row["top1_mean"]:.2f} ± {row["top1_std"]:.2f}'
-            if row['size'] != args.image_size:
+            if row['size'] != config.image_size:
                 cell += f' ({row["change_mean"]:+.2f} ± {row["change_std"]:.2f})'
             cells.append(cell)
         lines.append(f'| {VARIANTS[variant].label} | {paper(variant)} | ' + ' | '.join(cells) + ' |')
     if placement:
-        spots = placements(args)
-        lines += ['', f'Accuracy by position on a blank {args.placement_canvas} px canvas (top-left offset y,x in px; '
-                  f'first {args.placement_images} test images):', '',
+        spots = placements(config)
+        lines += ['', f'Accuracy by position on a blank {config.placement_canvas} px canvas (top-left offset y,x '
+                  f'in px; first {config.placement_images} test images):', '',
                   '| position encoding | ' + ' | '.join(f'{r},{c}' for r, c in spots) + ' |',
                   '|---|' + '---|' * len(spots)]
-        for variant in args.variants:
+        for variant in config.variants:
             lines.append(f'| {VARIANTS[variant].label} | ' + ' | '.join(
                 f'{row["top1_mean"]:.1f} ± {row["top1_std"]:.1f}' for row in placement
                 if row['variant'] == variant) + ' |')
     if probe:
         lines += ['', f'Position probe R² (relative token position read linearly from the final features; fitted at '
-                  f'{args.image_size} px on {args.probe_images // 2} images, scored on {args.probe_images // 2} '
+                  f'{config.image_size} px on {config.probe_images // 2} images, scored on {config.probe_images // 2} '
                   'others):',
-                  '', '| position encoding | ' + ' | '.join(f'{s} px' for s in args.test_sizes) + ' |',
-                  '|---|' + '---|' * len(args.test_sizes)]
-        for variant in args.variants:
+                  '', '| position encoding | ' + ' | '.join(f'{s} px' for s in config.test_sizes) + ' |',
+                  '|---|' + '---|' * len(config.test_sizes)]
+        for variant in config.variants:
             lines.append(f'| {VARIANTS[variant].label} | ' + ' | '.join(
                 f'{row["r2_mean"]:.3f} ± {row["r2_std"]:.3f}' for row in probe if row['variant'] == variant) + ' |')
     table = '\n'.join(lines)
-    (out / f'{args.name}.md').write_text(
+    grid = config.image_size // config.patch
+    (out / f'{config.name}.md').write_text(
         table + f'\n\nTop-1 (%) on {meta["test_images"]} Fashion-MNIST test images, mean ± standard deviation over '
         f'seeds {meta["seeds"]} (in brackets: change from the training size, paired by seed); head: '
-        f'{"class token" if args.head == "cls" else "global average pooling"}. Trained on random resized crops '
-        f'(area {args.crop_scale}-1, resampled {args.crop_resample}) of the 28 px originals at {args.image_size} px '
-        f'(patch {args.patch}: a {args.image_size // args.patch} x {args.image_size // args.patch} token grid), '
-        f'{args.dim} wide with {args.heads} heads, peak learning rate {args.lr:g}, weight decay '
-        f'{args.weight_decay:g} (position encodings {"included" if args.decay_position else "exempt"}), '
-        f'on {meta["train_images"]} images for {args.epochs} epochs ({meta["iterations"]} iterations) on '
-        f'{args.device}; tested on the whole images resized ({args.test_resample}). '
-        + (f'"canvas": the {args.image_size} px image centred on a blank canvas. ' if args.canvas_sizes else '')
+        f'{"class token" if config.head == "cls" else "global average pooling"}. Trained on random resized crops '
+        f'(area {config.crop_scale}-1, resampled {config.crop_resample}) of the 28 px originals at '
+        f'{config.image_size} px (patch {config.patch}: a {grid} x {grid} token grid), '
+        f'{config.dim} wide with {config.heads} heads, peak learning rate {config.lr:g}, weight decay '
+        f'{config.weight_decay:g} (position encodings {"included" if config.decay_position else "exempt"}), '
+        f'on {meta["train_images"]} images for {config.epochs} epochs ({meta["iterations"]} iterations) on '
+        f'{config.device}; tested on the whole images resized ({config.test_resample}). '
+        + (f'"canvas": the {config.image_size} px image centred on a blank canvas. ' if config.canvas_sizes else '')
         + f'The paper column is DeiT-tiny\'s '
         f'ImageNet top-1 at 224 from the CPVT paper\'s ablations (—: not in its tables here). Parameters: '
         f'{meta["params"]}. Run time summed over the runs: {meta["run_minutes"]} min (training '
         f'{meta["train_minutes"]}, testing {meta["test_minutes"]}); this invocation: {meta["wall_minutes"]} min.'
         f'\n\n`{meta["command"]}`\n')
-    plot(rows, args, out / f'{args.name}.png')
+    plot(rows, config, out / f'{config.name}.png')
     if placement:
-        plot_placements(placement, args, out / f'{args.name}_placement.png')
+        plot_placements(placement, config, out / f'{config.name}_placement.png')
     if probe:
-        plot_probe(probe, args, out / f'{args.name}_probe.png')
+        plot_probe(probe, config, out / f'{config.name}_probe.png')
     print(table)
 
 
-def run_dir(args: argparse.Namespace, variant: str, seed: int) -> Path:
-    return Path(args.work_dir) / args.runs / f'{variant}-seed{seed}'
-
-
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
-    args = parse_args(argv)
-    ensure_data(args.data)
+    config = parse_args(argv)
+    ensure_data(config.data)
     start = time.perf_counter()
-    data = (load_split(args.data, 'train', args.train_images), load_split(args.data, 'test', args.test_images))
-    runs = [(v, seed) for seed in args.seeds for v in args.variants]
-    for variant, seed in runs[args.shard_index::args.num_shards]:
-        run(variant, seed, args, data, run_dir(args, variant, seed))
-    pending = [f'{v}-seed{s}' for v, s in runs if not (run_dir(args, v, s) / 'result.json').is_file()]
+    data = (load_split(config.data, 'train', config.train_images),
+            load_split(config.data, 'test', config.test_images))
+    runs = [(v, seed) for seed in config.seeds for v in config.variants]
+    for variant, seed in runs[config.shard_index::config.num_shards]:
+        run(variant, seed, config, data, config.run_dir(variant, seed))
+    pending = [f'{v}-seed{s}' for v, s in runs if not (config.run_dir(v, s) / 'result.json').is_file()]
     if pending:
         print(f'[study] this shard is done; {len(pending)} run(s) of other shards pending ({", ".join(pending[:6])}'
               f'{" ..." if len(pending) > 6 else ""}): outputs are written once every run has finished')
         return []
-    results = [run(v, seed, args, data, run_dir(args, v, seed)) for v, seed in runs]
-    rows = summarise(results, args)
-    meta = dict(run_meta('benchmarks/resolution_study.py', argv, start), dataset='Fashion-MNIST',
-                train_images=args.train_images, test_images=args.test_images, image_size=args.image_size,
-                test_sizes=args.test_sizes, canvas_sizes=args.canvas_sizes, seeds=args.seeds, epochs=args.epochs,
-                iterations=results[0]['iterations'], batch_size=args.batch_size, lr=args.lr,
-                weight_decay=args.weight_decay, drop_path=args.drop_path, crop_scale=args.crop_scale,
-                crop_resample=args.crop_resample, test_resample=args.test_resample,
-                decay_position=args.decay_position, device=args.device, runs=args.runs,
-                model=dict(dim=args.dim, depth=args.depth, heads=args.heads, patch=args.patch, head=args.head),
+    results = [run(v, seed, config, data, config.run_dir(v, seed)) for v, seed in runs]
+    rows = summarise(results, config)
+    meta = dict(run_meta('benchmarks.resolution_study', argv, start), dataset='Fashion-MNIST',
+                train_images=config.train_images, test_images=config.test_images, image_size=config.image_size,
+                test_sizes=list(config.test_sizes), canvas_sizes=list(config.canvas_sizes), seeds=list(config.seeds),
+                epochs=config.epochs,
+                iterations=results[0]['iterations'], batch_size=config.batch_size, lr=config.lr,
+                weight_decay=config.weight_decay, drop_path=config.drop_path, crop_scale=config.crop_scale,
+                crop_resample=config.crop_resample, test_resample=config.test_resample,
+                decay_position=config.decay_position, device=config.device, runs=config.runs,
+                model=dict(dim=config.dim, depth=config.depth, heads=config.heads, patch=config.patch,
+                           head=config.head),
                 params={r['variant']: r['params'] for r in results},
                 run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1),
                 train_minutes=round(sum(r['train_seconds'] for r in results) / 60, 1),
                 test_minutes=round(sum(r['eval_seconds'] for r in results) / 60, 1))
-    write_outputs(rows, results, args, meta)
-    if any(v in args.variants for v in ('peg_0', 'peg_0-5', 'peg_-1_wide')):
-        plot_peg_response(args, data[1][0][:1], Path(args.out) / f'{args.name}_peg_response.png')
-    print(f'[study] {meta["wall_minutes"]} min; results in {args.out}')
+    write_outputs(rows, results, config, meta)
+    if any(v in config.variants for v in ('peg_0', 'peg_0-5', 'peg_-1_wide')):
+        plot_peg_response(config, data[1][0][:1], config.out / f'{config.name}_peg_response.png')
+    print(f'[study] {meta["wall_minutes"]} min; results in {config.out}')
     return rows
 
 

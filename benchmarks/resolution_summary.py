@@ -1,6 +1,6 @@
 """The classification comparison across its arms: the paper's ablation beside ours, and every arm's resolution test.
 
-    python benchmarks/resolution_summary.py [--results DIR] [--arms NAME ...] [--out DIR]
+    python -m benchmarks.resolution_summary [--results DIR] [--arms NAME ...] [--out DIR]
 
 Reads the JSON that ``resolution_study.py`` wrote for each arm (``--arms``, those present) and writes
 ``resolution_summary.md`` and ``resolution_summary.png``:
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from cpvt_backbones.utils import pyplot
-from resolution_study import VARIANTS, line_style
+from benchmarks.resolution_study import VARIANTS, line_style
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,23 +33,24 @@ ARMS = {
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--results', default=str(ROOT / 'benchmarks/results'))
+    p.add_argument('--results', type=Path, default=ROOT / 'benchmarks/results')
     p.add_argument('--arms', nargs='+', default=list(ARMS))
     p.add_argument('--paper-gap', type=float, default=0.5, help='pairs the paper separates by at least this')
     p.add_argument('--noise', type=float, default=1.0,
                    help='ours undecided when the means differ by less than this many pooled standard deviations')
-    p.add_argument('--out', default=str(ROOT / 'benchmarks/results'))
+    p.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results')
     return p.parse_args(argv)
 
 
-def load_arms(args: argparse.Namespace) -> Dict[str, Dict]:
+def load_arms(results: Path, names: Sequence[str]) -> Dict[str, Dict]:
+    """The JSON ``resolution_study`` wrote for each named arm found under ``results``."""
     arms = {}
-    for name in args.arms:
-        path = Path(args.results) / f'{name}.json'
+    for name in names:
+        path = results / f'{name}.json'
         if path.is_file():
             arms[name] = json.loads(path.read_text())
     if not arms:
-        raise SystemExit(f'[summary] none of {args.arms} has results under {args.results}')
+        raise SystemExit(f'[summary] none of {list(names)} has results under {results}')
     return arms
 
 
@@ -102,7 +103,7 @@ def fmt(row: Dict, change: bool) -> str:
     return f'{row["top1_mean"]:.1f} ± {row["top1_std"]:.1f}'
 
 
-def write(arms: Dict[str, Dict], args: argparse.Namespace) -> str:
+def write(arms: Dict[str, Dict], paper_gap: float, noise: float, out: Path) -> str:
     first_name, first = next(iter(arms.items()))
     base = at_training_size(first)
     lines = [f'**Ablation at the training size** (top-1 %, mean ± std over seeds; ours: {ARMS[first_name]}; the '
@@ -115,10 +116,10 @@ def write(arms: Dict[str, Dict], args: argparse.Namespace) -> str:
         cells = [fmt(o[variant], False) if variant in o else '' for o in others]
         row = [VARIANTS[variant].label, '—' if paper is None else f'{paper:.1f}', fmt(base[variant], False)] + cells
         lines.append('| ' + ' | '.join(row) + ' |')
-    verdicts = pair_verdicts(base, args.paper_gap, args.noise)
+    verdicts = pair_verdicts(base, paper_gap, noise)
     counts = {v: sum(p['verdict'] == v for p in verdicts) for v in ('agrees', 'reversed', 'undecided')}
-    lines += ['', f'**The paper\'s ordering, pair by pair** (pairs it separates by >= {args.paper_gap} points; '
-              f'ours undecided within {args.noise:g} pooled std): {counts["agrees"]} agree, {counts["reversed"]} '
+    lines += ['', f'**The paper\'s ordering, pair by pair** (pairs it separates by >= {paper_gap} points; '
+              f'ours undecided within {noise:g} pooled std): {counts["agrees"]} agree, {counts["reversed"]} '
               f'reversed, {counts["undecided"]} undecided of {len(verdicts)}.', '']
     named = [v for v in base if VARIANTS[v].paper is not None]
     rho = spearman([VARIANTS[v].paper for v in named], [base[v]['top1_mean'] for v in named])
@@ -144,10 +145,9 @@ def write(arms: Dict[str, Dict], args: argparse.Namespace) -> str:
                          ' | '.join(fmt(rows[(variant, s)], True) for s in sizes) + ' |')
         lines.append('')
     text = '\n'.join(lines)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / 'resolution_summary.md').write_text(text + f'\n`python benchmarks/resolution_summary.py '
-                                               f'--paper-gap {args.paper_gap:g} --noise {args.noise:g}`\n')
+    (out / 'resolution_summary.md').write_text(text + f'\n`python -m benchmarks.resolution_summary '
+                                               f'--paper-gap {paper_gap:g} --noise {noise:g}`\n')
     plot(arms, out / 'resolution_summary.png')
     return text
 
@@ -181,7 +181,7 @@ def plot(arms: Dict[str, Dict], path: Path) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> str:
     args = parse_args(argv)
-    text = write(load_arms(args), args)
+    text = write(load_arms(args.results, args.arms), args.paper_gap, args.noise, args.out)
     print(text)
     return text
 

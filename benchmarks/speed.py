@@ -6,11 +6,11 @@ and onnxruntime's dynamic int8 quantization of our export; with
 ``--engines`` also OpenVINO (dynamic shapes, per-shape compiled, bf16, NNCF int8) and torch.compile (inductor,
 freezing), each with its first call at every case (where it compiles) reported.
 
-    python benchmarks/speed.py [NAME ...] [--json PATH] [--repeats 5] [--cases infer224 infer512 ...]
+    python -m benchmarks.speed [NAME ...] [--json PATH] [--repeats 5] [--cases infer224 infer512 ...]
                                [--precision bf16 int8] [--engines] [--retain-freed-memory]
-    python benchmarks/speed.py --scaling [--sizes 128 256 ...] [--json PATH] [--plot PATH]
-    python benchmarks/speed.py --breakdown [--cases ...] [--json PATH]
-    python benchmarks/speed.py --end-to-end [retinanet semantic_fpn] [--precision bf16 int8] [--cases ...]
+    python -m benchmarks.speed --scaling [--sizes 128 256 ...] [--json PATH] [--plot PATH]
+    python -m benchmarks.speed --breakdown [--cases ...] [--json PATH]
+    python -m benchmarks.speed --end-to-end [retinanet semantic_fpn] [--precision bf16 int8] [--cases ...]
     make bench
 
 The implementations are in ``peers.py``, the measuring in ``timing.py``, the tables and plot in ``report.py``.
@@ -52,10 +52,10 @@ from pathlib import Path
 
 import torch
 
-from peers import DENSE_CONFIGS, DENSE_PEERS, PEERS, build, build_dense
-from report import breakdown_table, dense_table, plot_scaling, scaling_table, table
-from timing import (CASES, SCALING_SIZES, allocator_info, breakdown, cpu_info, retain_freed_memory, run_case,
-                    scaling)
+from benchmarks.peers import DENSE_CONFIGS, DENSE_PEERS, PEERS, build, build_dense
+from benchmarks.report import breakdown_table, dense_table, plot_scaling, scaling_table, table
+from benchmarks.timing import (CASES, SCALING_SIZES, allocator_info, breakdown, cpu_info, retain_freed_memory,
+                               run_case, scaling)
 
 
 def main() -> None:

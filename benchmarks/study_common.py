@@ -1,7 +1,8 @@
-"""What the resolution studies share: mean and spread over seeds, the CSV table, the run's metadata, where runs
-are kept, and sharding."""
+"""What the studies share: mean and spread over seeds, the CSV table, the run's metadata, where runs are kept,
+sharding, and the demo's definitions (tools/demo.py)."""
 import argparse
 import csv
+import importlib.util
 import os
 import platform
 import shlex
@@ -41,10 +42,11 @@ def code_version() -> str:
     return commit + ('+changes' if dirty else '')
 
 
-def run_meta(script: str, argv: Optional[Sequence[str]], started: float) -> Dict:
-    """The exact command, the code's commit, this invocation's wall time and the machine it ran on."""
+def run_meta(module: str, argv: Optional[Sequence[str]], started: float) -> Dict:
+    """The exact command (``python -m`` and the study's module, run from the repository root), the code's commit,
+    this invocation's wall time and the machine it ran on."""
     args = sys.argv[1:] if argv is None else list(argv)
-    return dict(command=f'python {script} {shlex.join(args)}'.rstrip(), code=code_version(),
+    return dict(command=f'python -m {module} {shlex.join(args)}'.rstrip(), code=code_version(),
                 wall_minutes=round((time.perf_counter() - started) / 60, 1), torch=torch.__version__,
                 threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine(),
                 date=time.strftime('%Y-%m-%d'))
@@ -54,6 +56,16 @@ def study_dir(name: str) -> Path:
     """Where a study keeps its runs by default: outside the clone (``$CPVT_CACHE_DIR``, default
     ~/.cache/cpvt_backbones), so a fresh checkout resumes a study a previous one started."""
     return Path(os.environ.get('CPVT_CACHE_DIR', Path.home() / '.cache' / 'cpvt_backbones')) / name
+
+
+def load_demo():
+    """``tools/demo.py`` as a module, executed from its file (tools/ holds scripts run by path, not a package)
+    without adding to sys.path or sys.modules: the demo's shapes tasks, test sizes and calibration images, which the
+    dense study and int8_scope measure."""
+    spec = importlib.util.spec_from_file_location('demo', Path(__file__).resolve().parents[1] / 'tools/demo.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def parse_shard(parser: argparse.ArgumentParser, text: str) -> Tuple[int, int]:

@@ -1,5 +1,6 @@
-"""benchmarks/speed.py: the implementations agree before anything is timed, and the JSON has its schema."""
+"""benchmarks.speed: the implementations agree before anything is timed, and the JSON has its schema."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,10 @@ KEYS = {'name', 'shape', 'mode', 'ours_s', 'plain_s', 'mmseg_s', 'timm_s', 'onnx
 
 def bench(tmp_path, *args, repeats=1):
     out = tmp_path / 'bench.json'
-    res = subprocess.run([sys.executable, ROOT / 'benchmarks/speed.py', *args, '--repeats', str(repeats),
-                          '--json', out], capture_output=True, text=True, cwd=tmp_path)
+    # run in tmp_path (relative output paths stay out of the clone), the benchmarks package found from the root
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get('PYTHONPATH')))))
+    res = subprocess.run([sys.executable, '-m', 'benchmarks.speed', *args, '--repeats', str(repeats), '--json', out],
+                         capture_output=True, text=True, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return json.loads(out.read_text()), res.stdout
 

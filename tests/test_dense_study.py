@@ -1,8 +1,6 @@
 """The dense resolution study end to end on a tiny configuration: five backbones, both tasks, resized and drawn
 test sizes, shards."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -11,19 +9,11 @@ pytest.importorskip('mmseg')
 from mmengine.registry import DefaultScope  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _study():
-    spec = importlib.util.spec_from_file_location('dense_study', ROOT / 'benchmarks/dense_study.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmarks import dense_study as study  # noqa: E402
 
 
 def test_variants_build_the_backbones_they_name(tmp_path):
     """Same widths, depths and heads; mmdet's PVT v1 keeps its learned table for the training scale."""
-    study = _study()
     args = study.parse_args(['--data', str(tmp_path / 'shapes')])
     from mmdet.registry import MODELS
 
@@ -55,7 +45,6 @@ def test_segmentor_starts_from_the_detector_backbone_strictly(tmp_path):
     from mmdet.registry import MODELS
 
     import cpvt_backbones.adapters.mmdet  # noqa: F401
-    study = _study()
     args = study.parse_args(['--data', str(tmp_path / 'shapes')])
     for variant in ('pvt', 'peg'):
         det_cfg, _ = study.make_config('detection', variant, 0, args, tmp_path / 'det')
@@ -80,7 +69,6 @@ def test_segmentor_starts_from_the_detector_backbone_strictly(tmp_path):
 
 @pytest.mark.heavy
 def test_dense_study_end_to_end_then_skips(tmp_path, monkeypatch):
-    study = _study()
     variants = ['peg', 'pvt']  # ours and mmdet's: the two code paths (the five build in the test above)
     argv = ['--data', str(tmp_path / 'shapes'), '--num-train', '8', '--num-val', '2', '--det-iters', '2',
             '--seg-iters', '2', '--seeds', '0', '--factors', '0.5', 'native', 'drawn2', '--variants', *variants,
@@ -95,7 +83,7 @@ def test_dense_study_end_to_end_then_skips(tmp_path, monkeypatch):
     assert all(0 <= r['mean'] <= 100 and r['per_seed'] == [r['mean']] for r in rows)
     saved = json.loads((tmp_path / 'out' / 'dense_study.json').read_text())
     assert {(r['task'], r['variant']) for r in saved['runs']} == {(t, v) for t in study.TASKS for v in variants}
-    assert saved['meta']['command'].startswith('python benchmarks/dense_study.py --data')
+    assert saved['meta']['command'].startswith('python -m benchmarks.dense_study --data')
     assert (tmp_path / 'out' / 'dense_study.png').read_bytes()[:4] == b'\x89PNG'
     assert 'native' in (tmp_path / 'out' / 'dense_study.md').read_text()
     assert all((tmp_path / 'work' / f'segmentation-{v}-seed0' / 'backbone_from_detector.pth').is_file()

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-import recipe_sweep as sweep
+from benchmarks import recipe_sweep as sweep
 
 ENC = sweep.ENCODINGS
 
