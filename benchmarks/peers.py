@@ -22,7 +22,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from cpvt_backbones import create_model, optimize, record_input_ranges
-from cpvt_backbones.convert import twins_to_mmseg
+from cpvt_backbones.convert import native_to_mmseg
 from cpvt_backbones.deploy.onnx import export
 from cpvt_backbones.models import PyramidCPVT, model_settings
 from benchmarks.timing import cpu_info, has_fast_bf16
@@ -243,7 +243,7 @@ def _mmseg(name: str, weights) -> torch.nn.Module:
                   num_heads=list(s['num_heads']), mlp_ratios=list(s['mlp_ratios']), depths=list(s['depths']),
                   sr_ratios=list(s['sr_ratios']), out_indices=(0, 1, 2, 3), qkv_bias=True, norm_cfg=dict(type='LN'),
                   norm_after_stage=False, drop_path_rate=0.)
-    model.load_state_dict(twins_to_mmseg(weights), strict=True)
+    model.load_state_dict(native_to_mmseg(weights), strict=True)
     for layer_name, module in model.named_modules():
         if re.fullmatch(r'layers\.\d+\.\d+\.norm[12]', layer_name):
             module.eps = 1e-6

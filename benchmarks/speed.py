@@ -15,7 +15,7 @@ freezing), each with its first call at every case (where it compiles) reported.
 
 The implementations are in ``peers.py``, the measuring in ``timing.py``, the tables and plot in ``report.py``.
 
-All three get identical weights (ours -> timm unchanged, -> mmseg through ``convert.twins_to_mmseg``; mmseg's
+All three get identical weights (ours -> timm unchanged, -> mmseg through ``convert.native_to_mmseg``; mmseg's
 encoder-layer LayerNorms are set to the official eps 1e-6, which it hard-codes to 1e-5), and their feature maps
 are compared before anything is timed. Each case then runs the implementations interleaved (A B C A B C ...)
 in one process after a warm-up round and reports medians. Inference runs under ``torch.inference_mode()``;

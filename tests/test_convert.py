@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from cpvt_backbones import create_model
-from cpvt_backbones.convert import (CheckpointMismatchError, UnknownKeysError, backbone_only, classifier_to_twins,
-                                    deit_to_twins, detect_layout, from_twins, load_into, load_pretrained,
-                                    load_weights_file, mmpretrain_to_twins, mmseg_to_twins, to_twins,
-                                    twins_to_mmpretrain, twins_to_mmseg, unwrap_state_dict)
+from cpvt_backbones.convert import (CheckpointMismatchError, UnknownKeysError, backbone_only, classifier_to_native,
+                                    deit_to_native, detect_layout, from_native, load_into, load_pretrained,
+                                    load_weights_file, mmpretrain_to_native, mmseg_to_native, to_native,
+                                    native_to_mmpretrain, native_to_mmseg, unwrap_state_dict)
 from cpvt_backbones.layers.position import (ENCODINGS, PositionEncoding, register_encoding, registered_encoding,
                                             state_dict_roots)
 
@@ -21,11 +21,11 @@ def small_sd():
 
 
 def test_mmseg_round_trip(small_sd):
-    mm = twins_to_mmseg(small_sd)
+    mm = native_to_mmseg(small_sd)
     assert detect_layout(mm) == 'mmseg'
     assert 'layers.0.0.attn.attn.in_proj_weight' in mm and mm['layers.0.0.attn.attn.in_proj_weight'].shape == (192, 64)
     assert not any(k.startswith(('head.', 'norm.')) for k in mm)
-    back = mmseg_to_twins(mm)
+    back = mmseg_to_native(mm)
     expected = {k: v for k, v in small_sd.items() if not k.startswith(('head.', 'norm.'))}
     assert set(back) == set(expected)
     for k in expected:
@@ -33,21 +33,21 @@ def test_mmseg_round_trip(small_sd):
 
 
 def test_converters_raise_on_unknown_keys(small_sd):
-    mm = twins_to_mmseg(small_sd)
+    mm = native_to_mmseg(small_sd)
     with pytest.raises(UnknownKeysError, match='layers.0.0.extra.weight'):
-        mmseg_to_twins({**mm, 'layers.0.0.extra.weight': torch.zeros(1)})
+        mmseg_to_native({**mm, 'layers.0.0.extra.weight': torch.zeros(1)})
     with pytest.raises(UnknownKeysError, match='blocks.0.0.attn.qkv.weight'):
-        twins_to_mmseg({**small_sd, 'blocks.0.0.attn.qkv.weight': torch.zeros(1)})
+        native_to_mmseg({**small_sd, 'blocks.0.0.attn.qkv.weight': torch.zeros(1)})
     lone_q = {k: v for k, v in small_sd.items() if k != 'blocks.1.0.attn.kv.weight'}
     with pytest.raises(UnknownKeysError, match='blocks.1.0.attn.q.weight'):
-        twins_to_mmseg(lone_q)
+        native_to_mmseg(lone_q)
     with pytest.raises(ValueError, match='unrecognised checkpoint layout'):
         detect_layout({'features.0.weight': torch.zeros(1)})
 
 
 def test_mmseg_layout_loads_into_dense_backbone(small_sd):
     dense = create_model('pcpvt_small', features_only=True)
-    load_into(dense, twins_to_mmseg(small_sd))
+    load_into(dense, native_to_mmseg(small_sd))
     for k, v in dense.state_dict().items():
         assert torch.equal(v, small_sd[k])
 
@@ -135,31 +135,31 @@ def test_unwrap_rejects_non_state_dicts():
 
 
 def test_mmpretrain_round_trip_and_layout_detection(small_sd):
-    mm = twins_to_mmpretrain(small_sd)
+    mm = native_to_mmpretrain(small_sd)
     assert detect_layout(mm) == 'mmpretrain'
     assert mm['backbone.stages.2.5.ffn.layers.0.0.weight'].shape == (1280, 320)
     assert 'backbone.norm_after_stage3.bias' in mm and 'head.fc.weight' in mm
     for source in (mm, {k[len('backbone.'):]: v for k, v in mm.items() if k.startswith('backbone.')}):
-        back = mmpretrain_to_twins(source)
+        back = mmpretrain_to_native(source)
         expected = small_sd if 'head.fc.weight' in source else {k: v for k, v in small_sd.items()
                                                                 if not k.startswith('head.')}
         assert set(back) == set(expected) and all(torch.equal(back[k], expected[k]) for k in expected)
     with pytest.raises(UnknownKeysError, match='backbone.norm_after_stage1.weight'):
-        mmpretrain_to_twins({**mm, 'backbone.norm_after_stage1.weight': torch.zeros(1)})
+        mmpretrain_to_native({**mm, 'backbone.norm_after_stage1.weight': torch.zeros(1)})
 
 
 def test_our_classifier_layout_and_backbone_only(small_sd):
     wrapped = {**{f'backbone.{k}': v for k, v in small_sd.items() if not k.startswith('head.')},
                'head.fc.weight': small_sd['head.weight'], 'head.fc.bias': small_sd['head.bias']}
     assert detect_layout(wrapped) == 'classifier'
-    assert set(classifier_to_twins(wrapped)) == set(small_sd)
+    assert set(classifier_to_native(wrapped)) == set(small_sd)
     with pytest.raises(UnknownKeysError, match='backbone.head.weight'):
-        classifier_to_twins({**wrapped, 'backbone.head.weight': torch.zeros(1)})
+        classifier_to_native({**wrapped, 'backbone.head.weight': torch.zeros(1)})
     dense = backbone_only(wrapped)
     assert set(dense) == {k for k in small_sd if not k.startswith('head.')}
-    assert set(from_twins(small_sd, 'backbone')) == set(dense)
+    assert set(from_native(small_sd, 'backbone')) == set(dense)
     with pytest.raises(ValueError, match="cannot write layout 'timm'"):
-        from_twins(small_sd, 'timm')
+        from_native(small_sd, 'timm')
 
 
 @pytest.mark.heavy
@@ -174,7 +174,7 @@ def test_mmpretrain_pcpvt_gives_our_logits(small_sd):
             backbone=dict(type='PCPVT', arch='small', qkv_bias=True, norm_cfg=dict(type='LN', eps=1e-6),
                           norm_after_stage=[False, False, False, True]),
             head=dict(type='LinearClsHead', num_classes=1000, in_channels=512)))
-    theirs.load_state_dict(twins_to_mmpretrain(small_sd), strict=True)
+    theirs.load_state_dict(native_to_mmpretrain(small_sd), strict=True)
     # As mmpretrain's Twins configs: LN eps 1e-6, which mmpretrain also gives the sr norm (1e-5 in Twins/ours).
     ours = create_model('pcpvt_small')
     ours.load_state_dict(small_sd)
@@ -194,7 +194,7 @@ def test_deit_weights_match_timm_vit_with_identity_pegs():
     assert detect_layout(sd) == 'deit'
     ours = create_model('cpvt_tiny').eval()
     with pytest.raises(CheckpointMismatchError, match=r'unexpected keys \(1\): pos_embed.0'):
-        load_into(ours, to_twins(sd))
+        load_into(ours, to_native(sd))
     with_table = create_model('cpvt_tiny', pos_encoding='learned').eval()
     load_into(with_table, sd)  # DeiT itself, strictly
     with torch.no_grad():
@@ -203,7 +203,7 @@ def test_deit_weights_match_timm_vit_with_identity_pegs():
             assert (with_table(x) - deit(x)).abs().max() < 1e-4, size
     with torch.no_grad():
         deit.pos_embed.zero_()
-    report = load_into(ours, deit_to_twins(sd, drop_pos_embed=True), strict=False)
+    report = load_into(ours, deit_to_native(sd, drop_pos_embed=True), strict=False)
     assert sorted(report.missing) == sorted(k for k in ours.state_dict() if k.startswith('pos_block.'))
     assert not report.unexpected and not report.mismatched
     with torch.no_grad():
@@ -212,7 +212,7 @@ def test_deit_weights_match_timm_vit_with_identity_pegs():
             peg.proj[0].bias.zero_()
         assert (ours(x) - deit(x)).abs().max() < 1e-4
     with pytest.raises(UnknownKeysError, match='dist_token'):
-        deit_to_twins({**sd, 'dist_token': torch.zeros(1, 1, 192)}, drop_pos_embed=True)
+        deit_to_native({**sd, 'dist_token': torch.zeros(1, 1, 192)}, drop_pos_embed=True)
 
 
 @pytest.mark.parametrize('target, suffix', [('mmseg', '.pth'), ('mmpretrain', '.safetensors'),
@@ -224,7 +224,7 @@ def test_convert_checkpoint_cli(tmp_path, small_sd, target, suffix):
     from pathlib import Path
     tool = Path(__file__).resolve().parents[1] / 'tools/convert_checkpoint.py'
     src = tmp_path / 'mmseg.pth'
-    torch.save({'state_dict': twins_to_mmseg(small_sd), 'meta': {}}, src)
+    torch.save({'state_dict': native_to_mmseg(small_sd), 'meta': {}}, src)
     mid, back = tmp_path / f'mid{suffix}', tmp_path / 'back.pth'
     for args in ([src, mid, '--to', target, '--check', 'pcpvt_small'], [mid, back, '--to', 'native']):
         out = subprocess.run([sys.executable, tool, *map(str, args)], capture_output=True, text=True)
@@ -269,7 +269,7 @@ def test_a_registered_encoding_loads_without_converter_changes(tmp_path, name):
         torch.save({'state_dict': sd}, path)
         loaded = create_model(name, pos_encoding='channel_scale', pretrained=str(path))
         assert all(torch.equal(v, sd[k]) for k, v in loaded.state_dict().items())
-        wrapped = from_twins(sd, 'classifier')
+        wrapped = from_native(sd, 'classifier')
         assert 'backbone.pos_scale.scales.0' in wrapped and detect_layout(wrapped) == 'classifier'
         fresh = create_model(name, pos_encoding='channel_scale')
         load_into(fresh, wrapped)
@@ -278,7 +278,7 @@ def test_a_registered_encoding_loads_without_converter_changes(tmp_path, name):
     with pytest.raises(ValueError, match='unrecognised checkpoint layout'):
         detect_layout(sd)
     with pytest.raises(UnknownKeysError, match='backbone.pos_scale.scales.0'):
-        classifier_to_twins(wrapped)
+        classifier_to_native(wrapped)
 
 
 def test_registry_refuses_taken_names_and_restores_itself_after_an_error():

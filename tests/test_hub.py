@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from cpvt_backbones import create_model
-from cpvt_backbones.convert import from_twins, hub
+from cpvt_backbones.convert import from_native, hub
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,7 @@ def weights(tmp_path, monkeypatch):
     files['model.safetensors'] = (tmp_path / 'a.safetensors').read_bytes()
     for layout, wrap in (('native', lambda d: d), ('mmseg', lambda d: dict(state_dict=d, meta={})),
                          ('mmpretrain', lambda d: dict(state_dict=d))):
-        torch.save(wrap(from_twins(sd, layout)), tmp_path / f'{layout}.pth')
+        torch.save(wrap(from_native(sd, layout)), tmp_path / f'{layout}.pth')
         data = (tmp_path / f'{layout}.pth').read_bytes()
         files[f'tiny_{layout}-{hashlib.sha256(data).hexdigest()[:8]}.pth'] = data
     server = Server()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cpvt_backbones import create_model
-from cpvt_backbones.convert import load_into, twins_to_mmseg
+from cpvt_backbones.convert import load_into, native_to_mmseg
 
 pytest.importorskip('mmseg')
 
@@ -26,7 +26,7 @@ def _mmseg_pcpvt(depths):
 def test_features_equal_mmseg(name, depths):
     ours = create_model(name, features_only=True, norm_eps=1e-5).eval()
     theirs = _mmseg_pcpvt(depths).eval()
-    theirs.load_state_dict(twins_to_mmseg(ours.state_dict()), strict=True)
+    theirs.load_state_dict(native_to_mmseg(ours.state_dict()), strict=True)
     for h, w in [(224, 224), (256, 352)]:
         x = torch.randn(2, 3, h, w)
         with torch.no_grad():

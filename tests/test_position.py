@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cpvt_backbones import create_model, optimize
-from cpvt_backbones.convert import detect_layout, load_into, rope_vit_to_twins, twins_to_rope_vit
+from cpvt_backbones.convert import detect_layout, load_into, rope_vit_to_native, native_to_rope_vit
 from cpvt_backbones.layers.position import ENCODINGS, Geometry, build_position_encodings, resize_table, rotate
 from cpvt_backbones.layers.position.rope import mixed_frequencies, rotary_angles
 from cpvt_backbones.layers.position.rpe import relative_index
@@ -300,23 +300,23 @@ def test_rope_matches_timm_on_the_same_weights(timm_name, spec):
     sd = ref.state_dict()
     assert detect_layout(sd) == 'rope_vit'
     ours = create_model('cpvt_small', pos_encoding=spec, layer_scale_init=1e-5, depth=3).eval()
-    load_into(ours, rope_vit_to_twins(sd))
+    load_into(ours, rope_vit_to_native(sd))
     blind = create_model('cpvt_small', pos_encoding='none', layer_scale_init=1e-5, depth=3).eval()
-    load_into(blind, {k: v for k, v in rope_vit_to_twins(sd).items() if not k.startswith('rope.')})
+    load_into(blind, {k: v for k, v in rope_vit_to_native(sd).items() if not k.startswith('rope.')})
     with torch.no_grad():
         for hw in ((224, 224), (96, 160), (16, 48)):
             x = torch.randn(2, 3, *hw)
             expected = ref(x)
             torch.testing.assert_close(ours(x), expected, atol=1e-5, rtol=1e-5)
             assert (blind(x) - expected).abs().max() > 0.1   # RoPE matters with these weights
-    back = twins_to_rope_vit(ours.state_dict())
+    back = native_to_rope_vit(ours.state_dict())
     assert back.keys() == sd.keys() and all(torch.equal(back[k], sd[k]) for k in sd)
 
 
 def test_rope_vit_writer_refuses_other_encodings():
     from cpvt_backbones.convert import UnknownKeysError
     with pytest.raises(UnknownKeysError, match=r'pos_block\.0\.proj\.0\.bias'):
-        twins_to_rope_vit(create_model('cpvt_tiny', pos_encoding='rope_mixed+peg', depth=2).state_dict())
+        native_to_rope_vit(create_model('cpvt_tiny', pos_encoding='rope_mixed+peg', depth=2).state_dict())
 
 
 def test_selectable_from_openmmlab_configs_and_timm():

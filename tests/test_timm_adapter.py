@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cpvt_backbones import create_model, list_models
-from cpvt_backbones.convert import twins_to_mmseg
+from cpvt_backbones.convert import native_to_mmseg
 from cpvt_backbones.models.base import take_indices
 
 timm = pytest.importorskip('timm')
@@ -96,7 +96,7 @@ def test_mmseg_layout_file_through_timm(tmp_path, tiny_file):
     """timm's pretrained path reads every layout ours does (here mmseg's), dropping what is not built."""
     sd = torch.load(tiny_file)
     path = tmp_path / 'mmseg.pth'
-    torch.save({'state_dict': twins_to_mmseg(sd), 'meta': {}}, path)
+    torch.save({'state_dict': native_to_mmseg(sd), 'meta': {}}, path)
     feats = timm_model('pcpvt_tiny', path, features_only=True)
     assert all(torch.equal(v, sd[f'{k.split(".", 1)[1]}']) for k, v in feats.state_dict().items())
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from cpvt_backbones import create_model
-from cpvt_backbones.convert import detect_layout, from_twins, load_into, load_weights_file, to_twins
+from cpvt_backbones.convert import detect_layout, from_native, load_into, load_weights_file, to_native
 from cpvt_backbones.utils import strip_prefix
 
 
@@ -47,10 +47,10 @@ def main() -> None:
         except ValueError as err:
             raise SystemExit(str(err)) from None
     layout = detect_layout(state)
-    ours = to_twins(state, drop_pos_embed=args.drop_pos_embed)
+    ours = to_native(state, drop_pos_embed=args.drop_pos_embed)
     if args.check:
         load_into(checking_model(args.check, ours), ours, strict=True, source=args.src)
-    out = from_twins(ours, args.to)
+    out = from_native(ours, args.to)
     dst = Path(args.dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     if dst.suffix == '.safetensors':

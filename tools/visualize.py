@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from cpvt_backbones import list_models
-from cpvt_backbones.convert import built_weights, load_weights_file, to_twins
+from cpvt_backbones.convert import built_weights, load_weights_file, to_native
 from cpvt_backbones.utils import pyplot, strip_prefix
 from cpvt_backbones.convert.loading import compare
 from cpvt_backbones.models import CPVT, create_model
@@ -44,7 +44,7 @@ def backbone_weights(path: str) -> Tuple[Dict[str, torch.Tensor], bool]:
     if any(k.startswith('backbone.') for k in state) and any(not k.startswith(('backbone.', 'head.fc.'))
                                                               for k in state):
         state = strip_prefix(state, 'backbone.', path)
-    state = to_twins(state)
+    state = to_native(state)
     return state, 'head.weight' not in state
 
 

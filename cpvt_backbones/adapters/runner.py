@@ -98,7 +98,7 @@ def runner_checkpoint(cfg: Config, spec: str) -> str:
     for an mmpretrain config whose backbone is ours, also a model name with published weights, a URL or a bare
     weight file in any layout we read, written once as that classifier's checkpoint (``backbone.*``,
     ``head.fc.*``) beside the cached weights."""
-    from ..convert import detect_layout, from_twins, load_weights_file, resolve_checkpoint, to_twins, weights_dir
+    from ..convert import detect_layout, from_native, load_weights_file, resolve_checkpoint, to_native, weights_dir
     if cfg.get('default_scope') != 'mmpretrain' or our_backbone(cfg) is None:
         return spec
     path = resolve_checkpoint(spec, classifier=True)
@@ -107,7 +107,7 @@ def runner_checkpoint(cfg: Config, spec: str) -> str:
         return str(path)
     out = weights_dir() / 'classifiers' / f'{path.stem}.mmpretrain.pth'
     if not out.is_file():
-        atomic_write(out, lambda f: torch.save(dict(state_dict=from_twins(to_twins(state), 'classifier')), f))
+        atomic_write(out, lambda f: torch.save(dict(state_dict=from_native(to_native(state), 'classifier')), f))
     return str(out)
 
 

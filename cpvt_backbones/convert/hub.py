@@ -2,7 +2,7 @@
 
 ``PRETRAINED`` lists, per model, the public copies of the official ImageNet-1k weights in the order they are
 tried: timm's hub file (safetensors), timm's release file and mmseg's converted file (``.pth``). Each has its
-key layout, which ``convert.to_twins`` reads, and a checksum where one is published: the sha256 prefix that
+key layout, which ``convert.to_native`` reads, and a checksum where one is published: the sha256 prefix that
 timm's and OpenMMLab's file names carry (the torch hub convention). A hub server that states a file's sha256
 as its ETag (as LFS files do) is checked against that too.
 

@@ -176,14 +176,14 @@ _MMSEG = [
 _CLASSIFIER_ONLY = [('norm.{rest}', None), ('head.{rest}', None)]
 
 
-def mmseg_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+def mmseg_to_native(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     """mmseg 1.x ``PCPVT`` backbone keys -> native. ``in_proj`` (q; k; v stacked) splits into ``q`` and ``kv``;
     a final ``norm`` is kept: mmseg's own converter (tools/model_converters/twins2mmseg.py, which made its
     published PCPVT weights) keeps it, and mmseg's backbone, like our dense one, ignores it on load."""
     return apply_rules(state_dict, inverted(_MMSEG) + [('norm.{p}', 'norm.{p}')], 'mmseg PCPVT')
 
 
-def twins_to_mmseg(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+def native_to_mmseg(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     """Native -> mmseg 1.x ``PCPVT`` backbone keys. The classifier's final ``norm`` and ``head`` have no
     counterpart in mmseg's backbone and are left out; any other key that does not fit raises."""
     return apply_rules(state_dict, _CLASSIFIER_ONLY + _MMSEG, 'our (Twins/timm) PCPVT')
@@ -203,7 +203,7 @@ _MMPRETRAIN = [
 ]
 
 
-def mmpretrain_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+def mmpretrain_to_native(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     """mmpretrain 1.x ``PCPVT`` keys -> native: a whole classifier (``backbone.*``, ``head.fc.*``) or its
     backbone alone (keys without the ``backbone.`` prefix)."""
     if not any(k.startswith(('backbone.', 'head.fc.')) for k in state_dict):
@@ -211,7 +211,7 @@ def mmpretrain_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     return apply_rules(state_dict, inverted(_MMPRETRAIN), 'mmpretrain PCPVT')
 
 
-def twins_to_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+def native_to_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     """Native -> an mmpretrain 1.x ``ImageClassifier`` with its ``PCPVT`` backbone (``norm_after_stage`` on the
     last stage only, as in mmpretrain's Twins configs) and a ``LinearClsHead``."""
     return apply_rules(state_dict, _MMPRETRAIN, 'our (Twins/timm) PCPVT')
@@ -228,7 +228,7 @@ _QKV = re.compile(r'blocks\.\d+\.attn\.qkv\.(weight|bias)')
 _ROPE_VIT_ONLY = re.compile(r'rope\.freqs|blocks\.\d+\.gamma_[12]')
 
 
-def deit_to_twins(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool = False) -> StateDict:
+def deit_to_native(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool = False) -> StateDict:
     """DeiT / timm ViT keys (fused ``attn.qkv``) -> our columnar CPVT (``attn.q`` + ``attn.kv``).
 
     DeiT's ``pos_embed`` becomes ``pos_embed.0`` (it fits a CPVT built with ``pos_encoding=dict(type='learned',
@@ -240,7 +240,7 @@ def deit_to_twins(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool =
     return apply_rules(state_dict, inverted(_DEIT) + [pos_embed], 'DeiT/timm ViT')
 
 
-def rope_vit_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+def rope_vit_to_native(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     """timm's RoPE ViTs (Heo et al.; ``timm.models.eva``'s ``vit_*_patch16_rope_224`` and
     ``..._rope_mixed_224``) -> our columnar model built as they are: ``pos_encoding='rope_axial'`` or
     ``'rope_mixed'``, ``layer_scale_init`` set (``tests/test_position.py`` has the settings).
@@ -251,8 +251,8 @@ def rope_vit_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     return apply_rules(state_dict, inverted(_ROPE_VIT), 'timm RoPE ViT')
 
 
-def twins_to_rope_vit(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
-    """Native (a columnar model with RoPE, see ``rope_vit_to_twins``) -> timm's RoPE ViT keys; keys of other
+def native_to_rope_vit(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+    """Native (a columnar model with RoPE, see ``rope_vit_to_native``) -> timm's RoPE ViT keys; keys of other
     position encodings (a PEG) have no place there and raise ``UnknownKeysError``."""
     return apply_rules(state_dict, _ROPE_VIT, 'our columnar model with RoPE')
 
@@ -263,19 +263,19 @@ _CLASSIFIER = [('head.{rest}', 'head.fc.{rest}'), ('{native}', 'backbone.{native
 
 def backbone_only(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     """The native layout without the classifier head: the checkpoint a dense config's ``init_cfg`` points at."""
-    sd = to_twins(state_dict)
+    sd = to_native(state_dict)
     return {k: v for k, v in sd.items() if not k.startswith('head.')}
 
 
-def classifier_to_twins(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+def classifier_to_native(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     """Our backbone inside an mmpretrain ``ImageClassifier`` (``backbone.*`` native, ``head.fc.*``), e.g. a
     checkpoint of ``configs/imagenet`` -> native."""
     return apply_rules(state_dict, inverted(_CLASSIFIER), 'mmpretrain ImageClassifier with our backbone')
 
 
-def twins_to_classifier(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+def native_to_classifier(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     """Native -> our backbone inside an mmpretrain ``ImageClassifier`` (``backbone.*``, ``head.fc.*``): the keys
-    of a checkpoint of ``configs/imagenet`` (the inverse of ``classifier_to_twins``)."""
+    of a checkpoint of ``configs/imagenet`` (the inverse of ``classifier_to_native``)."""
     return apply_rules(state_dict, _CLASSIFIER, 'our (Twins/timm)')
 
 
@@ -310,25 +310,25 @@ def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
                      f'first keys: {keys[:8]}')
 
 
-# Each layout ``detect_layout`` names, read into native keys (DeiT's, which takes an option, by ``to_twins``).
+# Each layout ``detect_layout`` names, read into native keys (DeiT's, which takes an option, by ``to_native``).
 READERS: Dict[str, Callable[[Mapping[str, torch.Tensor]], StateDict]] = {
-    'native': dict, 'classifier': classifier_to_twins, 'mmseg': mmseg_to_twins, 'mmpretrain': mmpretrain_to_twins,
-    'rope_vit': rope_vit_to_twins}
-# Each layout ``from_twins`` writes.
+    'native': dict, 'classifier': classifier_to_native, 'mmseg': mmseg_to_native, 'mmpretrain': mmpretrain_to_native,
+    'rope_vit': rope_vit_to_native}
+# Each layout ``from_native`` writes.
 WRITERS: Dict[str, Callable[[Mapping[str, torch.Tensor]], StateDict]] = {
-    'native': dict, 'backbone': backbone_only, 'classifier': twins_to_classifier, 'mmseg': twins_to_mmseg,
-    'mmpretrain': twins_to_mmpretrain, 'rope_vit': twins_to_rope_vit}
+    'native': dict, 'backbone': backbone_only, 'classifier': native_to_classifier, 'mmseg': native_to_mmseg,
+    'mmpretrain': native_to_mmpretrain, 'rope_vit': native_to_rope_vit}
 
 
-def to_twins(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool = False) -> StateDict:
-    """Any known layout (see ``detect_layout``) -> native; ``drop_pos_embed`` as ``deit_to_twins``'s."""
+def to_native(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool = False) -> StateDict:
+    """Any known layout (see ``detect_layout``) -> native; ``drop_pos_embed`` as ``deit_to_native``'s."""
     layout = detect_layout(state_dict)
     if layout == 'deit':
-        return deit_to_twins(state_dict, drop_pos_embed)
+        return deit_to_native(state_dict, drop_pos_embed)
     return READERS[layout](state_dict)
 
 
-def from_twins(state_dict: Mapping[str, torch.Tensor], layout: str) -> StateDict:
+def from_native(state_dict: Mapping[str, torch.Tensor], layout: str) -> StateDict:
     """Native -> ``layout``: 'native' (unchanged), 'backbone' (no head), 'classifier' (our backbone in an
     mmpretrain classifier), 'mmseg', 'mmpretrain' or 'rope_vit'."""
     if layout not in WRITERS:

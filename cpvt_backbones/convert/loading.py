@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from .io import load_weights_file
-from .layouts import to_twins
+from .layouts import to_native
 
 
 class LoadReport(NamedTuple):
@@ -54,7 +54,7 @@ def built_weights(model: nn.Module, state_dict: Mapping[str, torch.Tensor],
     """``state_dict`` (any known layout) in ours, without the parts the model deliberately does not build
     (``model.unbuilt_prefixes``: a classifier head for a dense backbone, ...) and the key prefixes ``skip``."""
     dropped = tuple(model.unbuilt_prefixes) + tuple(skip)
-    return {k: v for k, v in to_twins(state_dict).items() if not k.startswith(dropped)}
+    return {k: v for k, v in to_native(state_dict).items() if not k.startswith(dropped)}
 
 
 def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True,
