@@ -91,7 +91,7 @@ import importlib, pkgutil, sys, warnings
 import torch, mmengine, mmdet, mmseg, mmpretrain, timm, matplotlib, numpy
 import mmdet.models, mmseg.models, mmpretrain.models, mmdet.registry, mmseg.registry, mmpretrain.registry
 from torch.utils.flop_counter import flop_registry
-sys.path[:0] = [{str(root / 'benchmarks')!r}, {str(root / 'tools')!r}]
+sys.path[:0] = [{str(root)!r}, {str(root / 'tools')!r}]
 def umask():
     return open('/proc/self/status').read().split('Umask:')[1].split()[0]
 def state():
@@ -102,7 +102,7 @@ before = state()
 import cpvt_backbones
 opt_ins = {{'cpvt_backbones.adapters.checkpoint', 'cpvt_backbones.adapters.hooks'}}
 names = [m.name for m in pkgutil.walk_packages(cpvt_backbones.__path__, 'cpvt_backbones.') if m.name not in opt_ins]
-names += ['peers', 'timing', 'report', 'speed', 'study_common', 'resolution_study', 'resolution_summary', 'dense_study']
+names += [f'benchmarks.{{m.name}}' for m in pkgutil.iter_modules([{str(root / 'benchmarks')!r}])]
 names += ['export_onnx', 'visualize', 'demo', 'train', 'test', 'infer', 'resolution_sweep', 'convert_checkpoint',
           'make_shapes']
 for name in names:

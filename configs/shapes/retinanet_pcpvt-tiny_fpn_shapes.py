@@ -26,7 +26,7 @@ model = dict(
     test_cfg=dict(score_thr=0.05, max_per_img=50))
 # int8 (tools/test.py --precision int8): the FPN and the head stay float32. With everything quantized on OpenVINO
 # the demo's bbox mAP moves by up to 0.022 from float32 at its six test sizes; with the head alone kept 0.007,
-# with the FPN and the head kept 0.003 (python benchmarks/int8_scope.py; docs/performance.md#lower-precision).
+# with the FPN and the head kept 0.003 (python -m benchmarks.int8_scope; docs/performance.md#lower-precision).
 int8_keep_fp32 = ['neck', 'bbox_head']
 
 train_pipeline = [
