@@ -33,6 +33,25 @@ def small(family: str, encoding: str, **kwargs):
                        **kwargs).eval()
 
 
+@pytest.fixture(scope='module')
+def converted():
+    """``converted(family, encoding)``: ``small(family, encoding)`` and its float32 ``to_openvino`` engine, converted
+    once for the tests that take the same model (under pytest-xdist those share a group, ``on_one_worker``)."""
+    engines = {}
+
+    def get(family, encoding):
+        if (family, encoding) not in engines:
+            model = small(family, encoding)
+            engines[family, encoding] = model, ov_engine.to_openvino(model)
+        return engines[family, encoding]
+    return get
+
+
+def on_one_worker(family, encoding):
+    """The pytest-xdist group of the tests that take ``converted(family, encoding)`` (``--dist loadgroup``)."""
+    return pytest.mark.xdist_group(f'openvino_{family}_{encoding}')
+
+
 def relative_errors(got, ref):
     assert type(got) is type(ref) and len(got) == len(ref)
     for g, r in zip(got, ref):
@@ -49,11 +68,13 @@ def check_sizes(engine, model, tolerance, sizes=SIZES):
         assert max(errors) < tolerance, (hw, errors)
 
 
-@pytest.mark.parametrize('encoding', ENCODING_NAMES)
-@pytest.mark.parametrize('family', ['cpvt', 'pcpvt'])
-def test_float32_matches_torch_at_odd_sizes(family, encoding):
-    model = small(family, encoding)
-    check_sizes(ov_engine.to_openvino(model), model, FP32_TOLERANCE)
+@pytest.mark.parametrize('family, encoding', [
+    pytest.param(family, encoding, id=f'{family}-{encoding}',
+                 marks=on_one_worker(family, encoding) if encoding == 'peg' else ())
+    for family in ('cpvt', 'pcpvt') for encoding in ENCODING_NAMES])
+def test_float32_matches_torch_at_odd_sizes(family, encoding, converted):
+    model, engine = converted(family, encoding)
+    check_sizes(engine, model, FP32_TOLERANCE)
 
 
 def test_classifier_output_and_static_shape_cache():
@@ -72,13 +93,18 @@ def test_classifier_output_and_static_shape_cache():
     assert 'static' in repr(engine)
 
 
-def test_bf16_runs_bf16_where_native_and_says_so_elsewhere(monkeypatch):
-    model = small('pcpvt', 'peg')
+@on_one_worker('pcpvt', 'peg')
+def test_bf16_runs_bf16_where_native_and_says_so_elsewhere(converted, tmp_path, monkeypatch):
+    model, fp32 = converted('pcpvt', 'peg')
+    # The conversion does not depend on the precision: bf16 compiles the float32 model, read from a cache file
+    # as the tools read it (test_float32_matches_torch_at_odd_sizes checks that conversion).
+    cache = str(tmp_path / 'pcpvt_peg.xml')
+    ov_engine.save(fp32.ov_model.clone(), cache)
     if ov_engine.native_bf16():
-        check_sizes(ov_engine.to_openvino(model, 'bf16'), model, BF16_TOLERANCE, SIZES[1:])
+        check_sizes(ov_engine.to_openvino(model, 'bf16', cache=cache), model, BF16_TOLERANCE, SIZES[1:])
     monkeypatch.setattr(ov_engine, 'native_bf16', lambda: False)
     with pytest.warns(RuntimeWarning, match='no native bf16.*running float32'):
-        engine = ov_engine.to_openvino(model, 'bf16')
+        engine = ov_engine.to_openvino(model, 'bf16', cache=cache)
     check_sizes(engine, model, FP32_TOLERANCE, SIZES[1:])
 
 
@@ -94,13 +120,13 @@ def test_int8_quantizes_with_nncf_and_stays_close():
     assert max(relative_errors(engine(x), ref)) < 0.1
 
 
-def test_int8_keeps_the_named_modules_in_float32():
+@on_one_worker('pcpvt', 'peg')
+def test_int8_keeps_the_named_modules_in_float32(converted):
     """keep_fp32 takes module names as optimize does: every converted operation knows its module, so the layers
     under a name get no quantizer (NNCF's ignored scope), the rest still do; a name that matches nothing is
     refused by name."""
-    model = small('pcpvt', 'peg')
     calibration = [torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(i)) for i in range(4)]
-    ov_model, _ = ov_engine.convert(model, torch.randn(2, 3, 64, 64))
+    ov_model = converted('pcpvt', 'peg')[1].ov_model  # what ov_engine.convert gave to_openvino
     kept = ov_engine.ops_under(ov_model, ['blocks.3'])
     assert kept and all(name in {op.get_friendly_name() for op in ov_model.get_ops()} for name in kept)
     assert set(ov_engine.ops_under(ov_model, ['blocks'])) > set(kept)
@@ -115,8 +141,9 @@ def test_int8_keeps_the_named_modules_in_float32():
         ov_engine.ops_under(ov_model, ['head'])
 
 
-def test_refusals_name_the_problem(monkeypatch):
-    model = small('cpvt', 'peg')
+@on_one_worker('cpvt', 'peg')
+def test_refusals_name_the_problem(converted, monkeypatch):
+    model, engine = converted('cpvt', 'peg')
     with pytest.raises(ValueError, match="precision must be one of .*'fp16'"):
         ov_engine.to_openvino(model, 'fp16')
     with pytest.raises(ValueError, match='pass calibration='):
@@ -127,7 +154,6 @@ def test_refusals_name_the_problem(monkeypatch):
         ov_engine.to_openvino(model, shapes='ragged')
     with pytest.raises(ValueError, match='evaluation mode'):
         ov_engine.to_openvino(small('cpvt', 'peg').train())
-    engine = ov_engine.to_openvino(model)
     with pytest.raises(ValueError, match='4-D NCHW'):
         engine(torch.randn(3, 32, 32))
     with pytest.raises(ValueError, match='expected 3 input channels'):

@@ -54,6 +54,28 @@ def train(cfg, work_dir, cwd, *extra, max_iters=12, options=()):
     return out
 
 
+@pytest.fixture(scope='module')
+def trained(workdir):
+    """``trained(cfg)``: the checkpoint of a two-iteration tools/train.py run of ``cfg`` on ``workdir``'s data,
+    trained on the first request and shared by the tests that need trained weights of the config (inference,
+    calibration, the OpenVINO engine). Under pytest-xdist those tests share a group (``on_one_worker``), so that
+    one worker trains each config once."""
+    checkpoints = {}
+
+    def checkpoint(cfg):
+        if cfg not in checkpoints:
+            wd = workdir / f'trained_{cfg.stem}'
+            train(cfg, wd, workdir, max_iters=2, options=['default_hooks.checkpoint.interval=2'])
+            checkpoints[cfg] = wd / 'iter_2.pth'
+        return checkpoints[cfg]
+    return checkpoint
+
+
+def on_one_worker(cfg):
+    """The pytest-xdist group of the tests that use ``trained(cfg)`` (run with ``--dist loadgroup``)."""
+    return pytest.mark.xdist_group(f'trained_{cfg.stem}')
+
+
 def losses(work_dir):
     (scalars,) = Path(work_dir).glob('*/vis_data/scalars.json')
     rows = [json.loads(line) for line in scalars.read_text().splitlines()]
@@ -199,14 +221,17 @@ def test_openmmlab_own_tools_run_our_configs(cfg, package, workdir):
     assert ('bbox_mAP' if package == 'mmdet' else 'mIoU') in out.stdout + out.stderr
 
 
-@pytest.mark.parametrize('cfg, package', [(DET, 'mmdet'), (SEG, 'mmseg')], ids=['mmdet', 'mmseg'])
-def test_infer_on_a_folder_at_any_resolution(cfg, package, workdir):
-    wd = workdir / f'infer_{package}'
-    train(cfg, wd, workdir, max_iters=1, options=['default_hooks.checkpoint.interval=1'])
+SHARED_CHECKPOINT = [pytest.param(DET, 'mmdet', id='mmdet', marks=on_one_worker(DET)),
+                     pytest.param(SEG, 'mmseg', id='mmseg', marks=on_one_worker(SEG))]
+
+
+@pytest.mark.parametrize('cfg, package', SHARED_CHECKPOINT)
+def test_infer_on_a_folder_at_any_resolution(cfg, package, workdir, trained):
+    checkpoint = trained(cfg)
     images = workdir / 'data' / 'shapes' / 'val' / 'images'
     for mode in (['--native'], ['--scale', '173', '97']):
         out = workdir / f'infer_out_{package}_{mode[0][2:]}'
-        res = run([ROOT / 'tools/infer.py', cfg, wd / 'iter_1.pth', images, '--out-dir', out, *mode], workdir)
+        res = run([ROOT / 'tools/infer.py', cfg, checkpoint, images, '--out-dir', out, *mode], workdir)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         vis = sorted(p.name for p in (out / 'vis').iterdir())
         preds = sorted(p.name for p in (out / 'preds').iterdir())
@@ -218,7 +243,7 @@ def test_infer_on_a_folder_at_any_resolution(cfg, package, workdir):
     for w, h in sizes:
         Image.fromarray(np.random.default_rng(w).integers(0, 255, (h, w, 3), dtype=np.uint8)).save(odd / f'{w}x{h}.png')
     out = workdir / f'infer_out_{package}_odd'
-    res = run([ROOT / 'tools/infer.py', cfg, wd / 'iter_1.pth', odd, '--out-dir', out, '--native'], workdir)
+    res = run([ROOT / 'tools/infer.py', cfg, checkpoint, odd, '--out-dir', out, '--native'], workdir)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     preds = sorted(p.stem for p in (out / 'preds').iterdir())
     assert preds == sorted(f'{w}x{h}' for w, h in sizes), preds
@@ -228,16 +253,16 @@ def test_infer_on_a_folder_at_any_resolution(cfg, package, workdir):
     assert all(line.startswith('[infer] 1x1.png: not drawn (') for line in not_drawn), not_drawn
 
 
-def test_static_int8_is_calibrated_once_and_reused(workdir, tmp_path):
+@on_one_worker(SEG)
+def test_static_int8_is_calibrated_once_and_reused(workdir, trained, tmp_path):
     """tools/test.py --precision int8 --calibrate: activation ranges of every linear layer of the backbone from
     a few images (a folder, or the config's test set), saved under the weights directory and reused by the next
     run instead of calibrating again; --calibrate without int8 is refused."""
-    wd = workdir / 'calibrate_mmseg'
-    train(SEG, wd, workdir, max_iters=1, options=['default_hooks.checkpoint.interval=1'])
+    checkpoint, wd = trained(SEG), workdir / 'calibrate_mmseg'
     env = dict(CPVT_WEIGHTS_DIR=str(tmp_path))
     runs = {}
     for source in (workdir / 'data' / 'shapes' / 'train' / 'images', 'val', 'val'):
-        res = run([ROOT / 'tools/test.py', SEG, wd / 'iter_1.pth', '--work-dir', wd, '--precision', 'int8',
+        res = run([ROOT / 'tools/test.py', SEG, checkpoint, '--work-dir', wd, '--precision', 'int8',
                    '--calibrate', source, '--calibrate-images', '3'], workdir, env)
         assert res.returncode == 0 and 'mIoU' in res.stdout + res.stderr, res.stdout[-3000:] + res.stderr[-3000:]
         (line,) = [x for x in res.stdout.splitlines() if x.startswith('[calibrate] activation ranges: ')]
@@ -253,18 +278,17 @@ def test_static_int8_is_calibrated_once_and_reused(workdir, tmp_path):
                if isinstance(m, nn.Linear)}
     assert record['images'] == 3 and set(record['input_ranges']) == linears
     assert all(low < high for low, high in record['input_ranges'].values())
-    res = run([ROOT / 'tools/test.py', SEG, wd / 'iter_1.pth', '--calibrate', 'val'], workdir, env)
+    res = run([ROOT / 'tools/test.py', SEG, checkpoint, '--calibrate', 'val'], workdir, env)
     assert res.returncode != 0 and '--calibrate and --keep-fp32 configure int8' in res.stderr
 
 
-@pytest.mark.parametrize('cfg, package', [(DET, 'mmdet'), (SEG, 'mmseg')], ids=['mmdet', 'mmseg'])
-def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, workdir, tmp_path):
+@pytest.mark.parametrize('cfg, package', SHARED_CHECKPOINT)
+def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, workdir, trained, tmp_path):
     """tools/test.py --engine openvino: the config's test loop with backbone, neck and head on OpenVINO gives
     torch's metrics (float32); int8 is calibrated once (NNCF on the test set) and the quantized model reused;
     --keep-fp32 leaves the neck in float32 and saves that model under its own name; tools/infer.py --engine
     openvino writes torch's predictions."""
-    wd = workdir / f'openvino_{package}'
-    train(cfg, wd, workdir, max_iters=2, options=['default_hooks.checkpoint.interval=2'])
+    checkpoint, wd = trained(cfg), workdir / f'openvino_{package}'
     env = dict(CPVT_WEIGHTS_DIR=str(tmp_path))
     keep_all = ['--cfg-options', 'model.test_cfg.score_thr=0.0'] if package == 'mmdet' else []
     metric = re.compile(r'(coco/bbox_mAP|mIoU): (\d+\.\d+)' if package == 'mmdet' else r'(mIoU): (\d+\.\d+)')
@@ -273,7 +297,7 @@ def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, work
                    ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4'],
                    ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4'],
                    ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4', '--keep-fp32', 'neck']):
-        res = run([ROOT / 'tools/test.py', cfg, wd / 'iter_2.pth', '--work-dir', wd, *engine, *keep_all], workdir, env)
+        res = run([ROOT / 'tools/test.py', cfg, checkpoint, '--work-dir', wd, *engine, *keep_all], workdir, env)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         scores.setdefault(' '.join(engine), []).append(float(metric.findall(res.stdout + res.stderr)[-1][1]))
         saved += [line.split('saved as ')[1] for line in res.stdout.splitlines() if line.startswith('[openvino]')]
@@ -287,7 +311,7 @@ def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, work
     preds = {}
     for engine in ('torch', 'openvino'):
         out = tmp_path / f'infer_{engine}'
-        res = run([ROOT / 'tools/infer.py', cfg, wd / 'iter_2.pth', images, '--out-dir', out, '--native',
+        res = run([ROOT / 'tools/infer.py', cfg, checkpoint, images, '--out-dir', out, '--native',
                    '--engine', engine, '--plain' if engine == 'torch' else '--precision=fp32'], workdir, env)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert len(list((out / 'vis').iterdir())) == 4

@@ -14,8 +14,8 @@ TORCHVISION_VERSION=0.29.1
 MMCV_VERSION=2.1.0
 STACK=(
   "mmengine==0.10.7" "mmdet==3.3.0" "mmsegmentation==1.2.2" "mmpretrain==1.2.0"
-  "ftfy" "regex" "timm" "pycocotools" "pytest" "hypothesis" "ruff" "safetensors" "onnx" "onnxruntime" "onnxscript"
-  "matplotlib"
+  "ftfy" "regex" "timm" "pycocotools" "pytest" "pytest-xdist" "hypothesis" "ruff" "safetensors" "onnx" "onnxruntime"
+  "onnxscript" "matplotlib"
 )
 CACHE="${CPVT_CACHE_DIR:-$HOME/.cache/cpvt_backbones}"
 
