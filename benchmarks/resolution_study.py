@@ -465,16 +465,21 @@ def train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Pat
 
 def run(variant: str, seed: int, config: StudyConfig, data, run_dir: Path) -> Dict:
     """One (variant, seed): trained once, then tested on every test this invocation asks for. result.json
-    caches both; a test it lacks is run on the saved final weights, so tests can be added to a finished study."""
+    caches both; a test it lacks is run on the saved final weights, so tests can be added to a finished study.
+    Where the weights are gone (result.json is kept in git, weights are not), the run is trained again and
+    every test of its old result is run again with the new ones on the new weights, so that a result always
+    comes from one training (another study sharing the run, such as a test-only variant of a recipe, keeps its
+    tests)."""
     result_path = run_dir / 'result.json'
     model, result = None, json.loads(result_path.read_text()) if result_path.is_file() else None
     probe_sizes = [str(s) for s in config.test_sizes]
+    earlier_tests: List[str] = []
     if result is not None and not (run_dir / 'final.pth').is_file() and (
             any(k not in result['top1'] for k in test_keys(config))
             or (config.probe_images and sorted(result.get('probe', {}).get('r2', {})) != sorted(probe_sizes))):
         print(f'[study] {variant} seed {seed}: a test is missing and the weights are not here (result.json is '
-              'kept in git, weights are not): trained again, and its result replaced', flush=True)
-        result = None
+              'kept in git, weights are not): trained again, its earlier tests run again', flush=True)
+        earlier_tests, result = list(result['top1']), None
     if result is None:
         run_dir.mkdir(parents=True, exist_ok=True)
         model, result = train(variant, seed, config, data[0], run_dir)
@@ -486,7 +491,7 @@ def run(variant: str, seed: int, config: StudyConfig, data, run_dir: Path) -> Di
         saved.load_state_dict(torch.load(run_dir / 'final.pth', map_location='cpu'))
         return saved.to(config.device)
 
-    missing = [k for k in test_keys(config) if k not in result['top1']]
+    missing = [k for k in dict.fromkeys(earlier_tests + test_keys(config)) if k not in result['top1']]
     changed = bool(missing)
     if missing:
         model = trained()

@@ -274,6 +274,16 @@ def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
                for v in VARIANTS)
     monkeypatch.undo()
 
+    # A run whose weights are gone is trained again for a test it lacks (here a test-only variant sharing the
+    # runs), and every earlier test of its result runs again on the new weights: the result keeps them all,
+    # each from the one training (seeded, so equal to the first training's).
+    gone = work / 'resolution_study' / 'none-seed1'
+    before = json.loads((gone / 'result.json').read_text())['top1']
+    (gone / 'final.pth').unlink()
+    study.main(argv + ['--canvas-sizes', '40', '48', '--test-resample', 'bicubic'])
+    after = json.loads((gone / 'result.json').read_text())['top1']
+    assert {k: after[k] for k in before} == before and any(k.startswith('bicubic') for k in after)
+
     # Interrupted after its first epoch, a run resumes from its checkpoint and ends bitwise where an
     # uninterrupted run ends (data order, augmentation and drop path all continue their random streams).
     args = study.parse_args(argv)
