@@ -96,7 +96,7 @@ def test_onnxruntime_runs_our_export_and_agrees(tmp_path):
     pytest.importorskip('onnxruntime')
     import torch
 
-    from peers import _OnnxRuntime
+    from benchmarks.peers import _OnnxRuntime
 
     from cpvt_backbones import create_model
     torch.manual_seed(0)
