@@ -1,16 +1,21 @@
-"""OpenVINO's dynamic shapes against a cache of shape-specialised compiled models, on a stream of mixed sizes.
+"""OpenVINO's shape strategies (``deploy.openvino``: dynamic, static, auto) on a stream of mixed sizes and on a
+stream of recurring sizes.
 
     python -m benchmarks.openvino_shapes [NAME] [--sizes data/shapes/val/images | --sizes 480x640 ...]
-        [--stream 60] [--precision fp32|bf16] [--json PATH]
+        [--stream 150] [--recurring 480x640 800x1216] [--recurring-calls 200] [--specialise-after 64]
+        [--cache-size 8] [--precision fp32|bf16] [--json PATH]
 
-One ``OpenVINOModule`` per strategy (``deploy.openvino``): ``shapes='dynamic'`` (one compiled model) and
-``shapes='static'`` (a model compiled per new input shape, cached), both from the same conversion of the
-backbone ``NAME`` (random weights). The stream is ``--stream`` images at batch 1 whose sizes cycle through the
-given list (by default the native sizes of the demo's held-out scenes, ``data/shapes/val/images``, or a fixed
-list of eight sizes when those are absent). First each strategy alone meets every distinct size once: its first
-call per size (the static cache compiles there) and the growth of the process's resident memory. Then both run
-the stream image by image, interleaved in one process after ``--settle`` seconds of idle time each: the median
-and total per-image time. The CPU's vector ISA is printed with the figures.
+Two streams of batch-1 images: ``mixed``, ``--stream`` images whose sizes cycle through ``--sizes`` (by default
+the native sizes of the demo's held-out scenes, ``data/shapes/val/images``, or a fixed list of eight sizes when
+those are absent), and ``recurring``, ``--recurring-calls`` images cycling through the few ``--recurring`` sizes
+(a camera's or a test loop's). All engines come from one conversion of the backbone ``NAME`` (random weights),
+at their defaults but for ``--cache-size`` and ``--specialise-after``.
+
+Per stream: first every strategy alone, from a fresh engine, through the whole stream (the cold pass: its total
+includes every compile the strategy makes, the number of compiles, and the growth of the process's resident
+memory); then all of them again, interleaved image by image after ``--settle`` seconds of idle time each (the
+warm pass: median and total per-image time once the engines have met the stream, and per size where the
+stream has at most eight). The CPU's vector ISA is printed with the figures.
 """
 import argparse
 import json
@@ -25,7 +30,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from cpvt_backbones import create_model
-from cpvt_backbones.deploy.openvino import OpenVINOModule, convert
+from cpvt_backbones.deploy.openvino import SHAPES, OpenVINOModule, convert
 from benchmarks.timing import cpu_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,66 +54,83 @@ def stream_sizes(spec: List[str]) -> List[Tuple[int, int]]:
     return stream_sizes([str(folder)]) if folder.is_dir() else list(FALLBACK_SIZES)
 
 
+def run_stream(ov_model, spec, stream: List[Tuple[int, int]], args) -> Dict[str, Dict]:
+    """The cold pass (each strategy alone from a fresh engine) and the warm pass (interleaved) over ``stream``."""
+    inputs = {hw: torch.randn(1, 3, *hw) for hw in set(stream)}
+    engines, result = {}, {}
+    for strategy in SHAPES:
+        before, start = rss_mb(), time.perf_counter()
+        engine = OpenVINOModule(ov_model, spec, 3, args.precision, strategy, cache_size=args.cache_size,
+                                specialise_after=args.specialise_after)
+        build_s = time.perf_counter() - start
+        calls, compiles = [], 0
+        for hw in stream:
+            shape, known = (1, 3, *hw), engine.compiled_shapes
+            start = time.perf_counter()
+            engine(inputs[hw])
+            calls.append(time.perf_counter() - start)
+            compiles += shape in engine.compiled_shapes and shape not in known
+        result[strategy] = dict(build_s=round(build_s, 3), cold_total_s=round(build_s + sum(calls), 2),
+                                cold_median_ms=round(1e3 * statistics.median(calls), 1),
+                                cold_slowest_s=round(max(calls), 3), compiles=compiles,
+                                rss_growth_mb=round(rss_mb() - before, 1))
+        engines[strategy] = engine
+        print(f'[shapes] cold {strategy}: {result[strategy]}', flush=True)
+    warm: Dict[str, List[float]] = {s: [] for s in engines}
+    for hw in stream:
+        for strategy, engine in engines.items():
+            time.sleep(args.settle)
+            start = time.perf_counter()
+            engine(inputs[hw])
+            warm[strategy].append(time.perf_counter() - start)
+    for strategy, times in warm.items():
+        result[strategy].update(warm_median_ms=round(1e3 * statistics.median(times), 1),
+                                warm_total_s=round(sum(times), 2),
+                                compiled_shapes=len(engines[strategy].compiled_shapes))
+        if len(inputs) <= 8:  # a few recurring sizes: the median of each
+            result[strategy]['warm_median_ms_by_size'] = {
+                f'{h}x{w}': round(1e3 * statistics.median(t for t, size in zip(times, stream) if size == (h, w)), 1)
+                for h, w in sorted(inputs)}
+    return result
+
+
 def main() -> Dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('name', nargs='?', default='pcpvt_small')
-    p.add_argument('--sizes', nargs='*', default=[])
-    p.add_argument('--stream', type=int, default=60, help='images in the stream')
+    p.add_argument('--sizes', nargs='*', default=[], help='the mixed stream: HxW items or a folder of images')
+    p.add_argument('--stream', type=int, default=150, help='images in the mixed stream')
+    p.add_argument('--recurring', nargs='*', default=['480x640', '800x1216'], help='the recurring stream: HxW')
+    p.add_argument('--recurring-calls', type=int, default=200, help='images in the recurring stream')
+    p.add_argument('--cache-size', type=int, default=8)
+    p.add_argument('--specialise-after', type=int, default=64)
     p.add_argument('--precision', choices=('fp32', 'bf16'), default='fp32')
     p.add_argument('--settle', type=float, default=0.05)
     p.add_argument('--json')
     args = p.parse_args()
     sizes = stream_sizes(args.sizes)
-    distinct = sorted(set(sizes))
-    stream = [sizes[i % len(sizes)] for i in range(max(args.stream, len(distinct)))]
+    streams = {'mixed': [sizes[i % len(sizes)] for i in range(args.stream)]}
+    if args.recurring:
+        recurring = stream_sizes(args.recurring)
+        streams['recurring'] = [recurring[i % len(recurring)] for i in range(args.recurring_calls)]
     info = cpu_info()
     print(f'[shapes] {info["cpu"]}, ISA {info["isa"]}, flags {info["flags"]}, {torch.get_num_threads()} threads; '
-          f'{args.name} {args.precision}, {len(stream)} images of {len(distinct)} sizes')
+          f'{args.name} {args.precision}; ' + ', '.join(f'{k}: {len(v)} images of {len(set(v))} sizes'
+                                                          for k, v in streams.items()), flush=True)
     torch.manual_seed(0)
     model = create_model(args.name, features_only=True).eval()
     start = time.perf_counter()
     ov_model, spec = convert(model, torch.randn(2, 3, 224, 224))
     convert_s = time.perf_counter() - start
-    base_rss = rss_mb()
-    engines, compile_s = {}, {}
-    for strategy in ('dynamic', 'static'):
-        start = time.perf_counter()
-        engines[strategy] = OpenVINOModule(ov_model, spec, 3, args.precision, strategy, cache_size=len(distinct))
-        compile_s[strategy] = time.perf_counter() - start
-    inputs = {hw: torch.randn(1, 3, *hw) for hw in distinct}
-    first: Dict[str, Dict] = {s: {} for s in engines}
-    rss: Dict[str, float] = {}
-    for strategy, engine in engines.items():  # each alone through every size: first calls and memory
-        before = rss_mb()
-        for hw in distinct:
-            time.sleep(args.settle)
-            start = time.perf_counter()
-            engine(inputs[hw])
-            first[strategy][hw] = time.perf_counter() - start
-        rss[strategy] = rss_mb() - before
-    steady: Dict[str, List[float]] = {s: [] for s in engines}
-    for hw in stream:  # then interleaved, image by image
-        for strategy, engine in engines.items():
-            time.sleep(args.settle)
-            start = time.perf_counter()
-            engine(inputs[hw])
-            steady[strategy].append(time.perf_counter() - start)
     result = dict(cpu=info, name=args.name, precision=args.precision, threads=torch.get_num_threads(),
-                  sizes=[list(s) for s in distinct], stream=len(stream), command=' '.join(
-                      ['python', '-m', 'benchmarks.openvino_shapes'] + sys.argv[1:]), convert_s=round(convert_s, 2),
-                  rss_after_convert_mb=round(base_rss, 1), strategies={})
-    for strategy in engines:
-        result['strategies'][strategy] = dict(
-            compile_s=round(compile_s[strategy], 3),
-            first_call_ms={f'{h}x{w}': round(1e3 * t, 1) for (h, w), t in first[strategy].items()},
-            first_calls_total_s=round(sum(first[strategy].values()), 2),
-            steady_median_ms=round(1e3 * statistics.median(steady[strategy]), 1) if steady[strategy] else None,
-            steady_total_s=round(sum(steady[strategy]), 2), steady_calls=len(steady[strategy]),
-            rss_growth_mb=round(rss[strategy], 1))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result['peak_rss_mb'] = round(peak, 1)
-    print(json.dumps(result['strategies'], indent=1))
-    print(f'[shapes] conversion {convert_s:.1f} s; peak RSS {peak:.0f} MB')
+                  cache_size=args.cache_size, specialise_after=args.specialise_after,
+                  command=' '.join(['python', '-m', 'benchmarks.openvino_shapes'] + sys.argv[1:]),
+                  convert_s=round(convert_s, 2), streams={})
+    for key, stream in streams.items():
+        result['streams'][key] = dict(images=len(stream), distinct_sizes=len(set(stream)),
+                                      strategies=run_stream(ov_model, spec, stream, args))
+    result['peak_rss_mb'] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    print(json.dumps(result['streams'], indent=1))
+    print(f'[shapes] conversion {convert_s:.1f} s; peak RSS {result["peak_rss_mb"]:.0f} MB')
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return result

@@ -29,7 +29,8 @@ from benchmarks.timing import cpu_info, has_fast_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'plain_bf16', 'ours_bf16', 'ours_int8', 'onnxruntime_int8',
-         'openvino', 'openvino_static', 'openvino_bf16', 'openvino_int8', 'torch_compile')
+         'openvino', 'openvino_static', 'openvino_auto', 'openvino_bf16', 'openvino_int8', 'openvino_by_hand',
+         'torch_compile')
 
 
 def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
@@ -148,25 +149,46 @@ def build_dense(task: str, precisions: Sequence[str] = (),
 
 
 def _engines(plain: torch.nn.Module, precisions: Sequence[str]) -> Dict[str, torch.nn.Module]:
-    """OpenVINO (dynamic shapes; per-shape compiled; bf16 and NNCF int8 where asked, int8 calibrated on random
-    images, which decides its accuracy, not its speed) and torch.compile, each timed from its first call."""
+    """OpenVINO (dynamic shapes; per-shape compiled; 'auto', the package's default, which the benchmark's few
+    calls per case leave on the dynamic model; bf16 and NNCF int8 where asked, dynamic, int8 calibrated on random
+    images, which decides its accuracy, not its speed; and OpenVINO used by hand, without this package) and
+    torch.compile, each timed from its first call."""
     from cpvt_backbones.deploy.openvino import OpenVINOModule, convert, native_bf16, quantize
     plain = plain.eval()
     ov_model, spec = convert(plain, torch.randn(2, 3, 224, 224))
-    out = {'openvino': OpenVINOModule(ov_model, spec, 3), 'openvino_static': OpenVINOModule(ov_model, spec, 3,
-                                                                                             shapes='static')}
+    out = {'openvino': OpenVINOModule(ov_model, spec, 3, shapes='dynamic'),
+           'openvino_static': OpenVINOModule(ov_model, spec, 3, shapes='static'),
+           'openvino_auto': OpenVINOModule(ov_model, spec, 3, shapes='auto'),
+           'openvino_by_hand': _OpenVINOByHand(plain)}
     if 'bf16' in precisions:
         if native_bf16():
-            out['openvino_bf16'] = OpenVINOModule(ov_model, spec, 3, 'bf16')
+            out['openvino_bf16'] = OpenVINOModule(ov_model, spec, 3, 'bf16', shapes='dynamic')
         else:
             print('[bench] openvino_bf16 left out: OpenVINO reports no native bf16 on this CPU')
     if 'int8' in precisions:
         calibration = [torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(i)) for i in range(8)]
-        out['openvino_int8'] = OpenVINOModule(quantize(ov_model, calibration), spec, 3, 'int8')
+        out['openvino_int8'] = OpenVINOModule(quantize(ov_model, calibration), spec, 3, 'int8', shapes='dynamic')
     out['torch_compile'] = _Compiled(plain)
     for model in out.values():
         model.inference_only = True
     return out
+
+
+class _OpenVINOByHand(torch.nn.Module):
+    """OpenVINO as a user would call it without this package: ``openvino.convert_model`` on the module (its
+    TorchScript front end, every input dimension dynamic) and ``compile_model(model, 'CPU')`` with the plugin's
+    defaults (bf16 inference precision on CPUs with native bf16, float32 elsewhere)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        import openvino as ov
+        with torch.no_grad():
+            converted = ov.convert_model(model.eval(), example_input=torch.randn(1, 3, 224, 224))
+        self.compiled = ov.Core().compile_model(converted, 'CPU')
+
+    def forward(self, x):
+        result = self.compiled(x.contiguous().numpy())
+        return tuple(torch.from_numpy(result[port]) for port in self.compiled.outputs)
 
 
 class _Compiled(torch.nn.Module):

@@ -122,3 +122,25 @@ def test_end_to_end_times_whole_models_on_every_engine(tmp_path):
     assert row['optimized_s'] > 0 and row['openvino_s'] > 0 and row['setup_s']['openvino'] > 0
     assert set(row['first_call_s']) == {'eager', 'optimized', 'openvino'}
     assert '| semantic_fpn | 1x3x224x224 |' in stdout
+
+
+def test_openvino_by_hand_converts_our_plain_model_at_any_size():
+    """The benchmark's 'OpenVINO by hand' (openvino.convert_model and compile_model at the plugin's defaults, no
+    code of ours) gives our plain model's maps at sizes other than its example's: bf16 where the CPU has it."""
+    pytest.importorskip('openvino')
+    import torch
+
+    from benchmarks.peers import _OpenVINOByHand
+    from cpvt_backbones import create_model
+    from cpvt_backbones.deploy.openvino import native_bf16
+    torch.manual_seed(0)
+    plain = create_model('pcpvt_tiny', features_only=True).eval()
+    by_hand = _OpenVINOByHand(plain)
+    for hw in ((97, 131), (64, 40)):
+        x = torch.randn(1, 3, *hw)
+        with torch.no_grad():
+            ref = plain(x)
+        got = by_hand(x)
+        assert [g.shape for g in got] == [r.shape for r in ref]
+        error = max(float((g - r).norm() / r.norm()) for g, r in zip(got, ref))
+        assert error < (3e-2 if native_bf16() else 1e-4), (hw, error)

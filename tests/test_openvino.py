@@ -77,20 +77,29 @@ def test_float32_matches_torch_at_odd_sizes(family, encoding, converted):
     check_sizes(engine, model, FP32_TOLERANCE)
 
 
-def test_classifier_output_and_static_shape_cache():
+def test_classifier_output_and_the_shape_strategies():
+    """'static' compiles every new shape and keeps the ``cache_size`` most recently used; 'auto' runs the dynamic
+    model until a shape's ``specialise_after``-th call, then a model compiled for it; every call matches torch."""
     torch.manual_seed(0)
     model = CPVT(embed_dim=64, depth=2, num_heads=2, num_classes=7, class_token=False,
                  pos_encoding=dict(type='peg', positions=(0, 1))).eval()
-    engine = ov_engine.to_openvino(model, shapes='static', cache_size=2)
-    for hw in ((33, 47), (64, 64), (33, 47), (5, 9)):
+    ov_model, spec = ov_engine.convert(model, torch.randn(2, 3, 32, 32))
+    static = ov_engine.OpenVINOModule(ov_model, spec, 3, shapes='static', cache_size=2)
+    auto = ov_engine.OpenVINOModule(ov_model, spec, 3, shapes='auto', cache_size=2, specialise_after=3)
+    compiled = {'static': [], 'auto': []}
+    for hw in ((33, 47), (64, 64), (33, 47), (5, 9), (33, 47), (5, 9), (5, 9), (64, 64)):
         x = torch.randn(3, 3, *hw)
         with torch.no_grad():
             ref = model(x)
-        got = engine(x)
-        assert isinstance(got, torch.Tensor) and got.shape == (3, 7)
-        assert float((got - ref).norm() / ref.norm()) < FP32_TOLERANCE
-    assert engine.compiled_shapes == ((3, 3, 33, 47), (3, 3, 5, 9))  # the least recently used one went
-    assert 'static' in repr(engine)
+        for engine in (static, auto):
+            got = engine(x)
+            assert isinstance(got, torch.Tensor) and got.shape == (3, 7)
+            assert float((got - ref).norm() / ref.norm()) < FP32_TOLERANCE
+            compiled[engine.shapes].append(engine.compiled_shapes)
+    s1, s2, s3 = (3, 3, 33, 47), (3, 3, 64, 64), (3, 3, 5, 9)
+    assert compiled['static'] == [(s1,), (s1, s2), (s2, s1), (s1, s3), (s3, s1), (s1, s3), (s1, s3), (s3, s2)]
+    assert compiled['auto'] == [(), (), (), (), (s1,), (s1,), (s1, s3), (s1, s3)]  # (64, 64) met twice only
+    assert 'static' in repr(static) and "'auto', cache_size=2, specialise_after=3" in repr(auto)
 
 
 @on_one_worker('pcpvt', 'peg')
@@ -108,16 +117,26 @@ def test_bf16_runs_bf16_where_native_and_says_so_elsewhere(converted, tmp_path, 
     check_sizes(engine, model, FP32_TOLERANCE, SIZES[1:])
 
 
-def test_int8_quantizes_with_nncf_and_stays_close():
-    model = small('pcpvt', 'peg')
+@on_one_worker('pcpvt', 'peg')
+def test_int8_quantizes_a_saved_conversion_with_nncf_and_stays_close(converted, tmp_path, monkeypatch):
+    """int8 with ``float_cache`` quantizes the float32 conversion saved there (nothing is converted again: the
+    module names that keep_fp32 takes survive saving), stays close to torch and saves what it quantized."""
+    model, fp32 = converted('pcpvt', 'peg')
+    float_cache, cache = str(tmp_path / 'float.xml'), str(tmp_path / 'int8.xml')
+    ov_engine.save(fp32.ov_model.clone(), float_cache)
+    monkeypatch.setattr(ov_engine, 'convert', lambda *args: pytest.fail('converted again'))
     calibration = [torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(i)) for i in range(8)]
-    engine = ov_engine.to_openvino(model, 'int8', calibration=calibration)
+    engine = ov_engine.to_openvino(model, 'int8', calibration=calibration, keep_fp32=['blocks.3'],
+                                   cache=cache, float_cache=float_cache)
     ops = {op.get_type_name() for op in engine.ov_model.get_ops()}
     assert 'FakeQuantize' in ops or 'FakeConvert' in ops, 'NNCF inserted no quantization'
+    assert Path(cache).is_file() and Path(cache).with_suffix('.bin').is_file()
     x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(99))
     with torch.no_grad():
         ref = model(x)
     assert max(relative_errors(engine(x), ref)) < 0.1
+    reread = ov_engine.to_openvino(model, 'int8', cache=cache)  # the quantized model, read without calibration
+    assert max(relative_errors(reread(x), engine(x))) < 1e-5
 
 
 @on_one_worker('pcpvt', 'peg')
@@ -152,6 +171,8 @@ def test_refusals_name_the_problem(converted, monkeypatch):
         ov_engine.to_openvino(model, 'bf16', calibration=[torch.randn(1, 3, 32, 32)])
     with pytest.raises(ValueError, match='shapes must be one of'):
         ov_engine.to_openvino(model, shapes='ragged')
+    with pytest.raises(ValueError, match='specialise_after must be at least 1, got 0'):
+        ov_engine.to_openvino(model, shapes='auto', specialise_after=0)
     with pytest.raises(ValueError, match='evaluation mode'):
         ov_engine.to_openvino(small('cpvt', 'peg').train())
     with pytest.raises(ValueError, match='4-D NCHW'):

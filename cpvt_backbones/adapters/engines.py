@@ -192,7 +192,7 @@ def openvino_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str
     each batch through the model's own data preprocessor, with the modules named in ``keep_fp32`` left in
     float32. With a checkpoint file, the converted model is saved under ``weights_dir()/openvino`` with a name
     derived from the checkpoint, the precision, the calibration and ``keep_fp32``, and read from there next
-    time."""
+    time; int8 quantizes the saved float32 conversion of the same checkpoint where there is one."""
     from ..convert import weights_dir
     from ..deploy.openmmlab import to_openvino_model
     model.eval()
@@ -200,11 +200,11 @@ def openvino_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str
     if precision == 'int8':
         source, images = _calibration_source(calibration or 'val', calibration_images)
     ckpt = Path(checkpoint).resolve() if checkpoint else None
-    cache = None
+    cache = float_cache = None
     if ckpt is not None and ckpt.is_file():
-        kind = 'int8' if precision == 'int8' else 'float'
-        name = _cache_name(ckpt, source, calibration_images if images else 0, kind, 'openvino', *sorted(keep_fp32))
-        cache = weights_dir() / 'openvino' / f'{name}.xml'
+        float_cache = weights_dir() / 'openvino' / f'{_cache_name(ckpt, "", 0, "float", "openvino")}.xml'
+        cache = float_cache if precision != 'int8' else weights_dir() / 'openvino' / (
+            _cache_name(ckpt, source, calibration_images, 'int8', 'openvino', *sorted(keep_fp32)) + '.xml')
     if precision == 'int8' and not (cache and cache.is_file()):
         with torch.no_grad():
             inputs = [model.data_preprocessor(batch, False)['inputs']
@@ -212,7 +212,7 @@ def openvino_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str
     print(f'[openvino] {type(model).__name__} at {precision}' + (f', float32: {", ".join(keep_fp32)}' if keep_fp32
                                                                  else '') + (f', saved as {cache}' if cache else ''))
     return to_openvino_model(model, precision, calibration=inputs, keep_fp32=keep_fp32,
-                             cache=str(cache) if cache else None)
+                             cache=str(cache) if cache else None, float_cache=str(float_cache) if cache else None)
 
 
 __all__ = ['ENGINES', 'IMAGE_SUFFIXES', 'add_precision_args', 'apply_precision', 'calibrate', 'calibration_batches',

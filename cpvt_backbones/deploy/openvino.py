@@ -16,12 +16,18 @@ head in tensor mode, ``deploy.openmmlab``). Precisions, as everywhere in the pac
   name prefixes, as ``optimize`` takes them: every converted operation remembers the module it came from).
 
 Shapes: ``shapes='dynamic'`` compiles one model for every input size; ``shapes='static'`` compiles a model per
-input shape on first use and keeps the last ``cache_size`` (``benchmarks/openvino_shapes.py`` measures both).
+input shape on first use and keeps the last ``cache_size``; ``shapes='auto'`` (the default) runs the dynamic model
+and compiles a shape-specialised one for a shape at its ``specialise_after``-th call (64). A model compiled for
+one shape runs it 1.06-1.33x faster than the dynamic one, but each compile takes 0.4-1.3 s and 100-250 MB, so
+it pays only for a shape that recurs: 'auto' runs a stream of ever-new sizes as fast as 'dynamic' and a stream of
+recurring sizes as fast as 'static' once each has been met 64 times (``benchmarks/openvino_shapes.py``;
+docs/performance.md).
 
 The engine is optional (``pip install 'cpvt_backbones[openvino]'``, which ``make env`` installs); without it the
 first call names the extra.
 """
 import collections
+import json
 import os
 import tempfile
 import warnings
@@ -35,7 +41,7 @@ from torch.utils import _pytree as pytree
 
 from .precision import PRECISIONS, check_precision
 
-SHAPES = ('dynamic', 'static')
+SHAPES = ('dynamic', 'static', 'auto')
 EXTRA = "pip install 'cpvt_backbones[openvino]'"
 
 
@@ -145,8 +151,10 @@ def _torch_half_pixel(ov_model) -> None:
                 op.set_attribute('coordinate_transformation_mode', 'half_pixel')
 
 
-# Where each converted operation records the module it came from (``convert``; read by ``quantize``).
+# Where each converted operation records the module it came from (``convert``; read by ``quantize``), and where a
+# saved model keeps them all (``save``, ``_read``).
 MODULE_KEY = 'torch_module'
+MODULES_KEY = 'cpvt_backbones_torch_modules'
 
 
 def _record_modules(ov_model, graph) -> None:
@@ -164,13 +172,17 @@ def _record_modules(ov_model, graph) -> None:
             op.get_rt_info()[MODULE_KEY] = path
 
 
+def _require_eval(model: nn.Module) -> None:
+    if model.training:
+        raise ValueError('to_openvino converts a model in evaluation mode; call model.eval() first')
+
+
 def convert(model: nn.Module, example: torch.Tensor):
     """``model`` (evaluation mode, float32) as an ``openvino.Model`` with dynamic batch, height and width, through
     ``torch.export``, plus the pytree spec of its outputs. Every operation records the module it came from."""
     ov = _openvino()
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
-    if model.training:
-        raise ValueError('to_openvino converts a model in evaluation mode; call model.eval() first')
+    _require_eval(model)
     dynamic = torch.export.Dim.DYNAMIC
     with torch.no_grad():
         program = torch.export.export(model, (example,), dynamic_shapes=({0: dynamic, 2: dynamic, 3: dynamic},))
@@ -217,39 +229,65 @@ def quantize(ov_model, calibration: Iterable[torch.Tensor], keep_fp32: Sequence[
                          subset_size=min(subset_size, sum(len(b) for b in batches)), **kwargs)
 
 
+def check_shapes(shapes: str, cache_size: int, specialise_after: int) -> None:
+    """Refuse, by name, a shape strategy that is not one of ``SHAPES`` or a cache size or threshold below 1."""
+    if shapes not in SHAPES:
+        raise ValueError(f'shapes must be one of {SHAPES}, got {shapes!r}')
+    for name, value in (('cache_size', cache_size), ('specialise_after', specialise_after)):
+        if value < 1:
+            raise ValueError(f'{name} must be at least 1, got {value}')
+
+
 class OpenVINOModule(nn.Module):
     """A compiled OpenVINO model with the call contract of the module it was converted from.
 
     ``forward(x)`` takes an NCHW float tensor (any batch, height, width and dtype that converts to float32) and
-    returns CPU float32 tensors in the original output structure. ``shapes='dynamic'`` uses one compiled model;
-    ``'static'`` compiles one per input shape, keeping the ``cache_size`` most recent (``compiled_shapes``)."""
+    returns CPU float32 tensors in the original output structure. Shapes (``shapes``):
 
-    def __init__(self, ov_model, out_spec, in_chans: int, precision: str = 'fp32', shapes: str = 'dynamic',
-                 cache_size: int = 8, threads: Optional[int] = None):
+    * ``'dynamic'``: one model compiled for every input shape;
+    * ``'static'``: a model compiled per input shape at its first call, the ``cache_size`` most recently used
+      kept (``compiled_shapes``);
+    * ``'auto'``: the dynamic model, and for a shape met ``specialise_after`` times a model compiled for it (kept
+      as ``'static'`` keeps them). A shape that recurs runs at the specialised speed after that many calls and
+      one compile; a stream of ever-new sizes runs as ``'dynamic'`` does. Calls are counted for the 1024 most
+      recently seen shapes."""
+
+    COUNTED_SHAPES = 1024
+
+    def __init__(self, ov_model, out_spec, in_chans: int, precision: str = 'fp32', shapes: str = 'auto',
+                 cache_size: int = 8, threads: Optional[int] = None, specialise_after: int = 64):
         super().__init__()
-        if shapes not in SHAPES:
-            raise ValueError(f'shapes must be one of {SHAPES}, got {shapes!r}')
-        if cache_size < 1:
-            raise ValueError(f'cache_size must be at least 1, got {cache_size}')
+        check_shapes(shapes, cache_size, specialise_after)
         ov = _openvino()
         self.ov_model, self.out_spec, self.in_chans = ov_model, out_spec, in_chans
         self.precision, self.shapes, self.cache_size = precision, shapes, cache_size
+        self.specialise_after = specialise_after
         self._core, self._config = ov.Core(), compile_config(precision, threads)
         self._compiled: 'collections.OrderedDict[Tuple[int, ...], Any]' = collections.OrderedDict()
-        self._dynamic = self._core.compile_model(ov_model, 'CPU', self._config) if shapes == 'dynamic' else None
+        self._calls: 'collections.OrderedDict[Tuple[int, ...], int]' = collections.OrderedDict()
+        self._dynamic = self._core.compile_model(ov_model, 'CPU', self._config) if shapes != 'static' else None
         self.eval()
 
     @property
     def compiled_shapes(self) -> Tuple[Tuple[int, ...], ...]:
+        """The input shapes that have a model compiled for them, least recently used first."""
         return tuple(self._compiled)
 
     def compiled_for(self, shape: Tuple[int, ...]):
-        """The compiled model that runs inputs of ``shape`` (compiled now if it is new)."""
-        if self._dynamic is not None:
+        """The compiled model that runs inputs of ``shape`` (a shape-specialised one compiled now where the
+        strategy says so)."""
+        if self.shapes == 'dynamic':
             return self._dynamic
         if shape in self._compiled:
             self._compiled.move_to_end(shape)
             return self._compiled[shape]
+        if self.shapes == 'auto':
+            calls = self._calls.pop(shape, 0) + 1
+            if calls < self.specialise_after:
+                self._calls[shape] = calls
+                if len(self._calls) > self.COUNTED_SHAPES:
+                    self._calls.popitem(last=False)
+                return self._dynamic
         model = self.ov_model.clone()
         model.reshape({model.inputs[0]: list(shape)})
         compiled = self._core.compile_model(model, 'CPU', self._config)
@@ -269,7 +307,8 @@ class OpenVINOModule(nn.Module):
 
     def extra_repr(self) -> str:
         return f'precision={self.precision!r}, shapes={self.shapes!r}' + (
-            f', cache_size={self.cache_size}' if self.shapes == 'static' else '')
+            f', cache_size={self.cache_size}' if self.shapes != 'dynamic' else '') + (
+            f', specialise_after={self.specialise_after}' if self.shapes == 'auto' else '')
 
 
 def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: Tuple[int, int] = (97, 131),
@@ -296,47 +335,77 @@ def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: Tupl
 
 
 def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Optional[Iterable[torch.Tensor]] = None,
-                keep_fp32: Sequence[str] = (), shapes: str = 'dynamic', cache_size: int = 8,
+                keep_fp32: Sequence[str] = (), shapes: str = 'auto', cache_size: int = 8,
                 threads: Optional[int] = None, example_size: Tuple[int, int] = (224, 224),
-                in_chans: Optional[int] = None, cache: Optional[str] = None) -> OpenVINOModule:
+                in_chans: Optional[int] = None, cache: Optional[str] = None, float_cache: Optional[str] = None,
+                specialise_after: int = 64) -> OpenVINOModule:
     """``model`` (left as it is) as an ``OpenVINOModule``: converted through ``torch.export`` at an example input
     of ``example_size`` (any size works afterwards) and checked against torch at another size
     (``check_conversion``), quantized to int8 with NNCF when ``precision='int8'`` (on ``calibration``; the modules
-    under the name prefixes ``keep_fp32`` stay float32), compiled for the CPU at ``precision``. ``cache``: an
-    ``.xml`` path where the converted (and quantized) model is saved, and read instead of converting when it
-    exists; its name must tell what it holds (the tools derive it from the checkpoint, precision, calibration
-    and ``keep_fp32``). ``in_chans``: input channels (default: the model's
-    ``in_chans`` attribute, else 3)."""
+    under the name prefixes ``keep_fp32`` stay float32), compiled for the CPU at ``precision``.
+
+    ``cache``: an ``.xml`` path where the converted (and quantized) model is saved, and read instead of
+    converting when it exists; its name must tell what it holds (the tools derive it from the checkpoint,
+    precision, calibration and ``keep_fp32``). ``float_cache``: the same for the float32 conversion that int8
+    quantizes (for fp32 and bf16 it is ``cache`` where that is not given), so that int8 with other calibration
+    or ``keep_fp32`` quantizes a saved conversion instead of converting again. ``in_chans``: input channels
+    (default: the model's ``in_chans`` attribute, else 3). ``shapes``, ``cache_size``, ``specialise_after``,
+    ``threads``: as ``OpenVINOModule`` takes them (checked before anything is converted)."""
     check_precision(precision)
+    check_shapes(shapes, cache_size, specialise_after)
     if precision == 'int8' and calibration is None and not (cache and Path(cache).is_file()):
         raise ValueError("precision='int8' quantizes with NNCF: pass calibration=<an iterable of input batches>")
     if precision != 'int8' and (calibration is not None or keep_fp32):
         raise ValueError(f'calibration and keep_fp32 configure int8; precision={precision!r} does not use them')
+    _require_eval(model)
     in_chans = in_chans or getattr(model, 'in_chans', 3)
+    if precision != 'int8':
+        cache = cache or float_cache
     if cache and Path(cache).is_file():
-        ov = _openvino()
-        if model.training:
-            raise ValueError('to_openvino converts a model in evaluation mode; call model.eval() first')
-        with torch.no_grad():
-            _, spec = pytree.tree_flatten(model(torch.randn(1, in_chans, 32, 32)))
-        ov_model = ov.Core().read_model(str(cache))
+        ov_model, spec = _read(cache, model, in_chans)
     else:
-        ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size))
-        check_conversion(ov_model, spec, model, in_chans)
+        if precision == 'int8' and float_cache and Path(float_cache).is_file():
+            ov_model, spec = _read(float_cache, model, in_chans)
+        else:
+            ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size))
+            check_conversion(ov_model, spec, model, in_chans)
+            if precision == 'int8' and float_cache:
+                save(ov_model, float_cache)
         if precision == 'int8':
             ov_model = quantize(ov_model, calibration, keep_fp32)
         if cache:
             save(ov_model, cache)
-    return OpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads)
+    return OpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads, specialise_after)
+
+
+def _read(path: str, model: nn.Module, in_chans: int):
+    """A saved conversion of ``model`` (with the module of every operation, as ``save`` recorded them) and the
+    pytree spec of ``model``'s outputs (from one small call)."""
+    with torch.no_grad():
+        _, spec = pytree.tree_flatten(model(torch.randn(1, in_chans, 32, 32)))
+    ov_model = _openvino().Core().read_model(str(path))
+    if ov_model.has_rt_info(MODULES_KEY):
+        modules = json.loads(ov_model.get_rt_info(MODULES_KEY).astype(str))
+        for op in ov_model.get_ops():
+            module = modules.get(op.get_friendly_name())
+            if module is not None:
+                op.get_rt_info()[MODULE_KEY] = module
+    return ov_model, spec
 
 
 def save(ov_model, path: str) -> None:
     """``openvino.save_model`` to ``path`` (.xml, with its .bin beside it), written under temporary names and
-    renamed, so that a crash never leaves half a model where ``to_openvino(cache=...)`` would read it."""
+    renamed, so that a crash never leaves half a model where ``to_openvino(cache=...)`` would read it. The IR
+    keeps no custom per-operation data, so the module each operation came from (``MODULE_KEY``, what
+    ``keep_fp32`` selects by) is recorded in the model's own runtime info (``MODULES_KEY``, by operation name)."""
     ov = _openvino()
     path = Path(path)
     if path.suffix != '.xml':
         raise ValueError(f'an OpenVINO model is saved as NAME.xml (+ NAME.bin), got {path}')
+    modules = {op.get_friendly_name(): op.get_rt_info()[MODULE_KEY].astype(str) for op in ov_model.get_ops()
+               if MODULE_KEY in op.get_rt_info()}
+    if modules:
+        ov_model.set_rt_info(json.dumps(modules, separators=(',', ':')), MODULES_KEY)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         ov.save_model(ov_model, str(Path(tmp) / path.name), compress_to_fp16=False)
@@ -344,5 +413,6 @@ def save(ov_model, path: str) -> None:
         os.replace(Path(tmp) / path.name, path)
 
 
-__all__ = ['EXTRA', 'MODULE_KEY', 'PRECISIONS', 'SHAPES', 'OpenVINOModule', 'available', 'check_conversion',
-           'compile_config', 'convert', 'native_bf16', 'ops_under', 'quantize', 'save', 'to_openvino']
+__all__ = ['EXTRA', 'MODULE_KEY', 'MODULES_KEY', 'PRECISIONS', 'SHAPES', 'OpenVINOModule', 'available',
+           'check_conversion', 'check_shapes', 'compile_config', 'convert', 'native_bf16', 'ops_under', 'quantize',
+           'save', 'to_openvino']
