@@ -138,6 +138,16 @@ def test_int8_quantizes_a_saved_conversion_with_nncf_and_stays_close(converted, 
     reread = ov_engine.to_openvino(model, 'int8', cache=cache)  # the quantized model, read without calibration
     assert max(relative_errors(reread(x), engine(x))) < 1e-5
 
+    # A conversion saved without the module names (openvino.save_model alone) is converted again for keep_fp32.
+    monkeypatch.undo()
+    import openvino
+    openvino.save_model(fp32.ov_model.clone(), float_cache, compress_to_fp16=False)
+    assert not openvino.Core().read_model(float_cache).has_rt_info(ov_engine.MODULES_KEY)
+    again = ov_engine.to_openvino(model, 'int8', calibration=calibration, keep_fp32=['blocks.3'],
+                                  float_cache=float_cache)
+    assert max(relative_errors(again(x), ref)) < 0.1
+    assert openvino.Core().read_model(float_cache).has_rt_info(ov_engine.MODULES_KEY)  # saved anew, with them
+
 
 @on_one_worker('pcpvt', 'peg')
 def test_int8_keeps_the_named_modules_in_float32(converted):

@@ -348,7 +348,8 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Optional
     converting when it exists; its name must tell what it holds (the tools derive it from the checkpoint,
     precision, calibration and ``keep_fp32``). ``float_cache``: the same for the float32 conversion that int8
     quantizes (for fp32 and bf16 it is ``cache`` where that is not given), so that int8 with other calibration
-    or ``keep_fp32`` quantizes a saved conversion instead of converting again. ``in_chans``: input channels
+    or ``keep_fp32`` quantizes a saved conversion instead of converting again (one saved without the module
+    names that ``keep_fp32`` needs is converted again and saved anew). ``in_chans``: input channels
     (default: the model's ``in_chans`` attribute, else 3). ``shapes``, ``cache_size``, ``specialise_after``,
     ``threads``: as ``OpenVINOModule`` takes them (checked before anything is converted)."""
     check_precision(precision)
@@ -364,9 +365,11 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Optional
     if cache and Path(cache).is_file():
         ov_model, spec = _read(cache, model, in_chans)
     else:
-        if precision == 'int8' and float_cache and Path(float_cache).is_file():
-            ov_model, spec = _read(float_cache, model, in_chans)
-        else:
+        saved = _read(float_cache, model, in_chans) if precision == 'int8' and float_cache and \
+            Path(float_cache).is_file() else None
+        if saved is not None and (not keep_fp32 or saved[0].has_rt_info(MODULES_KEY)):
+            ov_model, spec = saved
+        else:  # nothing saved, or saved without the module names that keep_fp32 selects by: convert
             ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size))
             check_conversion(ov_model, spec, model, in_chans)
             if precision == 'int8' and float_cache:
