@@ -212,7 +212,7 @@ def openvino_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str
     print(f'[openvino] {type(model).__name__} at {precision}' + (f', float32: {", ".join(keep_fp32)}' if keep_fp32
                                                                  else '') + (f', saved as {cache}' if cache else ''))
     return to_openvino_model(model, precision, calibration=inputs, keep_fp32=keep_fp32,
-                             cache=str(cache) if cache else None, float_cache=str(float_cache) if cache else None)
+                             cache=str(cache) if cache else None, float_cache=str(float_cache) if float_cache else None)
 
 
 __all__ = ['ENGINES', 'IMAGE_SUFFIXES', 'add_precision_args', 'apply_precision', 'calibrate', 'calibration_batches',

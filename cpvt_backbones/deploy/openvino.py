@@ -18,7 +18,7 @@ head in tensor mode, ``deploy.openmmlab``). Precisions, as everywhere in the pac
 Shapes: ``shapes='dynamic'`` compiles one model for every input size; ``shapes='static'`` compiles a model per
 input shape on first use and keeps the last ``cache_size``; ``shapes='auto'`` (the default) runs the dynamic model
 and compiles a shape-specialised one for a shape at its ``specialise_after``-th call (64). A model compiled for
-one shape runs it 1.06-1.33x faster than the dynamic one, but each compile takes 0.4-1.3 s and 100-250 MB, so
+one shape runs it 1.06-1.46x faster than the dynamic one, but each compile takes 0.4-1.3 s and 100-250 MB, so
 it pays only for a shape that recurs: 'auto' runs a stream of ever-new sizes as fast as 'dynamic' and a stream of
 recurring sizes as fast as 'static' once each has been met 64 times (``benchmarks/openvino_shapes.py``;
 docs/performance.md).
