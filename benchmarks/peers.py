@@ -29,8 +29,7 @@ from benchmarks.timing import cpu_info, has_fast_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'plain_bf16', 'ours_bf16', 'ours_int8', 'onnxruntime_int8',
-         'openvino', 'openvino_static', 'openvino_auto', 'openvino_bf16', 'openvino_int8', 'openvino_by_hand',
-         'torch_compile')
+         'openvino', 'openvino_static', 'openvino_bf16', 'openvino_int8', 'openvino_by_hand', 'torch_compile')
 
 
 def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
@@ -149,16 +148,15 @@ def build_dense(task: str, precisions: Sequence[str] = (),
 
 
 def _engines(plain: torch.nn.Module, precisions: Sequence[str]) -> Dict[str, torch.nn.Module]:
-    """OpenVINO (dynamic shapes; per-shape compiled; 'auto', the package's default, which the benchmark's few
-    calls per case leave on the dynamic model; bf16 and NNCF int8 where asked, dynamic, int8 calibrated on random
-    images, which decides its accuracy, not its speed; and OpenVINO used by hand, without this package) and
-    torch.compile, each timed from its first call."""
+    """OpenVINO (dynamic shapes; per-shape compiled; bf16 and NNCF int8 where asked, dynamic, int8 calibrated on
+    random images, which decides its accuracy, not its speed; and OpenVINO used by hand, without this package)
+    and torch.compile, each timed from its first call. The package's default shapes, 'auto', would run the
+    dynamic model through a case's few calls; ``benchmarks/openvino_shapes.py`` measures it on streams."""
     from cpvt_backbones.deploy.openvino import OpenVINOModule, convert, native_bf16, quantize
     plain = plain.eval()
     ov_model, spec = convert(plain, torch.randn(2, 3, 224, 224))
     out = {'openvino': OpenVINOModule(ov_model, spec, 3, shapes='dynamic'),
            'openvino_static': OpenVINOModule(ov_model, spec, 3, shapes='static'),
-           'openvino_auto': OpenVINOModule(ov_model, spec, 3, shapes='auto'),
            'openvino_by_hand': _OpenVINOByHand(plain)}
     if 'bf16' in precisions:
         if native_bf16():
