@@ -1,7 +1,7 @@
 """The implementations the speed benchmark times, all on the same weights: our backbone optimized (float32)
 and plain, mmseg's ``PCPVT``, timm's ``twins_pcpvt_*``, onnxruntime on our ONNX export; with lower precisions
-asked for, our optimized model in bf16 (on CPUs with native bf16; also the plain model under bf16 autocast) and
-in int8 (activations at calibrated ranges), and onnxruntime's own dynamic int8 quantization of
+asked for, the plain model under bf16 autocast (``deploy.to_autocast``, on CPUs with native bf16), our optimized
+model in int8 (activations at calibrated ranges), and onnxruntime's own dynamic int8 quantization of
 our export (what a deployer would try instead); with ``engines``, OpenVINO (``deploy.openvino``: dynamic and
 per-shape compiled float32, bf16, NNCF int8) and torch.compile (inductor with freezing, dynamic shapes).
 Each maps a batch to its tuple of four NCHW maps.
@@ -9,8 +9,9 @@ Each maps a batch to its tuple of four NCHW maps.
 ``build_dense`` gives the end-to-end implementations: a whole RetinaNet or Semantic FPN with ``pcpvt_small``
 (the COCO and ADE20K configs, random weights) in tensor mode (backbone + neck + head; preprocessing and
 post-processing are the framework's Python in every implementation, so they are left out): torch eager, torch
-with our backbone optimized (at each precision asked for), and the whole network on OpenVINO (``deploy.openmmlab``:
-float32, bf16, NNCF int8). Each maps a batch to the flat tuple of the tensor-mode outputs."""
+with our backbone optimized (float32, static int8), the whole network in torch under bf16 autocast, and the whole
+network on OpenVINO (``deploy.openmmlab``: float32, bf16, NNCF int8). Each maps a batch to the flat tuple of the
+tensor-mode outputs."""
 import contextlib
 import copy
 import re
@@ -23,20 +24,22 @@ from torch.utils._pytree import tree_flatten
 
 from cpvt_backbones import create_model, optimize, record_input_ranges
 from cpvt_backbones.convert import native_to_mmseg
+from cpvt_backbones.deploy import to_autocast
 from cpvt_backbones.deploy.onnx import export
 from cpvt_backbones.models import PyramidCPVT, model_settings
 from benchmarks.timing import cpu_info, has_fast_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
-PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'plain_bf16', 'ours_bf16', 'ours_int8', 'onnxruntime_int8',
+PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'plain_bf16', 'ours_int8', 'onnxruntime_int8',
          'openvino', 'openvino_static', 'openvino_bf16', 'openvino_int8', 'openvino_by_hand', 'torch_compile')
 
 
 def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
           precisions: Sequence[str] = (), engines: bool = False) -> Dict[str, Callable]:
-    """{'ours': optimized, 'plain': ours unoptimized, 'mmseg', 'timm', 'onnxruntime' (with ``onnx_dir``), and
-    for each of ``precisions`` ('bf16', 'int8') the entries above}: each maps a batch to its four NCHW maps.
-    A bf16 entry is left out on a CPU without native bf16 (a printed line says so)."""
+    """{'ours': optimized, 'plain': ours unoptimized, 'mmseg', 'timm', 'onnxruntime' (with ``onnx_dir``),
+    'plain_bf16' (bf16 in ``precisions``: the plain model under autocast), 'ours_int8' and 'onnxruntime_int8'
+    (int8 in ``precisions``)}: each maps a batch to its four NCHW maps. A bf16 entry is left out on a CPU
+    without native bf16 (a printed line says so)."""
     torch.manual_seed(0)
     classifier = create_model(name)
     weights = classifier.state_dict()
@@ -44,17 +47,16 @@ def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
     plain.load_state_dict({k: v for k, v in weights.items() if not k.startswith(('norm.', 'head.'))})
     impls = {'ours': optimize(copy.deepcopy(plain)), 'plain': plain}
     for precision in precisions:
-        if precision == 'bf16' and not has_fast_bf16(cpu_info()):
-            print('[bench] bf16 left out: this CPU has no native bf16 (avx512_bf16 or AMX)')
-            continue
-        ranges = None
-        if precision == 'int8':  # ranges for the speed test: random images (the timing is the same)
-            with record_input_ranges(plain) as ranges:
-                plain(torch.randn(2, 3, 224, 224))
-        impls[f'ours_{precision}'] = optimize(plain, precision=precision, input_ranges=ranges, inplace=False)
-        impls[f'ours_{precision}'].inference_only = True  # training runs the float32 path
         if precision == 'bf16':
-            impls['plain_bf16'] = _Calling(plain, _autocast_bf16)
+            if has_fast_bf16(cpu_info()):
+                impls['plain_bf16'] = to_autocast(plain, 'bf16')
+            else:
+                print('[bench] bf16 left out: this CPU has no native bf16 (avx512_bf16 or AMX)')
+            continue
+        with record_input_ranges(plain) as ranges:  # int8 ranges for the speed test: random images (same timing)
+            plain(torch.randn(2, 3, 224, 224))
+        impls['ours_int8'] = optimize(plain, precision='int8', input_ranges=ranges, inplace=False)
+        impls['ours_int8'].inference_only = True  # training runs the float32 path
     if peers and name in ('pcpvt_small', 'pcpvt_base', 'pcpvt_large'):
         impls['mmseg'] = _mmseg(name, weights)
         impls['timm'] = _timm(name, weights)
@@ -69,7 +71,7 @@ def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
 
 DENSE_CONFIGS = {'retinanet': 'configs/retinanet/retinanet_pcpvt-s_fpn_1x_coco.py',
                  'semantic_fpn': 'configs/sem_fpn/fpn_pcpvt-s_8xb2-80k_ade20k-512x512.py'}
-DENSE_PEERS = ('optimized', 'optimized_bf16', 'optimized_int8', 'openvino', 'openvino_bf16', 'openvino_int8')
+DENSE_PEERS = ('optimized', 'optimized_int8', 'autocast_bf16', 'openvino', 'openvino_bf16', 'openvino_int8')
 
 
 def dense_model(task: str) -> torch.nn.Module:
@@ -98,12 +100,14 @@ class _TensorMode(torch.nn.Module):
 def build_dense(task: str, precisions: Sequence[str] = (),
                 calibration_size: Tuple[int, int] = (512, 512)) -> Tuple[Dict[str, torch.nn.Module], Dict]:
     """({'eager': the config's model in torch float32, 'optimized': the same with our backbone through
-    ``optimize``, 'optimized_<precision>' for each of ``precisions``, 'openvino' and 'openvino_<precision>':
-    the whole tensor-mode network on OpenVINO}, {implementation: seconds to build it}): the build time is
+    ``optimize``, 'optimized_int8' (int8 in ``precisions``), 'autocast_bf16' (bf16 in ``precisions``: the
+    whole network under autocast, ``deploy.openmmlab.to_autocast_model``), 'openvino' and
+    'openvino_<precision>': the whole tensor-mode network on OpenVINO}, {implementation: seconds to build it}):
+    the build time is
     the engines' conversion, quantization and compilation. int8 is calibrated on two random images of
     ``calibration_size`` (which decides accuracy, not speed). A bf16 entry is left out on a CPU without native
     bf16 (a printed line says so)."""
-    from cpvt_backbones.deploy.openmmlab import TensorForward, attach_engine, exportable
+    from cpvt_backbones.deploy.openmmlab import TensorForward, attach_engine, exportable, to_autocast_model
     from cpvt_backbones.deploy.openvino import OpenVINOModule, convert, native_bf16, quantize
     model = dense_model(task)
     calibration = [torch.randn(1, 3, *calibration_size, generator=torch.Generator().manual_seed(i)) for i in range(2)]
@@ -122,15 +126,16 @@ def build_dense(task: str, precisions: Sequence[str] = (),
 
     add('optimized', with_backbone)
     for precision in precisions:
-        if precision == 'bf16' and not has_fast_bf16(cpu_info()):
-            print('[bench] optimized_bf16 and openvino_bf16 left out: this CPU has no native bf16')
+        if precision == 'bf16':
+            if not has_fast_bf16(cpu_info()):
+                print('[bench] autocast_bf16 and openvino_bf16 left out: this CPU has no native bf16')
+            else:
+                add('autocast_bf16', lambda: _TensorMode(to_autocast_model(copy.deepcopy(model), 'bf16')))
             continue
-        ranges = None
-        if precision == 'int8':
-            with record_input_ranges(model.backbone) as ranges, torch.no_grad():
-                for x in calibration:
-                    model.backbone(x)
-        add(f'optimized_{precision}', lambda: with_backbone(precision=precision, input_ranges=ranges))
+        with record_input_ranges(model.backbone) as ranges, torch.no_grad():
+            for x in calibration:
+                model.backbone(x)
+        add('optimized_int8', lambda: with_backbone(precision='int8', input_ranges=ranges))
 
     def on_openvino(precision: str) -> torch.nn.Module:
         with exportable(model):
@@ -223,12 +228,6 @@ class _Calling(torch.nn.Module):
 
     def forward(self, x):
         return self.call(self.model, x)
-
-
-def _autocast_bf16(model, x):
-    """The plain model under CPU bf16 autocast (where the CPU has native bf16 GEMMs), maps back in fp32."""
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        return tuple(o.float() for o in model(x))
 
 
 class _OnnxRuntime(torch.nn.Module):

@@ -1,8 +1,8 @@
 """Speed and memory of our pyramid CPVT backbone, optimized (``cpvt_backbones.optimize``, the fused CPU path)
 and plain, against mmseg's ``PCPVT``, timm's ``twins_pcpvt_*`` and onnxruntime running our ONNX export (what a
-CPU deployer would pick instead); with ``--precision bf16 int8`` also our optimized model in bf16 (CPUs with
-AVX512-BF16 or AMX; beside it the plain model under bf16 autocast) and int8 (activations at calibrated ranges),
-and onnxruntime's dynamic int8 quantization of our export; with
+CPU deployer would pick instead); with ``--precision bf16 int8`` also the plain model under bf16 autocast (CPUs
+with AVX512-BF16 or AMX), our optimized model in int8 (activations at calibrated ranges) and onnxruntime's
+dynamic int8 quantization of our export; with
 ``--engines`` also OpenVINO (dynamic shapes, per-shape compiled, bf16, NNCF int8) and torch.compile (inductor,
 freezing), each with its first call at every case (where it compiles) reported.
 
@@ -36,7 +36,8 @@ Names without an mmseg/timm counterpart (``cpvt_*``, ``pcpvt_tiny``) are timed a
 
 ``--end-to-end`` times whole models in tensor mode (backbone + neck + head of the COCO RetinaNet and the ADE20K
 Semantic FPN configs with ``pcpvt_small``, random weights; ``peers.build_dense``): torch eager float32 (the
-reference), torch with our backbone optimized, and OpenVINO, each at every ``--precision``; by default at
+reference), torch with our backbone optimized (float32, int8), the whole network under torch's bf16 autocast,
+and OpenVINO, each at every ``--precision``; by default at
 800 x 1216 and 512 x 512, batch 1. Besides the medians it reports each engine's build time (export,
 conversion, quantization, compilation) and its first call.
 
@@ -72,7 +73,7 @@ def main() -> None:
     parser.add_argument('--onnx-dir', default='work_dirs/bench_onnx', help='where our ONNX export is written')
     parser.add_argument('--no-onnx', action='store_true', help='leave onnxruntime out')
     parser.add_argument('--precision', nargs='*', default=[], choices=('bf16', 'int8'),
-                        help='also our optimized model at these precisions (and onnxruntime int8, plain bf16)')
+                        help='also these precisions: bf16 autocast; int8 ours and onnxruntime')
     parser.add_argument('--engines', action='store_true',
                         help='also OpenVINO (dynamic, per-shape compiled, and at --precision) and torch.compile')
     parser.add_argument('--end-to-end', nargs='*', choices=sorted(DENSE_CONFIGS), metavar='MODEL',

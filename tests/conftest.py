@@ -5,3 +5,4 @@ import torch
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+

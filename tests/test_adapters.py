@@ -217,6 +217,13 @@ def test_int8_keeps_the_configs_float32_modules_unless_told_otherwise():
         assert tuple(ov_cfg.custom_hooks[-1]['keep_fp32']) == hooked
     torch_cfg = copy.deepcopy(cfg)
     apply_precision(torch_cfg, parser.parse_args(['--precision', 'bf16']), 'x.pth')
-    assert 'keep_fp32' not in torch_cfg.model.backbone.optimize
+    assert 'optimize' not in torch_cfg.model.backbone  # bf16: backbone, neck and head under autocast, by the hook
+    (hook,) = torch_cfg.custom_hooks
+    assert hook == dict(type='InferenceEngineHook', engine='torch', precision='bf16', calibration=None,
+                        calibration_images=32, keep_fp32=[])
+    assert 'cpvt_backbones.adapters.hooks' in torch_cfg.custom_imports['imports']
+    fp32_cfg = copy.deepcopy(cfg)
+    apply_precision(fp32_cfg, parser.parse_args([]), 'x.pth')
+    assert fp32_cfg.model.backbone.optimize == dict(precision='fp32') and 'custom_hooks' not in fp32_cfg
     with pytest.raises(SystemExit, match='--keep-fp32 configure int8'):
         apply_precision(copy.deepcopy(cfg), parser.parse_args(['--precision', 'bf16', '--keep-fp32']), 'x.pth')

@@ -56,14 +56,19 @@ def test_page_faults_counted_and_freed_memory_retained(tmp_path):
 
 
 def test_lower_precisions_are_timed_beside_float32(tmp_path):
-    """--precision int8 adds our int8 model (calibrated ranges), inference only, close to the float32 maps."""
+    """--precision int8 adds our int8 model (calibrated ranges), inference only, close to the float32 maps;
+    --precision bf16 the plain model under autocast (inference and training) where the CPU has native bf16."""
+    from benchmarks.timing import cpu_info, has_fast_bf16
     result, stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer224', 'train512', '--no-onnx', '--precision',
-                           'int8')
+                           'int8', 'bf16')
     infer, train = result['cases']
-    for impl in ('ours_int8',):
-        assert infer[f'{impl}_s'] > 0 and 0 < infer[f'max_abs_diff_{impl}'] < 0.5
-        assert train[f'{impl}_s'] is None  # training runs the float32 path: nothing of its own to time
-        assert f'{impl} s' in stdout
+    assert infer['ours_int8_s'] > 0 and 0 < infer['max_abs_diff_ours_int8'] < 0.5 and 'ours_int8 s' in stdout
+    assert train['ours_int8_s'] is None  # training runs the float32 path: nothing of its own to time
+    if has_fast_bf16(cpu_info()):
+        assert infer['plain_bf16_s'] > 0 and train['plain_bf16_s'] > 0
+        assert 0 < infer['max_abs_diff_plain_bf16'] < 0.5
+    else:
+        assert infer['plain_bf16_s'] is None and 'bf16 left out: this CPU has no native bf16' in stdout
 
 
 def test_scaling_without_peers(tmp_path):

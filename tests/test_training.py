@@ -285,15 +285,16 @@ def test_static_int8_is_calibrated_once_and_reused(workdir, trained, tmp_path):
 @pytest.mark.parametrize('cfg, package', SHARED_CHECKPOINT)
 def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, workdir, trained, tmp_path):
     """tools/test.py --engine openvino: the config's test loop with backbone, neck and head on OpenVINO gives
-    torch's metrics (float32); int8 is calibrated once (NNCF on the test set) and the quantized model reused;
-    --keep-fp32 leaves the neck in float32 and saves that model under its own name; tools/infer.py --engine
-    openvino writes torch's predictions."""
+    torch's metrics (float32), and the torch engine's bf16 (autocast) closely; int8 is calibrated once (NNCF on
+    the test set) and the quantized model reused; --keep-fp32 leaves the neck in float32 and saves that model
+    under its own name; tools/infer.py --engine openvino writes torch's predictions."""
     checkpoint, wd = trained(cfg), workdir / f'openvino_{package}'
     env = dict(CPVT_WEIGHTS_DIR=str(tmp_path))
     keep_all = ['--cfg-options', 'model.test_cfg.score_thr=0.0'] if package == 'mmdet' else []
     metric = re.compile(r'(coco/bbox_mAP|mIoU): (\d+\.\d+)' if package == 'mmdet' else r'(mIoU): (\d+\.\d+)')
     scores, saved = {}, []
     for engine in (['--engine', 'torch', '--plain'], ['--engine', 'openvino'],
+                   ['--engine', 'torch', '--precision', 'bf16'],
                    ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4'],
                    ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4'],
                    ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4', '--keep-fp32', 'neck']):
@@ -302,6 +303,10 @@ def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, work
         scores.setdefault(' '.join(engine), []).append(float(metric.findall(res.stdout + res.stderr)[-1][1]))
         saved += [line.split('saved as ')[1] for line in res.stdout.splitlines() if line.startswith('[openvino]')]
     assert scores['--engine openvino'] == scores['--engine torch --plain'], scores
+    # bf16 autocast of backbone, neck and head (post-processing in float32): the metric within 0.01 (mAP) or
+    # 1 point (mIoU, printed in percent) of float32
+    bf16, = scores['--engine torch --precision bf16']
+    assert abs(bf16 - scores['--engine torch --plain'][0]) <= (0.01 if package == 'mmdet' else 1.0), scores
     int8 = scores['--engine openvino --precision int8 --calibrate-images 4']
     assert int8[0] == int8[1], 'the saved int8 model gives the same metrics'
     assert len(saved) == 4 and saved[1] == saved[2] and len({saved[0], saved[1], saved[3]}) == 3, saved

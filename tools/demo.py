@@ -154,8 +154,8 @@ def main() -> None:
                         help='evaluate the trained models at these precisions, on every --engines engine (int8 '
                              'calibrated on 32 training images: activation ranges on torch, NNCF on OpenVINO)')
     parser.add_argument('--engines', nargs='+', default=['torch'], choices=ENGINES,
-                        help='torch: our backbone optimized (cpvt_backbones.optimize); openvino: backbone, neck and '
-                             'head on OpenVINO')
+                        help='torch: our backbone optimized (cpvt_backbones.optimize; bf16: backbone, neck and head '
+                             'under autocast); openvino: backbone, neck and head on OpenVINO')
     args = parser.parse_args()
     quiet_known_warnings()
     out = Path(args.out)

@@ -6,8 +6,9 @@ Writes predictions (JSON for boxes, PNG label maps for masks) under OUT_DIR/pred
 visualisations (boxes or masks drawn on the image) under OUT_DIR/vis, through mmdet's DetInferencer / mmseg's
 MMSegInferencer. The backbones take any size down to 1 x 1; where a framework's visualiser cannot draw an image
 (mmseg's fails on a 1 x 1 one), that image gets one line saying so and the run goes on. Our backbones run
-optimized (``cpvt_backbones.optimize``; ``--precision bf16|int8`` on lower-precision weights, int8 calibrated
-on ``--calibrate`` images as in tools/test.py); ``--plain`` keeps the plain model. ``--engine openvino`` runs backbone,
+optimized (``cpvt_backbones.optimize``; ``--precision int8`` on int8 weights calibrated on ``--calibrate``
+images as in tools/test.py; ``--precision bf16`` runs backbone, neck and head under bf16 autocast); ``--plain``
+keeps the plain model. ``--engine openvino`` runs backbone,
 neck and head on OpenVINO (fp32, bf16, or int8 calibrated with NNCF on ``--calibrate`` images, by default the
 config's test set), the same predictions and drawings otherwise.
 """
@@ -16,8 +17,8 @@ from pathlib import Path
 
 from mmengine.config import DictAction
 
-from cpvt_backbones.adapters.engines import (IMAGE_SUFFIXES, add_precision_args, apply_precision, kept_in_fp32,
-                                             openvino_model)
+from cpvt_backbones.adapters.engines import (IMAGE_SUFFIXES, add_precision_args, apply_precision, engine_model,
+                                             kept_in_fp32)
 from cpvt_backbones.adapters.evaluation import set_test_scale
 from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings
 
@@ -54,11 +55,12 @@ class DrawOrSay:
 
 
 def on_engine(model, cfg, args) -> None:
-    """With --engine openvino, the inferencer's model (weights loaded) runs backbone, neck and head on OpenVINO."""
-    if args.engine == 'openvino':
-        calibration = (args.calibrate or 'val') if args.precision == 'int8' else None
-        keep = kept_in_fp32(cfg, args.keep_fp32) if args.precision == 'int8' else ()
-        openvino_model(model, cfg, args.checkpoint, args.precision, calibration, args.calibrate_images, keep)
+    """The inferencer's model (weights loaded) on the engine asked for: with --engine openvino backbone, neck and
+    head on OpenVINO; with the torch engine in bf16 under autocast (its float32 and int8 are the optimized
+    backbone the config builds)."""
+    calibration = (args.calibrate or 'val') if args.precision == 'int8' else None
+    keep = kept_in_fp32(cfg, args.keep_fp32) if args.precision == 'int8' else ()
+    engine_model(model, cfg, args.checkpoint, args.engine, args.precision, calibration, args.calibrate_images, keep)
 
 
 def main() -> None:

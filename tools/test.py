@@ -8,9 +8,10 @@ published weights by name (``pcpvt_small``: fetched once, checked), a URL or a w
 ``cpvt_backbones.convert`` reads, which is written once as that classifier's checkpoint.
 
 Our backbones run optimized (``cpvt_backbones.optimize``: same weights, same outputs to float32 rounding,
-faster on a CPU), in float32 or, with ``--precision bf16|int8``, on bf16 or int8 copies of the weights (int8:
-activations at ranges calibrated once on ``--calibrate`` images, by default the config's test set, and saved);
-``--plain`` keeps the plain model (for hooks on its inner layers). ``--engine openvino`` runs the
+faster on a CPU), in float32 or, with ``--precision int8``, on int8 copies of the weights (activations at ranges
+calibrated once on ``--calibrate`` images, by default the config's test set, and saved); ``--precision bf16``
+runs backbone, neck and head under torch's bf16 autocast, post-processing in float32; ``--plain`` keeps the
+plain model (for hooks on its inner layers). ``--engine openvino`` runs the
 detector's or segmentor's backbone, neck and head on OpenVINO instead (fp32, bf16, or int8 through NNCF,
 calibrated on ``--calibrate`` images, by default the config's test set; the converted model is saved and reused),
 with the data preprocessor, post-processing and metrics unchanged.

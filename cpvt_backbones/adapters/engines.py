@@ -1,9 +1,11 @@
 """What the tools need to run a config's model on an inference engine: the precision options, calibration on
 the config's own test pipeline, and the OpenVINO engine for a whole detector or segmentor.
 
-Engines (``ENGINES``): 'torch', our backbones through ``cpvt_backbones.optimize`` (the rest of the model in
-PyTorch); 'openvino', backbone + neck + head on OpenVINO (``deploy.openmmlab``), the data preprocessor and
-post-processing in the framework's Python. Precisions are ``deploy.PRECISIONS`` for both. The engines
+Engines (``ENGINES``): 'torch', in float32 and int8 our backbones through ``cpvt_backbones.optimize`` (the rest
+of the model in PyTorch float32), in bf16 backbone + neck + head under autocast (``deploy.openmmlab.
+to_autocast_model``); 'openvino', backbone + neck + head on OpenVINO (``deploy.openmmlab.to_openvino_model``).
+Both keep the data preprocessor and post-processing in the framework's Python, in float32. Precisions are
+``deploy.PRECISIONS`` for both. The engines
 themselves are in ``deploy`` and need torch only; what is here works on an mmengine config (its backbone, its
 test pipeline, its test loop's hooks), so it sits with the adapters. ``adapters.evaluation`` runs the config's
 test loop on either engine.
@@ -29,7 +31,7 @@ IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
 def optimize_backbone(cfg: Config, precision: str = 'fp32', input_ranges: Optional[str] = None,
                       keep_fp32: Sequence[str] = ()) -> bool:
     """Have the config build its backbone through ``cpvt_backbones.optimize`` (the fused CPU inference path) in
-    ``precision`` ('fp32', 'bf16', 'int8'; int8 static with ``input_ranges``, a file from ``calibrate``) if the
+    ``precision`` ('fp32' or 'int8'; int8 static with ``input_ranges``, a file from ``calibrate``) if the
     backbone is one of ours; returns whether it is. ``keep_fp32``: the model's module names left in float32;
     those under ``backbone.`` reach ``optimize`` (the torch engine runs the rest of the model in float32)."""
     backbone = our_backbone(cfg)
@@ -47,8 +49,9 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
     """``--engine``, ``--plain``, ``--precision``, ``--calibrate`` and ``--calibrate-images`` (tools/test.py,
     tools/infer.py)."""
     parser.add_argument('--engine', choices=ENGINES, default='torch',
-                        help='torch: our backbone optimized, the rest in PyTorch; openvino: backbone, neck and head '
-                             'on OpenVINO (pre- and post-processing in Python)')
+                        help='torch: our backbone optimized, the rest in PyTorch (bf16: backbone, neck and head '
+                             'under autocast); openvino: backbone, neck and head on OpenVINO (pre- and '
+                             'post-processing in Python)')
     parser.add_argument('--plain', action='store_true', help='torch engine: do not optimize our backbone')
     parser.add_argument('--precision', choices=PRECISIONS, default='fp32', help='fp32, bf16 or int8')
     parser.add_argument('--calibrate', metavar='IMAGES',
@@ -62,27 +65,47 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_precision(cfg: Config, args: argparse.Namespace, checkpoint: str) -> None:
-    """What ``add_precision_args`` asked for, on ``cfg``: the torch engine's optimized backbone (int8: calibrated
-    with ``checkpoint`` first, or the saved ranges reused), or the OpenVINO engine's hook (which converts the
-    model once the test loop has loaded the checkpoint)."""
+    """What ``add_precision_args`` asked for, on ``cfg`` (``set_engine``; the torch engine's int8 calibrated
+    with ``checkpoint`` first, or the saved ranges reused)."""
     if (args.calibrate or args.keep_fp32 is not None) and args.precision != 'int8':
         raise SystemExit('--calibrate and --keep-fp32 configure int8: use them with --precision int8')
-    keep = kept_in_fp32(cfg, args.keep_fp32) if args.precision == 'int8' else ()
-    if args.engine == 'openvino':
-        if args.plain:
-            raise SystemExit('--plain keeps the plain PyTorch backbone; it does not apply to --engine openvino')
-        use_openvino(cfg, args.precision, (args.calibrate or 'val') if args.precision == 'int8' else None,
-                     args.calibrate_images, keep)
-        return
     if args.plain:
+        if args.engine == 'openvino':
+            raise SystemExit('--plain keeps the plain PyTorch backbone; it does not apply to --engine openvino')
         if args.precision != 'fp32':
             raise SystemExit('--plain keeps the plain float32 model: no --precision with it')
         return
-    ranges = (calibrate(cfg, checkpoint, args.calibrate or 'val', args.calibrate_images)
-              if args.precision == 'int8' else None)
-    if ranges is not None:
+    calibration = (args.calibrate or 'val') if args.precision == 'int8' else None
+    ranges = None
+    if args.engine == 'torch' and args.precision == 'int8':
+        ranges = calibrate(cfg, checkpoint, calibration, args.calibrate_images)
         print(f'[calibrate] activation ranges: {ranges}')
-    optimize_backbone(cfg, args.precision, ranges, keep)
+    set_engine(cfg, args.engine, args.precision, ranges, calibration, args.calibrate_images,
+               kept_in_fp32(cfg, args.keep_fp32) if args.precision == 'int8' else ())
+
+
+def set_engine(cfg: Config, engine: str = 'torch', precision: str = 'fp32', input_ranges: Optional[str] = None,
+               calibration: Optional[str] = None, calibration_images: int = 32,
+               keep_fp32: Sequence[str] = ()) -> None:
+    """Have the model of ``cfg`` run on ``engine`` at ``precision``: the torch engine in float32 or int8 through
+    its optimized backbone (``optimize_backbone``; int8 static at ``input_ranges``); the torch engine in bf16
+    and the OpenVINO engine through ``InferenceEngineHook``, which attaches the engine once the test loop has
+    loaded the checkpoint (``engine_model``; OpenVINO's int8 calibrated on ``calibration_images`` of
+    ``calibration``). int8 leaves the modules named in ``keep_fp32`` in float32."""
+    if engine not in ENGINES:
+        raise ValueError(f'engine must be one of {ENGINES}, got {engine!r}')
+    if precision not in PRECISIONS:
+        raise ValueError(f'precision must be one of {PRECISIONS}, got {precision!r}')
+    if engine == 'torch' and precision != 'bf16':
+        optimize_backbone(cfg, precision, input_ranges, keep_fp32)
+        return
+    imports = cfg.get('custom_imports') or dict(imports=[], allow_failed_imports=False)
+    if 'cpvt_backbones.adapters.hooks' not in imports['imports']:
+        cfg.custom_imports = dict(imports, imports=list(imports['imports']) + ['cpvt_backbones.adapters.hooks'])
+    hooks = [h for h in cfg.get('custom_hooks', []) if h.get('type') != 'InferenceEngineHook']
+    cfg.custom_hooks = hooks + [dict(type='InferenceEngineHook', engine=engine, precision=precision,
+                                     calibration=calibration if precision == 'int8' else None,
+                                     calibration_images=calibration_images, keep_fp32=list(keep_fp32))]
 
 
 def kept_in_fp32(cfg: Config, keep_fp32: Optional[Sequence[str]] = None) -> Tuple[str, ...]:
@@ -173,15 +196,21 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
     return out
 
 
-def use_openvino(cfg: Config, precision: str = 'fp32', calibration: Optional[str] = None,
-                 calibration_images: int = 32, keep_fp32: Sequence[str] = ()) -> None:
-    """Have the config's test loop run the model on OpenVINO (``OpenVINOHook``)."""
-    imports = cfg.setdefault('custom_imports', dict(imports=[], allow_failed_imports=False))
-    if 'cpvt_backbones.adapters.hooks' not in imports['imports']:
-        imports['imports'] = list(imports['imports']) + ['cpvt_backbones.adapters.hooks']
-    hooks = [h for h in cfg.get('custom_hooks', []) if h.get('type') != 'OpenVINOHook']
-    cfg.custom_hooks = hooks + [dict(type='OpenVINOHook', precision=precision, calibration=calibration,
-                                     calibration_images=calibration_images, keep_fp32=list(keep_fp32))]
+def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str], engine: str = 'torch',
+                 precision: str = 'fp32', calibration: Optional[str] = None, calibration_images: int = 32,
+                 keep_fp32: Sequence[str] = ()) -> torch.nn.Module:
+    """``model`` (a built detector or segmentor of ``cfg`` with ``checkpoint``'s weights, in evaluation mode
+    from here on) on ``engine`` at ``precision``, in place: OpenVINO through ``openvino_model``; the torch
+    engine's bf16 under autocast (``deploy.openmmlab.to_autocast_model``). The torch engine's float32 and int8
+    are the config's optimized backbone (``set_engine``), so ``model`` is returned as it is."""
+    from ..deploy.openmmlab import to_autocast_model
+    model.eval()
+    if engine == 'openvino':
+        return openvino_model(model, cfg, checkpoint, precision, calibration, calibration_images, keep_fp32)
+    if precision == 'bf16':
+        print(f'[torch] {type(model).__name__}: backbone, neck and head under bf16 autocast')
+        return to_autocast_model(model, precision)
+    return model
 
 
 def openvino_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str], precision: str = 'fp32',
@@ -216,4 +245,4 @@ def openvino_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str
 
 
 __all__ = ['ENGINES', 'IMAGE_SUFFIXES', 'add_precision_args', 'apply_precision', 'calibrate', 'calibration_batches',
-           'kept_in_fp32', 'openvino_model', 'optimize_backbone', 'use_openvino']
+           'engine_model', 'kept_in_fp32', 'openvino_model', 'optimize_backbone', 'set_engine']

@@ -5,7 +5,7 @@ from typing import Mapping, NamedTuple, Optional, Sequence
 
 from mmengine.config import Config
 
-from .engines import kept_in_fp32, optimize_backbone, use_openvino
+from .engines import kept_in_fp32, set_engine
 from .runner import build_runner, evaluation_datasets, runner_checkpoint
 
 __all__ = ['METRICS', 'Metric', 'evaluate', 'headline_score', 'set_cls_test_size', 'set_test_scale']
@@ -56,16 +56,13 @@ def set_cls_test_size(cfg: Config, size: int, crop_ratio: Optional[float] = None
 def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str, precision: str = 'fp32',
              input_ranges: Optional[str] = None, engine: str = 'torch', calibration: str = 'val',
              calibration_images: int = 32, keep_fp32: Optional[Sequence[str]] = None) -> dict:
-    """Run the config's test loop on ``checkpoint`` and return its metrics: with ``engine='torch'`` our backbones
-    optimized in ``precision`` (static int8 with ``input_ranges``, see ``calibrate``); with ``'openvino'`` the
-    whole model on OpenVINO (``OpenVINOHook``; int8 calibrated on ``calibration_images`` of ``calibration``);
-    int8 leaves the modules of ``kept_in_fp32(cfg, keep_fp32)`` in float32."""
+    """Run the config's test loop on ``checkpoint`` and return its metrics, the model on ``engine`` at
+    ``precision`` (``adapters.engines.set_engine``: the torch engine's static int8 at ``input_ranges``, see
+    ``calibrate``; OpenVINO's int8 calibrated on ``calibration_images`` of ``calibration``); int8 leaves the
+    modules of ``kept_in_fp32(cfg, keep_fp32)`` in float32."""
     cfg = copy.deepcopy(cfg)
-    keep_fp32 = kept_in_fp32(cfg, keep_fp32) if precision == 'int8' else ()
-    if engine == 'openvino':
-        use_openvino(cfg, precision, calibration if precision == 'int8' else None, calibration_images, keep_fp32)
-    else:
-        optimize_backbone(cfg, precision, input_ranges, keep_fp32)
+    set_engine(cfg, engine, precision, input_ranges, calibration, calibration_images,
+               kept_in_fp32(cfg, keep_fp32) if precision == 'int8' else ())
     cfg.load_from = runner_checkpoint(cfg, checkpoint)
     cfg.work_dir = work_dir
     cfg.experiment_name = name

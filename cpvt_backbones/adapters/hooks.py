@@ -1,5 +1,5 @@
-"""``RNGStateHook``: resume with the random state an uninterrupted run would have had. ``OpenVINOHook``: test
-with the model on OpenVINO.
+"""``RNGStateHook``: resume with the random state an uninterrupted run would have had. ``InferenceEngineHook``:
+test with the model on an inference engine.
 
 mmengine's resume restores weights, optimizer, schedulers and the data position (the loop replays the
 dataloader up to the resumed iteration, so the pipeline redraws its numpy/random numbers exactly), but not
@@ -45,19 +45,20 @@ class RNGStateHook(Hook):
 
 
 @HOOKS.register_module()
-class OpenVINOHook(Hook):
+class InferenceEngineHook(Hook):
     """Before the test loop (after the runner has loaded the checkpoint), run the model's backbone, neck and head
-    on OpenVINO at ``precision`` (``adapters.engines.openvino_model``; int8 calibrated on
-    ``calibration_images`` of ``calibration``: 'val' or a folder; the modules named in ``keep_fp32`` stay
-    float32). ``tools/test.py --engine openvino`` adds it."""
+    on ``engine`` at ``precision`` (``adapters.engines.engine_model``: 'openvino', or 'torch' in bf16 under
+    autocast; OpenVINO's int8 calibrated on ``calibration_images`` of ``calibration``: 'val' or a folder; the
+    modules named in ``keep_fp32`` stay float32). ``tools/test.py --engine openvino`` and ``--precision bf16``
+    add it (``adapters.engines.set_engine``)."""
 
-    def __init__(self, precision: str = 'fp32', calibration: Optional[str] = None, calibration_images: int = 32,
-                 keep_fp32: Sequence[str] = ()):
-        self.precision, self.calibration, self.calibration_images = precision, calibration, calibration_images
-        self.keep_fp32 = tuple(keep_fp32)
+    def __init__(self, engine: str = 'openvino', precision: str = 'fp32', calibration: Optional[str] = None,
+                 calibration_images: int = 32, keep_fp32: Sequence[str] = ()):
+        self.engine, self.precision, self.calibration = engine, precision, calibration
+        self.calibration_images, self.keep_fp32 = calibration_images, tuple(keep_fp32)
 
     def before_test(self, runner) -> None:
-        from .engines import openvino_model
+        from .engines import engine_model
         model = getattr(runner.model, 'module', runner.model)
-        openvino_model(model, runner.cfg, runner.cfg.get('load_from'), self.precision, self.calibration,
-                       self.calibration_images, self.keep_fp32)
+        engine_model(model, runner.cfg, runner.cfg.get('load_from'), self.engine, self.precision,
+                     self.calibration, self.calibration_images, self.keep_fp32)

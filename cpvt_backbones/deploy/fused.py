@@ -1,5 +1,5 @@
 """The CPU fast path: modules that run a block with the bias and the residual add fused into its GEMMs, in
-float32, bfloat16 or int8.
+float32 or int8.
 
 In eager PyTorch a linear layer is a GEMM plus a pass that copies the bias into the output, and GELU and the
 residual add are passes of their own over activations up to 8x wider than the tokens. Here the residual is
@@ -13,8 +13,6 @@ A ``Kernel`` runs a linear layer's GEMM on 2-D float32 tokens (``KERNELS``):
 * ``mkl``, ``onednn``: float32. oneDNN adds the bias and the residual in its GEMM epilogue (and runs AVX-512
   code where MKL runs AVX2 code, on AMD CPUs); MKL's ``addmm`` accumulates into the residual (beta = 1) and
   biases the cached chunk in place. Which is faster depends on the CPU (``deploy.optimize`` times both).
-* ``onednn_bf16``: oneDNN with bfloat16 weights (a copy made once) and inputs, float32 outputs; fast only on
-  CPUs with native bf16 (avx512_bf16, AMX).
 * ``onednn_int8``: static int8 through oneDNN: int8 weights per output channel (symmetric, made once),
   activations quantized to uint8 with a scale and zero point fixed by calibration (``FusedLinear.input_range``,
   from ``deploy.record_input_ranges``); bias and residual in the GEMM's epilogue, and in the MLP the first GEMM
@@ -23,7 +21,7 @@ A ``Kernel`` runs a linear layer's GEMM on 2-D float32 tokens (``KERNELS``):
   (``activation_qmax``), as PyTorch's x86 quantization backends do (``reduce_range``).
 
 These modules are not part of the models: ``cpvt_backbones.deploy.optimize`` swaps them in for a built model's
-blocks and linear layers, sharing the same parameters (a bf16 or int8 copy of a weight is derived data, not in
+blocks and linear layers, sharing the same parameters (an int8 copy of a weight is derived data, not in
 the state dict). They read ``weight``/``bias`` directly, so hooks on the linear layers inside a fused block do
 not fire in the fused path; the plain model is the one to instrument. The fused path runs only where it
 applies: no autograd (and eval mode for a block), float32 inputs on a CPU, no autocast, and not while tracing,
@@ -122,22 +120,6 @@ class MKL(Kernel):
         if layer.bias is not None:
             part += layer.bias
         part.addmm_(x, layer.weight.t())
-
-
-class OneDNNBf16(Kernel):
-    """bfloat16 weights and inputs through oneDNN, float32 out."""
-    precision = 'bf16'
-
-    def available(self) -> bool:
-        return _LINEAR is not None and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-    def prepare(self, layer):
-        bias = None if layer.bias is None else layer.bias.detach().to(torch.bfloat16)
-        return layer.weight.detach().to(torch.bfloat16), bias
-
-    def linear(self, x, layer):
-        weight, bias = layer.prepared
-        return _LINEAR(x.to(torch.bfloat16), weight, bias, 'none', [], '').float()
 
 
 def channel_scales(weight: torch.Tensor) -> torch.Tensor:
@@ -240,7 +222,7 @@ def _saturate(codes: torch.Tensor) -> torch.Tensor:
     return codes if qmax == 255 else codes.clamp_(max=qmax)
 
 
-KERNELS = {'mkl': MKL(), 'onednn': OneDNN(), 'onednn_bf16': OneDNNBf16(), 'onednn_int8': OneDNNInt8()}
+KERNELS = {'mkl': MKL(), 'onednn': OneDNN(), 'onednn_int8': OneDNNInt8()}
 GEMMS = tuple(k for k in ('mkl', 'onednn') if KERNELS[k].available())  # float32: optimize picks the faster
 
 
@@ -255,7 +237,6 @@ def check_kernel(name: str) -> str:
 
 def unavailable_reason(name: str) -> str:
     return {'onednn': 'this torch build has no oneDNN (torch.backends.mkldnn)',
-            'onednn_bf16': 'the CPU has no native bf16 (avx512_bf16 or AMX) that oneDNN uses',
             'onednn_int8': "this torch build has no oneDNN quantized linear (torch.ops.onednn.qlinear_pointwise)",
             }.get(name, 'unavailable')
 
@@ -283,7 +264,7 @@ def fused_gemms(attended: torch.Tensor, block: nn.Module, residual: torch.Tensor
 
 class FusedLinear(nn.Module):
     """An ``nn.Linear``'s parameters (shared, same key names) applied through ``kernel`` where ``can_fuse``
-    allows, else with ``F.linear``. ``prepared`` is what the kernel derives from the weights (a bf16 copy,
+    allows, else with ``F.linear``. ``prepared`` is what the kernel derives from the weights (packed
     packed int8 weights) and ``input_range``, not part of the state dict: derived again whenever the weight,
     bias or range changes (a checkpoint loaded after ``optimize``, as OpenMMLab's runners do)."""
 

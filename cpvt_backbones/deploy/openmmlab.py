@@ -1,12 +1,13 @@
 """A whole OpenMMLab model on an inference engine: backbone + neck + head (the tensor-mode forward) run by the
 engine, while the model's data preprocessor and post-processing (box decoding and NMS, resizing the logits to
-the image) stay the framework's own Python.
+the image) stay the framework's own Python, in float32.
 
-``to_openvino_model(model, ...)`` converts ``model._forward`` (mmdet's single-stage detectors, mmseg's encoder-
-decoder segmentors: the same method their ``mode='tensor'`` calls) with ``deploy.openvino.to_openvino`` and makes
-the model call the engine: ``extract_feat`` returns the engine's outputs, wrapped, and the head's ``forward``
-unwraps them, so ``predict``, ``mode='tensor'`` and the test loops run unchanged around it. Only duck typing: this
-module imports nothing from OpenMMLab.
+The engine runs ``TensorForward`` (what ``_forward`` of mmdet's single-stage detectors and mmseg's encoder-decoder
+segmentors computes, the method their ``mode='tensor'`` calls): ``to_openvino_model`` converts it with
+``deploy.openvino.to_openvino``, ``to_autocast_model`` runs it in torch under bf16 autocast
+(``deploy.autocast``). ``attach_engine`` makes the model call the engine: ``extract_feat`` returns the engine's
+outputs, wrapped, and the head's ``forward`` unwraps them, so ``predict``, ``mode='tensor'`` and the test loops
+run unchanged around it. Only duck typing: this module imports nothing from OpenMMLab.
 """
 import contextlib
 import types
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .autocast import to_autocast
 from .openvino import OpenVINOModule, to_openvino
 
 
@@ -37,16 +39,20 @@ def dense_head(model: nn.Module) -> nn.Module:
 
 
 class TensorForward(nn.Module):
-    """``model._forward(inputs)``: backbone, neck and head on a preprocessed batch (mmdet's and mmseg's
-    ``mode='tensor'``), as a module of one tensor argument to export."""
+    """Backbone, neck and head on a preprocessed batch: the head's ``forward`` on ``extract_feat(inputs)``, as
+    ``_forward`` computes it for mmdet's single-stage detectors and mmseg's encoder-decoders (their
+    ``mode='tensor'``), as a module of one tensor argument. Both methods are called through the classes, so that
+    it computes the model's own forward also once an engine is attached to the model (an engine may run it)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
+        dense_head(model)
         self.model = model
         self.train(model.training)
 
     def forward(self, inputs: torch.Tensor):
-        return self.model._forward(inputs)
+        head = dense_head(self.model)
+        return type(head).forward(head, type(self.model).extract_feat(self.model, inputs))
 
 
 class _ScaleUpsample(nn.Module):
@@ -101,9 +107,11 @@ def _engine_head_forward(self, features, *args, **kwargs):
 def attach_engine(model: nn.Module, engine: nn.Module) -> nn.Module:
     """Make ``model`` (in place) run backbone, neck and head through ``engine`` (a module mapping the
     preprocessed batch to ``model._forward``'s outputs), kept as ``model.inference_engine``; returns
-    ``model``. The original submodules and the state dict stay as they were."""
+    ``model``. The original submodules and the state dict stay as they were: the engine is an attribute, not a
+    submodule, since it may hold the model itself (``to_autocast_model``), and ``eval()``, ``to()`` and
+    ``state_dict()`` would then recurse without end."""
     head = dense_head(model)
-    model.inference_engine = engine
+    model.__dict__['inference_engine'] = engine
     model.extract_feat = types.MethodType(_engine_features, model)
     head.forward = types.MethodType(_engine_head_forward, head)
     return model
@@ -124,4 +132,14 @@ def to_openvino_model(model: nn.Module, precision: str = 'fp32',
     return attach_engine(model, engine)
 
 
-__all__ = ['OpenVINOModule', 'TensorForward', 'attach_engine', 'dense_head', 'exportable', 'to_openvino_model']
+def to_autocast_model(model: nn.Module, precision: str = 'bf16') -> nn.Module:
+    """An OpenMMLab detector or segmentor running backbone, neck and head in torch under autocast in
+    ``precision`` (``deploy.autocast.to_autocast``: bf16 where the device has it natively, else float32 with a
+    warning), their outputs back in float32 for the framework's post-processing; in place, returns ``model``."""
+    dense_head(model)
+    device = next((p.device.type for p in model.parameters()), 'cpu')
+    return attach_engine(model, to_autocast(TensorForward(model), precision, device))
+
+
+__all__ = ['OpenVINOModule', 'TensorForward', 'attach_engine', 'dense_head', 'exportable', 'to_autocast_model',
+           'to_openvino_model']

@@ -1,11 +1,12 @@
-"""``optimize(model)``: the CPU fast path as an explicit transform of a built model, in float32, bfloat16 or int8.
+"""``optimize(model)``: the CPU fast path as an explicit transform of a built model, in float32 or int8.
 
 The models themselves only call their submodules (hooks, wrappers, quantisation and FLOP counters see every
 layer) and know nothing of precision. For CPU inference, ``optimize`` swaps each transformer block for a
 ``layers.FusedBlock`` and each linear layer for a ``layers.FusedLinear`` that share the block's parameters: the
 state dict is unchanged. In float32 the outputs agree with the plain model to float32 rounding; ``precision=
-'bf16'`` or ``'int8'`` runs the linear layers' GEMMs on bf16 or int8 copies of their weights
-(``deploy.fused.KERNELS``; the float32 parameters stay as they are, for the plain path and the state dict).
+'int8'`` runs the linear layers' GEMMs on int8 copies of their weights (``deploy.fused.KERNELS``; the float32
+parameters stay as they are, for the plain path and the state dict). bf16 is not a fused precision: the plain
+model under autocast (``deploy.to_autocast``) runs bf16 at least as fast (docs/performance.md).
 Every position encoding is kept as it is (they act before a block's fused part: on the tokens, or inside
 attention). It refuses a model it cannot fuse faithfully (wrapped or hooked layers, layer scale) and a
 precision the CPU cannot run, and names why.
@@ -65,7 +66,7 @@ def pick_gemm(block: Block, tokens: int = 1024, repeats: int = 7) -> str:
 
 
 # The kernel each precision runs its linear layers through (float32: the faster of ``GEMMS``, timed).
-PRECISION_KERNELS = {'fp32': None, 'bf16': 'onednn_bf16', 'int8': 'onednn_int8'}
+PRECISION_KERNELS = {'fp32': None, 'int8': 'onednn_int8'}
 
 
 @contextlib.contextmanager
@@ -99,13 +100,17 @@ def optimize(model: nn.Module, gemm: str = 'auto', precision: str = 'fp32', keep
     transformed copy, leaving ``model`` as it was). The model must be float32 on the CPU (it may be moved later:
     elsewhere the fused modules run the plain computation).
 
-    ``precision``: 'fp32', 'bf16' (CPUs with avx512_bf16 or AMX) or 'int8' (int8 weights per output channel,
-    uint8 activations at the calibrated ``input_ranges`` from ``record_input_ranges``, through oneDNN;
-    quantizing activations per call instead measured slower at every benchmark case, docs/performance.md).
+    ``precision``: 'fp32' or 'int8' (int8 weights per output channel, uint8 activations at the calibrated
+    ``input_ranges`` from ``record_input_ranges``, through oneDNN; quantizing activations per call instead
+    measured slower at every benchmark case, docs/performance.md); 'bf16' is refused with what to use instead.
     ``keep_fp32``: name prefixes of linear layers that stay float32 at a lower precision (layers whose
     quantization costs accuracy). ``gemm``: the float32 library, 'mkl', 'onednn', or 'auto' (``pick_gemm``).
     Calling it on an optimized model is a no-op."""
     check_precision(precision)
+    if precision not in PRECISION_KERNELS:
+        raise ValueError(f"optimize runs {' or '.join(map(repr, PRECISION_KERNELS))}, not {precision!r}: for bf16 "
+                         "run the plain model under autocast (cpvt_backbones.deploy.to_autocast(model)) or on "
+                         "OpenVINO (cpvt_backbones.deploy.to_openvino(model, 'bf16'))")
     if gemm != 'auto' and gemm not in GEMMS:
         raise ValueError(f'gemm must be one of {list(GEMMS)} (or auto), got {gemm!r}')
     low = PRECISION_KERNELS[precision]
