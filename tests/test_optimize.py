@@ -295,3 +295,21 @@ def test_weights_loaded_after_optimize_are_the_ones_used(mode):
         fast.load_state_dict(trained.state_dict())
         for a, b in zip(fast(x), trained(x)):
             assert ((a - b).norm() / b.norm()) < TOLERANCE[mode]
+
+
+@pytest.mark.parametrize('qmax', [255, 127])
+def test_static_int8_quantizer_gives_torchs_codes(monkeypatch, qmax):
+    """Activations are quantized in plain tensor arithmetic (torch's quantized tensors are deprecated): the codes
+    equal ``torch.quantize_per_tensor``'s, ties to even and saturation included, capped at 127 where the CPU has
+    no int8 dot products."""
+    import warnings
+    monkeypatch.setattr(fused, 'activation_qmax', lambda: qmax)
+    scale, zero = 6 / 255, 120
+    x = torch.cat([torch.randn(5000) * 3, torch.tensor([-20., 20., 0.]),
+                   (torch.arange(-8, 8) + 0.5) * torch.tensor(scale, dtype=torch.float32)])  # ties, saturation
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        expected = torch.quantize_per_tensor(x, scale, zero, torch.quint8).int_repr().clamp_(max=qmax)
+    codes = fused.OneDNNInt8.quantize(x, scale, zero)
+    assert codes.dtype == torch.uint8 and torch.equal(codes, expected)
+    assert codes.max() == qmax and codes.min() == 0

@@ -30,7 +30,6 @@ float32 path.
 """
 import functools
 import re
-import warnings
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -182,12 +181,13 @@ class OneDNNInt8(Kernel):
 
     @staticmethod
     def quantize(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
-        """float32 to uint8: round(x / scale) + zero_point, saturated at 0 and ``activation_qmax()`` (torch's
-        vectorised quantizer, then its raw bytes; torch marks its quantized tensors deprecated, and only this one
-        call uses them)."""
-        with warnings.catch_warnings():
-            warnings.filterwarnings('ignore', message='torch.quantize_per_tensor, torch.quantize_per_channel')
-            return _saturate(torch.quantize_per_tensor(x, scale, zero_point, torch.quint8).int_repr())
+        """float32 to uint8: round(x / scale) + zero_point (ties to even), saturated at 0 and
+        ``activation_qmax()``, in plain tensor arithmetic on one float32 buffer (the same codes as torch's
+        deprecated ``quantize_per_tensor``, which is not used; ``benchmarks/int8_quantize.py`` times both)."""
+        inverse = float(torch.tensor(scale, dtype=torch.float32).reciprocal())  # in float32, as torch's quantizer
+        codes = torch.mul(x, inverse)
+        codes.round_().add_(zero_point).clamp_(0, activation_qmax())
+        return codes.to(torch.uint8)
 
     def _input(self, x, layer):
         """``x`` quantized for ``layer`` (already uint8: quantized by the previous GEMM for this layer)."""
