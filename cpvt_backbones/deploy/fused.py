@@ -161,6 +161,12 @@ def uint8_qparams(low: float, high: float) -> Tuple[float, int]:
     return scale, int(min(qmax, max(0, round(-low / scale))))
 
 
+@functools.lru_cache(maxsize=4096)
+def _float32_inverse(scale: float) -> float:
+    """1 / ``scale`` computed in float32, as torch's quantizer does; once per calibrated scale, not per call."""
+    return float(torch.tensor(scale, dtype=torch.float32).reciprocal())
+
+
 class OneDNNInt8(Kernel):
     """Static int8 through oneDNN: uint8 activations with a calibrated scale and zero point (the layer's
     ``input_range``), int8 weights per output channel, float32 out; bias, residual and (in the MLP) GELU in the
@@ -184,8 +190,7 @@ class OneDNNInt8(Kernel):
         """float32 to uint8: round(x / scale) + zero_point (ties to even), saturated at 0 and
         ``activation_qmax()``, in plain tensor arithmetic on one float32 buffer (the same codes as torch's
         deprecated ``quantize_per_tensor``, which is not used; ``benchmarks/int8_quantize.py`` times both)."""
-        inverse = float(torch.tensor(scale, dtype=torch.float32).reciprocal())  # in float32, as torch's quantizer
-        codes = torch.mul(x, inverse)
+        codes = torch.mul(x, _float32_inverse(scale))
         codes.round_().add_(zero_point).clamp_(0, activation_qmax())
         return codes.to(torch.uint8)
 
