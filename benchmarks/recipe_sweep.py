@@ -19,7 +19,8 @@ Runs go through a pool of ``--jobs`` processes with ``--threads`` threads each; 
 (``resolution_study``'s checkpoints), so an interrupted sweep continues where it stopped. Writes
 ``recipe_sweep[_large].{json,csv,md,png}`` with the verdict table: per recipe and test size the encodings in
 order, the leader's lead over the second (paired by seed), and the paper's claim (a gain at 1.4x without
-fine-tuning while the learned table drops) judged per recipe.
+fine-tuning while the learned table drops) judged per recipe; where a recipe's seeds trained on more than one
+device (``--device`` differs between invocations that share the runs), its verdict also per device.
 """
 import argparse
 import itertools
@@ -147,12 +148,31 @@ def load_cell(sweep: Sweep, cell: str, seeds: Sequence[int]) -> Dict:
     """Per encoding and test size (1x, 1.4x, 2x, 3x): top-1 per seed, from the runs' result.json."""
     config = rs.parse_args(sweep.argv(cell, seeds))
     keys = rs.size_keys(config)[:len(config.test_sizes)]
-    top1 = {}
+    top1, devices = {}, {s: set() for s in seeds}
     for variant in ENCODINGS:
         results = [json.loads((config.run_dir(variant, s) / 'result.json').read_text()) for s in seeds]
         top1[variant] = {rs.key_size(k): [r['top1'][k] for r in results] for k in keys}
+        for s, r in zip(seeds, results):
+            devices[s].add(r['device'])
     return dict(cell=cell, label=cell_recipe(cell).label, seeds=list(seeds), image_size=config.image_size,
-                top1=top1)
+                top1=top1, devices=['+'.join(sorted(devices[s])) for s in seeds])
+
+
+def split_by_device(data: Dict) -> List[Dict]:
+    """A cell whose seeds were trained on more than one device (a GPU's seeds beside the CPU's), as one cell per
+    device with that device's seeds; [] when every seed trained on one device."""
+    devices = list(dict.fromkeys(data['devices']))
+    if len(devices) < 2:
+        return []
+    parts = []
+    for device in devices:
+        keep = [i for i, d in enumerate(data['devices']) if d == device]
+        seeds = [data['seeds'][i] for i in keep]
+        parts.append(dict(data, cell=f'{data["cell"]} ({device}, seeds {",".join(map(str, seeds))})', seeds=seeds,
+                          devices=[device] * len(keep),
+                          top1={v: {size: [vals[i] for i in keep] for size, vals in sizes.items()}
+                                for v, sizes in data['top1'].items()}))
+    return parts
 
 
 def verdict(data: Dict) -> List[Dict]:
@@ -231,15 +251,8 @@ def plot(cells: List[Dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(cells: List[Dict], sweep: Sweep, meta: Dict) -> None:
-    rows = [row for c in cells for row in verdict(c)]
-    claims = {c['cell']: {peg: paper_claim(c, peg) for peg in ('peg_0', 'peg_0-5')} for c in cells}
-    out = sweep.out
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv([{k: (' > '.join(v) if k == 'order' else v) for k, v in r.items()} for r in rows],
-              out / f'{sweep.tag}.csv')
-    (out / f'{sweep.tag}.json').write_text(json.dumps(dict(meta=meta, cells=cells, verdict=rows, paper=claims),
-                                                      indent=2))
+def verdict_table(rows: List[Dict]) -> List[str]:
+    """The verdict rows as a Markdown table: order, the leader's paired lead, every encoding's top-1 and change."""
     lines = ['| recipe | seeds | test | order (best first) | lead of the first over the second (paired) | '
              + ' | '.join(f'{v} top-1 (change)' for v in ENCODINGS) + ' |', '|---|---|---|---|---|' +
              '---|' * len(ENCODINGS)]
@@ -250,6 +263,24 @@ def write_outputs(cells: List[Dict], sweep: Sweep, meta: Dict) -> None:
                          f'{r[f"{v}_top1"]:.1f} ± {r[f"{v}_std"]:.1f}' + (
                              f' ({r[f"{v}_change"]:+.1f} ± {r[f"{v}_change_std"]:.1f})' if r['factor'] != 1 else '')
                          for v in ENCODINGS) + ' |')
+    return lines
+
+
+def write_outputs(cells: List[Dict], sweep: Sweep, meta: Dict) -> None:
+    rows = [row for c in cells for row in verdict(c)]
+    device_rows = [row for c in cells for part in split_by_device(c) for row in verdict(part)]
+    claims = {c['cell']: {peg: paper_claim(c, peg) for peg in ('peg_0', 'peg_0-5')} for c in cells}
+    out = sweep.out
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv([{k: (' > '.join(v) if k == 'order' else v) for k, v in r.items()} for r in rows],
+              out / f'{sweep.tag}.csv')
+    (out / f'{sweep.tag}.json').write_text(json.dumps(dict(meta=meta, cells=cells, verdict=rows,
+                                                           verdict_by_device=device_rows, paper=claims), indent=2))
+    lines = verdict_table(rows)
+    if device_rows:
+        lines += ['', 'Recipes whose seeds trained on more than one device, each device\'s seeds alone (the same '
+                  'seed gives a different run on another device: its dropout masks and arithmetic differ):', '']
+        lines += verdict_table(device_rows)
     lines += ['', "The paper's claim at 1.4x (a gain without fine-tuning while the learned table drops), change "
               'in points paired by seed:', '', '| recipe | PEG after block 0 | PEGs after blocks 0-5 |',
               '|---|---|---|']

@@ -69,3 +69,16 @@ def test_paper_claim_and_order_movement():
     swapped = _cell('g', {28: dict(none=10., learned=40., peg_0=50., **{'peg_0-5': 30.}, rope_mixed=20.)})
     assert sweep.order_movement(ref, same_order, 28) == (0, 0.)  # a shift of every encoding moves no order
     assert sweep.order_movement(ref, swapped, 28) == (1, 20.)
+
+
+def test_cells_trained_on_two_devices_are_also_judged_per_device():
+    base = {v: 70. for v in ENC}
+    at2x = dict(none=40., learned=[60., 61., 55.], peg_0=50., **{'peg_0-5': [58., 57., 59.]}, rope_mixed=45.)
+    cell = dict(_cell('default', {14: base, 28: at2x}), devices=['cuda', 'cuda', 'cpu'])
+    gpu, cpu = sweep.split_by_device(cell)
+    assert (gpu['seeds'], cpu['seeds']) == ([0, 1], [2]) and cpu['cell'] == 'default (cpu, seeds 2)'
+    assert gpu['top1']['learned'][28] == [60., 61.] and cpu['top1']['peg_0-5'][28] == [59.]
+    assert next(r for r in sweep.verdict(cpu) if r['size'] == 28)['leader'] == 'peg_0-5'  # learned leads on cuda
+    assert next(r for r in sweep.verdict(gpu) if r['size'] == 28)['leader'] == 'learned'
+    assert sweep.split_by_device(dict(cell, devices=['cpu'] * 3)) == []
+    assert cell['top1']['learned'][28] == [60., 61., 55.]  # the cell itself is left whole
