@@ -23,11 +23,13 @@ from benchmarks.resolution_study import VARIANTS, line_style
 
 ROOT = Path(__file__).resolve().parents[1]
 
-ARMS = {
+ARMS = {  # the JSON under --results (the recipe sweep's cells in its subdirectory) -> how the tables name them
     'resolution_crop_cls': 'crop protocol, class token, 7 x 7',
-    'resolution_crop_gap': 'crop protocol, GAP, 7 x 7',
+    'recipe_sweep/recipe_sweep_default': 'crop protocol, GAP, 7 x 7',
+    'resolution_crop_cls_aliased': 'crop protocol, class token, 7 x 7, aliased crops',
+    'resolution_crop_gap': 'crop protocol, GAP, 7 x 7, aliased crops',
     'resolution_resize_cls': 'resize protocol, class token, 7 x 7',
-    'resolution_crop_grid14_cls': 'crop protocol, class token, 14 x 14',
+    'resolution_crop_grid14_cls': 'crop protocol, class token, 14 x 14, aliased crops',
 }
 
 
