@@ -692,6 +692,18 @@ def paper(variant: str) -> str:
     return '—' if value is None else f'{value:.1f}'
 
 
+def trained_on(results: List[Dict]) -> str:
+    """Where the runs trained: one device, or each device with its runs when runs that share a study (seeds
+    added later, a study over runs of several) trained on different ones."""
+    by_device: Dict[str, List[str]] = {}
+    for r in results:
+        by_device.setdefault(r['device'], []).append(f'{r["variant"]} seed {r["seed"]}')
+    if len(by_device) == 1:
+        return next(iter(by_device))
+    return ' and '.join(f'{device} ({len(runs)} run{"s" * (len(runs) > 1)}: {", ".join(runs)})'
+                        for device, runs in by_device.items())
+
+
 def write_outputs(rows: List[Dict], results: List[Dict], config: StudyConfig, meta: Dict) -> None:
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
@@ -746,7 +758,7 @@ def write_outputs(rows: List[Dict], results: List[Dict], config: StudyConfig, me
         f'{config.dim} wide with {config.heads} heads, peak learning rate {config.lr:g}, weight decay '
         f'{config.weight_decay:g} (position encodings {"included" if config.decay_position else "exempt"}), '
         f'on {meta["train_images"]} images for {config.epochs} epochs ({meta["iterations"]} iterations) on '
-        f'{config.device}; tested on the whole images resized ({config.test_resample}). '
+        f'{trained_on(results)}; tested on the whole images resized ({config.test_resample}). '
         + (f'"canvas": the {config.image_size} px image centred on a blank canvas. ' if config.canvas_sizes else '')
         + f'The paper column is DeiT-tiny\'s '
         f'ImageNet top-1 at 224 from the CPVT paper\'s ablations (—: not in its tables here). Parameters: '
@@ -784,7 +796,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
                 iterations=results[0]['iterations'], batch_size=config.batch_size, lr=config.lr,
                 weight_decay=config.weight_decay, drop_path=config.drop_path, crop_scale=config.crop_scale,
                 crop_resample=config.crop_resample, test_resample=config.test_resample,
-                decay_position=config.decay_position, device=config.device, runs=config.runs,
+                decay_position=config.decay_position, device=config.device, trained_on=trained_on(results),
+                runs=config.runs,
                 model=dict(dim=config.dim, depth=config.depth, heads=config.heads, patch=config.patch,
                            head=config.head),
                 params={r['variant']: r['params'] for r in results},

@@ -262,6 +262,7 @@ def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
     for figure in ('placement', 'peg_response', 'probe'):
         assert (out / f'resolution_study_{figure}.png').stat().st_size > 10_000
     assert '±' in (out / 'resolution_study.md').read_text()
+    assert saved['meta']['trained_on'] == 'cpu' and 'iterations) on cpu;' in (out / 'resolution_study.md').read_text()
 
     # A rerun skips every finished run, and a test added later runs on the saved weights of every finished
     # run, without training.
@@ -322,3 +323,10 @@ def test_summary_sorts_the_papers_pairs_into_agreeing_reversed_and_undecided():
     assert summary.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.)
     assert summary.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.)
     assert summary.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9487, abs=1e-4)
+
+
+def test_a_study_over_runs_from_two_devices_says_which_trained_where():
+    runs = [dict(variant='none', seed=0, device='cuda'), dict(variant='peg_0', seed=0, device='cpu'),
+            dict(variant='none', seed=1, device='cuda')]
+    assert study.trained_on(runs) == 'cuda (2 runs: none seed 0, none seed 1) and cpu (1 run: peg_0 seed 0)'
+    assert study.trained_on(runs[:1]) == 'cuda'
