@@ -758,7 +758,7 @@ def write_outputs(rows: List[Dict], results: List[Dict], config: StudyConfig, me
         f'{config.dim} wide with {config.heads} heads, peak learning rate {config.lr:g}, weight decay '
         f'{config.weight_decay:g} (position encodings {"included" if config.decay_position else "exempt"}), '
         f'on {meta["train_images"]} images for {config.epochs} epochs ({meta["iterations"]} iterations) on '
-        f'{trained_on(results)}; tested on the whole images resized ({config.test_resample}). '
+        f'{meta["trained_on"]}; tested on the whole images resized ({config.test_resample}). '
         + (f'"canvas": the {config.image_size} px image centred on a blank canvas. ' if config.canvas_sizes else '')
         + f'The paper column is DeiT-tiny\'s '
         f'ImageNet top-1 at 224 from the CPVT paper\'s ablations (—: not in its tables here). Parameters: '
