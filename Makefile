@@ -1,5 +1,8 @@
-# Everything runs inside .venv/ in the repo root; `make env` creates or reuses it (see tools/setup_env.sh).
-PY := .venv/bin/python
+# Everything runs inside a virtual environment in the repo root that `make env` creates or reuses: .venv/ for the
+# default stack, .venv-$(STACK)/ for the others (STACK=upstream | onedl | core; see tools/setup_env.sh).
+STACK ?= default
+VENV := $(if $(filter default,$(STACK)),.venv,.venv-$(STACK))
+PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # The suite runs on PYTEST_WORKERS pytest-xdist workers (the project's machines have 2 cores; 0 runs it in one
 # process), each torch process on one OpenMP thread so that the workers do not compete for the cores. With
@@ -8,18 +11,24 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup
 
-.PHONY: env test test-quick demo bench clean-env
+.PHONY: env test test-quick test-stacks demo bench clean-env
 
 env:
-	@bash tools/setup_env.sh
+	@STACK=$(STACK) bash tools/setup_env.sh
 
 test: env
-	.venv/bin/ruff check cpvt_backbones tools benchmarks tests
+	$(VENV)/bin/ruff check cpvt_backbones tools benchmarks tests
 	$(PYTEST) --durations=20 $(PYTEST_ARGS) tests
 
 test-quick: env
-	.venv/bin/ruff check cpvt_backbones tools benchmarks tests
+	$(VENV)/bin/ruff check cpvt_backbones tools benchmarks tests
 	$(PYTEST) -m "not heavy" $(PYTEST_ARGS) tests
+
+# The whole suite on the two other full stacks (each builds its mmcv once, then reuses the cached wheel);
+# docs/compatibility.md has their results.
+test-stacks:
+	$(MAKE) test STACK=upstream
+	$(MAKE) test STACK=onedl
 
 demo: env
 	$(PY) tools/demo.py
@@ -40,4 +49,4 @@ bench: env
 	$(PY) -m benchmarks.openvino_shapes --json benchmarks/results/openvino_shapes_pcpvt_small.json
 
 clean-env:
-	rm -rf .venv
+	rm -rf $(VENV)

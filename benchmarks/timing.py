@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode
 
+from cpvt_backbones.compat import require
 from cpvt_backbones.deploy.fused import cpu_flags
 
 CASES = {
@@ -36,6 +37,8 @@ def flop_counter() -> FlopCounterMode:
     in-place ``addmm_`` (the optimized model's MKL residual GEMMs) and oneDNN's fused linear layers."""
     global _FLOP_FORMULAS_REGISTERED
     if not _FLOP_FORMULAS_REGISTERED:
+        require('flop_formulas', 'counting FLOPs (the breakdown and the FLOP columns)')
+        from torch.utils.flop_counter import register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
         aten = torch.ops.aten
         formulas = {
             aten._scaled_dot_product_flash_attention_for_cpu:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from torch_features import needs_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = {'name', 'shape', 'mode', 'ours_s', 'plain_s', 'mmseg_s', 'timm_s', 'onnxruntime_s', 'plain_bf16_s',
@@ -78,6 +79,7 @@ def test_scaling_without_peers(tmp_path):
     assert 0 < rows[0]['attention_share'] < 1 and (tmp_path / 's.png').stat().st_size > 0
 
 
+@needs_torch('flop_formulas')
 def test_breakdown_accounts_for_all_time_and_flops(tmp_path):
     result, stdout = bench(tmp_path, 'pcpvt_tiny', '--breakdown', '--cases', 'infer224', 'train512')
     for row in result['breakdown']:
@@ -115,6 +117,7 @@ def test_onnxruntime_runs_our_export_and_agrees(tmp_path):
 
 
 @pytest.mark.heavy
+@needs_torch('export')
 def test_end_to_end_times_whole_models_on_every_engine(tmp_path):
     """--end-to-end: Semantic FPN with pcpvt_small in tensor mode, torch eager against our optimized backbone and
     OpenVINO on the same weights; the engines' build times and first calls are reported."""
@@ -129,6 +132,7 @@ def test_end_to_end_times_whole_models_on_every_engine(tmp_path):
     assert '| semantic_fpn | 1x3x224x224 |' in stdout
 
 
+@needs_torch('export')
 def test_openvino_by_hand_converts_our_plain_model_at_any_size():
     """The benchmark's 'OpenVINO by hand' (openvino.convert_model and compile_model at the plugin's defaults, no
     code of ours) gives our plain model's maps at sizes other than its example's: bf16 where the CPU has it."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 pytest.importorskip('mmpretrain')
-from mmengine.config import Config  # noqa: E402
+from cpvt_backbones.adapters.runner import read_config  # noqa: E402
 from mmengine.registry import DefaultScope  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
@@ -28,7 +28,7 @@ def crops(tmp_path_factory):
 
 
 def shapes_cfg(name, data_root, work_dir, iters):
-    cfg = Config.fromfile(str(ROOT / 'configs/shapes' / name))
+    cfg = read_config(str(ROOT / 'configs/shapes' / name))
     for loader in (cfg.train_dataloader, cfg.val_dataloader):
         loader.dataset.data_root = str(data_root)
     cfg.test_dataloader = cfg.val_dataloader

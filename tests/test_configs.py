@@ -7,7 +7,7 @@ import torch
 
 for _framework in ('mmengine', 'mmdet', 'mmseg'):
     pytest.importorskip(_framework)
-from mmengine.config import Config  # noqa: E402
+from cpvt_backbones.adapters.runner import read_config  # noqa: E402
 from mmengine.registry import DefaultScope  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,14 +23,14 @@ EXPECTED_PARAMS = {
 
 
 def build(cfg):
-    """Build the model as the Runner would (scope set, custom_imports done by Config.fromfile)."""
+    """Build the model as the Runner would (scope set, custom_imports done by read_config)."""
     registry = importlib.import_module(f'{cfg.default_scope}.registry').MODELS
     with DefaultScope.overwrite_default_scope(cfg.default_scope):
         return registry.build(cfg.model)
 
 
 def load(path):
-    cfg = Config.fromfile(str(path))
+    cfg = read_config(str(path))
     cfg.model.backbone.init_cfg = None  # the tests fetch nothing (tests/test_hub.py serves weights locally)
     return cfg
 
@@ -115,7 +115,7 @@ OPT_INS = ['cpvt_backbones.adapters.checkpoint', 'cpvt_backbones.adapters.hooks'
 
 @pytest.mark.parametrize('path', [p for p in DENSE if 'shapes' not in str(p)], ids=lambda p: p.name)
 def test_paper_configs_follow_the_recipe(path):
-    cfg = Config.fromfile(str(path))
+    cfg = read_config(str(path))
     assert cfg.custom_imports.imports == [f'cpvt_backbones.adapters.{cfg.default_scope}', *OPT_INS]
     assert cfg.custom_hooks == [dict(type='RNGStateHook')]
     init = cfg.model.backbone.init_cfg

@@ -1,4 +1,5 @@
 """Weight files and layout converters: strict, safe, and clear about what does not fit."""
+import os
 import pickle
 
 import pytest
@@ -100,16 +101,38 @@ def test_safetensors(tmp_path, small_sd):
 
 
 class _Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
     def __reduce__(self):
-        return (print, ('this must never run',))
+        return (os.system, (f'touch {self.marker}',))
 
 
-def test_code_running_pickle_is_refused(tmp_path, capsys):
-    path = tmp_path / 'evil.pth'
-    torch.save({'state_dict': {'x': torch.zeros(1)}, 'payload': _Exploit()}, path)
-    with pytest.raises(ValueError, match='weights_only=True'):
+@pytest.fixture(params=['torch weights_only', 'restricted unpickler'])
+def safe_loader(request, monkeypatch):
+    """Both ways ``safe_load`` works: torch's weights-only loader (torch >= 2.5) and the restricted unpickler that
+    older torch uses, forced here on any torch."""
+    from cpvt_backbones.convert import io
+    if request.param == 'restricted unpickler':
+        monkeypatch.setattr(io, 'supports', lambda feature: False)
+    elif not io.supports('safe_globals'):
+        pytest.skip(f'torch {torch.__version__} has no torch.serialization.safe_globals (torch >= 2.5)')
+    return request.param
+
+
+def test_code_running_pickle_is_refused(tmp_path, safe_loader, small_sd):
+    from cpvt_backbones.convert import safe_load
+    path, marker = tmp_path / 'evil.pth', tmp_path / 'ran'
+    torch.save({'state_dict': {'x': torch.zeros(1)}, 'payload': _Exploit(marker)}, path)
+    with pytest.raises(ValueError, match='weights_only=True.*posix.system'):
         load_weights_file(path)
-    assert 'this must never run' not in capsys.readouterr().out
+    with pytest.raises(pickle.UnpicklingError, match='posix.system'):
+        safe_load(path)
+    assert not marker.exists()
+    torch.save({'model': small_sd, 'meta': {'epoch': 3, 'note': b'bytes', 'dtype': torch.float16}}, path)
+    loaded = safe_load(path)
+    assert loaded['meta'] == {'epoch': 3, 'note': b'bytes', 'dtype': torch.float16}
+    assert all(torch.equal(small_sd[k], v) for k, v in load_weights_file(path).items())
 
 
 @pytest.mark.parametrize('damage', ['truncate', 'garbage'])

@@ -5,11 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import cpvt_backbones
 
 PKG = Path(cpvt_backbones.__file__).parent
 FORBIDDEN = ('mmcv', 'mmengine', 'mmdet', 'mmseg', 'mmpretrain')
-CORE = [PKG / '__init__.py'] + [p for sub in ('layers', 'models', 'convert', 'deploy')
+CORE = [PKG / '__init__.py', PKG / 'compat.py'] + [p for sub in ('layers', 'models', 'convert', 'deploy')
                                 for p in (PKG / sub).rglob('*.py')]
 
 
@@ -19,6 +21,11 @@ def _imported_roots(path: Path):
             yield from (a.name.split('.')[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.module.split('.')[0]
+
+
+def _require_openmmlab():
+    for name in ('mmengine', 'mmdet', 'mmseg', 'mmpretrain'):
+        pytest.importorskip(name)
 
 
 def test_core_sources_import_no_openmmlab():
@@ -52,19 +59,23 @@ def test_adapters_are_outside_the_core():
 
 
 def test_importing_an_adapter_only_registers_the_backbones():
-    """Nothing but the registries' new entries changes: file backends, torch's safe globals, pickling rules,
-    hooks and every other registry are as they were. The checkpoint and hook opt-ins do change them."""
+    """Nothing but the registries' new entries changes: file backends, the safe loader's allowed globals, mmengine's
+    checkpoint loaders, pickling rules, hooks and every other registry are as they were. The checkpoint and hook
+    opt-ins do change them (torch's own allow-list never)."""
+    _require_openmmlab()
     code = '''
 import copyreg, importlib, sys
 import torch
 from mmengine.fileio.backends import registry_utils
 from mmengine.registry import HOOKS, MODELS
+from mmengine.runner.checkpoint import CheckpointLoader
+from cpvt_backbones.convert import io
 framework = sys.argv[1]
 importlib.import_module(framework + '.registry')
 def state():
     return (dict(registry_utils.backends), dict(registry_utils.prefix_to_backends),
-            list(torch.serialization.get_safe_globals()), dict(copyreg.dispatch_table), sorted(HOOKS.module_dict),
-            sorted(MODELS.module_dict))
+            list(io._ALLOWED), dict(copyreg.dispatch_table), sorted(HOOKS.module_dict), sorted(MODELS.module_dict),
+            dict(CheckpointLoader._schemes), list(getattr(torch.serialization, 'get_safe_globals', list)()))
 before = state()
 registry = importlib.import_module(framework + '.registry').MODELS
 known = set(registry.module_dict)
@@ -74,6 +85,8 @@ assert set(registry.module_dict) - known == {'PyramidCPVT', 'CPVT'}, set(registr
 import cpvt_backbones.adapters.checkpoint, cpvt_backbones.adapters.hooks
 after = state()
 assert after[0]['local'] is not before[0]['local'] and len(after[2]) > len(before[2]) and after[4] != before[4]
+assert after[6][''] is cpvt_backbones.adapters.checkpoint.load_from_local
+assert after[7] == before[7], "torch's own allow-list is left alone"
 assert 'RNGStateHook' in after[4]
 '''
     for framework in ('mmdet', 'mmseg', 'mmpretrain'):
@@ -85,6 +98,7 @@ def test_importing_any_module_changes_no_process_state():
     benchmark module and every tool imports without touching the process: sys.path, the umask (read from
     /proc, which does not change it), torch's FLOP-formula registry, warning filters, torch's defaults and RNG.
     The third-party libraries are imported first, so that only our own modules are judged."""
+    _require_openmmlab()
     root = PKG.parent
     code = f'''
 import importlib, pkgutil, sys, warnings

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 pytest.importorskip('mmpretrain')
-from mmengine.config import Config  # noqa: E402
+from cpvt_backbones.adapters.runner import read_config  # noqa: E402
 from mmengine.optim import OptimWrapper, build_optim_wrapper  # noqa: E402
 from mmengine.registry import PARAM_SCHEDULERS, DefaultScope  # noqa: E402
 from mmpretrain.registry import DATA_SAMPLERS, MODELS, TRANSFORMS  # noqa: E402
@@ -46,7 +46,7 @@ EPOCHS, WARMUP = 300, 5
 
 @lru_cache(maxsize=None)
 def _load(name):
-    return Config.fromfile(str(CONFIG_DIR / f'{name}.py'))
+    return read_config(str(CONFIG_DIR / f'{name}.py'))
 
 
 def load(name):

@@ -9,7 +9,10 @@ import torch
 
 from cpvt_backbones import CPVT, PyramidCPVT
 from cpvt_backbones.layers import ENCODINGS
-from shapes_models import shapes_model
+from torch_features import skip_module_without
+
+skip_module_without('export')
+from shapes_models import shapes_model  # noqa: E402
 
 ov_engine = pytest.importorskip('cpvt_backbones.deploy.openvino')
 if not ov_engine.available():

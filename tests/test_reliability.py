@@ -146,6 +146,7 @@ def test_checkpoint_write_is_all_or_nothing(tmp_path, monkeypatch):
     from mmengine.runner import save_checkpoint
 
     from cpvt_backbones.adapters import checkpoint as ckpt_module
+    from cpvt_backbones.convert import safe_load
 
     path = tmp_path / 'iter_3.pth'
     save_checkpoint({'state_dict': {'w': torch.ones(3)}}, str(path))
@@ -164,5 +165,44 @@ def test_checkpoint_write_is_all_or_nothing(tmp_path, monkeypatch):
     assert path.read_bytes() == good
     assert sorted(p.name for p in tmp_path.iterdir()) == ['iter_3.pth']  # no partial file left behind
     monkeypatch.undo()
-    loaded = torch.load(path, weights_only=True)
+    loaded = safe_load(path)
     assert torch.equal(loaded['state_dict']['w'], torch.ones(3))
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f'touch {self.marker}',))
+
+
+def test_mmengine_refuses_a_checkpoint_that_runs_code_on_every_stack(tmp_path):
+    """With the checkpoint opt-in, mmengine's own loading (what --resume, load_from and tools/test.py use) refuses
+    a pickle that would run code, whatever this torch's and this mmengine's defaults (the OneDL fork retries
+    with weights_only=False; mmengine 0.10.7 on torch < 2.6 loads anything), and loads a checkpoint with
+    mmengine's log buffers and numpy scalars."""
+    pytest.importorskip('mmengine')
+    import pickle
+
+    import numpy as np
+    from mmengine.logging import HistoryBuffer
+    from mmengine.runner import CheckpointLoader, load_checkpoint, save_checkpoint
+
+    import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the opt-in)
+
+    marker, evil = tmp_path / 'ran', tmp_path / 'evil.pth'
+    net = torch.nn.Linear(2, 2)
+    torch.save({'state_dict': net.state_dict(), 'meta': _RunsCode(marker)}, evil)
+    for load in (lambda: load_checkpoint(net, str(evil)), lambda: CheckpointLoader.load_checkpoint(str(evil))):
+        with pytest.raises(pickle.UnpicklingError, match='posix.system'):
+            load()
+    assert not marker.exists()
+    good = tmp_path / 'good.pth'
+    buffer = HistoryBuffer()
+    buffer.update(0.5)
+    save_checkpoint({'state_dict': net.state_dict(), 'message_hub': {'loss': buffer, 'lr': np.float64(1e-3)}},
+                    str(good))
+    loaded = CheckpointLoader.load_checkpoint(str(good))
+    assert loaded['message_hub']['lr'] == 1e-3 and loaded['message_hub']['loss'].current() == 0.5
+    load_checkpoint(net, str(good))

@@ -16,6 +16,7 @@ from PIL import Image
 for _framework in ('mmengine', 'mmdet', 'mmseg'):
     pytest.importorskip(_framework)
 from cpvt_backbones.datasets import ShapesSpec, generate_shapes  # noqa: E402
+from torch_features import needs_torch  # noqa: E402
 
 pytestmark = pytest.mark.heavy
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,10 +112,10 @@ def test_two_processes_on_cpu(workdir):
 
 
 def load_checkpoint(path):
-    """torch.load with its default weights_only=True (the checkpoint opt-in registers mmengine's log classes)."""
-    import torch
+    """The package's safe loader (the checkpoint opt-in allows mmengine's log classes)."""
     import cpvt_backbones.adapters.checkpoint  # noqa: F401  (mmengine's log buffers load safely)
-    return torch.load(path, map_location='cpu')
+    from cpvt_backbones.convert import safe_load
+    return safe_load(path)
 
 
 def final_weights(path):
@@ -253,6 +254,7 @@ def test_infer_on_a_folder_at_any_resolution(cfg, package, workdir, trained):
     assert all(line.startswith('[infer] 1x1.png: not drawn (') for line in not_drawn), not_drawn
 
 
+@needs_torch('int8_kernel')
 @on_one_worker(SEG)
 def test_static_int8_is_calibrated_once_and_reused(workdir, trained, tmp_path):
     """tools/test.py --precision int8 --calibrate: activation ranges of every linear layer of the backbone from
@@ -282,6 +284,7 @@ def test_static_int8_is_calibrated_once_and_reused(workdir, trained, tmp_path):
     assert res.returncode != 0 and '--calibrate and --keep-fp32 configure int8' in res.stderr
 
 
+@needs_torch('export')
 @pytest.mark.parametrize('cfg, package', SHARED_CHECKPOINT)
 def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, workdir, trained, tmp_path):
     """tools/test.py --engine openvino: the config's test loop with backbone, neck and head on OpenVINO gives

@@ -15,6 +15,7 @@ from mmengine.optim import build_optim_wrapper  # noqa: E402
 from mmengine.registry import DefaultScope  # noqa: E402
 
 from cpvt_backbones import create_model  # noqa: E402
+from cpvt_backbones.adapters.runner import read_config  # noqa: E402
 from cpvt_backbones.layers.position import ENCODINGS, state_dict_roots  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,12 +28,12 @@ EXEMPTING = [p for p in CONFIGS if p.name not in DECAY_ALL]
 # Both families at tiny sizes; the columnar one with its class token.
 SMALL = {'pcpvt_tiny': dict(depths=(2, 1, 1, 1)), 'cpvt_tiny': dict(depth=3)}
 # The weight-decay exemptions the configs share (their optim_wrapper's custom_keys include them).
-SHARED = Config.fromfile(str(ROOT / 'configs/_base_/position_no_decay.py')).position_no_decay
+SHARED = read_config(str(ROOT / 'configs/_base_/position_no_decay.py')).position_no_decay
 
 
 @lru_cache(maxsize=None)
 def load(path: Path) -> Config:
-    return Config.fromfile(str(path))
+    return read_config(str(path))
 
 
 @lru_cache(maxsize=None)

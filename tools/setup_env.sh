@@ -1,39 +1,61 @@
 #!/usr/bin/env bash
-# Create or reuse .venv/ and install the whole stack, idempotently.
+# Create or reuse a virtual environment with one of the supported stacks, idempotently.
 #
-# Why a script and not a requirements file: mmcv 2.1.0 has no wheel for torch 2.14, so it is built from the
-# PyPI sdist with ops (20-25 min on 2 cores) and the wheel is cached outside the clone, keyed by torch and
-# Python version (pip's own wheel cache ignores the torch version). A stamp makes a second run take seconds.
+#   STACK=default  (.venv)          torch 2.14.1, mmcv 2.1.0 built from source, mmengine 0.10.7, mmdet 3.3.0,
+#                                   mmsegmentation 1.2.2, mmpretrain 1.2.0, OpenVINO + NNCF
+#   STACK=upstream (.venv-upstream) torch 2.1.2, numpy < 2, mmcv 2.1.0 built from source (OpenMMLab's own
+#                                   wheels are CUDA builds for download.openmmlab.com, not on PyPI), the same
+#                                   mmengine/mmdet/mmseg/mmpretrain; no OpenVINO (its conversion needs torch >= 2.6)
+#   STACK=onedl    (.venv-onedl)    torch 2.15.0, the OneDL forks' newest releases (onedl-mmcv built from its sdist)
+#   STACK=core     (.venv-core)     torch 2.1.2, numpy < 2 and the test tools, no OpenMMLab: the core on the
+#                                   oldest supported torch
+#
+# Why a script and not a requirements file: mmcv has no wheel on PyPI for these torch builds, so it is built from
+# the sdist with ops (20-25 min on 2 cores) and the wheel is cached outside the clone, keyed by package, torch and
+# Python version (pip's own wheel cache ignores the torch version). Every install of a stack passes that stack's
+# own constraints (torch, torchvision, numpy), which replace any machine-wide pip constraint, so that nothing
+# moves the stack's torch. A stamp makes a second run take seconds.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv"
+STACK="${STACK:-default}"
 PYTHON_BIN="${PYTHON:-python3.11}"
-TORCH_VERSION=2.14.1
-TORCHVISION_VERSION=0.29.1
-MMCV_VERSION=2.1.0
-STACK=(
-  "mmengine==0.10.7" "mmdet==3.3.0" "mmsegmentation==1.2.2" "mmpretrain==1.2.0"
-  "ftfy" "regex" "timm" "pycocotools" "pytest" "pytest-xdist" "hypothesis" "ruff" "safetensors" "onnx" "onnxruntime"
-  "onnxscript" "matplotlib"
-)
+TOOLS=("pytest" "pytest-xdist" "hypothesis" "ruff" "timm" "safetensors" "onnx" "onnxruntime" "onnxscript" "matplotlib")
+OPENMMLAB=("mmengine==0.10.7" "mmdet==3.3.0" "mmsegmentation==1.2.2" "mmpretrain==1.2.0")
+ONEDL=("onedl-mmengine==0.10.12" "onedl-mmdetection==3.5.1" "onedl-mmsegmentation==1.4.2" "onedl-mmpretrain==1.3.6")
+MMCV=(mmcv 2.1.0)
+OPENVINO=1
+CHECK="import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, openvino, nncf, cpvt_backbones"
+case "$STACK" in
+  default)  VENV="$ROOT/.venv"; PINS=("torch==2.14.1" "torchvision==0.29.1" "numpy<2.5"); STACK_PKGS=("${OPENMMLAB[@]}") ;;
+  upstream) VENV="$ROOT/.venv-upstream"; PINS=("torch==2.1.2" "torchvision==0.16.2" "numpy<2"); STACK_PKGS=("${OPENMMLAB[@]}")
+            OPENVINO=0; CHECK="import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, cpvt_backbones" ;;
+  onedl)    VENV="$ROOT/.venv-onedl"; PINS=("torch==2.15.0" "torchvision==0.29.2" "numpy<2.5"); STACK_PKGS=("${ONEDL[@]}")
+            MMCV=(onedl-mmcv 2.3.6) ;;
+  core)     VENV="$ROOT/.venv-core"; PINS=("torch==2.1.2" "torchvision==0.16.2" "numpy<2"); STACK_PKGS=(); MMCV=()
+            OPENVINO=0; CHECK="import torch, timm, cpvt_backbones" ;;
+  *) echo "[env] unknown STACK=$STACK (default, upstream, onedl or core)" >&2; exit 2 ;;
+esac
 CACHE="${CPVT_CACHE_DIR:-$HOME/.cache/cpvt_backbones}"
 
 say() { printf '[env] %s\n' "$*"; }
 
 stamp_of() {
-  # Everything that decides the environment's content: this script and the package metadata.
-  cat "$ROOT/tools/setup_env.sh" "$ROOT/pyproject.toml" 2>/dev/null | sha256sum | cut -d' ' -f1
+  # Everything that decides the environment's content: this script, the stack and the package metadata.
+  { echo "$STACK"; cat "$ROOT/tools/setup_env.sh" "$ROOT/pyproject.toml" 2>/dev/null; } | sha256sum | cut -d' ' -f1
 }
 
 if [ ! -x "$VENV/bin/python" ]; then
   command -v "$PYTHON_BIN" >/dev/null || PYTHON_BIN=python3
-  say "creating $VENV with $($PYTHON_BIN --version)"
+  say "creating $VENV with $($PYTHON_BIN --version) for STACK=$STACK"
   "$PYTHON_BIN" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-PIP=("$PY" -m pip --disable-pip-version-check)
-
+CONSTRAINTS="$VENV/cpvt_constraints.txt"
+printf '%s\n' "${PINS[@]}" > "$CONSTRAINTS"
+# PIP_CONSTRAINT replaces a machine-wide constraint file (pip's `constraint` setting) with the stack's own.
+PIP=(env PIP_CONSTRAINT="$CONSTRAINTS" "$PY" -m pip --disable-pip-version-check)
+INSTALL=("${PIP[@]}" install)
 # Fashion-MNIST, the resolution studies' images, from Debian's package (needs root and apt-get; without them the
 # studies say how to get it).
 if [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
@@ -44,65 +66,65 @@ if [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null &
 fi
 
 STAMP="$VENV/.cpvt_env_stamp"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(stamp_of)" ] \
-   && "$PY" -c "import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, openvino, nncf, cpvt_backbones" 2>/dev/null; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(stamp_of)" ] && "$PY" -c "$CHECK" 2>/dev/null; then
   say "up to date ($VENV)"
   exit 0
 fi
 
-installed() {  # installed NAME VERSION -> 0 if exactly that version is installed
-  "$PY" - "$1" "$2" <<'EOF' 2>/dev/null
-import sys
-from importlib.metadata import version
-sys.exit(0 if version(sys.argv[1]).split('+')[0] == sys.argv[2] else 1)
-EOF
-}
-
-# torch 2.14 declares setuptools>=77, which has no pkg_resources; mmcv's setup.py and mmengine's `mmdet::`
+# torch >= 2.14 declares setuptools>=77, which has no pkg_resources; mmcv's setup.py and mmengine's `mmdet::`
 # config bases need it. Only torch.utils.cpp_extension uses setuptools at run time, so we pin it back down
 # after every install that may have raised it (pip then only warns).
-pin_setuptools() { "${PIP[@]}" install -q "setuptools<70" 2>&1 | grep -v "incompatible\|dependency conflicts\|dependency resolver" || true; }
+pin_setuptools() { "${INSTALL[@]}" -q "setuptools<70" 2>&1 | grep -v "incompatible\|dependency conflicts\|dependency resolver" || true; }
 
 say "build tools"
-"${PIP[@]}" install -q wheel ninja psutil packaging "numpy<2.5"
+"${INSTALL[@]}" -q wheel ninja psutil packaging numpy
 
-if installed torch "$TORCH_VERSION" && installed torchvision "$TORCHVISION_VERSION"; then
-  say "torch $TORCH_VERSION + torchvision $TORCHVISION_VERSION present"
-else
-  say "installing torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION"
-  "${PIP[@]}" install "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
-fi
+say "installing ${PINS[*]}"
+"${INSTALL[@]}" -q "${PINS[@]}"
 pin_setuptools
 
 PYTAG="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
 TORCHTAG="$("$PY" -c 'import torch; print(torch.__version__.replace("+", "_"))')"
-WHEEL_DIR="$CACHE/mmcv-$MMCV_VERSION-torch$TORCHTAG-$PYTAG"
-
-if ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
-  say "building mmcv $MMCV_VERSION with ops for torch $TORCHTAG / $PYTAG (20-25 min on 2 cores, cached in $WHEEL_DIR)"
-  BUILD="$(mktemp -d)"
-  trap 'rm -rf "$BUILD"' EXIT
-  "${PIP[@]}" download -q --no-deps --no-binary :all: "mmcv==$MMCV_VERSION" -d "$BUILD"
-  tar -xzf "$BUILD"/mmcv-"$MMCV_VERSION".tar.gz -C "$BUILD"
-  # torch >= 2.14 headers need C++20; mmcv's setup.py hard-codes C++17.
-  sed -i 's/-std=c++17/-std=c++20/g' "$BUILD/mmcv-$MMCV_VERSION/setup.py"
-  (cd "$BUILD/mmcv-$MMCV_VERSION" && MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}" \
-    "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$BUILD/wheel" .)
-  mkdir -p "$WHEEL_DIR"
-  cp "$BUILD"/wheel/mmcv-*.whl "$WHEEL_DIR/"
+WHEELS=()
+if [ "${#MMCV[@]}" -gt 0 ]; then
+  DIST="${MMCV[0]}"; VERSION="${MMCV[1]}"
+  WHEEL_DIR="$CACHE/$DIST-$VERSION-torch$TORCHTAG-$PYTAG"
+  if ! ls "$WHEEL_DIR"/*.whl >/dev/null 2>&1; then
+    say "building $DIST $VERSION with ops for torch $TORCHTAG / $PYTAG (20-25 min on 2 cores, cached in $WHEEL_DIR)"
+    BUILD="$(mktemp -d)"
+    trap 'rm -rf "$BUILD"' EXIT
+    "${PIP[@]}" download -q --no-deps --no-binary :all: "$DIST==$VERSION" -d "$BUILD"
+    tar -xzf "$BUILD"/*.tar.gz -C "$BUILD"
+    SRC="$(find "$BUILD" -mindepth 1 -maxdepth 1 -type d | head -n 1)"
+    # torch >= 2.10 headers need C++20; mmcv's setup.py hard-codes C++17 (which torch 2.1 builds with).
+    if "$PY" -c 'import sys, torch; sys.exit(tuple(map(int, torch.__version__.split(".")[:2])) < (2, 10))'; then
+      sed -i 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
+    fi
+    (cd "$SRC" && MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}" \
+      "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$BUILD/wheel" .)
+    mkdir -p "$WHEEL_DIR"
+    cp "$BUILD"/wheel/*.whl "$WHEEL_DIR/"
+  fi
+  WHEELS=("$(ls "$WHEEL_DIR"/*.whl | head -n 1)")
 fi
-MMCV_WHEEL="$(ls "$WHEEL_DIR"/mmcv-*.whl | head -n 1)"
 
-say "installing mmcv (cached wheel), the OpenMMLab stack and test tools"
-"${PIP[@]}" install -q "$MMCV_WHEEL" "${STACK[@]}" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+say "installing ${WHEELS[*]:-no mmcv} ${STACK_PKGS[*]:-} and the test tools"
+"${INSTALL[@]}" -q "${WHEELS[@]}" "${STACK_PKGS[@]}" ftfy regex pycocotools "${TOOLS[@]}" "${PINS[@]}"
 pin_setuptools
 
-say "installing cpvt_backbones (editable) with its OpenVINO extra (openvino, nncf)"
-"${PIP[@]}" install -q --no-build-isolation -e "$ROOT[openvino]"
+EXTRA=""
+[ "$OPENVINO" = 1 ] && EXTRA="[openvino]"
+say "installing cpvt_backbones (editable)${EXTRA:+ with its OpenVINO extra (openvino, nncf)}"
+"${INSTALL[@]}" -q --no-build-isolation -e "$ROOT$EXTRA"
 pin_setuptools
 
-"$PY" -c "import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, cpvt_backbones; \
-print('[env] torch', torch.__version__, '| mmcv', mmcv.__version__, '| mmdet', mmdet.__version__, \
-'| mmseg', mmseg.__version__, '| mmpretrain', mmpretrain.__version__, '| timm', timm.__version__)"
+"$PY" -c "$CHECK" && "$PY" -c "import importlib, torch
+versions = ['torch ' + torch.__version__]
+for name in ('mmcv', 'mmengine', 'mmdet', 'mmseg', 'mmpretrain', 'timm', 'openvino', 'numpy'):
+    try:
+        versions.append(name + ' ' + importlib.import_module(name).__version__)
+    except ImportError:
+        pass
+print('[env]', ' | '.join(versions))"
 stamp_of > "$STAMP"
 say "ready: $VENV"

@@ -1,17 +1,22 @@
 """``RNGStateHook``: resume with the random state an uninterrupted run would have had. ``InferenceEngineHook``:
 test with the model on an inference engine.
 
-mmengine's resume restores weights, optimizer, schedulers and the data position (the loop replays the
-dataloader up to the resumed iteration, so the pipeline redraws its numpy/random numbers exactly), but not
-torch's global generator, which stochastic depth and dropout draw from: after a resume they would draw
-different masks. This hook stores that state in every checkpoint and sets it back just before the first
-iteration after a resume (after the replay, which does not use it); a checkpoint loaded to start another run
-(``load_from``, which begins at iteration 0) leaves the generator alone. Each process restores the state of
-rank 0, the one that wrote the checkpoint; with mmengine's default ``diff_rank_seed=False`` all ranks' states
-are equal anyway.
+mmengine's resume restores weights, optimizer, schedulers and the data position, but not the global random
+generators: torch's, which stochastic depth and dropout draw from, and numpy's and Python's, which the data
+pipeline draws from. How the data position comes back differs: mmengine 0.10.7 replays the dataloader up to
+the resumed iteration (the pipeline redraws its numbers, so numpy and Python end where they were), the OneDL
+fork advances the sampler without loading anything (they do not). This hook stores the three generators'
+states in every checkpoint and sets them back just before the first batch after a resume is drawn (after a
+replay, which it lets pass), so the run continues as an uninterrupted one would on either loop; a checkpoint
+loaded to start another run (``load_from``, which begins at iteration 0) leaves the generators alone. Each
+process restores the state of rank 0, the one that wrote the checkpoint; with mmengine's default
+``diff_rank_seed=False`` all ranks' states are equal anyway. Pipelines in dataloader workers draw from the
+workers' own seeded generators, which this does not touch.
 """
-from typing import Optional, Sequence
+import random
+from typing import Callable, Optional, Sequence
 
+import numpy as np
 import torch
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
@@ -25,7 +30,9 @@ class RNGStateHook(Hook):
         self._pending: Optional[dict] = None
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        state = dict(torch=torch.get_rng_state())
+        name, keys, pos, has_gauss, gauss = np.random.get_state()
+        state = dict(torch=torch.get_rng_state(), numpy=(name, torch.from_numpy(keys.astype(np.int64)), pos,
+                                                          has_gauss, gauss), python=random.getstate())
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             state['cuda'] = torch.cuda.get_rng_state_all()
         checkpoint['rng_state'] = state
@@ -34,14 +41,59 @@ class RNGStateHook(Hook):
         state = checkpoint.get('rng_state')
         self._pending = None if state is None else dict(state, iter=checkpoint.get('meta', {}).get('iter'))
 
-    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+    def before_train(self, runner) -> None:
         if self._pending is None or self._pending['iter'] != runner.iter:
+            self._pending = None
             return
-        torch.set_rng_state(self._pending['torch'])
-        cuda = self._pending.get('cuda')
+        loop = runner.train_loop
+        if hasattr(loop, 'dataloader_iterator'):  # iteration-based: restore as the first new batch is drawn
+            loop.dataloader_iterator = _BeforeFirstBatch(loop.dataloader_iterator, runner.iter,
+                                                         getattr(loop, 'fast_forward_on_resume', False), self._restore)
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        if self._pending is not None and self._pending['iter'] == runner.iter:  # an epoch-based loop
+            self._restore()
+
+    def _restore(self) -> None:
+        state, self._pending = self._pending, None
+        if state is None:
+            return
+        torch.set_rng_state(state['torch'])
+        cuda = state.get('cuda')
         if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
-        self._pending = None
+        if 'numpy' in state:
+            name, keys, pos, has_gauss, gauss = state['numpy']
+            np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+            random.setstate(state['python'])
+
+
+class _BeforeFirstBatch:
+    """A training loop's dataloader iterator that calls ``restore`` just before the first batch after a resume:
+    after the ``resumed_iter`` batches that mmengine 0.10.7 replays, or at once where the loop skips ahead through
+    ``skip_iter`` (the OneDL fork) or not at all (``fast_forward_on_resume``)."""
+
+    def __init__(self, inner, resumed_iter: int, fast_forward: bool, restore: Callable[[], None]):
+        self._inner, self._restore = inner, restore
+        self._replays = 0 if fast_forward or hasattr(inner, 'skip_iter') else resumed_iter
+
+    def skip_iter(self, num_iters: int) -> None:
+        self._replays = 0
+        self._inner.skip_iter(num_iters)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._replays:
+            self._replays -= 1
+        elif self._restore is not None:
+            self._restore()
+            self._restore = None
+        return next(self._inner)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 @HOOKS.register_module()

@@ -17,7 +17,7 @@ from ..utils import atomic_write
 
 __all__ = ['KNOWN_LOG_LINES', 'KNOWN_WARNINGS', 'add_common_args', 'build_runner', 'enable_amp',
            'evaluation_datasets', 'launched', 'load_config', 'our_backbone', 'prepare_launch', 'quiet_known_warnings',
-           'runner_checkpoint']
+           'read_config', 'runner_checkpoint']
 
 # Warnings mmengine, mmdet and mmseg print each time they build a model, a Runner or an inferencer, none about
 # anything our tools or configs could change.
@@ -56,9 +56,40 @@ def build_runner(cfg: Config):
     return runner
 
 
+@contextlib.contextmanager
+def _config_packages() -> Iterator[None]:
+    """mmengine finds a ``mmseg::`` (``mmdet::`` ...) base through the distribution its map names for the module
+    (``mmseg`` -> ``mmsegmentation``); the OneDL forks install the same modules from other distributions
+    (``onedl-mmsegmentation``), which that map does not name, so the base "is not installed". While a config
+    loads, each module whose named distribution is absent is mapped to the distribution that provides it here."""
+    from importlib.metadata import PackageNotFoundError, packages_distributions, version
+
+    from mmengine.config import utils
+    saved = dict(utils.MODULE2PACKAGE)
+    provided = packages_distributions()
+    for module, package in saved.items():
+        try:
+            version(package)
+        except PackageNotFoundError:
+            if provided.get(module):
+                utils.MODULE2PACKAGE[module] = provided[module][0]
+    try:
+        yield
+    finally:
+        utils.MODULE2PACKAGE.clear()
+        utils.MODULE2PACKAGE.update(saved)
+
+
+def read_config(path: str) -> Config:
+    """``Config.fromfile(path)`` on every supported mmengine, the OneDL fork's included (``_config_packages``)."""
+    with _config_packages():
+        return Config.fromfile(str(path))
+
+
 def load_config(path: str, cfg_options: Optional[dict] = None, work_dir: Optional[str] = None) -> Config:
-    """Read a config, apply ``--cfg-options`` and choose ``work_dirs/<config name>`` unless given."""
-    cfg = Config.fromfile(path)
+    """Read a config (``read_config``), apply ``--cfg-options`` and choose ``work_dirs/<config name>`` unless
+    given."""
+    cfg = read_config(path)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     if work_dir is not None:

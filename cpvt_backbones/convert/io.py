@@ -1,13 +1,66 @@
-"""Reading weight files safely."""
+"""Reading weight files safely, on every supported torch."""
+import codecs
+import io
 import pickle
+import types
 import zipfile
 from pathlib import Path
-from typing import Dict, Mapping, Union
+from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Mapping, Union
 
 import torch
 
+from ..compat import supports
+
 StateDict = Dict[str, torch.Tensor]
 _WRAPPERS = ('state_dict', 'model', 'module')
+# Globals that safe loading allows beyond torch's own (tensors, containers, numbers): what an opt-in such as
+# cpvt_backbones.adapters.checkpoint registers with allow_globals.
+_ALLOWED: List[Callable] = []
+
+
+def allow_globals(objects: Iterable[Callable]) -> None:
+    """Let ``safe_load`` construct ``objects`` (classes or functions that build data and run no code) from now on,
+    on every torch; the checkpoint opt-in registers mmengine's log buffer and numpy's data types."""
+    _ALLOWED.extend(o for o in objects if o not in _ALLOWED)
+
+
+def safe_load(source: Union[str, Path, BinaryIO], map_location: Any = 'cpu') -> Any:
+    """``torch.load`` that builds only tensors, containers, numbers and the globals of ``allow_globals``: a pickle
+    naming anything else (a function that could run code) raises ``pickle.UnpicklingError`` ("Unsupported
+    global ..."). From torch 2.5 it is ``torch.load(weights_only=True)`` with those globals allowed for this call
+    only; on older torch, whose weights-only loader takes no extra globals, the same rule through an unpickler
+    that resolves only torch's weights-only globals and those."""
+    if supports('safe_globals'):
+        with torch.serialization.safe_globals(list(_ALLOWED)):
+            return torch.load(source, map_location=map_location, weights_only=True)
+    return torch.load(source, map_location=map_location, weights_only=False, pickle_module=_restricted_pickle())
+
+
+def _global_name(obj: Callable) -> str:
+    return f'{obj.__module__}.{obj.__qualname__}'.replace('numpy._core.', 'numpy.core.')
+
+
+def _restricted_pickle() -> types.ModuleType:
+    """A ``pickle_module`` for ``torch.load`` whose unpickler resolves only allowed globals (torch < 2.5)."""
+    from torch._weights_only_unpickler import _get_allowed_globals
+    allowed = {name.replace('numpy._core.', 'numpy.core.'): obj for name, obj in _get_allowed_globals().items()}
+    allowed.update((_global_name(obj), obj) for obj in _ALLOWED)
+    allowed['_codecs.encode'] = codecs.encode  # how protocol 2 pickles bytes (numpy arrays); torch >= 2.5 allows it
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str):
+            key = f'{module}.{name}'.replace('numpy._core.', 'numpy.core.')
+            if key not in allowed:
+                raise pickle.UnpicklingError(f'Weights only load failed. WeightsUnpickler error: Unsupported global: '
+                                             f'GLOBAL {module}.{name} was not an allowed global')
+            return allowed[key]
+
+    module = types.ModuleType('cpvt_backbones_restricted_pickle')
+    module.Unpickler = Unpickler
+    module.load = lambda file, **kwargs: Unpickler(file, **kwargs).load()
+    module.loads = lambda data, **kwargs: Unpickler(io.BytesIO(data), **kwargs).load()
+    module.__version__ = pickle.format_version
+    return module
 
 
 def unwrap_state_dict(obj) -> StateDict:
@@ -31,11 +84,11 @@ def _is_state_dict(obj: Mapping) -> bool:
 
 
 def load_weights_file(path: Union[str, Path]) -> StateDict:
-    """Load a ``.pth``/``.pt``/``.bin`` file with ``torch.load(weights_only=True)`` or a ``.safetensors`` file.
+    """The state dict of a ``.pth``/``.pt``/``.bin`` file (``safe_load``) or of a ``.safetensors`` file.
 
     A pickle that would construct arbitrary objects is refused (the opt-in ``cpvt_backbones.adapters.checkpoint``
-    allows mmengine's log buffers and numpy scalars globally). Truncated or corrupt files raise a ``ValueError``
-    that names the file.
+    allows mmengine's log buffers and numpy scalars). Truncated or corrupt files raise a ``ValueError`` that
+    names the file.
     """
     path = Path(path)
     if not path.is_file():
@@ -48,7 +101,7 @@ def load_weights_file(path: Union[str, Path]) -> StateDict:
         except SafetensorError as e:
             raise ValueError(f'{path} is not a readable safetensors file (truncated or corrupt?): {e}') from e
     try:
-        obj = torch.load(path, map_location='cpu', weights_only=True)
+        obj = safe_load(path)
     except pickle.UnpicklingError as e:
         detail = _unpickler_detail(str(e))
         if 'global' in detail.lower() or 'unsupported class' in detail.lower():
@@ -71,4 +124,6 @@ def _unpickler_detail(message: str) -> str:
         if 'WeightsUnpickler error' in line:
             rest = line.split('WeightsUnpickler error:', 1)[1].strip()
             return rest or (lines[i + 1] if i + 1 < len(lines) else line)
+        if 'unsupported global' in line.lower():  # torch >= 2.6: "Trying to load unsupported GLOBAL posix.system ..."
+            return line
     return lines[0] if lines else message

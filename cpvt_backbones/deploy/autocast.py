@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ..compat import tree_leaves
+
 from .precision import check_precision
 
 _DTYPES = {'bf16': torch.bfloat16}
@@ -52,7 +54,7 @@ class AutocastModule(nn.Module):
     def forward(self, *args, **kwargs):
         if self.precision == 'fp32':
             return self.module(*args, **kwargs)
-        device = next((a.device.type for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)),
+        device = next((a.device.type for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)),
                       'cpu')
         with torch.autocast(device, dtype=_DTYPES[self.precision]):
             out = self.module(*args, **kwargs)

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..compat import FEATURES, autocast_enabled, supports
 from ..layers.block import Block
 from ..layers.layout import symbolic_shapes
 from ..layers.position.base import AttentionPosition
@@ -62,7 +63,7 @@ _LINEAR = onednn_linear()
 def can_fuse(x: torch.Tensor) -> bool:
     """Whether the fused kernels may replace the plain ops for ``x`` (see the module docstring)."""
     return (not torch.is_grad_enabled() and x.device.type == 'cpu' and x.dtype == torch.float32
-            and not torch.is_autocast_enabled('cpu') and not symbolic_shapes())
+            and not autocast_enabled('cpu') and not symbolic_shapes())
 
 
 class Kernel:
@@ -174,7 +175,7 @@ class OneDNNInt8(Kernel):
     precision = 'int8'
 
     def available(self) -> bool:
-        return hasattr(torch.ops.onednn, 'qlinear_pointwise') and torch.backends.mkldnn.is_available()
+        return supports('int8_kernel') and torch.backends.mkldnn.is_available()
 
     def prepare(self, layer):
         if getattr(layer, 'input_range', None) is None:
@@ -242,7 +243,9 @@ def check_kernel(name: str) -> str:
 
 def unavailable_reason(name: str) -> str:
     return {'onednn': 'this torch build has no oneDNN (torch.backends.mkldnn)',
-            'onednn_int8': "this torch build has no oneDNN quantized linear (torch.ops.onednn.qlinear_pointwise)",
+            'onednn_int8': (f"this torch ({torch.__version__}) lacks {FEATURES['int8_kernel'][1]}, which came with "
+                            f"torch {FEATURES['int8_kernel'][0]}" if torch.backends.mkldnn.is_available()
+                            else 'this torch build has no oneDNN'),
             }.get(name, 'unavailable')
 
 

@@ -5,18 +5,34 @@ from typing import Sequence, Tuple
 import torch
 from torch import nn
 
+from ..compat import supports
+from ..utils import atomic_write
+
 OPSET = 18
+OPSET_TORCHSCRIPT = 17  # the newest opset torch 2.1's TorchScript exporter writes
 
 
 def export(model: nn.Module, path: str, names: Sequence[str], size=(224, 224)) -> None:
-    """Write ``path`` with dynamic batch, height and width (torch.export through ``torch.onnx.export``)."""
-    dynamic = torch.export.Dim.DYNAMIC
+    """Write ``path`` with dynamic batch, height and width: through ``torch.export`` (``torch.onnx.export(...,
+    dynamo=True)``, opset 18) where this torch has ``torch.export.Dim.DYNAMIC`` (2.6 and newer), else through
+    the TorchScript exporter with ``dynamic_axes`` (opset 17), which gives the same outputs."""
     x = torch.randn(2, 3, *size)
     with torch.no_grad():
-        program = torch.onnx.export(model, (x,), dynamo=True, opset_version=OPSET, input_names=['image'],
-                                    output_names=list(names), dynamic_shapes=({0: dynamic, 2: dynamic, 3: dynamic},),
-                                    optimize=True, verbose=False)
-    program.save(path)
+        if supports('export'):
+            dynamic = torch.export.Dim.DYNAMIC
+            program = torch.onnx.export(model, (x,), dynamo=True, opset_version=OPSET, input_names=['image'],
+                                        output_names=list(names),
+                                        dynamic_shapes=({0: dynamic, 2: dynamic, 3: dynamic},),
+                                        optimize=True, verbose=False)
+            program.save(path)
+            return
+        outputs = model(x)
+        outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+        axes = {'image': {0: 'batch', 2: 'height', 3: 'width'}}
+        axes.update((name, {d: f'{name}_{d}' for d in range(out.ndim)}) for name, out in zip(names, outputs))
+        atomic_write(path, lambda f: torch.onnx.export(
+            model, (x,), f, opset_version=OPSET_TORCHSCRIPT, input_names=['image'], output_names=list(names),
+            dynamic_axes=axes))
 
 
 def verify(model: nn.Module, path: str, sizes: Sequence[Tuple[int, int]], batch: int = 1) -> float:

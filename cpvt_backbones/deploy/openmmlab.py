@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..compat import set_submodule
 from .autocast import to_autocast
 from .openvino import OpenVINOModule, to_openvino
 
@@ -81,12 +82,12 @@ def exportable(model: nn.Module) -> Iterator[nn.Module]:
                 raise ValueError(f'{name}: upsampling by {factor} cannot be exported with a dynamic size (only '
                                  'integral factors are)')
             swapped.append((name, module))
-            model.set_submodule(name, _ScaleUpsample(int(factor), module.mode, module.align_corners))
+            set_submodule(model, name, _ScaleUpsample(int(factor), module.mode, module.align_corners))
     try:
         yield model
     finally:
         for name, module in swapped:
-            model.set_submodule(name, module)
+            set_submodule(model, name, module)
 
 
 class _EngineOutputs(tuple):

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ..compat import require
 from .precision import PRECISIONS, check_precision
 
 SHAPES = ('dynamic', 'static', 'auto')
@@ -180,6 +181,7 @@ def _require_eval(model: nn.Module) -> None:
 def convert(model: nn.Module, example: torch.Tensor):
     """``model`` (evaluation mode, float32) as an ``openvino.Model`` with dynamic batch, height and width, through
     ``torch.export``, plus the pytree spec of its outputs. Every operation records the module it came from."""
+    require('export', 'converting a model to OpenVINO (deploy.to_openvino)')
     ov = _openvino()
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
     _require_eval(model)

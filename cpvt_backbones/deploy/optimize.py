@@ -19,6 +19,7 @@ from typing import Dict, Iterator, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ..compat import set_submodule
 from ..layers import Block
 from .precision import check_precision
 from .fused import GEMMS, KERNELS, FusedBlock, FusedLinear, check_kernel, fused_gemms, unavailable_reason
@@ -145,11 +146,11 @@ def optimize(model: nn.Module, gemm: str = 'auto', precision: str = 'fp32', keep
                              f'({", ".join(missing[:4])}{" ..." if len(missing) > 4 else ""}); calibrate this '
                              'model with record_input_ranges, or keep those layers in float32 (keep_fp32)')
     for name, block in blocks:
-        model.set_submodule(name, FusedBlock(block))
+        set_submodule(model, name, FusedBlock(block))
     for name, layer in linears:
         kernel = gemm if low is None or name.startswith(keep) else low
         fused = FusedLinear(layer, check_kernel(kernel))
         if kernel == 'onednn_int8':
             fused.input_range = tuple(float(v) for v in input_ranges[name])
-        model.set_submodule(name, fused)
+        set_submodule(model, name, fused)
     return model

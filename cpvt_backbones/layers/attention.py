@@ -55,10 +55,11 @@ class Attention(nn.Module):
                ) -> torch.Tensor:
         """Attention output before the output projection, (B, N, C)."""
         B, N, C = x.shape
-        qk_input = x if pos is None or pos.qk_input is None else pos.qk_input(x, hw)
+        separate_qk = pos is not None and pos.qk_input is not None
+        qk_input = pos.qk_input(x, hw) if separate_qk else x
         q = self.q(qk_input).reshape(B, N, self.num_heads, C // self.num_heads).transpose(1, 2)
         k, v = self._keys_values(x, hw)
-        if qk_input is not x:
+        if separate_qk:
             k = self._keys_values(qk_input, hw)[0]
         bias = None
         if pos is not None:

@@ -10,12 +10,14 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
+from ..compat import is_compiling, is_in_onnx_export
+
 
 
 def symbolic_shapes() -> bool:
     """True while torch.compile, torch.export, ONNX export or TorchScript tracing records the model: then
     shape-dependent Python branches would be baked into (or guard) the recorded graph."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+    return is_compiling() or torch.jit.is_tracing() or is_in_onnx_export()
 
 
 def tokens_to_map(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
@@ -37,7 +39,8 @@ def pad_to_multiple(x: torch.Tensor, multiple: int) -> torch.Tensor:
     every input size instead of one per divisibility case. The pad is a ceiling division (sizes stay
     non-negative, so ONNX's truncating division agrees with Python's flooring one), a form the symbolic-shape
     engine simplifies at once, where a ``%`` form nests one expression per stage and slows every trace."""
-    pad_h, pad_w = ((n + multiple - 1) // multiple * multiple - n for n in x.shape[-2:])
+    h, w = x.shape[-2:]
+    pad_h, pad_w = (h + multiple - 1) // multiple * multiple - h, (w + multiple - 1) // multiple * multiple - w
     if symbolic_shapes() or pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x

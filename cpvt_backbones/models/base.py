@@ -26,7 +26,7 @@ def check_input(x, in_chans: int, check_finite: bool = False) -> None:
                         'convert images with x.float() and normalise them first')
     if x.shape[1] != in_chans:
         raise ValueError(f'expected {in_chans} input channels (B, {in_chans}, H, W), got shape {tuple(x.shape)}')
-    if 0 in x.shape:
+    if min(x.shape) == 0:
         raise ValueError(f'expected a non-empty batch with H, W >= 1, got shape {tuple(x.shape)}')
     if check_finite and not torch.isfinite(x).all():
         bad = (~torch.isfinite(x)).sum().item()

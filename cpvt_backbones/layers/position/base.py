@@ -76,7 +76,7 @@ def merge_attention(parts: Sequence[Optional[AttentionPosition]], names: Sequenc
     """One ``AttentionPosition`` from several encodings' (each field from at most one of them)."""
     fields = {}
     for part, name in zip(parts, names):
-        for field, value in (part or AttentionPosition())._asdict().items():
+        for field, value in zip(AttentionPosition._fields, part or AttentionPosition()):
             if value is None:
                 continue
             if field in fields:
@@ -201,8 +201,10 @@ class Placed:
 
     def at(self, stage: int, block: int) -> Optional[nn.Module]:
         """The module at that place, or None."""
-        place = (stage, block)
-        return self[self.places.index(place)] if place in self.places else None
+        for k, (s, b) in enumerate(self.places):
+            if s == stage and b == block:
+                return self._modules[str(k)]
+        return None
 
     def placed_parts(self, stage: int, blocks: Sequence[int]) -> List[nn.Module]:
         return [self[k] for k, (s, b) in enumerate(self.places) if s == stage and b in blocks]
