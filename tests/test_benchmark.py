@@ -27,6 +27,7 @@ def bench(tmp_path, *args, repeats=1):
 
 
 @pytest.mark.heavy
+@needs_torch('flop_formulas')  # the speed benchmark counts FLOPs
 def test_peers_agree_and_schema(tmp_path):
     pytest.importorskip('mmseg')
     pytest.importorskip('timm')
@@ -43,6 +44,7 @@ def test_peers_agree_and_schema(tmp_path):
     assert '| infer224 |' in stdout
 
 
+@needs_torch('flop_formulas')  # the speed benchmark counts FLOPs
 def test_page_faults_counted_and_freed_memory_retained(tmp_path):
     """By default glibc hands the plain model's large freed activations back to the OS, so every call faults
     fresh pages in (about 14,000 per call for pcpvt_tiny at 2 x 512^2, 55 MiB); with --retain-freed-memory the
@@ -56,6 +58,7 @@ def test_page_faults_counted_and_freed_memory_retained(tmp_path):
     assert row['plain_faults'] > 5_000 and kept['plain_faults'] < row['plain_faults'] / 10
 
 
+@needs_torch('flop_formulas')  # the speed benchmark counts FLOPs
 def test_lower_precisions_are_timed_beside_float32(tmp_path):
     """--precision int8 adds our int8 model (calibrated ranges), inference only, close to the float32 maps;
     --precision bf16 the plain model under autocast (inference and training) where the CPU has native bf16."""
@@ -72,6 +75,7 @@ def test_lower_precisions_are_timed_beside_float32(tmp_path):
         assert infer['plain_bf16_s'] is None and 'bf16 left out: this CPU has no native bf16' in stdout
 
 
+@needs_torch('flop_formulas')  # the speed benchmark counts FLOPs
 def test_scaling_without_peers(tmp_path):
     result, _ = bench(tmp_path, 'pcpvt_tiny', '--scaling', '--sizes', '64', '160', '--plot', tmp_path / 's.png')
     rows = result['scaling']
@@ -118,6 +122,7 @@ def test_onnxruntime_runs_our_export_and_agrees(tmp_path):
 
 @pytest.mark.heavy
 @needs_torch('export')
+@needs_torch('flop_formulas')  # the speed benchmark counts FLOPs
 def test_end_to_end_times_whole_models_on_every_engine(tmp_path):
     """--end-to-end: Semantic FPN with pcpvt_small in tensor mode, torch eager against our optimized backbone and
     OpenVINO on the same weights; the engines' build times and first calls are reported."""

@@ -7,8 +7,10 @@ import torch
 
 for _framework in ('mmengine', 'mmdet', 'mmseg'):
     pytest.importorskip(_framework)
-from cpvt_backbones.adapters.runner import read_config  # noqa: E402
+from mmengine.config import Config  # noqa: E402
 from mmengine.registry import DefaultScope  # noqa: E402
+
+from cpvt_backbones.adapters.runner import read_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DENSE = sorted(p for d in ('retinanet', 'sem_fpn', 'shapes') for p in (ROOT / 'configs' / d).glob('*.py')
@@ -117,7 +119,7 @@ OPT_INS = ['cpvt_backbones.adapters.checkpoint', 'cpvt_backbones.adapters.hooks'
 def test_paper_configs_follow_the_recipe(path):
     cfg = read_config(str(path))
     assert cfg.custom_imports.imports == [f'cpvt_backbones.adapters.{cfg.default_scope}', *OPT_INS]
-    assert cfg.custom_hooks == [dict(type='RNGStateHook')]
+    assert cfg.custom_hooks == [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
     init = cfg.model.backbone.init_cfg
     assert init.type == 'Pretrained' and init.checkpoint == cfg.model.backbone.arch  # the published weights' name
     opt = cfg.optim_wrapper.optimizer
@@ -135,3 +137,13 @@ def test_paper_configs_follow_the_recipe(path):
         assert cfg.train_dataloader.batch_size * 8 == 16 and cfg.train_cfg.max_iters == 80000
         assert cfg.crop_size == (512, 512) and cfg.model.decode_head.num_classes == 150
         assert cfg.param_scheduler[0].type == 'PolyLR' and cfg.param_scheduler[0].eta_min == 0
+
+
+def test_the_docs_first_config_example_opts_in_to_safe_resumable_checkpoints():
+    """The config a user copies first (docs/openmmlab.md) imports the checkpoint and hook opt-ins and adds the RNG
+    hook: without them its checkpoints can never be resumed bitwise, or loaded safely on every stack."""
+    text = (ROOT / 'docs/openmmlab.md').read_text()
+    block = text.split('## OpenMMLab', 1)[1].split('```python', 1)[1].split('```', 1)[0]
+    cfg = Config.fromstring(block, '.py')
+    assert {'cpvt_backbones.adapters.checkpoint', 'cpvt_backbones.adapters.hooks'} <= set(cfg.custom_imports.imports)
+    assert dict(type='RNGStateHook') in cfg.custom_hooks

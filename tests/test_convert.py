@@ -100,6 +100,26 @@ def test_safetensors(tmp_path, small_sd):
     assert torch.equal(dense.state_dict()['pos_block.3.proj.0.bias'], small_sd['pos_block.3.proj.0.bias'])
 
 
+@pytest.mark.parametrize('dtype', [torch.int64, torch.bool, torch.float8_e4m3fn])
+def test_values_of_another_kind_are_refused_by_key(tmp_path, small_sd, dtype):
+    """Integers, booleans or 8-bit floats where the model has a float tensor would be cast into other numbers:
+    refused, naming the keys; 16-bit floats load (as torch's own cast would)."""
+    safetensors = pytest.importorskip('safetensors.torch')
+    path = tmp_path / 'w.safetensors'
+    bad = ['blocks.0.0.attn.q.weight', 'norm.bias']
+    sd = {k: (v.to(dtype) if k in bad else v).contiguous() for k, v in small_sd.items()}
+    safetensors.save_file(sd, str(path))
+    with pytest.raises(CheckpointMismatchError, match=r'values the model cannot take \(2\): '
+                       rf'blocks.0.0.attn.q.weight is {dtype} in the checkpoint, torch.float32 in the model'):
+        create_model('pcpvt_small', pretrained=str(path))
+    report = load_into(create_model('pcpvt_small'), load_weights_file(path), strict=False)
+    assert [k for k, _, _ in report.wrong_dtype] == bad and not report.missing
+    half = {k: v.half() for k, v in small_sd.items()}
+    safetensors.save_file(half, str(path))
+    assert torch.equal(create_model('pcpvt_small', pretrained=str(path)).state_dict()['norm.bias'],
+                       half['norm.bias'].float())
+
+
 class _Exploit:
     def __init__(self, marker):
         self.marker = marker

@@ -104,7 +104,8 @@ def test_importing_any_module_changes_no_process_state():
 import importlib, pkgutil, sys, warnings
 import torch, mmengine, mmdet, mmseg, mmpretrain, timm, matplotlib, numpy
 import mmdet.models, mmseg.models, mmpretrain.models, mmdet.registry, mmseg.registry, mmpretrain.registry
-from torch.utils.flop_counter import flop_registry
+from torch.utils import flop_counter
+flop_registry = getattr(flop_counter, 'flop_registry', {{}})  # torch >= 2.2
 sys.path[:0] = [{str(root)!r}, {str(root / 'tools')!r}]
 def umask():
     return open('/proc/self/status').read().split('Umask:')[1].split()[0]

@@ -130,10 +130,11 @@ def test_peg_after_is_the_order_the_network_runs(name, positions):
 
 @pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
 def test_strides_and_channels_describe_the_returned_maps(name):
-    for out_indices in ((0, 1, 2, 3), (1, 3)):
+    for out_indices in ((0, 1, 2, 3), (1, 3), 3):
         model = create_model(name, features_only=True, out_indices=out_indices)
         outs = model(torch.randn(1, 3, 70, 45))
-        assert model.out_indices == out_indices and len(model.strides) == len(model.out_channels) == len(outs)
+        assert model.out_indices == ((out_indices,) if isinstance(out_indices, int) else out_indices)
+        assert len(model.strides) == len(model.out_channels) == len(outs)
         assert [tuple(o.shape[1:]) for o in outs] == [(c, -(-70 // s), -(-45 // s))
                                                       for c, s in zip(model.out_channels, model.strides)]
     classifier = create_model(name)
@@ -214,12 +215,26 @@ def test_no_weight_decay_names():
     (torch.zeros(1, 3, 32, 32, dtype=torch.bool), TypeError, 'floating-point'),
     (torch.randn(0, 3, 32, 32), ValueError, 'non-empty'),
     (torch.randn(1, 3, 0, 32), ValueError, 'non-empty'),
+    (torch.randn(1, 3, 32, 32, dtype=torch.float64), TypeError, r"input is torch.float64 but the model's weights are "
+                                                                r'torch.float32: convert one'),
+    (torch.randn(1, 3, 32, 32, dtype=torch.float16), TypeError, 'input is torch.float16'),
 ])
 @pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
 @pytest.mark.parametrize('features_only', [False, True])
 def test_bad_input(name, features_only, x, error, match):
     with pytest.raises(error, match=match):
         create_model(name, features_only=features_only)(x)
+
+
+def test_other_float_dtypes_run_once_the_model_matches_or_under_autocast():
+    model = create_model('pcpvt_tiny', features_only=True).eval()
+    x = torch.randn(1, 3, 32, 48)
+    ref = model(x)
+    got = model.double()(x.double())
+    assert all(torch.allclose(a.float(), b, atol=1e-4) for a, b in zip(got, ref))
+    model.float()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert [o.shape for o in model(x.bfloat16())] == [o.shape for o in ref]
 
 
 @pytest.mark.parametrize('kwargs, error, match', [
@@ -232,6 +247,12 @@ def test_bad_input(name, features_only, x, error, match):
     (dict(out_indices=(0, 1)), ValueError, 'features_only'),
     (dict(features_only=True, num_classes=10), ValueError, 'num_classes=0'),
     (dict(frozen_stages=5), ValueError, 'frozen_stages'),
+    (dict(features_only=True, out_indices=1.5), ValueError, 'out_indices must be an int or a non-empty sequence'),
+    (dict(features_only=True, out_indices='0'), ValueError, 'out_indices must be a non-empty sequence of ints'),
+    (dict(drop_path_rate=1.0), ValueError, r'drop_path_rate must be in \[0, 1\)'),
+    (dict(drop_path_rate=-0.1), ValueError, 'drop_path_rate must be in'),
+    (dict(drop_rate=1.5), ValueError, 'drop_rate must be in'),
+    (dict(attn_drop_rate=1.0), ValueError, 'attn_drop_rate must be in'),
     (dict(bogus=1), TypeError, r"no argument\(s\) \['bogus'\]"),
 ])
 def test_bad_settings(kwargs, error, match):

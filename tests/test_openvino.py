@@ -189,6 +189,9 @@ def test_refusals_name_the_problem(converted, monkeypatch):
         ov_engine.to_openvino(model, shapes='auto', specialise_after=0)
     with pytest.raises(ValueError, match='evaluation mode'):
         ov_engine.to_openvino(small('cpvt', 'peg').train())
+    with pytest.raises(TypeError, match=r'converts a float32 model, this one has torch.float16 parameters: call '
+                                        r'model.float\(\)'):
+        ov_engine.to_openvino(small('cpvt', 'peg').eval().half())
     with pytest.raises(ValueError, match='4-D NCHW'):
         engine(torch.randn(3, 32, 32))
     with pytest.raises(ValueError, match='expected 3 input channels'):

@@ -92,6 +92,26 @@ def test_shapes_config_trains_and_loss_goes_down(cfg, overfit_dir):
     assert sum(values[-5:]) / 5 < 0.6 * sum(values[:5]) / 5, values
 
 
+def test_training_stops_at_the_first_non_finite_loss_and_keeps_the_finite_checkpoints(overfit_dir):
+    """lr 1000: the loss turns NaN within a few iterations; the run exits non-zero naming the iteration, and every
+    checkpoint it wrote (one per iteration, the last two kept) holds finite weights."""
+    import torch
+    wd = overfit_dir / 'nonfinite'
+    out = run([ROOT / 'tools/train.py', SEG, '--work-dir', wd, '--cfg-options', 'train_cfg.max_iters=30',
+               'train_cfg.val_interval=30', 'optim_wrapper.optimizer.lr=1000', 'optim_wrapper.clip_grad=None',
+               'default_hooks.checkpoint.interval=1', 'default_hooks.checkpoint.max_keep_ckpts=2', *QUICK],
+              overfit_dir)
+    text = out.stdout + out.stderr
+    found = re.search(r'(non-finite loss|refusing to save a checkpoint) at iteration (\d+)', text)
+    assert out.returncode != 0 and found, text[-3000:]
+    stopped = int(found.group(2))
+    kept = sorted(wd.glob('iter_*.pth'))
+    assert kept and all(int(p.stem.split('_')[1]) < stopped for p in kept)
+    for path in kept:
+        state = load_checkpoint(path)['state_dict']
+        assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()), path
+
+
 def test_two_processes_on_cpu(workdir):
     wd = workdir / 'dist'
     out = run(['-m', 'torch.distributed.run', '--nproc_per_node=2', '--master_port=29531', ROOT / 'tools/train.py',

@@ -25,13 +25,14 @@ OPENMMLAB=("mmengine==0.10.7" "mmdet==3.3.0" "mmsegmentation==1.2.2" "mmpretrain
 ONEDL=("onedl-mmengine==0.10.12" "onedl-mmdetection==3.5.1" "onedl-mmsegmentation==1.4.2" "onedl-mmpretrain==1.3.6")
 MMCV=(mmcv 2.1.0)
 OPENVINO=1
+SETUPTOOLS="setuptools<70"
 CHECK="import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, openvino, nncf, cpvt_backbones"
 case "$STACK" in
   default)  VENV="$ROOT/.venv"; PINS=("torch==2.14.1" "torchvision==0.29.1" "numpy<2.5"); STACK_PKGS=("${OPENMMLAB[@]}") ;;
   upstream) VENV="$ROOT/.venv-upstream"; PINS=("torch==2.1.2" "torchvision==0.16.2" "numpy<2"); STACK_PKGS=("${OPENMMLAB[@]}")
             OPENVINO=0; CHECK="import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, cpvt_backbones" ;;
   onedl)    VENV="$ROOT/.venv-onedl"; PINS=("torch==2.15.0" "torchvision==0.29.2" "numpy<2.5"); STACK_PKGS=("${ONEDL[@]}")
-            MMCV=(onedl-mmcv 2.3.6) ;;
+            MMCV=(onedl-mmcv 2.3.6); SETUPTOOLS="setuptools>=80" ;;
   core)     VENV="$ROOT/.venv-core"; PINS=("torch==2.1.2" "torchvision==0.16.2" "numpy<2"); STACK_PKGS=(); MMCV=()
             OPENVINO=0; CHECK="import torch, timm, cpvt_backbones" ;;
   *) echo "[env] unknown STACK=$STACK (default, upstream, onedl or core)" >&2; exit 2 ;;
@@ -71,10 +72,11 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(stamp_of)" ] && "$PY" -c "$CHECK"
   exit 0
 fi
 
-# torch >= 2.14 declares setuptools>=77, which has no pkg_resources; mmcv's setup.py and mmengine's `mmdet::`
-# config bases need it. Only torch.utils.cpp_extension uses setuptools at run time, so we pin it back down
-# after every install that may have raised it (pip then only warns).
-pin_setuptools() { "${INSTALL[@]}" -q "setuptools<70" 2>&1 | grep -v "incompatible\|dependency conflicts\|dependency resolver" || true; }
+# torch >= 2.14 declares setuptools>=77, which has no pkg_resources; mmcv 2.1.0's setup.py and mmengine 0.10.7's
+# `mmdet::` config bases need it. Only torch.utils.cpp_extension uses setuptools at run time, so on those stacks we
+# pin it back down after every install that may have raised it (pip then only warns). The OneDL packages use
+# importlib.metadata instead, and onedl-mmcv's build needs setuptools >= 80.
+pin_setuptools() { "${INSTALL[@]}" -q "$SETUPTOOLS" 2>&1 | grep -v "incompatible\|dependency conflicts\|dependency resolver" || true; }
 
 say "build tools"
 "${INSTALL[@]}" -q wheel ninja psutil packaging numpy

@@ -9,7 +9,8 @@ _base_ = [
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmpretrain', 'cpvt_backbones.adapters.checkpoint',
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
-custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
+# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints
+custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
 
 # Sizes the evaluation tool tests at without fine-tuning: ResizeEdge(short side round(size / crop_ratio),
 # bicubic) + CenterCrop(size). The 224 test pipeline of the dataset base (256 -> 224) is the first of them.

@@ -6,7 +6,8 @@ _base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet', 'cpvt_backbones.adapters.checkpoint',
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
-custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
+# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints
+custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
 
 model = dict(
     backbone=dict(

@@ -9,7 +9,8 @@ _base_ = [
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg', 'cpvt_backbones.adapters.checkpoint',
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
-custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
+# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints
+custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
 
 crop_size = (512, 512)
 model = dict(

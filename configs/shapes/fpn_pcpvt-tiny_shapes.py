@@ -5,7 +5,8 @@ _base_ = ['mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/default_runtime.py',
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg', 'cpvt_backbones.adapters.checkpoint',
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
-custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
+# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints
+custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
 
 classes = ('background', 'circle', 'square', 'triangle', 'star')
 palette = [(0, 0, 0), (230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48)]

@@ -5,7 +5,8 @@ _base_ = ['mmpretrain::_base_/default_runtime.py', '../_base_/position_no_decay.
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmpretrain', 'cpvt_backbones.adapters.checkpoint',
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
-custom_hooks = [dict(type='RNGStateHook')]  # resume draws the drop-path masks an uninterrupted run would
+# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints
+custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
 
 classes = ('circle', 'square', 'triangle', 'star')
 model = dict(

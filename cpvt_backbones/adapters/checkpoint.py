@@ -37,7 +37,8 @@ def _reduce_history_buffer(buffer: HistoryBuffer):
 
 
 def _numpy_data_types() -> list:
-    multiarray = np._core.multiarray if hasattr(np, '_core') else np.core.multiarray
+    core = getattr(np, '_core', None)  # numpy 2; numpy 1.26 has a stub _core without multiarray
+    multiarray = core.multiarray if hasattr(core, 'multiarray') else np.core.multiarray
     dtypes = [type(np.dtype(t)) for t in ('float64', 'float32', 'float16', 'int64', 'int32', 'uint8', 'bool')]
     return [multiarray.scalar, multiarray._reconstruct, np.ndarray, np.dtype] + dtypes
 

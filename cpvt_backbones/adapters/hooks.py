@@ -1,5 +1,6 @@
-"""``RNGStateHook``: resume with the random state an uninterrupted run would have had. ``InferenceEngineHook``:
-test with the model on an inference engine.
+"""``RNGStateHook``: resume with the random state an uninterrupted run would have had. ``NonFiniteLossHook``: stop
+at the first non-finite loss, keeping every finite checkpoint. ``InferenceEngineHook``: test with the model on an
+inference engine.
 
 mmengine's resume restores weights, optimizer, schedulers and the data position, but not the global random
 generators: torch's, which stochastic depth and dropout draw from, and numpy's and Python's, which the data
@@ -94,6 +95,31 @@ class _BeforeFirstBatch:
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
+
+
+@HOOKS.register_module()
+class NonFiniteLossHook(Hook):
+    """Stop training at the first iteration whose loss is NaN or Inf, before that iteration's checkpoint is written
+    (so no checkpoint with the damaged weights exists and ``max_keep_ckpts`` prunes none of the finite ones), with
+    an error naming the iteration and the loss terms; and never write a checkpoint whose weights are not finite
+    (a step can damage the weights while its own loss was still finite)."""
+    priority = 'ABOVE_NORMAL'  # before CheckpointHook (VERY_LOW) in after_train_iter
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        terms = {k: float(v) for k, v in (outputs or {}).items()
+                 if isinstance(v, torch.Tensor) and v.numel() == 1 and 'loss' in k}
+        bad = {k: v for k, v in terms.items() if not np.isfinite(v)}
+        if bad:
+            raise FloatingPointError(f'non-finite loss at iteration {runner.iter + 1} ({bad}): training stopped '
+                                     'before saving; lower the learning rate or check the data, then resume from '
+                                     'the last checkpoint')
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        bad = [k for k, v in checkpoint.get('state_dict', {}).items()
+               if isinstance(v, torch.Tensor) and v.is_floating_point() and not torch.isfinite(v).all()]
+        if bad:
+            raise FloatingPointError(f'refusing to save a checkpoint at iteration {runner.iter + 1}: '
+                                     f'{len(bad)} weight tensor(s) are not finite ({", ".join(bad[:4])})')
 
 
 @HOOKS.register_module()

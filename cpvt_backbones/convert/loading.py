@@ -10,12 +10,17 @@ from .layouts import to_native
 
 
 class LoadReport(NamedTuple):
+    """What does not fit: keys the model has and the checkpoint lacks, keys the model lacks, shape mismatches
+    (key, checkpoint shape, model shape) and values of a kind the model's tensor cannot take (key, checkpoint
+    dtype, model dtype): integers, booleans or 8-bit floats for a floating tensor, which a cast would turn into
+    other numbers silently."""
     missing: List[str]
     unexpected: List[str]
     mismatched: List[Tuple[str, Tuple[int, ...], Tuple[int, ...]]]
+    wrong_dtype: Tuple[Tuple[str, torch.dtype, torch.dtype], ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.missing or self.unexpected or self.mismatched)
+        return bool(self.missing or self.unexpected or self.mismatched or self.wrong_dtype)
 
     def describe(self, limit: int = 20) -> str:
         def show(items) -> str:
@@ -29,6 +34,9 @@ class LoadReport(NamedTuple):
         if self.mismatched:
             parts.append(f'shape mismatches ({len(self.mismatched)}): '
                          + show(f'{k} checkpoint {a} vs model {b}' for k, a, b in self.mismatched))
+        if self.wrong_dtype:
+            parts.append(f'values the model cannot take ({len(self.wrong_dtype)}): '
+                         + show(f'{k} is {a} in the checkpoint, {b} in the model' for k, a, b in self.wrong_dtype))
         return '; '.join(parts)
 
 
@@ -40,13 +48,24 @@ class CheckpointMismatchError(ValueError):
         super().__init__(f'{source} does not fit the model (nothing was loaded): {report.describe()}')
 
 
+def _castable(value: torch.Tensor, target: torch.Tensor) -> bool:
+    """Whether copying ``value`` into ``target`` keeps its numbers: any dtype into a non-floating tensor as torch
+    copies it, only 16- to 64-bit floats into a floating one."""
+    if not target.is_floating_point():
+        return True
+    return value.is_floating_point() and torch.finfo(value.dtype).bits >= 16
+
+
 def compare(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> LoadReport:
     own = model.state_dict()
+    common = set(own) & set(state_dict)
     return LoadReport(
         missing=sorted(set(own) - set(state_dict)),
         unexpected=sorted(set(state_dict) - set(own)),
         mismatched=sorted((k, tuple(state_dict[k].shape), tuple(own[k].shape))
-                          for k in set(own) & set(state_dict) if state_dict[k].shape != own[k].shape))
+                          for k in common if state_dict[k].shape != own[k].shape),
+        wrong_dtype=tuple(sorted(((k, state_dict[k].dtype, own[k].dtype) for k in common
+                                  if not _castable(state_dict[k], own[k])), key=lambda item: item[0])))
 
 
 def built_weights(model: nn.Module, state_dict: Mapping[str, torch.Tensor],
@@ -63,9 +82,10 @@ def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: 
     build (``model.unbuilt_prefixes``: a classifier head for a dense backbone, ...) and those under ``skip``
     (a head to be trained afresh), and load it.
 
-    ``strict=True`` (default) raises ``CheckpointMismatchError`` listing missing, unexpected and
-    shape-mismatched keys before anything is copied. ``strict=False`` copies only the keys whose names and
-    shapes match and returns the report of the rest.
+    ``strict=True`` (default) raises ``CheckpointMismatchError`` listing missing, unexpected, shape-mismatched
+    keys and values of a kind the model cannot take (``LoadReport``) before anything is copied.
+    ``strict=False`` copies only the keys whose names, shapes and kinds fit and returns the report of the
+    rest.
     """
     sd = built_weights(model, state_dict, skip)
     report = compare(model, sd)
@@ -73,7 +93,7 @@ def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: 
         report = report._replace(missing=[k for k in report.missing if not k.startswith(tuple(skip))])
     if report and strict:
         raise CheckpointMismatchError(report, source)
-    bad = set(report.unexpected) | {k for k, _, _ in report.mismatched}
+    bad = set(report.unexpected) | {k for k, _, _ in report.mismatched} | {k for k, _, _ in report.wrong_dtype}
     model.load_state_dict({k: v for k, v in sd.items() if k not in bad}, strict=False)
     return report
 

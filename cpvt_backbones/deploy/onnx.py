@@ -5,7 +5,7 @@ from typing import Sequence, Tuple
 import torch
 from torch import nn
 
-from ..compat import supports
+from ..compat import FEATURES, supports
 from ..utils import atomic_write
 
 OPSET = 18
@@ -30,9 +30,15 @@ def export(model: nn.Module, path: str, names: Sequence[str], size=(224, 224)) -
         outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
         axes = {'image': {0: 'batch', 2: 'height', 3: 'width'}}
         axes.update((name, {d: f'{name}_{d}' for d in range(out.ndim)}) for name, out in zip(names, outputs))
-        atomic_write(path, lambda f: torch.onnx.export(
-            model, (x,), f, opset_version=OPSET_TORCHSCRIPT, input_names=['image'], output_names=list(names),
-            dynamic_axes=axes))
+        try:
+            atomic_write(path, lambda f: torch.onnx.export(
+                model, (x,), f, opset_version=OPSET_TORCHSCRIPT, input_names=['image'], output_names=list(names),
+                dynamic_axes=axes))
+        except torch.onnx.errors.UnsupportedOperatorError as e:  # e.g. the learned table's antialiased resize
+            release, what = FEATURES['export'][:2]
+            raise RuntimeError(f'exporting this model to ONNX needs torch >= {release} ({what}): torch '
+                               f'{torch.__version__}\'s TorchScript exporter cannot write one of its operations '
+                               f'({e})') from e
 
 
 def verify(model: nn.Module, path: str, sizes: Sequence[Tuple[int, int]], batch: int = 1) -> float:

@@ -174,8 +174,13 @@ def _record_modules(ov_model, graph) -> None:
 
 
 def _require_eval(model: nn.Module) -> None:
+    """Refuse what ``to_openvino`` does not convert: a model in training mode, or one not in float32."""
     if model.training:
         raise ValueError('to_openvino converts a model in evaluation mode; call model.eval() first')
+    other = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
+    if other:
+        raise TypeError(f'to_openvino converts a float32 model, this one has {", ".join(other)} parameters: call '
+                        "model.float() first (precision='bf16' or 'int8' lowers the precision on OpenVINO's side)")
 
 
 def convert(model: nn.Module, example: torch.Tensor):

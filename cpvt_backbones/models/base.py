@@ -10,7 +10,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..compat import autocast_enabled
 from ..layers import Attention, Block, Mlp
+from ..layers.layout import symbolic_shapes
 from ..layers.position import Geometry, PositionEncoding, build_position_encodings, merge_attention
 
 
@@ -34,8 +36,12 @@ def check_input(x, in_chans: int, check_finite: bool = False) -> None:
                          'floats (check_finite=True)')
 
 
-def check_out_indices(out_indices: Sequence[int], num_outputs: int) -> Tuple[int, ...]:
-    out = tuple(out_indices)
+def check_out_indices(out_indices: Union[int, Sequence[int]], num_outputs: int) -> Tuple[int, ...]:
+    """``out_indices`` as a tuple (an int is one level, as mmdet's backbones take it), or a clear error."""
+    out = (out_indices,) if isinstance(out_indices, int) and not isinstance(out_indices, bool) else \
+        tuple(out_indices) if isinstance(out_indices, Sequence) else None
+    if out is None:
+        raise ValueError(f'out_indices must be an int or a non-empty sequence of ints, got {out_indices!r}')
     if not out or any(not isinstance(i, int) or isinstance(i, bool) for i in out):
         raise ValueError(f'out_indices must be a non-empty sequence of ints, got {out_indices!r}')
     if any(not 0 <= i < num_outputs for i in out) or len(set(out)) != len(out) or list(out) != sorted(out):
@@ -111,7 +117,7 @@ class CPVTBase(nn.Module):
         drop_rate: dropout after the position encoding, in the attention's output projection and in the MLP.
         attn_drop_rate: dropout on the attention weights.
         drop_path_rate: stochastic depth of the last block; it rises linearly from 0 at the first block over
-            all blocks of all stages (built or not).
+            all blocks of all stages (built or not). This and the two dropout rates must be in [0, 1).
         norm_eps: eps of the blocks' two norms and the final norm (1e-6, as Twins and DeiT); the patch
             embedding's and the attention's reduction norm keep ``norm_layer``'s default (1e-5 for
             ``nn.LayerNorm``, as the official weights were trained).
@@ -128,7 +134,8 @@ class CPVTBase(nn.Module):
         act_layer: the activation of every MLP (``act_layer()``) and of the simple feature pyramid.
         features_only: build a dense backbone returning NCHW feature maps (``out_indices``) instead of a
             classifier: no head, and nothing the last returned map does not need.
-        out_indices: with ``features_only``, the levels ``forward`` returns (increasing; default all).
+        out_indices: with ``features_only``, the levels ``forward`` returns (increasing; an int is one level;
+            default all).
         frozen_stages: -1 freezes nothing; 0 the first patch embedding (and class token, position table);
             k >= 1 also the first k stages (pyramid) or blocks (columnar) with their position-encoding parts.
             Frozen parts have ``requires_grad=False`` and stay in eval mode while the model trains.
@@ -186,6 +193,10 @@ class CPVTBase(nn.Module):
         if not -1 <= frozen_stages <= limit:
             raise ValueError(f'frozen_stages must be within -1..{limit} ({unit}), got {frozen_stages}')
 
+        for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
+                           ('drop_path_rate', drop_path_rate)):
+            if not 0 <= rate < 1:
+                raise ValueError(f'{name} must be in [0, 1) (the probability of dropping), got {rate!r}')
         drop_paths = torch.linspace(0, drop_path_rate, sum(s.depth for s in stages), device='cpu').tolist()
         make_block = partial(Block, qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate, norm_eps=norm_eps,
                              layer_scale_init=layer_scale_init, attn_layer=attn_layer, mlp_layer=mlp_layer,
@@ -375,6 +386,12 @@ class CPVTBase(nn.Module):
 
     def _check_input(self, x) -> None:
         check_input(x, self.in_chans, self.check_finite)
+        if symbolic_shapes():  # torch.compile/export/ONNX record the graph: the eager call checks the dtype
+            return
+        weight = next(self.parameters(), None)
+        if weight is not None and x.dtype != weight.dtype and not autocast_enabled(x.device.type):
+            raise TypeError(f'input is {x.dtype} but the model\'s weights are {weight.dtype}: convert one to the '
+                            f'other (x.to({weight.dtype}) or model.to({x.dtype})), or run under torch.autocast')
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
