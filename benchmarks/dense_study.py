@@ -38,6 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from cpvt_backbones.adapters.evaluation import METRICS, headline_score
 from cpvt_backbones.adapters.runner import build_runner, quiet_known_warnings
+from cpvt_backbones.convert import safe_load
 from cpvt_backbones.utils import atomic_write, pyplot, strip_prefix
 from benchmarks.study_common import load_demo, mean_std, parse_shard, run_meta, study_dir, write_csv
 
@@ -185,7 +186,7 @@ def start_from_detector(cfg, detector: Path, path: Path) -> None:
         raise FileNotFoundError(f'the segmentor starts from the detector with the same backbone and seed, and '
                                 f'{detector} is missing: run the detection task first (--tasks detection '
                                 f'segmentation) or pass --seg-init scratch')
-    weights = torch.load(detector, map_location='cpu', weights_only=True)['state_dict']
+    weights = safe_load(detector)['state_dict']
     weights = strip_prefix(weights, 'backbone.', str(detector))
     with DefaultScope.overwrite_default_scope('mmseg'):
         MODELS.build(cfg.model.backbone).load_state_dict(weights, strict=True)
