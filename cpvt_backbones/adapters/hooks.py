@@ -7,14 +7,17 @@ generators: torch's, which stochastic depth and dropout draw from, and numpy's a
 pipeline draws from. How the data position comes back differs: mmengine 0.10.7 replays the dataloader up to
 the resumed iteration (the pipeline redraws its numbers, so numpy and Python end where they were), the OneDL
 fork advances the sampler without loading anything (they do not). This hook stores the three generators'
-states in every checkpoint and sets them back just before the first batch after a resume is drawn (after a
-replay, which it lets pass), so the run continues as an uninterrupted one would on either loop; a checkpoint
+states in every checkpoint and sets them back on resume: numpy's and Python's just before the first new batch is
+drawn (after a replay, which it lets pass; iteration-based loops), torch's just after (making the dataloader
+iterator, which the OneDL loop does again after skipping, draws from it), so the run continues as an
+uninterrupted one would on either loop; a checkpoint
 loaded to start another run (``load_from``, which begins at iteration 0) leaves the generators alone. Each
 process restores the state of rank 0, the one that wrote the checkpoint; with mmengine's default
 ``diff_rank_seed=False`` all ranks' states are equal anyway. Pipelines in dataloader workers draw from the
 workers' own seeded generators, which this does not touch.
 """
 import random
+from functools import partial
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -47,30 +50,33 @@ class RNGStateHook(Hook):
             self._pending = None
             return
         loop = runner.train_loop
-        if hasattr(loop, 'dataloader_iterator'):  # iteration-based: restore as the first new batch is drawn
+        if hasattr(loop, 'dataloader_iterator') and 'numpy' in self._pending:  # iteration-based
             loop.dataloader_iterator = _BeforeFirstBatch(loop.dataloader_iterator, runner.iter,
-                                                         getattr(loop, 'fast_forward_on_resume', False), self._restore)
+                                                         getattr(loop, 'fast_forward_on_resume', False),
+                                                         partial(_set_data_generators, self._pending))
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
-        if self._pending is not None and self._pending['iter'] == runner.iter:  # an epoch-based loop
-            self._restore()
-
-    def _restore(self) -> None:
-        state, self._pending = self._pending, None
-        if state is None:
+        """torch's generator after the batch is drawn: making a dataloader iterator draws its base seed from it,
+        which the OneDL loop does again after skipping ahead."""
+        if self._pending is None or self._pending['iter'] != runner.iter:
             return
+        state, self._pending = self._pending, None
         torch.set_rng_state(state['torch'])
         cuda = state.get('cuda')
         if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
-        if 'numpy' in state:
-            name, keys, pos, has_gauss, gauss = state['numpy']
-            np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-            random.setstate(state['python'])
+
+
+def _set_data_generators(state: dict) -> None:
+    """numpy's and Python's generators, which the data pipeline draws from, as ``state`` holds them."""
+    name, keys, pos, has_gauss, gauss = state['numpy']
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    random.setstate(state['python'])
 
 
 class _BeforeFirstBatch:
-    """A training loop's dataloader iterator that calls ``restore`` just before the first batch after a resume:
+    """A training loop's dataloader iterator that calls ``restore`` just before it draws the first batch after a
+    resume:
     after the ``resumed_iter`` batches that mmengine 0.10.7 replays, or at once where the loop skips ahead through
     ``skip_iter`` (the OneDL fork) or not at all (``fast_forward_on_resume``)."""
 
