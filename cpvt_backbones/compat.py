@@ -5,15 +5,16 @@ The forward path uses only what torch 2.1 has, through the helpers below; featur
 name the feature and the release it needs. Nothing here changes torch's state.
 """
 import sys
-from typing import Callable
+
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree, flop_counter
 
-def _at_least(release: str) -> Callable[[], bool]:
-    wanted = tuple(int(n) for n in release.split('.'))
+
+def torch_at_least(release: str) -> bool:
+    """Whether this torch's (major, minor) is at least ``release`` ('2.14'), for what no API tells."""
     have = tuple(int(''.join(c for c in n if c.isdigit()) or 0) for n in torch.__version__.split('+')[0].split('.')[:2])
-    return lambda: have >= wanted
+    return have >= tuple(int(n) for n in release.split('.'))
 
 
 def _export_dims() -> bool:
@@ -38,7 +39,7 @@ FEATURES = {
                       lambda: hasattr(flop_counter, 'register_flop_formula')),
     # No API tells this one: dynamo of torch 2.1 recompiles for a second input size.
     'one_graph_compile': ('2.14', 'torch.compile(dynamic=True) tracing one graph for every input size',
-                          _at_least('2.14')),
+                          lambda: torch_at_least('2.14')),
     'safe_globals': ('2.5', 'torch.serialization.safe_globals, extra allowed globals for weights_only loading',
                      lambda: hasattr(torch.serialization, 'safe_globals')),
 }
@@ -96,4 +97,4 @@ def tree_leaves(tree) -> list:
 
 
 __all__ = ['FEATURES', 'autocast_enabled', 'is_compiling', 'is_in_onnx_export', 'require', 'set_submodule',
-           'supports', 'tree_leaves']
+           'supports', 'torch_at_least', 'tree_leaves']
