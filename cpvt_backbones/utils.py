@@ -1,11 +1,22 @@
 """Small helpers the package, its tools and its studies share (standard library only; matplotlib on demand)."""
 import contextlib
+import hashlib
 import os
 import secrets
 from pathlib import Path
 from typing import BinaryIO, Callable, Dict, Mapping, TypeVar, Union
 
 V = TypeVar('V')
+CHUNK = 1 << 20
+
+
+def file_sha256(path: Union[str, Path]) -> str:
+    """The sha256 of a file's content, as 64 hex digits."""
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(CHUNK), b''):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def atomic_write(path: Union[str, Path], write: Union[bytes, Callable[[BinaryIO], object]],

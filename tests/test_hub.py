@@ -15,11 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class Server:
-    """Serves ``files`` (name -> bytes) with Content-Length, ETag (their sha256), range requests, and two faults:
-    ``cut[name] = n`` closes the connection after n bytes (once), ``corrupt`` flips a byte in the named files."""
+    """Serves ``files`` (name -> bytes) with Content-Length, ETag (their sha256, or ``etags[name]`` where set: a
+    validator that is not a checksum), range requests honouring If-Range, and two faults: ``cut[name] = n`` closes
+    the connection after n bytes (once), ``corrupt`` flips a byte in the named files."""
 
     def __init__(self):
-        self.files, self.cut, self.corrupt, self.requests = {}, {}, set(), []
+        self.files, self.cut, self.corrupt, self.requests, self.etags = {}, {}, set(), [], {}
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -35,10 +36,15 @@ class Server:
                 data = server.files[name]
                 if name in server.corrupt:
                     data = data[:100] + bytes([data[100] ^ 0xFF]) + data[101:]
+                etag = server.etags.get(name) or f'"{hashlib.sha256(server.files[name]).hexdigest()}"'
                 start = int(self.headers['Range'][len('bytes='):].split('-')[0]) if self.headers.get('Range') else 0
+                if self.headers.get('If-Range', etag) != etag:
+                    start = 0  # changed since the client's copy: the whole file
                 self.send_response(206 if start else 200)
                 self.send_header('Content-Length', str(len(data) - start))
-                self.send_header('ETag', f'"{hashlib.sha256(server.files[name]).hexdigest()}"')
+                if start:
+                    self.send_header('Content-Range', f'bytes {start}-{len(data) - 1}/{len(data)}')
+                self.send_header('ETag', etag)
                 self.end_headers()
                 stop = server.cut.pop(name, len(data))
                 self.wfile.write(data[start:stop])
@@ -143,14 +149,75 @@ def test_an_interrupted_download_resumes_and_is_never_taken_as_whole(weights, mo
     assert same_weights(weights['model'], model) and final.is_file() and not partial.exists()
 
 
-def test_a_corrupted_cached_file_is_refused(weights):
+def test_a_corrupted_cached_file_is_downloaded_again(weights, monkeypatch):
     source = weights['table'][1]
+    monkeypatch.setitem(hub.PRETRAINED, 'pcpvt_tiny', (source,))
     path = weights['cache'] / source.filename
     path.parent.mkdir(parents=True)
     path.write_bytes(weights['files'][source.filename][:-10])   # a truncated copy put there by hand
-    with pytest.raises(hub.WeightsUnavailableError, match='does not match'):
+    path, _ = hub.fetch_weights('pcpvt_tiny', classifier=True)
+    assert path.read_bytes() == weights['files'][source.filename]
+    assert weights['server'].requests[-1][0] == source.filename
+
+
+def test_the_cache_is_checked_on_every_load_not_only_after_a_download(weights, capsys):
+    server, cache = weights['server'], weights['cache']
+    create_model('pcpvt_tiny', pretrained=True)
+    hub_file = cache / 'tiny.in1k.safetensors'
+    assert hub.record_path(hub_file).is_file() and len(server.requests) == 1
+    torch.manual_seed(99)  # random weights under the hub file's cache name: its record catches them
+    save_file(create_model('pcpvt_tiny').state_dict(), hub_file)
+    assert same_weights(weights['model'], create_model('pcpvt_tiny', pretrained=True))
+    assert 'differs from the' in capsys.readouterr().err and len(server.requests) == 2  # downloaded again
+    hub.record_path(hub_file).unlink()  # no record and no published checksum: not trusted, downloaded again
+    assert same_weights(weights['model'], create_model('pcpvt_tiny', pretrained=True)) and len(server.requests) == 3
+    save_file(create_model('pcpvt_tiny').state_dict(), hub_file)
+    server.files.clear()  # offline: the error names the file and what to do
+    with pytest.raises(hub.WeightsUnavailableError, match=f'{hub_file}: its sha256 .* Delete {hub_file}'):
         hub.fetch_weights('pcpvt_tiny', classifier=True)
-    assert not path.exists()
+
+
+def test_urls_are_cached_by_the_whole_url(weights, tmp_path):
+    server = weights['server']
+    torch.manual_seed(5)
+    other = create_model('pcpvt_tiny').eval()
+    save_file(other.state_dict(), tmp_path / 'b.safetensors')
+    server.files['other/model.safetensors'] = (tmp_path / 'b.safetensors').read_bytes()
+    first = hub.fetch_url(f'{server.url}/model.safetensors')
+    second = hub.fetch_url(f'{server.url}/other/model.safetensors')
+    assert first != second and first.name == second.name == 'model.safetensors'
+    assert same_weights(weights['model'], create_model('pcpvt_tiny', pretrained=f'{server.url}/model.safetensors'))
+    assert same_weights(other, create_model('pcpvt_tiny', pretrained=f'{server.url}/other/model.safetensors'))
+    assert len(server.requests) == 2  # each fetched once
+
+
+@pytest.mark.parametrize('etag', [None, '"v1"'], ids=['sha256-etag', 'opaque-etag'])
+def test_a_resume_never_splices_two_versions_of_a_file(weights, tmp_path, etag):
+    server = weights['server']
+    url = f'{server.url}/model.safetensors'
+    if etag:
+        server.etags['model.safetensors'] = etag
+    old = server.files['model.safetensors']
+    server.cut['model.safetensors'] = len(old) // 2
+    with pytest.raises(hub.WeightsUnavailableError, match='resumes from it'):
+        hub.fetch_url(url)
+    torch.manual_seed(6)  # the file changes on the server before the resume
+    newer = create_model('pcpvt_tiny').eval()
+    save_file(newer.state_dict(), tmp_path / 'new.safetensors')
+    server.files['model.safetensors'] = (tmp_path / 'new.safetensors').read_bytes()
+    if etag:
+        server.etags['model.safetensors'] = '"v2"'
+    path = hub.fetch_url(url)
+    assert server.requests[-1][1] == f'bytes={len(old) // 2}-'   # a resume was asked for, under If-Range
+    assert path.read_bytes() == server.files['model.safetensors']  # and the whole new file came back
+    server.files['model.safetensors'] = old
+    server.cut['model.safetensors'] = len(old) // 2
+    partial = hub.url_path(url).with_name('model.safetensors.partial')
+    path.unlink()
+    with pytest.raises(hub.WeightsUnavailableError):
+        hub.fetch_url(url)
+    partial.with_name(partial.name + '.json').unlink()  # a partial file without its validator: started over
+    assert hub.fetch_url(url).read_bytes() == old and server.requests[-1][1] is None
 
 
 def test_offline_names_the_urls_and_where_to_put_a_copy(weights, monkeypatch):
@@ -159,7 +226,7 @@ def test_offline_names_the_urls_and_where_to_put_a_copy(weights, monkeypatch):
     with pytest.raises(hub.WeightsUnavailableError) as info:
         create_model('pcpvt_tiny', pretrained=True)
     message = str(info.value)
-    assert 'http://127.0.0.1:9/x.pth' in message and str(weights['cache'] / 'x.pth') in message
+    assert 'http://127.0.0.1:9/x.pth' in message and 'pretrained=PATH' in message and str(weights['cache']) in message
     unpublished = "no weights are published for 'cpvt_small'.*cpvt-small_8xb128"
     with pytest.raises(hub.WeightsUnavailableError, match=unpublished):
         create_model('cpvt_small', pretrained=True)
@@ -200,5 +267,13 @@ def test_an_imagenet_config_evaluates_weights_by_name(weights, tmp_path):
     state = torch.load(path, weights_only=True)['state_dict']
     assert 'head.fc.weight' in state and 'backbone.blocks.0.0.attn.q.weight' in state
     assert runner_checkpoint(cfg, path) == path  # already a classifier checkpoint: used as it is
+    torch.manual_seed(7)  # two weight files of one name, different content: two classifier checkpoints
+    for i, folder in enumerate((tmp_path / 'a', tmp_path / 'b')):
+        folder.mkdir()
+        save_file(create_model('pcpvt_tiny').state_dict(), folder / 'w.safetensors')
+    first, second = (runner_checkpoint(cfg, str(tmp_path / f / 'w.safetensors')) for f in 'ab')
+    assert first != second
+    assert not torch.equal(torch.load(first, weights_only=True)['state_dict']['head.fc.weight'],
+                           torch.load(second, weights_only=True)['state_dict']['head.fc.weight'])
     det = load_config(str(ROOT / 'configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py'))
     assert runner_checkpoint(det, 'whatever.pth') == 'whatever.pth'  # a detector's checkpoint: mmengine's business

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
 
-from ..utils import atomic_write
+from ..utils import atomic_write, file_sha256
 
 __all__ = ['KNOWN_LOG_LINES', 'KNOWN_WARNINGS', 'add_common_args', 'build_runner', 'enable_amp',
            'evaluation_datasets', 'launched', 'load_config', 'our_backbone', 'prepare_launch', 'quiet_known_warnings',
@@ -128,7 +128,8 @@ def runner_checkpoint(cfg: Config, spec: str) -> str:
     """What mmengine's Runner loads (``load_from``) for a CHECKPOINT argument: an mmengine checkpoint as it is;
     for an mmpretrain config whose backbone is ours, also a model name with published weights, a URL or a bare
     weight file in any layout we read, written once as that classifier's checkpoint (``backbone.*``,
-    ``head.fc.*``) beside the cached weights."""
+    ``head.fc.*``) beside the cached weights, under a name that carries the source file's sha256 (another file of
+    the same name never reuses it)."""
     from ..convert import detect_layout, from_native, load_weights_file, resolve_checkpoint, to_native, weights_dir
     if cfg.get('default_scope') != 'mmpretrain' or our_backbone(cfg) is None:
         return spec
@@ -136,7 +137,7 @@ def runner_checkpoint(cfg: Config, spec: str) -> str:
     state = load_weights_file(path)
     if detect_layout(state) == 'classifier':
         return str(path)
-    out = weights_dir() / 'classifiers' / f'{path.stem}.mmpretrain.pth'
+    out = weights_dir() / 'classifiers' / f'{path.stem}-{file_sha256(path)[:16]}.mmpretrain.pth'
     if not out.is_file():
         atomic_write(out, lambda f: torch.save(dict(state_dict=from_native(to_native(state), 'classifier')), f))
     return str(out)

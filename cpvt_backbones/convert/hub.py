@@ -7,14 +7,26 @@ timm's and OpenMMLab's file names carry (the torch hub convention). A hub server
 as its ETag (as LFS files do) is checked against that too.
 
 ``fetch_weights(name)`` returns a local file: the first source already in the cache (``$CPVT_WEIGHTS_DIR``,
-default torch hub's ``checkpoints`` folder) or downloaded there. A download goes to ``<file>.partial``, resumes
-from it after an interruption (HTTP range requests), is checked, and only then renamed to its final name, so a
-file under the final name is always a whole, checked one; a file that fails its check is deleted. Offline, the
-error lists every URL and the path to save a copy to by hand. Columnar CPVT has no published weights (the
-authors never released them); asking for them says so and how to train them.
+default torch hub's ``checkpoints`` folder) or downloaded there; ``fetch_url(url)`` caches any URL under a folder
+named by the URL's hash, so two URLs that end in the same file name never share a file. The cache is checked on
+every load, not only after a download:
+
+* A download goes to ``<file>.partial``, is checked, and only then renamed to its final name, beside a record
+  ``<file>.sha256`` (the URL and the file's sha256). A file read from the cache must have the sha256 of its
+  record and the published prefix where there is one; a cached file without a record is used only where a
+  published prefix vouches for it. A file that fails is replaced by a new download (or, offline, named in the
+  error with what to do), so a damaged or substituted file is never loaded.
+* An interrupted download resumes from ``<file>.partial`` (HTTP range requests) only with the validator the
+  server gave for those bytes (ETag or Last-Modified, kept in ``<file>.partial.json``) sent as ``If-Range``: a
+  file that changed on the server since, or a partial file without a validator, starts over, so bytes of two
+  versions are never spliced.
+
+Offline, the error lists every URL and what to do with a copy fetched by hand. Columnar CPVT has no published
+weights (the authors never released them); asking for them says so and how to train them.
 """
 import hashlib
 import http.client
+import json
 import os
 import re
 import sys
@@ -26,7 +38,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-CHUNK = 1 << 20
+from ..utils import CHUNK, atomic_write, file_sha256
 
 
 @dataclass(frozen=True)
@@ -91,25 +103,42 @@ def sources(name: str, classifier: bool = False) -> Tuple[WeightSource, ...]:
     raise WeightsUnavailableError(f'unknown model {name!r}; published weights: {sorted(PRETRAINED)}')
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(CHUNK), b''):
-            digest.update(block)
-    return digest.hexdigest()
+def record_path(path: Path) -> Path:
+    """The record beside a cached file: its URL and sha256, written when the download was checked."""
+    return path.with_name(path.name + '.sha256')
 
 
-def check_file(path: Path, source: WeightSource, etag: Optional[str] = None) -> None:
-    """Raise (after deleting ``path``) if its sha256 disagrees with the published prefix or a sha256 ETag."""
-    expected = [h for h in (source.sha256_prefix, etag) if h]
-    if not expected:
-        return
+def check_file(path: Path, source: WeightSource, etag: Optional[str] = None) -> str:
+    """``path``'s sha256, after checking it against the published prefix and a sha256 ETag (raising, after
+    deleting ``path``, if either disagrees)."""
     digest = file_sha256(path)
-    for h in expected:
-        if not digest.startswith(h.lower()):
+    for h in (source.sha256_prefix, etag):
+        if h and not digest.startswith(h.lower()):
             path.unlink()
             raise WeightsUnavailableError(f'{source.url}: the downloaded file\'s sha256 {digest[:16]}... does not '
                                           f'match the published {h}; it was deleted (a corrupted or partial copy)')
+    return digest
+
+
+def cached(path: Path, source: WeightSource) -> Optional[str]:
+    """Why the cached ``path`` cannot be used for ``source`` (its sha256 differs from its record or from the
+    published prefix, its record names another URL, or it has neither record nor published prefix to be checked
+    by), or None when it is the checked file. Reads the whole file: the check holds on every load."""
+    record = record_path(path)
+    try:
+        recorded = json.loads(record.read_text()) if record.is_file() else None
+    except (OSError, ValueError) as e:
+        return f'its record {record} cannot be read ({e})'
+    if recorded is not None and recorded.get('url') != source.url:
+        return f'its record says it came from {recorded.get("url")}, not {source.url}'
+    if recorded is None and not source.sha256_prefix:
+        return 'it has no record of a checked download and no published checksum to check it by'
+    digest = file_sha256(path)
+    if recorded is not None and digest != recorded.get('sha256'):
+        return f'its sha256 {digest[:16]}... differs from the {str(recorded.get("sha256"))[:16]}... recorded at download'
+    if source.sha256_prefix and not digest.startswith(source.sha256_prefix):
+        return f'its sha256 {digest[:16]}... does not match the published {source.sha256_prefix}'
+    return None
 
 
 def _progress(done: int, total: Optional[int], name: str) -> None:
@@ -121,34 +150,97 @@ def _progress(done: int, total: Optional[int], name: str) -> None:
     sys.stderr.flush()
 
 
+def _resume_from(partial: Path, url: str) -> Tuple[int, Optional[str]]:
+    """How many bytes of ``partial`` a resume may keep, and the validator to send as If-Range: none (start over)
+    unless its record names the same URL and a validator."""
+    meta = partial.with_name(partial.name + '.json')
+    try:
+        recorded = json.loads(meta.read_text())
+        have, validator = partial.stat().st_size, recorded['validator']
+        if recorded['url'] != url or not validator or have != recorded.get('size', have):
+            raise ValueError
+        return have, validator
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, None
+
+
+def _validator(headers) -> Optional[str]:
+    """What identifies this version of the file for If-Range: a strong ETag, else Last-Modified."""
+    etag = headers.get('ETag')
+    return etag if etag and not etag.startswith('W/') else headers.get('Last-Modified')
+
+
 def download(source: WeightSource, path: Path, timeout: float = 60.) -> Path:
-    """Fetch ``source`` to ``path`` through ``path.partial``, resuming a partial file, checking the result."""
+    """Fetch ``source`` to ``path`` through ``path.partial`` (see the module docstring: resumed only under the
+    server's validator, checked, recorded, then renamed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + '.partial')
-    have = partial.stat().st_size if partial.exists() else 0
+    meta = partial.with_name(partial.name + '.json')
+    have, validator = _resume_from(partial, source.url)
     request = urllib.request.Request(source.url, headers={'User-Agent': 'cpvt_backbones'})
     if have:
         request.add_header('Range', f'bytes={have}-')
+        request.add_header('If-Range', validator)
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        if have and response.status != 206:  # the server ignored the range: start over
-            have = 0
+        if have and (response.status != 206 or
+                     not (response.headers.get('Content-Range') or '').startswith(f'bytes {have}-')):
+            have = 0  # the file changed (If-Range failed) or the server ignored the range: start over
+        if not have:
+            meta.unlink(missing_ok=True)
+            validator = _validator(response.headers)
         length = response.headers.get('Content-Length')
         total = have + int(length) if length is not None else None
         etag = (response.headers.get('X-Linked-Etag') or response.headers.get('ETag') or '').strip('"W/ ')
         etag = etag if re.fullmatch(r'[0-9a-f]{64}', etag) else None
         done = have
         with open(partial, 'ab' if have else 'wb') as f:
-            for block in iter(lambda: response.read(CHUNK), b''):
-                f.write(block)
-                done += len(block)
-                _progress(done, total, source.filename)
+            try:
+                for block in iter(lambda: response.read(CHUNK), b''):
+                    f.write(block)
+                    done += len(block)
+                    _progress(done, total, source.filename)
+            finally:
+                f.flush()
+                if validator:  # what a resume needs; without it, the next attempt starts over
+                    atomic_write(meta, json.dumps(dict(url=source.url, validator=validator, size=f.tell())).encode(),
+                                 durable=False)
         sys.stderr.write('\n')
     if total is not None and done != total:
         raise WeightsUnavailableError(f'{source.url}: the connection ended after {done} of {total} bytes; '
-                                      f'{partial} is kept and the next attempt resumes from it')
-    check_file(partial, source, etag)
+                                      f'{partial} is kept and the next attempt resumes from it' if validator else
+                                      f'{source.url}: the connection ended after {done} of {total} bytes (the '
+                                      'server gives no validator to resume by: the next attempt starts over)')
+    meta.unlink(missing_ok=True)
+    digest = check_file(partial, source, etag)
+    atomic_write(record_path(path), json.dumps(dict(url=source.url, sha256=digest)).encode())
     os.replace(partial, path)
     return path
+
+
+def _from_cache(path: Path, source: WeightSource) -> Tuple[Optional[Path], Optional[str]]:
+    """``path`` if it is in the cache and checks (``cached``); otherwise None and why not (None when absent). A
+    file that does not check is left where it is, for a new download to replace."""
+    if not path.is_file():
+        return None, None
+    problem = cached(path, source)
+    return (path, None) if problem is None else (None, f'{path}: {problem}')
+
+
+def _fetch(source: WeightSource, path: Path) -> Path:
+    """The checked cached ``path``, else a new download of ``source`` that replaces whatever was there."""
+    found, problem = _from_cache(path, source)
+    if found is not None:
+        return found
+    if problem:
+        sys.stderr.write(f'[weights] {problem}: downloading it again\n')
+    try:
+        return download(source, path)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, WeightsUnavailableError) as e:
+        if problem:
+            raise WeightsUnavailableError(f'{problem}; downloading it again failed ({type(e).__name__}: {e}). '
+                                          f'Delete {path} and its .sha256 record, or pass it as pretrained=PATH '
+                                          'if you trust it') from e
+        raise
 
 
 def fetch_weights(name: str, classifier: bool = False, directory: Optional[Path] = None
@@ -158,35 +250,37 @@ def fetch_weights(name: str, classifier: bool = False, directory: Optional[Path]
     candidates = sources(name, classifier)
     directory = Path(directory) if directory is not None else weights_dir()
     for source in candidates:
-        path = directory / source.filename
-        if path.is_file():
-            check_file(path, source)
-            return path, source
+        found, _ = _from_cache(directory / source.filename, source)
+        if found is not None:
+            return found, source
     errors = []
     for source in candidates:
         try:
-            return download(source, directory / source.filename), source
+            return _fetch(source, directory / source.filename), source
         except (urllib.error.URLError, http.client.HTTPException, OSError, WeightsUnavailableError) as e:
-            errors.append(f'  {source.url}\n    ({type(e).__name__}: {e}) -> save it as {directory / source.filename}')
+            errors.append(f'  {source.url}\n    ({type(e).__name__}: {e})')
     raise WeightsUnavailableError(
         f'could not fetch the weights of {name!r}; tried, in order:\n' + '\n'.join(errors) +
-        '\nDownload any one of them by hand and save it under the name shown (or set CPVT_WEIGHTS_DIR), '
-        'or pass pretrained=PATH')
+        '\nDownload any one of them by hand and pass it as pretrained=PATH (or save a file whose name carries a '
+        f'sha256 prefix in {directory}: a published prefix vouches for it), or set CPVT_WEIGHTS_DIR')
 
 
 def is_url(text: str) -> bool:
     return text.startswith(('http://', 'https://'))
 
 
-def fetch_url(url: str, directory: Optional[Path] = None) -> Path:
-    """A URL's file in the cache (fetched once; checked against the sha256 prefix in its name, if any)."""
+def url_path(url: str, directory: Optional[Path] = None) -> Path:
+    """Where ``fetch_url`` caches ``url``: ``<weights_dir>/url/<sha256 of the URL, 16 hex>/<its file name>``."""
     filename = url.rstrip('/').rsplit('/', 1)[-1].split('?')[0] or 'weights'
-    source = WeightSource(url, filename, 'unknown', _hash_in_name(filename))
-    path = (Path(directory) if directory is not None else weights_dir()) / filename
-    if path.is_file():
-        check_file(path, source)
-        return path
-    return download(source, path)
+    key = hashlib.sha256(url.encode()).hexdigest()[:16]
+    return (Path(directory) if directory is not None else weights_dir()) / 'url' / key / filename
+
+
+def fetch_url(url: str, directory: Optional[Path] = None) -> Path:
+    """A URL's file in the cache (``url_path``): fetched once, checked against its record (and the sha256 prefix
+    in its name, if any) on every load."""
+    path = url_path(url, directory)
+    return _fetch(WeightSource(url, path.name, 'unknown', _hash_in_name(path.name)), path)
 
 
 def resolve_checkpoint(spec: str, classifier: bool = False) -> Path:
@@ -202,5 +296,6 @@ def resolve_checkpoint(spec: str, classifier: bool = False) -> Path:
                             f'({sorted(PRETRAINED)})')
 
 
-__all__ = ['PRETRAINED', 'UNPUBLISHED', 'WeightSource', 'WeightsUnavailableError', 'check_file', 'download',
-           'fetch_url', 'fetch_weights', 'file_sha256', 'is_url', 'resolve_checkpoint', 'sources', 'weights_dir']
+__all__ = ['PRETRAINED', 'UNPUBLISHED', 'WeightSource', 'WeightsUnavailableError', 'cached', 'check_file',
+           'download', 'fetch_url', 'fetch_weights', 'file_sha256', 'is_url', 'record_path', 'resolve_checkpoint',
+           'sources', 'url_path', 'weights_dir']
