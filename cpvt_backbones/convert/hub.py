@@ -135,7 +135,8 @@ def cached(path: Path, source: WeightSource) -> Optional[str]:
         return 'it has no record of a checked download and no published checksum to check it by'
     digest = file_sha256(path)
     if recorded is not None and digest != recorded.get('sha256'):
-        return f'its sha256 {digest[:16]}... differs from the {str(recorded.get("sha256"))[:16]}... recorded at download'
+        return (f'its sha256 {digest[:16]}... differs from the {str(recorded.get("sha256"))[:16]}... recorded at '
+                'download')
     if source.sha256_prefix and not digest.startswith(source.sha256_prefix):
         return f'its sha256 {digest[:16]}... does not match the published {source.sha256_prefix}'
     return None
