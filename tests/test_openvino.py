@@ -142,13 +142,15 @@ def test_int8_quantizes_a_saved_conversion_with_nncf_and_stays_close(converted, 
     reread = ov_engine.to_openvino(model, 'int8', cache=cache)  # the quantized model, read without calibration
     assert max(relative_errors(reread(x), engine(x))) < 1e-5
 
-    # A conversion saved without the module names (openvino.save_model alone) is converted again for keep_fp32.
+    # A conversion saved by openvino.save_model alone (no module names, no record of its checksums) is converted
+    # again, and saved anew with both.
     monkeypatch.undo()
     import openvino
     openvino.save_model(fp32.ov_model.clone(), float_cache, compress_to_fp16=False)
     assert not openvino.Core().read_model(float_cache).has_rt_info(ov_engine.MODULES_KEY)
-    again = ov_engine.to_openvino(model, 'int8', calibration=calibration, keep_fp32=['blocks.3'],
-                                  float_cache=float_cache)
+    with pytest.warns(RuntimeWarning, match='float.xml does not have the sha256 recorded.*converting again'):
+        again = ov_engine.to_openvino(model, 'int8', calibration=calibration, keep_fp32=['blocks.3'],
+                                      float_cache=float_cache)
     assert max(relative_errors(again(x), ref)) < 0.1
     assert openvino.Core().read_model(float_cache).has_rt_info(ov_engine.MODULES_KEY)  # saved anew, with them
 
@@ -245,3 +247,83 @@ def test_two_stage_detectors_and_other_models_are_refused():
         dense_head(model)
     with pytest.raises(ValueError, match='not an OpenMMLab detector or segmentor'):
         dense_head(torch.nn.Linear(2, 2))
+
+
+@on_one_worker('pcpvt', 'peg')
+def test_a_saved_model_is_checked_before_use_and_rebuilt_when_it_fails(converted, tmp_path):
+    """``save`` records the sha256 of the .xml and .bin; ``to_openvino(cache=...)`` reads a saved model only when
+    both match: flipped bytes, a truncated or missing .bin, or a model saved without the record are converted
+    again with a warning naming the file and why, and saved anew."""
+    model, fp32 = converted('pcpvt', 'peg')
+    cache = tmp_path / 'm.xml'
+    ov_engine.save(fp32.ov_model.clone(), str(cache))
+    assert ov_engine.saved_problem(cache) is None
+    weights = cache.with_suffix('.bin')
+    good = weights.read_bytes()
+    damage = {'does not have the sha256': lambda: weights.write_bytes(good[:1000] + bytes([good[1000] ^ 0xFF])
+                                                                     + good[1001:]),
+              'truncated': lambda: weights.write_bytes(good[:len(good) // 2]),
+              f'{weights} is missing': weights.unlink,
+              'was not saved by cpvt_backbones': lambda: ov_engine.record_path(cache).unlink()}
+    for says, harm in damage.items():
+        harm()
+        assert says in ov_engine.saved_problem(cache)
+        with pytest.warns(RuntimeWarning, match=f'OpenVINO cache {cache}: .*{says}.*converting again'):
+            engine = ov_engine.to_openvino(model, cache=str(cache))
+        check_sizes(engine, model, FP32_TOLERANCE, SIZES[1:2])
+        assert ov_engine.saved_problem(cache) is None and weights.read_bytes() == good  # saved anew
+
+
+@on_one_worker('pcpvt', 'peg')
+def test_an_unwritable_cache_is_skipped_with_a_warning(converted, tmp_path):
+    model, _ = converted('pcpvt', 'peg')
+    blocker = tmp_path / 'not_a_folder'
+    blocker.write_text('')
+    with pytest.warns(RuntimeWarning, match='OpenVINO cache .*not_a_folder/m.xml not written .*running without it'):
+        engine = ov_engine.to_openvino(model, cache=str(blocker / 'm.xml'))
+    check_sizes(engine, model, FP32_TOLERANCE, SIZES[1:2])
+
+
+def test_a_killed_save_leaves_nothing_the_next_save_does_not_remove(tmp_path):
+    """A save killed mid-write leaves its temporary folder and no model under the final name; the next save in
+    that folder removes it."""
+    import signal
+    import subprocess
+    import time
+    script = f'''
+import time, numpy as np, openvino as ov, openvino.opset13 as ops
+from cpvt_backbones.deploy import openvino as engine
+engine.file_sha256 = lambda path: time.sleep(600)  # stop between writing and renaming
+p = ops.parameter([1, 3, 8, 8], np.float32)
+engine.save(ov.Model([ops.relu(p)], [p]), {str(tmp_path / 'm.xml')!r})
+'''
+    proc = subprocess.Popen([sys.executable, '-c', script])
+    deadline = time.time() + 120
+    while not list(tmp_path.glob(f'{ov_engine.SAVING}*/m.bin')) and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list(tmp_path.glob(f'{ov_engine.SAVING}*')) and not (tmp_path / 'm.xml').exists()
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+    p = ops.parameter([1, 3, 8, 8], np.float32)
+    ov_engine.save(ov.Model([ops.relu(p)], [p]), str(tmp_path / 'n.xml'))
+    assert sorted(f.name for f in tmp_path.iterdir()) == ['n.bin', 'n.sha256', 'n.xml']
+
+
+@on_one_worker('pcpvt', 'peg')
+def test_one_module_called_from_several_threads(converted):
+    """Concurrent calls (each compiled model keeps an infer request per concurrent call) give every caller its own
+    input's outputs, for the dynamic model and for shape-specialised ones compiled while other threads run."""
+    from concurrent.futures import ThreadPoolExecutor
+    model, _ = converted('pcpvt', 'peg')
+    engine = ov_engine.to_openvino(model, shapes='auto', specialise_after=3)
+    inputs = [torch.randn(1, 3, 33 + 8 * (i % 3), 47, generator=torch.Generator().manual_seed(i)) for i in range(24)]
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(engine, inputs))
+    for g, e in zip(got, expected):
+        assert max(relative_errors(g, e)) < FP32_TOLERANCE
+    assert len(engine.compiled_shapes) == 3

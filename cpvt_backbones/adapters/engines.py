@@ -13,7 +13,10 @@ test loop on either engine.
 import argparse
 import copy
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
+import warnings
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -21,7 +24,7 @@ import torch
 from mmengine.config import Config
 
 from ..deploy import PRECISIONS
-from ..utils import atomic_write
+from ..utils import atomic_write, file_sha256
 from .runner import build_runner, evaluation_datasets, our_backbone
 
 ENGINES = ('torch', 'openvino')
@@ -115,15 +118,15 @@ def kept_in_fp32(cfg: Config, keep_fp32: Optional[Sequence[str]] = None) -> Tupl
     return tuple(cfg.get('int8_keep_fp32', ()) if keep_fp32 is None else keep_fp32)
 
 
-def _calibration_source(source: str, num_images: int) -> Tuple[str, Union[str, List[Path]]]:
-    """('val', 'val'), or a folder's resolved path and its first ``num_images`` images (sorted), refused by name
-    when there are none."""
+def _calibration_source(source: str) -> Tuple[str, Union[str, List[Path]]]:
+    """('val', 'val'), or a folder's resolved path and its images (sorted), refused by name when there are
+    none."""
     if source == 'val':
         return source, source
     folder = Path(source)
     if not folder.is_dir():
         raise ValueError(f"calibration: the source must be 'val' or a folder of images, got {source!r}")
-    images = sorted(p for p in folder.rglob('*') if p.suffix.lower() in IMAGE_SUFFIXES)[:num_images]
+    images = sorted(p for p in folder.rglob('*') if p.suffix.lower() in IMAGE_SUFFIXES)
     if not images:
         raise ValueError(f'calibration: no images ({", ".join(IMAGE_SUFFIXES)}) under {folder}')
     return str(folder.resolve()), images
@@ -131,40 +134,73 @@ def _calibration_source(source: str, num_images: int) -> Tuple[str, Union[str, L
 
 def calibration_batches(cfg: Config, source: Union[str, List[Path]], num_images: int) -> Iterator[Tuple[dict, int]]:
     """Test-step batches (and their sizes) of about ``num_images`` images of ``source``: 'val', the config's test
-    set in order through its dataloader; or image files through the test pipeline without its annotation
-    steps."""
-    from mmengine.dataset import Compose, pseudo_collate
+    set in order through its dataloader; or image files, in order, through the test pipeline without its
+    annotation steps, where a file the pipeline cannot read is skipped with a warning naming it and the reason
+    (and none readable is an error)."""
+    from mmengine.dataset import Compose
     from mmengine.runner import Runner
-    seen = 0
     if source == 'val':
         batches = ((batch, len(batch['inputs'])) for batch in Runner.build_dataloader(cfg.test_dataloader))
     else:
         dataset = next(evaluation_datasets(cfg))  # the test set's (innermost) dataset
-        pipeline = Compose([s for s in dataset.pipeline if 'Annotation' not in s['type']])
-        batches = ((pseudo_collate([pipeline(dict(img_path=str(p), img_id=i))]), 1) for i, p in enumerate(source))
+        batches = _image_batches(Compose([s for s in dataset.pipeline if 'Annotation' not in s['type']]), source)
+    seen = 0
     for batch, size in batches:
         yield batch, size
         seen += size
         if seen >= num_images:
             return
+    if not seen:
+        raise ValueError('calibration: the config\'s test set is empty' if source == 'val' else
+                         f'calibration: none of the {len(source)} image(s) could be read (each named in a warning)')
 
 
-def _cache_name(checkpoint: Path, source: str, num_images: int, *extra: str) -> str:
-    """A file name for what was derived from ``checkpoint`` (its path, size and time), the calibration source
-    ('val' or a folder's path) and the number of images: the same inputs give the same name, any change
+def _image_batches(pipeline, images: List[Path]) -> Iterator[Tuple[dict, int]]:
+    from mmengine.dataset import pseudo_collate
+    for i, path in enumerate(images):
+        try:
+            data = pipeline(dict(img_path=str(path), img_id=i))
+        except Exception as e:  # whatever the pipeline's reader raises on a file it cannot read
+            warnings.warn(f'calibration: {path} skipped ({type(e).__name__}: {e})', RuntimeWarning, stacklevel=2)
+            continue
+        if data is None:
+            warnings.warn(f'calibration: {path} skipped (the pipeline dropped it)', RuntimeWarning, stacklevel=2)
+            continue
+        yield pseudo_collate([data]), 1
+
+
+def _versions(*packages: str) -> dict:
+    return {name: importlib.metadata.version(name) for name in packages}
+
+
+def cache_name(cfg: Config, checkpoint: Path, kind: str, calibration: Optional[Tuple[str, int]] = None,
+               *extra: str) -> str:
+    """A file name for what is derived from the model of ``cfg`` with ``checkpoint``: the checkpoint's stem,
+    ``kind`` and a hash of everything that changes the result: the config's model section (after overrides), the
+    checkpoint's content (sha256), ``extra``, the versions of this package, torch, OpenVINO and NNCF where
+    installed, and for ``calibration`` (source, number of images) the config's test dataloader with its
+    pipeline and, for a folder, the content of its images. The same inputs give the same name, any change
     another."""
-    stat = checkpoint.stat()
-    key = json.dumps([str(checkpoint), stat.st_size, stat.st_mtime_ns, source, num_images, *extra])
-    return f'{checkpoint.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}'
+    key = dict(model=cfg.model.to_dict(), checkpoint=file_sha256(checkpoint), kind=kind, extra=list(extra),
+               versions=_versions(*(name for name in ('cpvt_backbones', 'torch', 'openvino', 'nncf')
+                                    if importlib.util.find_spec(name) is not None)))
+    if calibration is not None:
+        source, num_images = calibration
+        images = _calibration_source(source)[1]
+        key['calibration'] = dict(source=source, images=num_images, loader=cfg.test_dataloader.to_dict(),
+                                  content=None if images == 'val' else [
+                                      (str(p.relative_to(source)), file_sha256(p)) for p in images])
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+    return f'{checkpoint.stem}-{kind}-{digest}'
 
 
 def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int = 32) -> Path:
     """Static int8 calibration: the input ranges of the backbone's linear layers (``record_input_ranges``) while
     the plain model of ``cfg`` with ``checkpoint`` runs on ``num_images`` images of ``source`` ('val': the
     config's test set, in order; or a folder of images, sorted, through the test pipeline without its
-    annotation steps), as a JSON file for ``optimize_backbone(cfg, 'int8', input_ranges=...)``. The file is
-    kept in ``weights_dir()/calibration`` under a name derived from the checkpoint's path, size and time, the
-    source and the number of images, and reused while those stay the same."""
+    annotation steps, unreadable ones skipped), as a JSON file for ``optimize_backbone(cfg, 'int8',
+    input_ranges=...)``. The file is kept in ``weights_dir()/calibration`` under ``cache_name`` and reused while
+    everything it was derived from stays the same."""
     from mmengine.runner import load_checkpoint
 
     from ..convert import weights_dir
@@ -174,8 +210,8 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
     ckpt = Path(checkpoint).resolve()
     if not ckpt.is_file():
         raise FileNotFoundError(f'calibrate: no checkpoint file {checkpoint}')
-    source, images = _calibration_source(source, num_images)
-    out = weights_dir() / 'calibration' / f'{_cache_name(ckpt, source, num_images)}.json'
+    source, images = _calibration_source(source)
+    out = weights_dir() / 'calibration' / f'{cache_name(cfg, ckpt, "ranges", (source, num_images))}.json'
     if out.is_file():
         return out
     cfg = copy.deepcopy(cfg)
@@ -219,30 +255,36 @@ def openvino_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str
     """``model`` (a built detector or segmentor of ``cfg`` with ``checkpoint``'s weights) running on OpenVINO,
     in place. int8 is calibrated on ``calibration_images`` of ``calibration`` (see ``calibration_batches``),
     each batch through the model's own data preprocessor, with the modules named in ``keep_fp32`` left in
-    float32. With a checkpoint file, the converted model is saved under ``weights_dir()/openvino`` with a name
-    derived from the checkpoint, the precision, the calibration and ``keep_fp32``, and read from there next
-    time; int8 quantizes the saved float32 conversion of the same checkpoint where there is one."""
+    float32. With a checkpoint file, the converted model is saved under ``weights_dir()/openvino`` named by
+    ``cache_name`` (the config's model section, the checkpoint's content, the precision, the calibration,
+    ``keep_fp32`` and the versions) and read from there next time after its own checksums are checked
+    (``deploy.openvino.to_openvino``); int8 quantizes the saved float32 conversion of the same model where there
+    is one."""
     from ..convert import weights_dir
     from ..deploy.openmmlab import to_openvino_model
+    from ..deploy.openvino import saved_problem
     model.eval()
     inputs, (source, images) = None, ('', None)
     if precision == 'int8':
-        source, images = _calibration_source(calibration or 'val', calibration_images)
+        source, images = _calibration_source(calibration or 'val')
     ckpt = Path(checkpoint).resolve() if checkpoint else None
     cache = float_cache = None
     if ckpt is not None and ckpt.is_file():
-        float_cache = weights_dir() / 'openvino' / f'{_cache_name(ckpt, "", 0, "float", "openvino")}.xml'
-        cache = float_cache if precision != 'int8' else weights_dir() / 'openvino' / (
-            _cache_name(ckpt, source, calibration_images, 'int8', 'openvino', *sorted(keep_fp32)) + '.xml')
-    if precision == 'int8' and not (cache and cache.is_file()):
-        with torch.no_grad():
-            inputs = [model.data_preprocessor(batch, False)['inputs']
-                      for batch, _ in calibration_batches(cfg, images, calibration_images)]
+        folder = weights_dir() / 'openvino'
+        float_cache = folder / f'{cache_name(cfg, ckpt, "float")}.xml'
+        cache = float_cache if precision != 'int8' else \
+            folder / f'{cache_name(cfg, ckpt, "int8", (source, calibration_images), *sorted(keep_fp32))}.xml'
+    if precision == 'int8':
+        if not (cache and saved_problem(cache) is None):  # nothing usable saved: calibrate
+            with torch.no_grad():
+                inputs = [model.data_preprocessor(batch, False)['inputs']
+                          for batch, _ in calibration_batches(cfg, images, calibration_images)]
     print(f'[openvino] {type(model).__name__} at {precision}' + (f', float32: {", ".join(keep_fp32)}' if keep_fp32
                                                                  else '') + (f', saved as {cache}' if cache else ''))
     return to_openvino_model(model, precision, calibration=inputs, keep_fp32=keep_fp32,
                              cache=str(cache) if cache else None, float_cache=str(float_cache) if float_cache else None)
 
 
-__all__ = ['ENGINES', 'IMAGE_SUFFIXES', 'add_precision_args', 'apply_precision', 'calibrate', 'calibration_batches',
+__all__ = ['ENGINES', 'IMAGE_SUFFIXES', 'add_precision_args', 'apply_precision', 'cache_name', 'calibrate',
+           'calibration_batches',
            'engine_model', 'kept_in_fp32', 'openvino_model', 'optimize_backbone', 'set_engine']

@@ -29,7 +29,10 @@ first call names the extra.
 import collections
 import json
 import os
+import queue
+import shutil
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -40,10 +43,12 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..compat import require
+from ..utils import atomic_write, file_sha256
 from .precision import PRECISIONS, check_precision
 
 SHAPES = ('dynamic', 'static', 'auto')
 EXTRA = "pip install 'cpvt_backbones[openvino]'"
+SAVING = '.saving-'  # the prefix of the folder a model is written in before it is renamed into place
 
 
 def _openvino():
@@ -257,7 +262,10 @@ class OpenVINOModule(nn.Module):
     * ``'auto'``: the dynamic model, and for a shape met ``specialise_after`` times a model compiled for it (kept
       as ``'static'`` keeps them). A shape that recurs runs at the specialised speed after that many calls and
       one compile; a stream of ever-new sizes runs as ``'dynamic'`` does. Calls are counted for the 1024 most
-      recently seen shapes."""
+      recently seen shapes.
+
+    A module may be called from several threads at once: each compiled model keeps a pool of infer requests (one
+    per concurrent call, made on demand and reused), and the choice and compilation of models is serialised."""
 
     COUNTED_SHAPES = 1024
 
@@ -270,9 +278,11 @@ class OpenVINOModule(nn.Module):
         self.precision, self.shapes, self.cache_size = precision, shapes, cache_size
         self.specialise_after = specialise_after
         self._core, self._config = ov.Core(), compile_config(precision, threads)
-        self._compiled: 'collections.OrderedDict[Tuple[int, ...], Any]' = collections.OrderedDict()
+        self._compiled: 'collections.OrderedDict[Tuple[int, ...], _Requests]' = collections.OrderedDict()
         self._calls: 'collections.OrderedDict[Tuple[int, ...], int]' = collections.OrderedDict()
-        self._dynamic = self._core.compile_model(ov_model, 'CPU', self._config) if shapes != 'static' else None
+        self._lock = threading.Lock()
+        self._dynamic = _Requests(self._core.compile_model(ov_model, 'CPU', self._config)) \
+            if shapes != 'static' else None
         self.eval()
 
     @property
@@ -280,9 +290,13 @@ class OpenVINOModule(nn.Module):
         """The input shapes that have a model compiled for them, least recently used first."""
         return tuple(self._compiled)
 
-    def compiled_for(self, shape: Tuple[int, ...]):
-        """The compiled model that runs inputs of ``shape`` (a shape-specialised one compiled now where the
-        strategy says so)."""
+    def compiled_for(self, shape: Tuple[int, ...]) -> '_Requests':
+        """The compiled model (with its infer requests) that runs inputs of ``shape``: a shape-specialised one
+        compiled now where the strategy says so."""
+        with self._lock:
+            return self._choose(shape)
+
+    def _choose(self, shape: Tuple[int, ...]) -> '_Requests':
         if self.shapes == 'dynamic':
             return self._dynamic
         if shape in self._compiled:
@@ -297,7 +311,7 @@ class OpenVINOModule(nn.Module):
                 return self._dynamic
         model = self.ov_model.clone()
         model.reshape({model.inputs[0]: list(shape)})
-        compiled = self._core.compile_model(model, 'CPU', self._config)
+        compiled = _Requests(self._core.compile_model(model, 'CPU', self._config))
         self._compiled[shape] = compiled
         while len(self._compiled) > self.cache_size:
             self._compiled.popitem(last=False)
@@ -307,15 +321,32 @@ class OpenVINOModule(nn.Module):
         from ..models.base import check_input
         check_input(x, self.in_chans)
         array = np.ascontiguousarray(x.detach().to('cpu', torch.float32).numpy())
-        compiled = self.compiled_for(tuple(array.shape))
-        result = compiled(array)
-        outs = [torch.from_numpy(np.asarray(result[port])) for port in compiled.outputs]
+        outs = [torch.from_numpy(out) for out in self.compiled_for(tuple(array.shape))(array)]
         return pytree.tree_unflatten(outs, self.out_spec)
 
     def extra_repr(self) -> str:
         return f'precision={self.precision!r}, shapes={self.shapes!r}' + (
             f', cache_size={self.cache_size}' if self.shapes != 'dynamic' else '') + (
             f', specialise_after={self.specialise_after}' if self.shapes == 'auto' else '')
+
+
+class _Requests:
+    """A compiled model and a pool of its infer requests: a call takes an idle one (or makes one), runs, copies the
+    outputs out and gives the request back, so concurrent calls never share one."""
+
+    def __init__(self, compiled):
+        self.compiled, self._idle = compiled, queue.SimpleQueue()
+
+    def __call__(self, array: np.ndarray) -> List[np.ndarray]:
+        try:
+            request = self._idle.get_nowait()
+        except queue.Empty:
+            request = self.compiled.create_infer_request()
+        try:
+            result = request.infer(array)
+            return [np.array(result[port]) for port in self.compiled.outputs]
+        finally:
+            self._idle.put(request)
 
 
 def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: Tuple[int, int] = (97, 131),
@@ -351,41 +382,91 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Optional
     (``check_conversion``), quantized to int8 with NNCF when ``precision='int8'`` (on ``calibration``; the modules
     under the name prefixes ``keep_fp32`` stay float32), compiled for the CPU at ``precision``.
 
-    ``cache``: an ``.xml`` path where the converted (and quantized) model is saved, and read instead of
-    converting when it exists; its name must tell what it holds (the tools derive it from the checkpoint,
-    precision, calibration and ``keep_fp32``). ``float_cache``: the same for the float32 conversion that int8
-    quantizes (for fp32 and bf16 it is ``cache`` where that is not given), so that int8 with other calibration
-    or ``keep_fp32`` quantizes a saved conversion instead of converting again (one saved without the module
-    names that ``keep_fp32`` needs is converted again and saved anew). ``in_chans``: input channels
-    (default: the model's ``in_chans`` attribute, else 3). ``shapes``, ``cache_size``, ``specialise_after``,
-    ``threads``: as ``OpenVINOModule`` takes them (checked before anything is converted)."""
+    ``cache``: an ``.xml`` path where the converted (and quantized) model is saved (``save``), and read instead of
+    converting when it is there and checks (``saved_problem``); its name must tell what it holds (the tools derive
+    it from everything that changes the converted model, ``adapters.engines.openvino_model``). A saved model that
+    does not check is converted again (with a warning saying why); a cache that cannot be written is skipped with
+    a warning. ``float_cache``: the same for the float32 conversion that int8 quantizes (for fp32 and bf16 it is
+    ``cache`` where that is not given), so that int8 with other calibration or ``keep_fp32`` quantizes a saved
+    conversion instead of converting again (one saved without the module names that ``keep_fp32`` needs is
+    converted again and saved anew). ``in_chans``: input channels (default: the model's ``in_chans`` attribute,
+    else 3). ``shapes``, ``cache_size``, ``specialise_after``, ``threads``: as ``OpenVINOModule`` takes them
+    (checked before anything is converted)."""
     check_precision(precision)
     check_shapes(shapes, cache_size, specialise_after)
-    if precision == 'int8' and calibration is None and not (cache and Path(cache).is_file()):
-        raise ValueError("precision='int8' quantizes with NNCF: pass calibration=<an iterable of input batches>")
     if precision != 'int8' and (calibration is not None or keep_fp32):
         raise ValueError(f'calibration and keep_fp32 configure int8; precision={precision!r} does not use them')
     _require_eval(model)
     in_chans = in_chans or getattr(model, 'in_chans', 3)
     if precision != 'int8':
         cache = cache or float_cache
-    if cache and Path(cache).is_file():
-        ov_model, spec = _read(cache, model, in_chans)
+    loaded = _load(cache, model, in_chans)
+    if loaded is not None:
+        ov_model, spec = loaded
     else:
-        saved = _read(float_cache, model, in_chans) if precision == 'int8' and float_cache and \
-            Path(float_cache).is_file() else None
+        if precision == 'int8' and calibration is None:
+            raise ValueError("precision='int8' quantizes with NNCF: pass calibration=<an iterable of input batches>")
+        saved = _load(float_cache, model, in_chans) if precision == 'int8' else None
         if saved is not None and (not keep_fp32 or saved[0].has_rt_info(MODULES_KEY)):
             ov_model, spec = saved
         else:  # nothing saved, or saved without the module names that keep_fp32 selects by: convert
             ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size))
             check_conversion(ov_model, spec, model, in_chans)
             if precision == 'int8' and float_cache:
-                save(ov_model, float_cache)
+                _save_or_warn(ov_model, float_cache)
         if precision == 'int8':
             ov_model = quantize(ov_model, calibration, keep_fp32)
         if cache:
-            save(ov_model, cache)
+            _save_or_warn(ov_model, cache)
     return OpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads, specialise_after)
+
+
+def record_path(path) -> Path:
+    """The record ``save`` writes beside ``NAME.xml``: ``NAME.sha256``, the sha256 of the .xml and the .bin."""
+    return Path(path).with_suffix('.sha256')
+
+
+def saved_problem(path) -> Optional[str]:
+    """Why the model saved at ``path`` (.xml, .bin and their record) cannot be used, or None: a file is missing,
+    there is no record (not written by ``save``, or its write was cut short), or a file's sha256 differs from the
+    record (truncated, damaged, or replaced since)."""
+    path, record = Path(path), record_path(path)
+    for file in (path, path.with_suffix('.bin')):
+        if not file.is_file():
+            return f'{file} is missing'
+    try:
+        recorded = json.loads(record.read_text())
+    except FileNotFoundError:
+        return f'{record} is missing (it was not saved by cpvt_backbones, or its saving was cut short)'
+    except (OSError, ValueError) as e:
+        return f'{record} cannot be read ({e})'
+    for key, file in (('xml', path), ('bin', path.with_suffix('.bin'))):
+        if file_sha256(file) != recorded.get(key):
+            return f'{file} does not have the sha256 recorded in {record} (truncated, damaged or replaced)'
+    return None
+
+
+def _load(path: Optional[str], model: nn.Module, in_chans: int):
+    """The model saved at ``path`` (``_read``) where there is one and it checks, else None (with a warning saying
+    why, where something was there)."""
+    if not path or not (Path(path).is_file() or record_path(path).is_file()):
+        return None
+    problem = saved_problem(path)
+    if problem is None:
+        try:
+            return _read(path, model, in_chans)
+        except RuntimeError as e:
+            problem = f'OpenVINO cannot read it ({e})'
+    warnings.warn(f'OpenVINO cache {path}: {problem}; converting again', RuntimeWarning, stacklevel=3)
+    return None
+
+
+def _save_or_warn(ov_model, path: str) -> None:
+    try:
+        save(ov_model, path)
+    except OSError as e:
+        warnings.warn(f'OpenVINO cache {path} not written ({type(e).__name__}: {e}); running without it',
+                      RuntimeWarning, stacklevel=3)
 
 
 def _read(path: str, model: nn.Module, in_chans: int):
@@ -403,9 +484,22 @@ def _read(path: str, model: nn.Module, in_chans: int):
     return ov_model, spec
 
 
+def _remove_abandoned(folder: Path) -> None:
+    """Delete the folders that ``save`` of a process no longer running left behind (it was killed mid-write)."""
+    for tmp in folder.glob(f'{SAVING}*'):
+        try:
+            pid = int(tmp.name[len(SAVING):].split('-')[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue
+
+
 def save(ov_model, path: str) -> None:
-    """``openvino.save_model`` to ``path`` (.xml, with its .bin beside it), written under temporary names and
-    renamed, so that a crash never leaves half a model where ``to_openvino(cache=...)`` would read it. The IR
+    """``openvino.save_model`` to ``path`` (.xml, with its .bin beside it and their record, ``record_path``):
+    written in a temporary folder and renamed into place, the record last, so that a crash never leaves a model
+    that ``to_openvino(cache=...)`` would take as whole; folders that killed saves left behind are removed. The IR
     keeps no custom per-operation data, so the module each operation came from (``MODULE_KEY``, what
     ``keep_fp32`` selects by) is recorded in the model's own runtime info (``MODULES_KEY``, by operation name)."""
     ov = _openvino()
@@ -417,12 +511,17 @@ def save(ov_model, path: str) -> None:
     if modules:
         ov_model.set_rt_info(json.dumps(modules, separators=(',', ':')), MODULES_KEY)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        ov.save_model(ov_model, str(Path(tmp) / path.name), compress_to_fp16=False)
-        os.replace(Path(tmp) / path.with_suffix('.bin').name, path.with_suffix('.bin'))
-        os.replace(Path(tmp) / path.name, path)
+    _remove_abandoned(path.parent)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f'{SAVING}{os.getpid()}-') as tmp:
+        xml, weights = Path(tmp) / path.name, Path(tmp) / path.with_suffix('.bin').name
+        ov.save_model(ov_model, str(xml), compress_to_fp16=False)
+        record = dict(xml=file_sha256(xml), bin=file_sha256(weights), openvino=ov.get_version())
+        record_path(path).unlink(missing_ok=True)  # the old record goes first: a half-renamed pair never checks
+        os.replace(weights, path.with_suffix('.bin'))
+        os.replace(xml, path)
+        atomic_write(record_path(path), json.dumps(record).encode())
 
 
 __all__ = ['EXTRA', 'MODULE_KEY', 'MODULES_KEY', 'PRECISIONS', 'SHAPES', 'OpenVINOModule', 'available',
            'check_conversion', 'check_shapes', 'compile_config', 'convert', 'native_bf16', 'ops_under', 'quantize',
-           'save', 'to_openvino']
+           'record_path', 'save', 'saved_problem', 'to_openvino']
