@@ -227,3 +227,67 @@ def test_int8_keeps_the_configs_float32_modules_unless_told_otherwise():
     assert fp32_cfg.model.backbone.optimize == dict(precision='fp32') and 'custom_hooks' not in fp32_cfg
     with pytest.raises(SystemExit, match='--keep-fp32 configure int8'):
         apply_precision(copy.deepcopy(cfg), parser.parse_args(['--precision', 'bf16', '--keep-fp32']), 'x.pth')
+
+
+def test_engine_caches_are_named_by_everything_that_changes_them(tmp_path, monkeypatch):
+    """``cache_name``: the config's model section (after overrides), the checkpoint's content (not its path, size
+    or time), the calibration (source, count, images' content), the kept-float layers and the versions each give
+    another name; the same inputs the same name."""
+    import os
+    from pathlib import Path
+
+    from PIL import Image
+
+    from cpvt_backbones.adapters import engines
+    from cpvt_backbones.adapters.runner import read_config
+    shapes = Path(__file__).resolve().parents[1] / 'configs/shapes'
+    det = read_config(str(shapes / 'retinanet_pcpvt-tiny_fpn_shapes.py'))
+    seg = read_config(str(shapes / 'fpn_pcpvt-tiny_shapes.py'))
+    ckpt = tmp_path / 'epoch_1.pth'
+    ckpt.write_bytes(b'a' * 1000)
+    folder = tmp_path / 'calib'
+    folder.mkdir()
+    Image.new('RGB', (9, 7), (10, 20, 30)).save(folder / 'x.png')
+    name = engines.cache_name(det, ckpt, 'float')
+    assert engines.cache_name(det, ckpt, 'float') == name and name.startswith('epoch_1-float-')
+    bilinear = copy.deepcopy(det)
+    bilinear.model.neck.upsample_cfg = dict(mode='bilinear')
+    others = [engines.cache_name(bilinear, ckpt, 'float'), engines.cache_name(seg, ckpt, 'float'),
+              engines.cache_name(det, ckpt, 'int8', ('val', 32)), engines.cache_name(det, ckpt, 'int8', ('val', 8)),
+              engines.cache_name(det, ckpt, 'int8', ('val', 32), 'neck'),
+              engines.cache_name(det, ckpt, 'int8', (str(folder), 32))]
+    stat = ckpt.stat()
+    ckpt.write_bytes(b'b' * 1000)  # same path, size and time, other weights
+    os.utime(ckpt, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    others.append(engines.cache_name(det, ckpt, 'float'))
+    Image.new('RGB', (9, 7), (10, 20, 31)).save(folder / 'x.png')
+    others.append(engines.cache_name(det, ckpt, 'int8', (str(folder), 32)))
+    monkeypatch.setattr(engines, '_versions', lambda *names: {'openvino': 'another'})
+    others.append(engines.cache_name(det, ckpt, 'float'))
+    assert len({name, *others}) == len(others) + 1
+
+
+def test_calibration_skips_an_unreadable_image_by_name(tmp_path):
+    from pathlib import Path
+
+    from mmengine.registry import init_default_scope
+    from PIL import Image
+
+    from cpvt_backbones.adapters import engines
+    from cpvt_backbones.adapters.runner import read_config
+    cfg = read_config(str(Path(__file__).resolve().parents[1] / 'configs/shapes/fpn_pcpvt-tiny_shapes.py'))
+    init_default_scope(cfg.default_scope)
+    for i in range(3):
+        Image.new('RGB', (40, 30), (i, 2 * i, 3 * i)).save(tmp_path / f'{i}.png')
+    (tmp_path / '1.png').write_bytes(b'')  # zero bytes
+    (tmp_path / '3.jpg').write_bytes(b'not an image')
+    source, images = engines._calibration_source(str(tmp_path))
+    with pytest.warns(RuntimeWarning) as caught:
+        batches = list(engines.calibration_batches(cfg, images, 2))
+    assert len(batches) == 2 and [b['data_samples'][0].img_path for b, _ in batches] == \
+        [str(tmp_path / '0.png'), str(tmp_path / '2.png')]
+    assert any(f'calibration: {tmp_path / "1.png"} skipped (' in str(w.message) for w in caught)
+    for p in tmp_path.glob('*.png'):
+        p.write_bytes(b'')
+    with pytest.warns(RuntimeWarning), pytest.raises(ValueError, match='none of the 4 image'):
+        list(engines.calibration_batches(cfg, images, 2))
