@@ -2,11 +2,13 @@
 # Create or reuse a virtual environment with one of the supported stacks, idempotently.
 #
 #   STACK=default  (.venv)          torch 2.14.1, mmcv 2.1.0 built from source, mmengine 0.10.7, mmdet 3.3.0,
-#                                   mmsegmentation 1.2.2, mmpretrain 1.2.0, OpenVINO + NNCF
+#                                   mmsegmentation 1.2.2, mmpretrain 1.2.0, OpenVINO + NNCF, transformers and
+#                                   segmentation-models-pytorch (the other ecosystems' adapters are tested)
 #   STACK=upstream (.venv-upstream) torch 2.1.2, numpy < 2, mmcv 2.1.0 built from source (OpenMMLab's own
 #                                   wheels are CUDA builds for download.openmmlab.com, not on PyPI), the same
 #                                   mmengine/mmdet/mmseg/mmpretrain; no OpenVINO (its conversion needs torch >= 2.6)
-#   STACK=onedl    (.venv-onedl)    torch 2.15.0, the OneDL forks' newest releases (onedl-mmcv built from its sdist)
+#   STACK=onedl    (.venv-onedl)    torch 2.15.0, the OneDL forks' newest releases (onedl-mmcv built from its sdist),
+#                                   OpenVINO + NNCF, transformers and segmentation-models-pytorch
 #   STACK=core     (.venv-core)     torch 2.1.2, numpy < 2 and the test tools, no OpenMMLab: the core on the
 #                                   oldest supported torch
 #
@@ -23,6 +25,7 @@ PYTHON_BIN="${PYTHON:-python3.11}"
 TOOLS=("pytest" "pytest-xdist" "hypothesis" "ruff" "timm" "safetensors" "onnx" "onnxruntime" "onnxscript" "matplotlib")
 OPENMMLAB=("mmengine==0.10.7" "mmdet==3.3.0" "mmsegmentation==1.2.2" "mmpretrain==1.2.0")
 ONEDL=("onedl-mmengine==0.10.12" "onedl-mmdetection==3.5.1" "onedl-mmsegmentation==1.4.2" "onedl-mmpretrain==1.3.6")
+ECOSYSTEMS=("transformers>=5.20,<6" "segmentation-models-pytorch>=0.5,<0.7")
 MMCV=(mmcv 2.1.0)
 OPENVINO=1
 SETUPTOOLS="setuptools<70"
@@ -30,11 +33,11 @@ CHECK="import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, openvino, nncf, c
 case "$STACK" in
   default)  VENV="$ROOT/.venv"; PINS=("torch==2.14.1" "torchvision==0.29.1" "numpy<2.5"); STACK_PKGS=("${OPENMMLAB[@]}") ;;
   upstream) VENV="$ROOT/.venv-upstream"; PINS=("torch==2.1.2" "torchvision==0.16.2" "numpy<2"); STACK_PKGS=("${OPENMMLAB[@]}")
-            OPENVINO=0; CHECK="import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, cpvt_backbones" ;;
+            OPENVINO=0; ECOSYSTEMS=(); CHECK="import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, cpvt_backbones" ;;
   onedl)    VENV="$ROOT/.venv-onedl"; PINS=("torch==2.15.0" "torchvision==0.29.2" "numpy<2.5"); STACK_PKGS=("${ONEDL[@]}")
             MMCV=(onedl-mmcv 2.3.6); SETUPTOOLS="setuptools>=80" ;;
   core)     VENV="$ROOT/.venv-core"; PINS=("torch==2.1.2" "torchvision==0.16.2" "numpy<2"); STACK_PKGS=(); MMCV=()
-            OPENVINO=0; CHECK="import torch, timm, cpvt_backbones" ;;
+            OPENVINO=0; ECOSYSTEMS=(); CHECK="import torch, timm, cpvt_backbones" ;;
   *) echo "[env] unknown STACK=$STACK (default, upstream, onedl or core)" >&2; exit 2 ;;
 esac
 CACHE="${CPVT_CACHE_DIR:-$HOME/.cache/cpvt_backbones}"
@@ -111,7 +114,8 @@ if [ "${#MMCV[@]}" -gt 0 ]; then
 fi
 
 say "installing ${WHEELS[*]:-no mmcv} ${STACK_PKGS[*]:-} and the test tools"
-"${INSTALL[@]}" -q "${WHEELS[@]}" "${STACK_PKGS[@]}" ftfy regex pycocotools "${TOOLS[@]}" "${PINS[@]}"
+"${INSTALL[@]}" -q "${WHEELS[@]}" "${STACK_PKGS[@]}" ftfy regex pycocotools "${TOOLS[@]}" "${ECOSYSTEMS[@]}" \
+  "${PINS[@]}"
 pin_setuptools
 
 EXTRA=""
@@ -122,7 +126,8 @@ pin_setuptools
 
 "$PY" -c "$CHECK" && "$PY" -c "import importlib, torch
 versions = ['torch ' + torch.__version__]
-for name in ('mmcv', 'mmengine', 'mmdet', 'mmseg', 'mmpretrain', 'timm', 'openvino', 'numpy'):
+for name in ('mmcv', 'mmengine', 'mmdet', 'mmseg', 'mmpretrain', 'timm', 'transformers', 'segmentation_models_pytorch',
+             'openvino', 'numpy'):
     try:
         versions.append(name + ' ' + importlib.import_module(name).__version__)
     except ImportError:
