@@ -37,7 +37,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -49,6 +49,7 @@ from cpvt_backbones.datasets import load_fashion_mnist
 from cpvt_backbones.datasets.fashion_mnist import DEFAULT_ROOT
 
 from cpvt_backbones.utils import atomic_write, pyplot
+from benchmarks.study_cnn import PatchCNN
 from benchmarks.study_common import mean_std, parse_shard, run_meta, study_dir, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +60,7 @@ class Variant(NamedTuple):
     label: str
     paper: Optional[float]      # DeiT-tiny, ImageNet top-1 at 224 (CPVT paper); None: not in its table
     spec: Callable[[int, int], object]   # (training image size in px, patch) -> pos_encoding
+    cnn: bool = False           # the positive control: study_cnn.PatchCNN instead of the ViT (spec unused)
 
 
 # The rows of the CPVT paper's position-encoding ablation (DeiT-tiny on ImageNet, class token), in its order,
@@ -86,6 +88,7 @@ VARIANTS: Dict[str, Variant] = {
     'rope_mixed': Variant('RoPE-Mixed', None, lambda size, patch: 'rope_mixed'),
     'rope_mixed+peg_0': Variant('RoPE-Mixed + PEG after 0', None,
                                 lambda size, patch: ['rope_mixed', dict(type='peg', positions=(0,))]),
+    'cnn': Variant('CNN, no position encoding (control)', None, lambda size, patch: None, cnn=True),
 }
 
 
@@ -134,7 +137,8 @@ class StudyConfig:
 def parse_args(argv: Optional[Sequence[str]] = None) -> StudyConfig:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--data', type=Path, default=DEFAULT_ROOT, help='directory with the Fashion-MNIST IDX files')
-    p.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument('--variants', nargs='+', default=[v for v in VARIANTS if not VARIANTS[v].cnn],
+                   choices=list(VARIANTS), help='default: every ViT variant (cnn, the control, only when named)')
     p.add_argument('--head', choices=('cls', 'gap'), default='cls', help='class token, or global average pooling')
     p.add_argument('--shard', default='0/1', help='K/N: run every N-th (variant, seed) from the K-th (0-based)')
     p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
@@ -184,6 +188,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> StudyConfig:
             p.error(f'size {size} is not a multiple of the patch size {args.patch} (the study avoids padding)')
     if args.image_size not in args.test_sizes:
         p.error(f'--test-sizes must include the training size {args.image_size} (changes are measured from it)')
+    if args.head != 'gap' and any(VARIANTS[v].cnn for v in args.variants):
+        p.error('variant cnn pools its feature map (no class token): it needs --head gap')
     if args.depth < 6 and 'peg_0-5' in args.variants:
         p.error(f'variant peg_0-5 needs --depth >= 6, got {args.depth}')
     if any(s <= args.image_size for s in args.canvas_sizes + [args.placement_canvas or args.image_size + 1]):
@@ -283,7 +289,9 @@ def resize(x: torch.Tensor, size: int, mode: str = 'bilinear') -> torch.Tensor:
                                                        antialias=size < x.shape[-1])
 
 
-def build_model(variant: str, config: StudyConfig) -> CPVT:
+def build_model(variant: str, config: StudyConfig) -> Union[CPVT, PatchCNN]:
+    if VARIANTS[variant].cnn:
+        return PatchCNN(config.dim, config.depth, config.patch)
     return CPVT(embed_dim=config.dim, depth=config.depth, num_heads=config.heads, patch_size=config.patch, in_chans=1,
                 num_classes=10, class_token=config.head == 'cls', drop_path_rate=config.drop_path,
                 pos_encoding=VARIANTS[variant].spec(config.image_size, config.patch))

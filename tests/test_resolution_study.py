@@ -216,7 +216,7 @@ def test_bad_settings_are_refused(capsys):
 
 def test_variants_differ_only_in_position_encoding():
     args = study.parse_args(TINY)
-    models = {v: study.build_model(v, args) for v in study.VARIANTS}
+    models = {v: study.build_model(v, args) for v in study.VARIANTS if v != 'cnn'}
     keys = {v: set(m.state_dict()) for v, m in models.items()}
     common = keys['none']
     assert all(keys[v] >= common for v in keys)
@@ -235,6 +235,24 @@ def test_variants_differ_only_in_position_encoding():
     assert models['rope_axial'].pos_encoding_attrs == ('rope',) and models['sincos'].pos_encoding_attrs
     gap = study.build_model('peg_0', study.parse_args(TINY + ['--head', 'gap']))
     assert gap.cls_token is None and gap.pos_block[0].num_prefix_tokens == 0
+
+
+def test_the_cnn_control_runs_the_same_protocol(tmp_path, fake_fmnist, capsys):
+    """The positive control: a CNN on the same token grid with no position encoding, GAP only, through the same
+    training, tests and position probe."""
+    argv = ['--data', str(fake_fmnist), '--work-dir', str(tmp_path / 'w'), '--out', str(tmp_path / 'o'),
+            '--seeds', '0'] + TINY[:-len(VARIANTS)] + ['cnn', '--head', 'gap']
+    model = study.build_model('cnn', study.parse_args(argv))
+    assert not any('pos' in k for k in model.state_dict()) and model.num_prefix_tokens == 0
+    for size in (28, 40, 9):
+        assert model.eval()(torch.randn(2, 1, size, size)).shape == (2, 10)
+    assert model.forward_features(torch.randn(2, 1, 40, 40)).shape == (2, 10 * 10, 16)
+    rows = study.main(argv)
+    assert {(r['variant'], r['test'], r['size']) for r in rows} == {
+        ('cnn', 'resize', 28), ('cnn', 'resize', 40), ('cnn', 'canvas', 40)}
+    with pytest.raises(SystemExit):
+        study.parse_args(argv[:-2])  # the class-token head
+    assert 'variant cnn pools its feature map' in capsys.readouterr().err
 
 
 def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
