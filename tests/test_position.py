@@ -337,3 +337,21 @@ def test_selectable_from_openmmlab_configs_and_timm():
     assert [o.shape[1] for o in backbone(torch.randn(1, 3, 45, 61))] == [32, 64, 160, 256]
     model = timm.create_model('cpvt_tiny_gap', pos_encoding=dict(type='rpe', max_distance=4), depth=2)
     assert model.pos_encoding_attrs == ('rel_pos',) and getattr(model.rel_pos, '1').shape == (3, 81)
+
+
+@pytest.mark.parametrize('encoding, name, low', [('peg', 'peg kernel_size', 3), ('peg_qk', 'peg_qk kernel_size', 3)])
+@pytest.mark.parametrize('kernel', [4, 1, 0, True, 3.0])
+def test_kernel_sizes_are_checked_in_one_place(encoding, name, low, kernel):
+    from cpvt_backbones.layers.position.peg import PEG
+    with pytest.raises(ValueError, match=f'{name} must be an odd int >= {low} .*got {kernel!r}'):
+        create_model('pcpvt_tiny', pos_encoding=dict(type=encoding, kernel_size=kernel))
+    if kernel != 1:
+        with pytest.raises(ValueError, match=f'^kernel_size must be an odd int >= 1 .*got {kernel!r}'):
+            PEG(8, kernel)
+
+
+def test_encodings_say_what_they_are_in_the_models_repr():
+    shown = {'peg': 'peg after 0;0;0;0', 'peg_qk': 'peg_qk in 1;1;1;1', 'rpe': 'rpe (K=', 'learned': 'learned (',
+             'rope_mixed': 'rope_mixed (temperature'}
+    for encoding, text in shown.items():
+        assert text in repr(create_model('pcpvt_tiny', pos_encoding=encoding)), encoding

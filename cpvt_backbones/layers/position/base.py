@@ -136,8 +136,18 @@ def check_positions(positions, depths: Sequence[int], name: str, default: Callab
 
 
 def check_int(value, name: str, low: int = 1) -> int:
+    """``value`` if it is an int (not a bool) >= ``low``, else a ValueError naming ``name``."""
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise ValueError(f'{name} must be an int >= {low}, got {value!r}')
+    return value
+
+
+def check_odd_kernel(value, name: str, low: int = 1) -> int:
+    """``value`` if it is an odd int >= ``low`` (zero padding of ``k // 2`` keeps the map size), else a
+    ValueError naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or value % 2 == 0:
+        raise ValueError(f'{name} must be an odd int >= {low} (zero padding k // 2 keeps the map size), '
+                         f'got {value!r}')
     return value
 
 
@@ -177,10 +187,6 @@ class PositionEncoding(nn.Module):
         """Keep the parts of the first ``kept_depths[i]`` blocks of every stage i (0: the stage is dropped),
         drop the rest; return the dropped key prefixes relative to ``attr`` (e.g. ``'3.'``)."""
         return []
-
-    def describe(self) -> str:
-        """A short label, e.g. for plots."""
-        return self.name
 
 
 class Placed:
@@ -235,5 +241,5 @@ def uniform_magnitudes(head_dim: int, temperature: float) -> torch.Tensor:
 
 
 __all__ = ['AttentionPosition', 'Geometry', 'HW', 'Placed', 'PositionEncoding', 'Rotary', 'check_int',
-           'check_positions', 'grid_coordinates', 'merge_attention', 'rotate', 'sincos_angles',
+           'check_odd_kernel', 'check_positions', 'grid_coordinates', 'merge_attention', 'rotate', 'sincos_angles',
            'uniform_magnitudes']

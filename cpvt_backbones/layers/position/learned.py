@@ -66,7 +66,7 @@ class LearnedEncoding(PositionEncoding):
         self.grids = self.grids[:len(self.grids) - len(dropped)]
         return [str(i) for i in dropped]
 
-    def describe(self) -> str:
+    def extra_repr(self) -> str:
         return f'learned ({self.grids[0][0]}x{self.grids[0][1]} grid, {self.interpolation})'
 
 

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from ..layout import map_to_tokens, tokens_to_map
-from .base import HW, Geometry, Placed, PositionEncoding, check_positions
+from .base import HW, Geometry, Placed, PositionEncoding, check_odd_kernel, check_positions
 
 PEG_TYPES = ('depthwise', 'separable')
 
@@ -26,9 +26,7 @@ class PEG(nn.Module):
 
     def __init__(self, dim: int, kernel_size: int = 3, peg_type: str = 'depthwise', num_prefix_tokens: int = 0):
         super().__init__()
-        if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size < 1 or kernel_size % 2 == 0:
-            raise ValueError(f'kernel_size must be an odd int (zero padding k // 2 keeps the map size), '
-                             f'got {kernel_size!r}')
+        check_odd_kernel(kernel_size, 'kernel_size')
         if peg_type not in PEG_TYPES:
             raise ValueError(f'peg_type must be one of {PEG_TYPES}, got {peg_type!r}')
         layers = [nn.Conv2d(dim, dim, kernel_size, 1, kernel_size // 2, groups=dim)]
@@ -81,10 +79,7 @@ class PEGEncoding(Placed, PositionEncoding):
     def __init__(self, geometry: Geometry, positions=None, kernel_size: int = 3, peg_type: str = 'depthwise',
                  frozen: bool = False):
         super().__init__(geometry)
-        if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size < self.min_kernel \
-                or kernel_size % 2 == 0:
-            raise ValueError(f'{self.name} kernel_size must be odd and >= {self.min_kernel} (zero padding k // 2 '
-                             f'keeps the map size), got {kernel_size!r}')
+        check_odd_kernel(kernel_size, f'{self.name} kernel_size', self.min_kernel)
         if not isinstance(frozen, bool):
             raise TypeError(f'{self.name} frozen must be True or False, got {frozen!r}')
         self.positions = check_positions(positions, geometry.depths, f'{self.name} positions', self.default_positions,
@@ -121,7 +116,7 @@ class PEGEncoding(Placed, PositionEncoding):
     def cut(self, kept_depths: Sequence[int]) -> List[str]:
         return self.keep_placed(kept_depths)
 
-    def describe(self) -> str:
+    def extra_repr(self) -> str:
         where = ';'.join(','.join(map(str, p)) for p in self.positions)
         extra = (f', {self.kernel_size}x{self.kernel_size}' if self.kernel_size != 3 else '') + \
             (', separable' if self.peg_type == 'separable' else '') + (', frozen' if self.frozen else '')

@@ -3,7 +3,7 @@ from typing import List, Optional, Sequence
 
 from torch import nn
 
-from .base import HW, AttentionPosition, Geometry, Placed, PositionEncoding, check_positions
+from .base import HW, AttentionPosition, Geometry, Placed, PositionEncoding, check_odd_kernel, check_positions
 from .peg import PEG
 
 
@@ -18,8 +18,7 @@ class PEGQKEncoding(Placed, PositionEncoding):
 
     def __init__(self, geometry: Geometry, positions=None, kernel_size: int = 3):
         super().__init__(geometry)
-        if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size < 3 or kernel_size % 2 == 0:
-            raise ValueError(f'peg_qk kernel_size must be odd and >= 3, got {kernel_size!r}')
+        check_odd_kernel(kernel_size, 'peg_qk kernel_size', 3)
         self.positions = check_positions(positions, geometry.depths, 'peg_qk positions', lambda d: (min(1, d - 1),))
         places = [(s, b) for s, blocks in enumerate(self.positions) for b in blocks]
         self._place(places, [PEG(geometry.dims[s], kernel_size, num_prefix_tokens=geometry.num_prefix_tokens)
@@ -37,7 +36,7 @@ class PEGQKEncoding(Placed, PositionEncoding):
     def cut(self, kept_depths: Sequence[int]) -> List[str]:
         return self.keep_placed(kept_depths)
 
-    def describe(self) -> str:
+    def extra_repr(self) -> str:
         return 'peg_qk in ' + ';'.join(','.join(map(str, p)) for p in self.positions)
 
 

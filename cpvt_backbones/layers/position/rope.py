@@ -107,7 +107,7 @@ class RoPEEncoding(PositionEncoding):
         self.freqs = self.freqs[:len(kept)]
         return dropped
 
-    def describe(self) -> str:
+    def extra_repr(self) -> str:
         return f'{self.name} (temperature {self.temperature:g})'
 
 

@@ -66,7 +66,7 @@ class RPEEncoding(PositionEncoding):
             delattr(self, str(k))
         return [str(k) for k in dropped]
 
-    def describe(self) -> str:
+    def extra_repr(self) -> str:
         return f'rpe (K={self.max_distance})'
 
 
