@@ -1,5 +1,5 @@
 # Everything runs inside a virtual environment in the repo root that `make env` creates or reuses: .venv/ for the
-# default stack, .venv-$(STACK)/ for the others (STACK=upstream | onedl | core; see tools/setup_env.sh).
+# default stack, .venv-$(STACK)/ for the others (STACK=upstream | onedl | core | ecosystems; see tools/setup_env.sh).
 STACK ?= default
 VENV := $(if $(filter default,$(STACK)),.venv,.venv-$(STACK))
 PY := $(VENV)/bin/python

@@ -1,77 +1,131 @@
-"""The implementations the speed benchmark times, all on the same weights: our backbone optimized (float32)
-and plain, mmseg's ``PCPVT``, timm's ``twins_pcpvt_*``, onnxruntime on our ONNX export; with lower precisions
-asked for, the plain model under bf16 autocast (``deploy.to_autocast``, on CPUs with native bf16), our optimized
-model in int8 (activations at calibrated ranges), and onnxruntime's own dynamic int8 quantization of
-our export (what a deployer would try instead); with ``engines``, OpenVINO (``deploy.openvino``: dynamic and
-per-shape compiled float32, bf16, NNCF int8) and torch.compile (inductor with freezing, dynamic shapes).
-Each maps a batch to its tuple of four NCHW maps.
+"""The implementations the speed benchmark times, all on the same weights: every registered engine
+(``deploy.ENGINES``) at float32 and at each lower precision asked for that it runs, listed from the registry
+and prepared through ``deploy.prepare`` (bf16 only on CPUs with native bf16; int8 calibrated on random images,
+which decides accuracy, not speed); mmseg's ``PCPVT`` and timm's ``twins_pcpvt_*``; onnxruntime's own dynamic
+int8 quantization of our export (what a deployer would try instead of a calibrated int8); with ``engines``,
+OpenVINO compiled per shape, OpenVINO used by hand and torch.compile (inductor with freezing, dynamic shapes).
+Each maps a batch to its tuple of four NCHW maps. Registered engines are named ``<engine>`` (float32) or
+``<engine>_<precision>``, except those of ``BACKBONE_NAMES``.
 
 ``build_dense`` gives the end-to-end implementations: a whole RetinaNet or Semantic FPN with ``pcpvt_small``
 (the COCO and ADE20K configs, random weights) in tensor mode (backbone + neck + head; preprocessing and
-post-processing are the framework's Python in every implementation, so they are left out): torch eager, torch
-with our backbone optimized (float32, static int8), the whole network in torch under bf16 autocast, and the whole
-network on OpenVINO (``deploy.openmmlab``: float32, bf16, NNCF int8). Each maps a batch to the flat tuple of the
-tensor-mode outputs."""
+post-processing are the framework's Python in every implementation, so they are left out), on every registered
+engine (``deploy.openmmlab.on_engine``), named as above except ``DENSE_NAMES``. Each maps a batch to the flat
+tuple of the tensor-mode outputs."""
 import contextlib
 import copy
 import re
 import time
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Sequence, Tuple
 
 import torch
 from torch.utils._pytree import tree_flatten
 
-from cpvt_backbones import create_model, optimize, record_input_ranges
+from cpvt_backbones import create_model
 from cpvt_backbones.convert import native_to_mmseg
-from cpvt_backbones.deploy import to_autocast
-from cpvt_backbones.deploy.onnx import export
+from cpvt_backbones.deploy import ENGINES, PRECISIONS, prepare
+from cpvt_backbones.deploy.onnxruntime import OnnxRuntimeModule
 from cpvt_backbones.models import PyramidCPVT, model_settings
 from benchmarks.timing import cpu_info, has_fast_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
-PEERS = ('plain', 'mmseg', 'timm', 'onnxruntime', 'plain_bf16', 'ours_int8', 'onnxruntime_int8',
-         'openvino', 'openvino_static', 'openvino_bf16', 'openvino_int8', 'openvino_by_hand', 'torch_compile')
+# The benchmark's names for registered engines at a precision where they are not '<engine>[_<precision>]'.
+BACKBONE_NAMES = {('fused', 'fp32'): 'ours', ('torch', 'fp32'): 'plain', ('torch', 'bf16'): 'plain_bf16',
+                  ('fused', 'int8'): 'ours_int8'}
+DENSE_NAMES = {('torch', 'fp32'): 'eager', ('fused', 'fp32'): 'optimized', ('fused', 'int8'): 'optimized_int8',
+               ('torch', 'bf16'): 'autocast_bf16'}
 
 
-def build(name: str, peers: bool = True, onnx_dir: Optional[str] = None,
-          precisions: Sequence[str] = (), engines: bool = False) -> Dict[str, Callable]:
-    """{'ours': optimized, 'plain': ours unoptimized, 'mmseg', 'timm', 'onnxruntime' (with ``onnx_dir``),
-    'plain_bf16' (bf16 in ``precisions``: the plain model under autocast), 'ours_int8' and 'onnxruntime_int8'
-    (int8 in ``precisions``)}: each maps a batch to its four NCHW maps. A bf16 entry is left out on a CPU
-    without native bf16 (a printed line says so)."""
-    torch.manual_seed(0)
-    classifier = create_model(name)
-    weights = classifier.state_dict()
-    plain = create_model(name, features_only=True)
-    plain.load_state_dict({k: v for k, v in weights.items() if not k.startswith(('norm.', 'head.'))})
-    impls = {'ours': optimize(copy.deepcopy(plain)), 'plain': plain}
-    for precision in precisions:
-        if precision == 'bf16':
-            if has_fast_bf16(cpu_info()):
-                impls['plain_bf16'] = to_autocast(plain, 'bf16')
-            else:
-                print('[bench] bf16 left out: this CPU has no native bf16 (avx512_bf16 or AMX)')
+def impl_name(engine: str, precision: str, names: Dict[Tuple[str, str], str]) -> str:
+    return names.get((engine, precision), engine if precision == 'fp32' else f'{engine}_{precision}')
+
+
+def registered(names: Dict[Tuple[str, str], str]) -> Tuple[str, ...]:
+    """Every (engine, precision) of the registry by its benchmark name, in registry order."""
+    return tuple(impl_name(e, p, names) for e, spec in ENGINES.items() for p in PRECISIONS if p in spec.precisions)
+
+
+PEERS = tuple(n for n in registered(BACKBONE_NAMES) if n != 'ours') + (
+    'mmseg', 'timm', 'onnxruntime_int8', 'openvino_static', 'openvino_by_hand', 'torch_compile')
+
+
+def engine_impls(prepare_one: Callable, names: Dict[Tuple[str, str], str], precisions: Sequence[str],
+                 skip: Sequence[str] = ()) -> Dict[str, torch.nn.Module]:
+    """``{name: prepare_one(engine, precision)}`` for every registered engine outside ``skip`` whose packages
+    are installed, at float32 and each of ``precisions`` it runs (bf16 only where the CPU has it natively: a
+    printed line says what is left out); each marked ``inference_only`` unless the engine trains at that
+    precision."""
+    impls = {}
+    for engine, spec in ENGINES.items():
+        if engine in skip:
             continue
-        with record_input_ranges(plain) as ranges:  # int8 ranges for the speed test: random images (same timing)
-            plain(torch.randn(2, 3, 224, 224))
-        impls['ours_int8'] = optimize(plain, precision='int8', input_ranges=ranges, inplace=False)
-        impls['ours_int8'].inference_only = True  # training runs the float32 path
+        if spec.missing():
+            print(f'[bench] {engine} left out: {", ".join(spec.missing())} not installed')
+            continue
+        for precision in ('fp32', *precisions):
+            if precision not in spec.precisions:
+                continue
+            name = impl_name(engine, precision, names)
+            if precision == 'bf16' and not has_fast_bf16(cpu_info()):
+                print(f'[bench] {name} left out: this CPU has no native bf16 (avx512_bf16 or AMX)')
+                continue
+            impls[name] = prepare_one(engine, precision)
+            impls[name].inference_only = precision not in spec.trains
+    return impls
+
+
+def build(name: str, peers: bool = True, onnx_dir: str = 'work_dirs/bench_onnx', precisions: Sequence[str] = (),
+          engines: bool = False, skip: Sequence[str] = ()) -> Dict[str, Callable]:
+    """``engine_impls`` of the backbone for the registered engines outside ``skip`` (``ours``: the fused engine;
+    ``plain``: torch float32; onnxruntime's export kept in ``onnx_dir``, with int8 in ``precisions`` also
+    ``onnxruntime_int8``, onnxruntime's dynamic int8 of that export), ``mmseg`` and ``timm`` (with ``peers``), and
+    with ``engines`` the extras of ``_engines``: each maps a batch to its four NCHW maps."""
+    weights, plain = backbone(name)
+    calibration = [torch.randn(2, 3, 224, 224)]  # int8 ranges for the speed test: random images (same timing)
+
+    def prepare_one(engine: str, precision: str) -> torch.nn.Module:
+        options = dict(cache=str(Path(onnx_dir) / name)) if engine == 'onnxruntime' else {}
+        module = plain if ENGINES[engine].transform is ENGINES['torch'].transform else copy.deepcopy(plain)
+        return prepare(module, engine, precision, calibration if precision == 'int8' else None, **options)
+    impls = engine_impls(prepare_one, BACKBONE_NAMES, precisions, skip)
+    if 'onnxruntime' in impls and 'int8' in precisions:
+        impls['onnxruntime_int8'] = _onnxruntime_dynamic_int8(impls['onnxruntime'])
     if peers and name in ('pcpvt_small', 'pcpvt_base', 'pcpvt_large'):
         impls['mmseg'] = _mmseg(name, weights)
         impls['timm'] = _timm(name, weights)
-    if peers and onnx_dir is not None:
-        impls['onnxruntime'] = _OnnxRuntime(plain, Path(onnx_dir) / f'{name}.onnx')
-        if 'int8' in precisions:
-            impls['onnxruntime_int8'] = _OnnxRuntime(plain, Path(onnx_dir) / f'{name}.onnx', quantize=True)
     if engines:
-        impls.update(_engines(plain, precisions))
+        impls.update(_engines(plain))
     return impls
+
+
+def backbone(name: str) -> Tuple[Dict[str, torch.Tensor], torch.nn.Module]:
+    """Random weights of the classifier ``name`` (seed 0) and its feature pyramid with them, in evaluation mode."""
+    torch.manual_seed(0)
+    weights = create_model(name).state_dict()
+    plain = create_model(name, features_only=True).eval()
+    plain.load_state_dict({k: v for k, v in weights.items() if not k.startswith(('norm.', 'head.'))})
+    return weights, plain
+
+
+def ours(name: str) -> torch.nn.Module:
+    """``backbone(name)`` on the fused engine: what --scaling and --breakdown time."""
+    return prepare(backbone(name)[1], 'fused')
+
+
+def _onnxruntime_dynamic_int8(engine: OnnxRuntimeModule) -> OnnxRuntimeModule:
+    """onnxruntime's dynamic int8 quantization (int8 weights per channel) of the onnxruntime engine's export."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    int8 = Path(engine.path).with_suffix('.int8.onnx')
+    quantize_dynamic(engine.path, str(int8), per_channel=True, weight_type=QuantType.QInt8)
+    out = OnnxRuntimeModule(str(int8), engine.out_spec, engine.in_chans)
+    out.inference_only = True
+    return out
 
 
 DENSE_CONFIGS = {'retinanet': 'configs/retinanet/retinanet_pcpvt-s_fpn_1x_coco.py',
                  'semantic_fpn': 'configs/sem_fpn/fpn_pcpvt-s_8xb2-80k_ade20k-512x512.py'}
-DENSE_PEERS = ('optimized', 'optimized_int8', 'autocast_bf16', 'openvino', 'openvino_bf16', 'openvino_int8')
+DENSE_PEERS = tuple(n for n in registered(DENSE_NAMES) if n != 'eager')
 
 
 def dense_model(task: str) -> torch.nn.Module:
@@ -97,81 +151,37 @@ class _TensorMode(torch.nn.Module):
         return tuple(tree_flatten(self.model._forward(x))[0])
 
 
-def build_dense(task: str, precisions: Sequence[str] = (),
-                calibration_size: Tuple[int, int] = (512, 512)) -> Tuple[Dict[str, torch.nn.Module], Dict]:
-    """({'eager': the config's model in torch float32, 'optimized': the same with our backbone through
-    ``optimize``, 'optimized_int8' (int8 in ``precisions``), 'autocast_bf16' (bf16 in ``precisions``: the
-    whole network under autocast, ``deploy.openmmlab.to_autocast_model``), 'openvino' and
-    'openvino_<precision>': the whole tensor-mode network on OpenVINO}, {implementation: seconds to build it}):
-    the build time is
-    the engines' conversion, quantization and compilation. int8 is calibrated on two random images of
-    ``calibration_size`` (which decides accuracy, not speed). A bf16 entry is left out on a CPU without native
-    bf16 (a printed line says so)."""
-    from cpvt_backbones.deploy.openmmlab import TensorForward, attach_engine, exportable, to_autocast_model
-    from cpvt_backbones.deploy.openvino import OpenVINOModule, convert, native_bf16, quantize
+def build_dense(task: str, precisions: Sequence[str] = (), calibration_size: Tuple[int, int] = (512, 512),
+                skip: Sequence[str] = ()) -> Tuple[Dict[str, torch.nn.Module], Dict]:
+    """(``engine_impls`` of the config's model in tensor mode for the registered engines outside ``skip``, each
+    through ``deploy.openmmlab.on_engine`` on a copy, ``eager`` the model as it is; {implementation: seconds to
+    build it}): the build time is the engines' conversion, quantization and compilation. int8 is calibrated on
+    two random images of ``calibration_size`` (which decides accuracy, not speed)."""
+    from cpvt_backbones.deploy.openmmlab import on_engine
     model = dense_model(task)
     calibration = [torch.randn(1, 3, *calibration_size, generator=torch.Generator().manual_seed(i)) for i in range(2)]
-    impls, setup = {'eager': _TensorMode(model)}, {}
+    setup = {}
 
-    def add(key: str, make: Callable[[], torch.nn.Module]) -> None:
+    def prepare_one(engine: str, precision: str) -> torch.nn.Module:
         start = time.perf_counter()
-        impls[key] = make()
-        impls[key].inference_only = True
-        setup[key] = time.perf_counter() - start
-
-    def with_backbone(**options) -> torch.nn.Module:
-        optimized = copy.deepcopy(model)
-        optimize(optimized.backbone, **options)
-        return _TensorMode(optimized)
-
-    add('optimized', with_backbone)
-    for precision in precisions:
-        if precision == 'bf16':
-            if not has_fast_bf16(cpu_info()):
-                print('[bench] autocast_bf16 and openvino_bf16 left out: this CPU has no native bf16')
-            else:
-                add('autocast_bf16', lambda: _TensorMode(to_autocast_model(copy.deepcopy(model), 'bf16')))
-            continue
-        with record_input_ranges(model.backbone) as ranges, torch.no_grad():
-            for x in calibration:
-                model.backbone(x)
-        add('optimized_int8', lambda: with_backbone(precision='int8', input_ranges=ranges))
-
-    def on_openvino(precision: str) -> torch.nn.Module:
-        with exportable(model):
-            ov_model, spec = convert(TensorForward(model), torch.randn(2, 3, *calibration_size))
-        if precision == 'int8':
-            ov_model = quantize(ov_model, calibration)
-        return _TensorMode(attach_engine(copy.deepcopy(model), OpenVINOModule(ov_model, spec, 3, precision)))
-
-    add('openvino', lambda: on_openvino('fp32'))
-    for precision in precisions:
-        if precision == 'bf16' and not native_bf16():
-            continue
-        add(f'openvino_{precision}', lambda: on_openvino(precision))
+        prepared = on_engine(copy.deepcopy(model), engine, precision, calibration if precision == 'int8' else None)
+        setup[impl_name(engine, precision, DENSE_NAMES)] = time.perf_counter() - start
+        return _TensorMode(prepared)
+    impls = engine_impls(prepare_one, DENSE_NAMES, precisions, skip)
+    setup.pop('eager', None)
     return impls, setup
 
 
-def _engines(plain: torch.nn.Module, precisions: Sequence[str]) -> Dict[str, torch.nn.Module]:
-    """OpenVINO (dynamic shapes; per-shape compiled; bf16 and NNCF int8 where asked, dynamic, int8 calibrated on
-    random images, which decides its accuracy, not its speed; and OpenVINO used by hand, without this package)
-    and torch.compile, each timed from its first call. The package's default shapes, 'auto', would run the
-    dynamic model through a case's few calls; ``benchmarks/openvino_shapes.py`` measures it on streams."""
-    from cpvt_backbones.deploy.openvino import OpenVINOModule, convert, native_bf16, quantize
+def _engines(plain: torch.nn.Module) -> Dict[str, torch.nn.Module]:
+    """What the registry's engines are compared with: OpenVINO compiled per shape (its ``'static'`` shapes; the
+    registered engine runs ``'auto'``, which stays on the dynamic model through a case's few calls;
+    ``benchmarks/openvino_shapes.py`` measures it on streams), OpenVINO used by hand, without this package,
+    and torch.compile, each timed from its first call."""
+    from cpvt_backbones.deploy.openvino import OpenVINOModule, convert
     plain = plain.eval()
     ov_model, spec = convert(plain, torch.randn(2, 3, 224, 224))
-    out = {'openvino': OpenVINOModule(ov_model, spec, 3, shapes='dynamic'),
-           'openvino_static': OpenVINOModule(ov_model, spec, 3, shapes='static'),
-           'openvino_by_hand': _OpenVINOByHand(plain)}
-    if 'bf16' in precisions:
-        if native_bf16():
-            out['openvino_bf16'] = OpenVINOModule(ov_model, spec, 3, 'bf16', shapes='dynamic')
-        else:
-            print('[bench] openvino_bf16 left out: OpenVINO reports no native bf16 on this CPU')
-    if 'int8' in precisions:
-        calibration = [torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(i)) for i in range(8)]
-        out['openvino_int8'] = OpenVINOModule(quantize(ov_model, calibration), spec, 3, 'int8', shapes='dynamic')
-    out['torch_compile'] = _Compiled(plain)
+    out = {'openvino_static': OpenVINOModule(ov_model, spec, 3, shapes='static'),
+           'openvino_by_hand': _OpenVINOByHand(plain), 'torch_compile': _Compiled(plain)}
     for model in out.values():
         model.inference_only = True
     return out
@@ -228,31 +238,6 @@ class _Calling(torch.nn.Module):
 
     def forward(self, x):
         return self.call(self.model, x)
-
-
-class _OnnxRuntime(torch.nn.Module):
-    """onnxruntime (CPU provider, default graph optimisations) on our ONNX export with dynamic H and W; with
-    ``quantize``, on onnxruntime's dynamic int8 quantization of it (int8 weights per channel)."""
-
-    inference_only = True
-
-    def __init__(self, model, path: Path, quantize: bool = False):
-        super().__init__()
-        import onnxruntime as ort
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.is_file():
-            export(model.eval(), str(path), [f'stride{s}' for s in model.strides])
-        if quantize:
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-            int8 = path.with_name(path.stem + '.int8.onnx')
-            quantize_dynamic(str(path), str(int8), per_channel=True, weight_type=QuantType.QInt8)
-            path = int8
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()
-        self.session = ort.InferenceSession(str(path), options, providers=['CPUExecutionProvider'])
-
-    def forward(self, x):
-        return tuple(torch.from_numpy(o) for o in self.session.run(None, {'image': x.contiguous().numpy()}))
 
 
 def _mmseg(name: str, weights) -> torch.nn.Module:

@@ -1,10 +1,10 @@
-"""Speed and memory of our pyramid CPVT backbone, optimized (``cpvt_backbones.optimize``, the fused CPU path)
-and plain, against mmseg's ``PCPVT``, timm's ``twins_pcpvt_*`` and onnxruntime running our ONNX export (what a
-CPU deployer would pick instead); with ``--precision bf16 int8`` also the plain model under bf16 autocast (CPUs
-with AVX512-BF16 or AMX), our optimized model in int8 (activations at calibrated ranges) and onnxruntime's
-dynamic int8 quantization of our export; with
-``--engines`` also OpenVINO (dynamic shapes, per-shape compiled, bf16, NNCF int8) and torch.compile (inductor,
-freezing), each with its first call at every case (where it compiles) reported.
+"""Speed and memory of our pyramid CPVT backbone on every registered engine (``deploy.ENGINES``: ``ours`` is the
+fused engine, ``plain`` torch eager, then OpenVINO, onnxruntime and any engine registered since), against
+mmseg's ``PCPVT`` and timm's ``twins_pcpvt_*`` (what a CPU deployer would pick instead); with ``--precision
+bf16 int8`` also every engine at those precisions it runs (bf16 on CPUs with AVX512-BF16 or AMX) and
+onnxruntime's dynamic int8 quantization of our export; with ``--engines`` also OpenVINO compiled per shape,
+OpenVINO by hand and torch.compile (inductor, freezing), each with its first call at every case (where it
+compiles) reported.
 
     python -m benchmarks.speed [NAME ...] [--json PATH] [--repeats 5] [--cases infer224 infer512 ...]
                                [--precision bf16 int8] [--engines] [--retain-freed-memory]
@@ -35,9 +35,9 @@ implementation in the process, which shows how much of a difference is allocatio
 Names without an mmseg/timm counterpart (``cpvt_*``, ``pcpvt_tiny``) are timed alone.
 
 ``--end-to-end`` times whole models in tensor mode (backbone + neck + head of the COCO RetinaNet and the ADE20K
-Semantic FPN configs with ``pcpvt_small``, random weights; ``peers.build_dense``): torch eager float32 (the
-reference), torch with our backbone optimized (float32, int8), the whole network under torch's bf16 autocast,
-and OpenVINO, each at every ``--precision``; by default at
+Semantic FPN configs with ``pcpvt_small``, random weights; ``peers.build_dense``) on every registered engine
+(``eager``: torch float32, the reference; ``optimized``: the fused backbone), each at every ``--precision`` it
+runs; by default at
 800 x 1216 and 512 x 512, batch 1. Besides the medians it reports each engine's build time (export,
 conversion, quantization, compilation) and its first call.
 
@@ -53,7 +53,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.peers import DENSE_CONFIGS, DENSE_PEERS, PEERS, build, build_dense
+from cpvt_backbones.deploy import ENGINES
+from benchmarks.peers import DENSE_CONFIGS, DENSE_PEERS, PEERS, build, build_dense, ours
 from benchmarks.report import breakdown_table, dense_table, plot_scaling, scaling_table, table
 from benchmarks.timing import (CASES, SCALING_SIZES, allocator_info, breakdown, cpu_info, retain_freed_memory,
                                run_case, scaling)
@@ -71,11 +72,13 @@ def main() -> None:
     parser.add_argument('--sizes', type=int, nargs='+', default=list(SCALING_SIZES), help='for --scaling')
     parser.add_argument('--json', help='write the results here')
     parser.add_argument('--onnx-dir', default='work_dirs/bench_onnx', help='where our ONNX export is written')
-    parser.add_argument('--no-onnx', action='store_true', help='leave onnxruntime out')
+    parser.add_argument('--skip-engines', nargs='+', default=[], choices=list(ENGINES), metavar='ENGINE',
+                        help=f'leave these registered engines out ({", ".join(ENGINES)})')
     parser.add_argument('--precision', nargs='*', default=[], choices=('bf16', 'int8'),
-                        help='also these precisions: bf16 autocast; int8 ours and onnxruntime')
+                        help="also these precisions, on every registered engine that runs them; int8 also "
+                             "onnxruntime's dynamic int8")
     parser.add_argument('--engines', action='store_true',
-                        help='also OpenVINO (dynamic, per-shape compiled, and at --precision) and torch.compile')
+                        help='also OpenVINO compiled per shape, OpenVINO by hand and torch.compile')
     parser.add_argument('--end-to-end', nargs='*', choices=sorted(DENSE_CONFIGS), metavar='MODEL',
                         help=f'time whole models in tensor mode instead ({", ".join(DENSE_CONFIGS)}; default both)')
     parser.add_argument('--plot', default='benchmarks/results/scaling.png', help='for --scaling')
@@ -95,7 +98,7 @@ def main() -> None:
     result = dict(meta)
     if args.scaling:
         name = args.names[0]
-        rows = scaling(build(name, peers=False), args.sizes, args.repeats)
+        rows = scaling(dict(ours=ours(name)), args.sizes, args.repeats)
         print(scaling_table(rows))
         plot_scaling(rows, Path(args.plot), name)
         print(f'[bench] plot: {args.plot}')
@@ -103,7 +106,7 @@ def main() -> None:
     elif args.end_to_end is not None:
         result['cases'] = []
         for task in args.end_to_end or list(DENSE_CONFIGS):
-            impls, setup = build_dense(task, args.precision)
+            impls, setup = build_dense(task, args.precision, skip=args.skip_engines)
             print(f'[bench] {task}: built in ' + ', '.join(f'{k} {v:.1f} s' for k, v in setup.items()), flush=True)
             for case in args.cases:
                 row = dict(run_case(impls, case, args.repeats, DENSE_PEERS, reference='eager'), model=task,
@@ -115,15 +118,15 @@ def main() -> None:
         result['matmul_gflops'] = statistics.median(r['matmul_gflops'] for r in result['cases'])
     elif args.breakdown:
         name = args.names[0]
-        model = build(name, peers=False)['ours']
+        model = ours(name)
         rows = [breakdown(model, case) for case in args.cases]
         print(f'\n{name}, one profiled call per case\n{breakdown_table(rows)}\n')
         result.update(name=name, breakdown=rows)
     else:
         result['cases'] = []
         for name in args.names:
-            impls = build(name, onnx_dir=None if args.no_onnx else args.onnx_dir, precisions=args.precision,
-                          engines=args.engines)
+            impls = build(name, onnx_dir=args.onnx_dir, precisions=args.precision, engines=args.engines,
+                          skip=args.skip_engines)
             rows = []
             for case in args.cases:
                 rows.append(dict(run_case(impls, case, args.repeats, PEERS), model=name))

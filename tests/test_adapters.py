@@ -196,37 +196,45 @@ def test_runner_logs_without_the_known_repeated_lines(tmp_path):
 
 
 def test_int8_keeps_the_configs_float32_modules_unless_told_otherwise():
-    """--keep-fp32: absent, the config's int8_keep_fp32; names, those; given without names, none. The torch engine
-    passes the backbone's share to optimize, the OpenVINO engine all of them to its hook; other precisions refuse
-    it by name."""
+    """--keep-fp32: absent, the config's int8_keep_fp32; names, those; given without names, none. Every engine is
+    asked for the same way, through the test loop's hook (the fused engine, the default, keeps the backbone's
+    share of the names itself); other precisions refuse it by name, and an engine refuses a precision it does
+    not run, naming those that do."""
     import argparse
 
     from mmengine.config import Config
 
-    from cpvt_backbones.adapters.engines import add_precision_args, apply_precision, kept_in_fp32
+    from cpvt_backbones.adapters.engines import add_engine_args, kept_in_fp32, use_engine
     cfg = Config(dict(int8_keep_fp32=['bbox_head.retina_cls'],
                       model=dict(backbone=dict(type='PyramidCPVT', arch='pcpvt_tiny'))))
     assert kept_in_fp32(cfg) == ('bbox_head.retina_cls',) and kept_in_fp32(cfg, []) == ()
     assert kept_in_fp32(cfg, ['backbone.blocks.0']) == ('backbone.blocks.0',) and kept_in_fp32(Config()) == ()
     parser = argparse.ArgumentParser()
-    add_precision_args(parser)
-    for argv, hooked in (([], ('bbox_head.retina_cls',)), (['--keep-fp32'], ()),
-                         (['--keep-fp32', 'neck', 'backbone.blocks.0'], ('neck', 'backbone.blocks.0'))):
-        ov_cfg = copy.deepcopy(cfg)
-        apply_precision(ov_cfg, parser.parse_args(['--engine', 'openvino', '--precision', 'int8', *argv]), 'x.pth')
-        assert tuple(ov_cfg.custom_hooks[-1]['keep_fp32']) == hooked
+    add_engine_args(parser)
+    assert '| fused | backbone | int8 |' in parser.epilog and '| onnxruntime | model | fp32 |' in parser.epilog
+    for engine in ('openvino', 'fused'):
+        for argv, hooked in (([], ('bbox_head.retina_cls',)), (['--keep-fp32'], ()),
+                             (['--keep-fp32', 'neck', 'backbone.blocks.0'], ('neck', 'backbone.blocks.0'))):
+            int8_cfg = copy.deepcopy(cfg)
+            use_engine(int8_cfg, parser.parse_args(['--engine', engine, '--precision', 'int8', *argv]))
+            assert tuple(int8_cfg.custom_hooks[-1]['keep_fp32']) == hooked
+            assert int8_cfg.custom_hooks[-1]['calibration'] == 'val'
     torch_cfg = copy.deepcopy(cfg)
-    apply_precision(torch_cfg, parser.parse_args(['--precision', 'bf16']), 'x.pth')
+    use_engine(torch_cfg, parser.parse_args(['--engine', 'torch', '--precision', 'bf16']))
     assert 'optimize' not in torch_cfg.model.backbone  # bf16: backbone, neck and head under autocast, by the hook
     (hook,) = torch_cfg.custom_hooks
     assert hook == dict(type='InferenceEngineHook', engine='torch', precision='bf16', calibration=None,
-                        calibration_images=32, keep_fp32=[])
+                        calibration_images=32, keep_fp32=[], options={})
     assert 'cpvt_backbones.adapters.hooks' in torch_cfg.custom_imports['imports']
     fp32_cfg = copy.deepcopy(cfg)
-    apply_precision(fp32_cfg, parser.parse_args([]), 'x.pth')
-    assert fp32_cfg.model.backbone.optimize == dict(precision='fp32') and 'custom_hooks' not in fp32_cfg
+    use_engine(fp32_cfg, parser.parse_args([]))
+    assert fp32_cfg.custom_hooks[-1]['engine'] == 'fused' and 'optimize' not in fp32_cfg.model.backbone
     with pytest.raises(SystemExit, match='--keep-fp32 configure int8'):
-        apply_precision(copy.deepcopy(cfg), parser.parse_args(['--precision', 'bf16', '--keep-fp32']), 'x.pth')
+        use_engine(copy.deepcopy(cfg), parser.parse_args(['--engine', 'torch', '--precision', 'bf16', '--keep-fp32']))
+    with pytest.raises(SystemExit, match="engine 'fused' runs fp32, int8, not 'bf16'; bf16 runs on: torch, openvino"):
+        use_engine(copy.deepcopy(cfg), parser.parse_args(['--precision', 'bf16']))
+    with pytest.raises(ValueError, match="engine 'fused' runs our backbones .*'ResNet'.*--engine torch"):
+        use_engine(Config(dict(model=dict(backbone=dict(type='ResNet')))), parser.parse_args([]))
 
 
 def test_engine_caches_are_named_by_everything_that_changes_them(tmp_path, monkeypatch):

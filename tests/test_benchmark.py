@@ -16,6 +16,9 @@ KEYS = {'name', 'shape', 'mode', 'ours_s', 'plain_s', 'mmseg_s', 'timm_s', 'onnx
         'matmul_gflops', 'fraction_of_matmul', 'ours_faults', 'plain_faults', 'mmseg_faults', 'timm_faults'}
 
 
+CONVERTING = ('--skip-engines', 'openvino', 'onnxruntime')  # the engines that export and convert: tested elsewhere
+
+
 def bench(tmp_path, *args, repeats=1):
     out = tmp_path / 'bench.json'
     # run in tmp_path (relative output paths stay out of the clone), the benchmarks package found from the root
@@ -31,7 +34,7 @@ def bench(tmp_path, *args, repeats=1):
 def test_peers_agree_and_schema(tmp_path):
     pytest.importorskip('mmseg')
     pytest.importorskip('timm')
-    result, stdout = bench(tmp_path, 'pcpvt_small', '--cases', 'infer224', 'train512', '--no-onnx')
+    result, stdout = bench(tmp_path, 'pcpvt_small', '--cases', 'infer224', 'train512', *CONVERTING)
     assert result['matmul_gflops'] > 0 and result['isa'] in stdout and result['cpu']
     infer, train = result['cases']
     assert KEYS <= set(infer) and infer['shape'] == [8, 3, 224, 224] and train['mode'] == 'train'
@@ -49,8 +52,8 @@ def test_page_faults_counted_and_freed_memory_retained(tmp_path):
     """By default glibc hands the plain model's large freed activations back to the OS, so every call faults
     fresh pages in (about 14,000 per call for pcpvt_tiny at 2 x 512^2, 55 MiB); with --retain-freed-memory the
     timed calls (medians of five) reuse the warm-up's memory."""
-    default, stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer512', '--no-onnx', repeats=5)
-    retained, retained_stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer512', '--no-onnx',
+    default, stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer512', *CONVERTING, repeats=5)
+    retained, retained_stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer512', *CONVERTING,
                                       '--retain-freed-memory', repeats=5)
     assert default['allocator'].startswith('glibc defaults') and 'allocator: glibc defaults' in stdout
     assert retained['allocator'].startswith('glibc, freed memory retained') and 'retained' in retained_stdout
@@ -63,7 +66,7 @@ def test_lower_precisions_are_timed_beside_float32(tmp_path):
     """--precision int8 adds our int8 model (calibrated ranges), inference only, close to the float32 maps;
     --precision bf16 the plain model under autocast (inference and training) where the CPU has native bf16."""
     from benchmarks.timing import cpu_info, has_fast_bf16
-    result, stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer224', 'train512', '--no-onnx', '--precision',
+    result, stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer224', 'train512', *CONVERTING, '--precision',
                            'int8', 'bf16')
     infer, train = result['cases']
     assert infer['ours_int8_s'] > 0 and 0 < infer['max_abs_diff_ours_int8'] < 0.5 and 'ours_int8 s' in stdout
@@ -101,26 +104,6 @@ def test_breakdown_accounts_for_all_time_and_flops(tmp_path):
 
 
 @pytest.mark.heavy
-def test_onnxruntime_runs_our_export_and_agrees(tmp_path):
-    """The deployer's alternative: our ONNX export in onnxruntime gives our maps (a shallow model keeps the
-    export short; every block is the same code)."""
-    pytest.importorskip('onnxruntime')
-    import torch
-
-    from benchmarks.peers import _OnnxRuntime
-
-    from cpvt_backbones import create_model
-    torch.manual_seed(0)
-    model = create_model('pcpvt_tiny', features_only=True, depths=(1, 1, 1, 1)).eval()
-    runtime = _OnnxRuntime(model, tmp_path / 'm.onnx')
-    assert runtime.inference_only
-    x = torch.randn(2, 3, 75, 99)
-    with torch.no_grad():
-        for a, b in zip(model(x), runtime(x)):
-            assert a.shape == b.shape and (a - b).abs().max() < 1e-3
-
-
-@pytest.mark.heavy
 @needs_torch('export')
 @needs_torch('flop_formulas')  # the speed benchmark counts FLOPs
 def test_end_to_end_times_whole_models_on_every_engine(tmp_path):
@@ -133,7 +116,7 @@ def test_end_to_end_times_whole_models_on_every_engine(tmp_path):
     assert row['model'] == 'semantic_fpn' and row['shape'] == [1, 3, 224, 224] and row['eager_s'] > 0
     assert row['max_abs_diff_optimized'] < 1e-3 and row['max_abs_diff_openvino'] < 1e-3
     assert row['optimized_s'] > 0 and row['openvino_s'] > 0 and row['setup_s']['openvino'] > 0
-    assert set(row['first_call_s']) == {'eager', 'optimized', 'openvino'}
+    assert set(row['first_call_s']) == {'eager', 'optimized', 'openvino', 'onnxruntime'}  # every registered engine
     assert '| semantic_fpn | 1x3x224x224 |' in stdout
 
 

@@ -117,18 +117,22 @@ def test_refuses_what_it_cannot_fuse_faithfully():
         optimize(nn.Sequential(nn.Linear(4, 4)))
 
 
-def test_selectable_from_an_openmmlab_config():
+def test_the_fused_engine_through_the_registry_and_not_the_config():
+    """The fused engine is reached as every engine is, ``deploy.prepare`` on a built model (here an mmdet backbone);
+    a config that still asks the backbone for it is refused with where to go instead."""
     pytest.importorskip('mmdet')
     from mmdet.registry import MODELS
     from mmengine.registry import DefaultScope
 
     import cpvt_backbones.adapters.mmdet  # noqa: F401
+    from cpvt_backbones.deploy import prepare
     with DefaultScope.overwrite_default_scope('mmdet'):
-        fast = MODELS.build(dict(type='PyramidCPVT', arch='pcpvt_tiny', optimize=True)).eval()
         torch.manual_seed(0)
         plain = MODELS.build(dict(type='PyramidCPVT', arch='pcpvt_tiny')).eval()
+        fast = prepare(copy.deepcopy(plain), 'fused')
+        with pytest.raises(ValueError, match='the backbone no longer takes an engine.*--engine fused'):
+            MODELS.build(dict(type='PyramidCPVT', arch='pcpvt_tiny', optimize=True))
     assert sum(isinstance(m, FusedBlock) for m in fast.modules()) == 8
-    fast.load_state_dict(plain.state_dict(), strict=True)
     x = torch.randn(1, 3, 75, 61)
     with torch.no_grad():
         assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(plain(x), fast(x)))
@@ -264,26 +268,30 @@ def test_a_precision_optimize_does_not_run_is_refused_by_name(monkeypatch):
         optimize(create_model('pcpvt_tiny'), precision='int8', input_ranges={})
 
 
-def test_precision_selectable_from_an_openmmlab_config():
-    pytest.importorskip('mmdet')
+def test_the_fused_engines_int8_calibrates_on_the_batches_it_is_given():
     _precision_or_skip('int8')
-    from mmdet.registry import MODELS
-    from mmengine.registry import DefaultScope
-
-    import cpvt_backbones.adapters.mmdet  # noqa: F401
-    ranges = calibrated(create_model('pcpvt_tiny').eval())
-    with DefaultScope.overwrite_default_scope('mmdet'):
-        model = MODELS.build(dict(type='PyramidCPVT', arch='pcpvt_tiny',
-                                  optimize=dict(precision='int8', input_ranges=ranges)))
-        assert {m.kernel for m in model.modules() if isinstance(m, FusedLinear)} == {'onednn_int8'}
-        with pytest.raises(ValueError, match="precision='int8' quantizes activations at calibrated ranges"):
-            MODELS.build(dict(type='PyramidCPVT', arch='pcpvt_tiny', optimize=dict(precision='int8')))
+    from cpvt_backbones.deploy import prepare
+    plain = create_model('pcpvt_tiny').eval()
+    batches = [torch.randn(1, 3, 64, 80, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    model = prepare(copy.deepcopy(plain), 'fused', 'int8', calibration=batches)
+    assert {m.kernel for m in model.modules() if isinstance(m, FusedLinear)} == {'onednn_int8'}
+    with record_input_ranges(plain) as ranges:
+        for x in batches:
+            plain(x)
+    reference = optimize(copy.deepcopy(plain), precision='int8', input_ranges=ranges)
+    x = torch.randn(1, 3, 64, 80)
+    with torch.no_grad():
+        assert torch.equal(model(x), reference(x))
+    with pytest.raises(ValueError, match='int8 quantizes activations at calibrated ranges'):
+        prepare(copy.deepcopy(plain), 'fused', 'int8')
+    with pytest.raises(ValueError, match="engine 'fused' runs fp32, int8, not 'bf16'; bf16 runs on: torch"):
+        prepare(copy.deepcopy(plain), 'fused', 'bf16')
 
 
 @pytest.mark.parametrize('mode', list(MODES))
 def test_weights_loaded_after_optimize_are_the_ones_used(mode):
-    """OpenMMLab runners load a checkpoint into a backbone built with optimize=...: the lower-precision copies
-    follow the new weights."""
+    """Weights loaded into an optimized model (a runner that loads a checkpoint after the engine is attached) are
+    the ones used: the lower-precision copies follow the new weights."""
     _precision_or_skip(mode)
     torch.manual_seed(0)
     fast = lowered(create_model('pcpvt_tiny', features_only=True).eval(), mode)

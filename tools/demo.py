@@ -20,7 +20,8 @@ from typing import List, NamedTuple, Tuple
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from cpvt_backbones.adapters.engines import ENGINES, calibrate
+from cpvt_backbones.adapters.engines import DEFAULT_ENGINE, calibrate
+from cpvt_backbones.deploy.registry import ENGINES, engine_table
 from cpvt_backbones.adapters.evaluation import evaluate, headline_score, set_test_scale
 from cpvt_backbones.adapters.runner import build_runner, load_config, quiet_known_warnings
 from cpvt_backbones.datasets import generate_shape_crops, generate_shapes
@@ -152,10 +153,12 @@ def main() -> None:
     parser.add_argument('--retrain', action='store_true')
     parser.add_argument('--precisions', nargs='+', default=['fp32'], choices=PRECISIONS,
                         help='evaluate the trained models at these precisions, on every --engines engine (int8 '
-                             'calibrated on 32 training images: activation ranges on torch, NNCF on OpenVINO)')
-    parser.add_argument('--engines', nargs='+', default=['torch'], choices=ENGINES,
-                        help='torch: our backbone optimized (cpvt_backbones.optimize; bf16: backbone, neck and head '
-                             'under autocast); openvino: backbone, neck and head on OpenVINO')
+                             'calibrated on 32 training images: activation ranges fixed once on the fused engine, NNCF '
+                             'on OpenVINO); an engine is evaluated at the precisions it runs')
+    parser.add_argument('--engines', nargs='+', default=[DEFAULT_ENGINE], choices=list(ENGINES),
+                        help=f'evaluate on these engines (default {DEFAULT_ENGINE}; the table below says which runs '
+                             'which precision, covering what)')
+    parser.epilog = 'Engines (deploy.ENGINES):\n' + engine_table()
     args = parser.parse_args()
     quiet_known_warnings()
     out = Path(args.out)
@@ -166,12 +169,13 @@ def main() -> None:
     accuracy = evaluate(load_config(PRETRAINING), checkpoint, str(out / 'pretraining' / 'eval'), 'crops')
     print(f'[demo] pretraining: top-1 {accuracy["accuracy/top1"]:.1f}% on the 400 held-out crops')
     results, checkpoints = {}, {}
-    runs = [(engine, precision) for engine in args.engines for precision in args.precisions]
+    runs = [(engine, precision) for engine in args.engines for precision in args.precisions
+            if precision in ENGINES[engine].precisions]
     for name, task in SHAPES_TASKS.items():
         checkpoint = train(name, task.config, out, args.retrain, init_from=checkpoint)
         results[name] = {}
         ranges = (calibrate(load_config(task.config), checkpoint, CALIBRATION, 32)
-                  if 'int8' in args.precisions and 'torch' in args.engines else None)
+                  if 'int8' in args.precisions and 'fused' in args.engines else None)
         for label, factors, keep_ratio in TEST_SIZES:
             cfg = load_config(task.config)
             set_test_scale(cfg, scaled(cfg, factors), keep_ratio)

@@ -2,15 +2,16 @@
 # Create or reuse a virtual environment with one of the supported stacks, idempotently.
 #
 #   STACK=default  (.venv)          torch 2.14.1, mmcv 2.1.0 built from source, mmengine 0.10.7, mmdet 3.3.0,
-#                                   mmsegmentation 1.2.2, mmpretrain 1.2.0, OpenVINO + NNCF, transformers and
-#                                   segmentation-models-pytorch (the other ecosystems' adapters are tested)
+#                                   mmsegmentation 1.2.2, mmpretrain 1.2.0, OpenVINO + NNCF
 #   STACK=upstream (.venv-upstream) torch 2.1.2, numpy < 2, mmcv 2.1.0 built from source (OpenMMLab's own
 #                                   wheels are CUDA builds for download.openmmlab.com, not on PyPI), the same
 #                                   mmengine/mmdet/mmseg/mmpretrain; no OpenVINO (its conversion needs torch >= 2.6)
-#   STACK=onedl    (.venv-onedl)    torch 2.15.0, the OneDL forks' newest releases (onedl-mmcv built from its sdist),
-#                                   OpenVINO + NNCF, transformers and segmentation-models-pytorch
+#   STACK=onedl    (.venv-onedl)    torch 2.15.0, the OneDL forks' newest releases (onedl-mmcv built from its sdist)
 #   STACK=core     (.venv-core)     torch 2.1.2, numpy < 2 and the test tools, no OpenMMLab: the core on the
 #                                   oldest supported torch
+#   STACK=ecosystems (.venv-ecosystems) torch 2.14.1, transformers 5 and segmentation-models-pytorch with the test
+#                                   tools, no OpenMMLab: mmpretrain 1.2 cannot be imported beside transformers 5
+#                                   (its BLIP models import names transformers 5 removed), so they live apart
 #
 # Why a script and not a requirements file: mmcv has no wheel on PyPI for these torch builds, so it is built from
 # the sdist with ops (20-25 min on 2 cores) and the wheel is cached outside the clone, keyed by package, torch and
@@ -25,7 +26,7 @@ PYTHON_BIN="${PYTHON:-python3.11}"
 TOOLS=("pytest" "pytest-xdist" "hypothesis" "ruff" "timm" "safetensors" "onnx" "onnxruntime" "onnxscript" "matplotlib")
 OPENMMLAB=("mmengine==0.10.7" "mmdet==3.3.0" "mmsegmentation==1.2.2" "mmpretrain==1.2.0")
 ONEDL=("onedl-mmengine==0.10.12" "onedl-mmdetection==3.5.1" "onedl-mmsegmentation==1.4.2" "onedl-mmpretrain==1.3.6")
-ECOSYSTEMS=("transformers>=5.20,<6" "segmentation-models-pytorch>=0.5,<0.7")
+ECOSYSTEMS=()
 MMCV=(mmcv 2.1.0)
 OPENVINO=1
 SETUPTOOLS="setuptools<70"
@@ -33,12 +34,15 @@ CHECK="import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, openvino, nncf, c
 case "$STACK" in
   default)  VENV="$ROOT/.venv"; PINS=("torch==2.14.1" "torchvision==0.29.1" "numpy<2.5"); STACK_PKGS=("${OPENMMLAB[@]}") ;;
   upstream) VENV="$ROOT/.venv-upstream"; PINS=("torch==2.1.2" "torchvision==0.16.2" "numpy<2"); STACK_PKGS=("${OPENMMLAB[@]}")
-            OPENVINO=0; ECOSYSTEMS=(); CHECK="import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, cpvt_backbones" ;;
+            OPENVINO=0; CHECK="import torch, mmcv.ops, mmdet, mmseg, mmpretrain, timm, cpvt_backbones" ;;
   onedl)    VENV="$ROOT/.venv-onedl"; PINS=("torch==2.15.0" "torchvision==0.29.2" "numpy<2.5"); STACK_PKGS=("${ONEDL[@]}")
             MMCV=(onedl-mmcv 2.3.6); SETUPTOOLS="setuptools>=80" ;;
   core)     VENV="$ROOT/.venv-core"; PINS=("torch==2.1.2" "torchvision==0.16.2" "numpy<2"); STACK_PKGS=(); MMCV=()
-            OPENVINO=0; ECOSYSTEMS=(); CHECK="import torch, timm, cpvt_backbones" ;;
-  *) echo "[env] unknown STACK=$STACK (default, upstream, onedl or core)" >&2; exit 2 ;;
+            OPENVINO=0; CHECK="import torch, timm, cpvt_backbones" ;;
+  ecosystems) VENV="$ROOT/.venv-ecosystems"; PINS=("torch==2.14.1" "torchvision==0.29.1" "numpy<2.5"); STACK_PKGS=()
+            MMCV=(); OPENVINO=0; ECOSYSTEMS=("transformers>=5.20,<6" "segmentation-models-pytorch>=0.5,<0.7")
+            CHECK="import torch, timm, transformers, segmentation_models_pytorch, cpvt_backbones" ;;
+  *) echo "[env] unknown STACK=$STACK (default, upstream, onedl, core or ecosystems)" >&2; exit 2 ;;
 esac
 CACHE="${CPVT_CACHE_DIR:-$HOME/.cache/cpvt_backbones}"
 

@@ -4,14 +4,12 @@ The classes here subclass the torch-only core, so a detector's state dict reads 
 the official key names. Registration into a framework's registry happens in the ``mmdet``, ``mmseg`` and
 ``mmpretrain`` modules beside this one.
 """
-import json
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import torch
 
 from .. import models as core
 from ..convert import load_into, load_weights_file, resolve_checkpoint
-from ..deploy import optimize as optimize_model
 from ..utils import strip_prefix
 from ..models import model_settings
 
@@ -21,14 +19,19 @@ _PRETRAINED_KEYS = {'type', 'checkpoint', 'prefix', 'map_location'}
 
 class _OpenMMLabBackbone:
     """Mixin placed before a core model class. ``arch`` is a model name or a dict of that class's
-    constructor arguments (``base='<name>'`` starts from a named variant). ``optimize=True`` applies
-    ``cpvt_backbones.optimize`` (the fused CPU inference path: same weights, same outputs to float32 rounding);
-    a dict passes its arguments (``optimize=dict(precision='int8')``; ``input_ranges`` may name the JSON file
-    that ``adapters.engines.calibrate`` writes, for static int8)."""
+    constructor arguments (``base='<name>'`` starts from a named variant). Inference engines are not a
+    constructor argument: a built model with its weights loaded goes to one through ``adapters.engines``
+    (``--engine`` of tools/test.py and tools/infer.py); a config that still sets ``optimize`` is refused with
+    that advice."""
 
     def _setup(self, arch: Union[str, Mapping[str, Any]], out_indices: Optional[Sequence[int]], out_type: str,
-               drop_path_rate: float, frozen_stages: int, with_cp: bool, optimize: Union[bool, Mapping],
-               init_cfg: Optional[dict]) -> None:
+               drop_path_rate: float, frozen_stages: int, with_cp: bool, init_cfg: Optional[dict],
+               optimize: Any) -> None:
+        if optimize is not None:
+            raise ValueError(f'optimize={optimize!r}: the backbone no longer takes an engine; the fused CPU path and '
+                             'the other engines are applied once the checkpoint is loaded (tools/test.py and '
+                             "tools/infer.py --engine fused|torch|openvino|onnxruntime, or adapters.engines."
+                             'set_engine(cfg, ...) for a test loop); remove optimize from the config')
         core_cls = next(c for c in type(self).__mro__ if c in (core.PyramidCPVT, core.CPVT))
         if out_type not in OUT_TYPES:
             raise ValueError(f'out_type must be one of {OUT_TYPES}, got {out_type!r}')
@@ -42,12 +45,6 @@ class _OpenMMLabBackbone:
         if clash:
             raise ValueError(f'{clash} are arguments of the backbone itself, not of arch; set them next to arch')
         core_cls.__init__(self, **settings, **fixed)
-        if optimize:
-            options = dict(optimize) if isinstance(optimize, Mapping) else {}
-            if isinstance(options.get('input_ranges'), str):  # a file written by adapters.engines.calibrate
-                with open(options['input_ranges']) as f:
-                    options['input_ranges'] = json.load(f)['input_ranges']
-            optimize_model(self, **options)
         if init_cfg is not None:
             if not isinstance(init_cfg, Mapping) or init_cfg.get('type') != 'Pretrained':
                 raise ValueError("init_cfg must be None or dict(type='Pretrained', checkpoint=PATH[, prefix=...]); "
@@ -81,21 +78,22 @@ class _OpenMMLabBackbone:
 class PyramidCPVT(_OpenMMLabBackbone, core.PyramidCPVT):
     """Pyramid CPVT for mmdet/mmseg/mmpretrain. ``out_type='featmap'`` (dense tasks) returns NCHW maps at
     strides 4/8/16/32 for ``out_indices`` (default all four); ``'pooled'`` (classification, ``neck=None``)
-    returns the final-normed global average ``(B, C)`` as a 1-tuple."""
+    returns the final-normed global average ``(B, C)`` as a 1-tuple. ``optimize``: refused (see the mixin)."""
 
     def __init__(self, arch: Union[str, Mapping[str, Any]] = 'pcpvt_small',
                  out_indices: Optional[Sequence[int]] = None, out_type: str = 'featmap',
                  drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
-                 optimize: Union[bool, Mapping] = False, init_cfg: Optional[dict] = None):
-        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, optimize, init_cfg)
+                 init_cfg: Optional[dict] = None, optimize: None = None):
+        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, init_cfg, optimize)
 
 
 class CPVT(_OpenMMLabBackbone, core.CPVT):
     """Columnar CPVT for mmdet/mmseg/mmpretrain. ``'featmap'`` returns the simple feature pyramid (strides
-    4/8/16/32, channels dim/4, dim/2, dim, dim); ``'pooled'`` the class token or GAP feature."""
+    4/8/16/32, channels dim/4, dim/2, dim, dim); ``'pooled'`` the class token or GAP feature. ``optimize``:
+    refused (see the mixin)."""
 
     def __init__(self, arch: Union[str, Mapping[str, Any]] = 'cpvt_small_gap',
                  out_indices: Optional[Sequence[int]] = None, out_type: str = 'featmap',
                  drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
-                 optimize: Union[bool, Mapping] = False, init_cfg: Optional[dict] = None):
-        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, optimize, init_cfg)
+                 init_cfg: Optional[dict] = None, optimize: None = None):
+        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, init_cfg, optimize)

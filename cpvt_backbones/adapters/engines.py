@@ -1,14 +1,12 @@
-"""What the tools need to run a config's model on an inference engine: the precision options, calibration on
-the config's own test pipeline, and the OpenVINO engine for a whole detector or segmentor.
+"""A config's model on an inference engine (``deploy.ENGINES``), for the tools, the mmengine hook and the demo: the
+command-line options, calibration on the config's own test pipeline, caches named by content, and the one route
+from a built detector, segmentor or classifier with its checkpoint loaded to that model on an engine,
+``engine_model``. ``set_engine`` asks a config's test loop for it (``InferenceEngineHook`` takes the route once the
+checkpoint is loaded); tools/infer.py takes it once the inferencer has loaded the weights.
 
-Engines (``ENGINES``): 'torch', in float32 and int8 our backbones through ``cpvt_backbones.optimize`` (the rest
-of the model in PyTorch float32), in bf16 backbone + neck + head under autocast (``deploy.openmmlab.
-to_autocast_model``); 'openvino', backbone + neck + head on OpenVINO (``deploy.openmmlab.to_openvino_model``).
-Both keep the data preprocessor and post-processing in the framework's Python, in float32. Precisions are
-``deploy.PRECISIONS`` for both. The engines
-themselves are in ``deploy`` and need torch only; what is here works on an mmengine config (its backbone, its
-test pipeline, its test loop's hooks), so it sits with the adapters. ``adapters.evaluation`` runs the config's
-test loop on either engine.
+An engine that covers the backbone runs our backbone (the rest of the model stays in PyTorch float32); one that
+covers the model runs backbone, neck and head (``deploy.openmmlab``), with the data preprocessor and
+post-processing in the framework's Python, in float32.
 """
 import argparse
 import copy
@@ -24,91 +22,62 @@ import torch
 from mmengine.config import Config
 
 from ..deploy import PRECISIONS
-from ..utils import atomic_write, file_sha256
+from ..deploy.registry import ENGINES, check_engine, engine_table
+from ..utils import file_sha256
 from .runner import build_runner, evaluation_datasets, our_backbone
 
-ENGINES = ('torch', 'openvino')
+DEFAULT_ENGINE = 'fused'
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
 
 
-def optimize_backbone(cfg: Config, precision: str = 'fp32', input_ranges: Optional[str] = None,
-                      keep_fp32: Sequence[str] = ()) -> bool:
-    """Have the config build its backbone through ``cpvt_backbones.optimize`` (the fused CPU inference path) in
-    ``precision`` ('fp32' or 'int8'; int8 static with ``input_ranges``, a file from ``calibrate``) if the
-    backbone is one of ours; returns whether it is. ``keep_fp32``: the model's module names left in float32;
-    those under ``backbone.`` reach ``optimize`` (the torch engine runs the rest of the model in float32)."""
-    backbone = our_backbone(cfg)
-    if backbone is not None:
-        backbone['optimize'] = dict(precision=precision)
-        if input_ranges is not None:
-            backbone['optimize']['input_ranges'] = str(input_ranges)
-        inside = [p[len('backbone.'):] for p in keep_fp32 if p.startswith('backbone.')]
-        if inside:
-            backbone['optimize']['keep_fp32'] = inside
-    return backbone is not None
-
-
-def add_precision_args(parser: argparse.ArgumentParser) -> None:
-    """``--engine``, ``--plain``, ``--precision``, ``--calibrate`` and ``--calibrate-images`` (tools/test.py,
-    tools/infer.py)."""
-    parser.add_argument('--engine', choices=ENGINES, default='torch',
-                        help='torch: our backbone optimized, the rest in PyTorch (bf16: backbone, neck and head '
-                             'under autocast); openvino: backbone, neck and head on OpenVINO (pre- and '
-                             'post-processing in Python)')
-    parser.add_argument('--plain', action='store_true', help='torch engine: do not optimize our backbone')
-    parser.add_argument('--precision', choices=PRECISIONS, default='fp32', help='fp32, bf16 or int8')
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """``--engine``, ``--precision``, ``--calibrate``, ``--calibrate-images`` and ``--keep-fp32`` (tools/test.py,
+    tools/infer.py); the parser's epilog gets the engine x precision table of the registry."""
+    parser.add_argument('--engine', choices=list(ENGINES), default=DEFAULT_ENGINE,
+                        help=f'the inference engine (default {DEFAULT_ENGINE}; table below)')
+    parser.add_argument('--precision', choices=PRECISIONS, default='fp32', help='fp32, bf16 or int8 (table below)')
     parser.add_argument('--calibrate', metavar='IMAGES',
                         help="int8 calibration images: 'val' (the config's test set, the default) or a folder of "
-                             "images, through the config's test pipeline; the result is saved and reused (torch: "
-                             'activation ranges; openvino: the NNCF-quantized model)')
+                             "images, through the config's test pipeline; what the engine derives is saved and "
+                             'reused')
     parser.add_argument('--calibrate-images', type=int, default=32, metavar='N', help='images calibrated on')
     parser.add_argument('--keep-fp32', nargs='*', metavar='MODULE',
                         help="int8: modules of the model (names as in named_modules, e.g. bbox_head.retina_cls) "
                              "whose layers stay float32; default: the config's int8_keep_fp32; none given: none")
+    parser.epilog = ((parser.epilog or '') + '\nEngines (deploy.ENGINES):\n' + engine_table()).strip()
 
 
-def apply_precision(cfg: Config, args: argparse.Namespace, checkpoint: str) -> None:
-    """What ``add_precision_args`` asked for, on ``cfg`` (``set_engine``; the torch engine's int8 calibrated
-    with ``checkpoint`` first, or the saved ranges reused)."""
+def use_engine(cfg: Config, args: argparse.Namespace) -> None:
+    """What ``add_engine_args`` asked for, on ``cfg`` (``set_engine``), checked first: the engine runs the
+    precision and is installed, and --calibrate / --keep-fp32 come with int8."""
     if (args.calibrate or args.keep_fp32 is not None) and args.precision != 'int8':
         raise SystemExit('--calibrate and --keep-fp32 configure int8: use them with --precision int8')
-    if args.plain:
-        if args.engine == 'openvino':
-            raise SystemExit('--plain keeps the plain PyTorch backbone; it does not apply to --engine openvino')
-        if args.precision != 'fp32':
-            raise SystemExit('--plain keeps the plain float32 model: no --precision with it')
-        return
-    calibration = (args.calibrate or 'val') if args.precision == 'int8' else None
-    ranges = None
-    if args.engine == 'torch' and args.precision == 'int8':
-        ranges = calibrate(cfg, checkpoint, calibration, args.calibrate_images)
-        print(f'[calibrate] activation ranges: {ranges}')
-    set_engine(cfg, args.engine, args.precision, ranges, calibration, args.calibrate_images,
-               kept_in_fp32(cfg, args.keep_fp32) if args.precision == 'int8' else ())
+    try:
+        check_engine(args.engine, args.precision)
+    except (ValueError, ImportError) as e:
+        raise SystemExit(str(e)) from e
+    set_engine(cfg, args.engine, args.precision, (args.calibrate or 'val') if args.precision == 'int8' else None,
+               args.calibrate_images, kept_in_fp32(cfg, args.keep_fp32) if args.precision == 'int8' else ())
 
 
-def set_engine(cfg: Config, engine: str = 'torch', precision: str = 'fp32', input_ranges: Optional[str] = None,
-               calibration: Optional[str] = None, calibration_images: int = 32,
-               keep_fp32: Sequence[str] = ()) -> None:
-    """Have the model of ``cfg`` run on ``engine`` at ``precision``: the torch engine in float32 or int8 through
-    its optimized backbone (``optimize_backbone``; int8 static at ``input_ranges``); the torch engine in bf16
-    and the OpenVINO engine through ``InferenceEngineHook``, which attaches the engine once the test loop has
-    loaded the checkpoint (``engine_model``; OpenVINO's int8 calibrated on ``calibration_images`` of
-    ``calibration``). int8 leaves the modules named in ``keep_fp32`` in float32."""
-    if engine not in ENGINES:
-        raise ValueError(f'engine must be one of {ENGINES}, got {engine!r}')
-    if precision not in PRECISIONS:
-        raise ValueError(f'precision must be one of {PRECISIONS}, got {precision!r}')
-    if engine == 'torch' and precision != 'bf16':
-        optimize_backbone(cfg, precision, input_ranges, keep_fp32)
-        return
+def set_engine(cfg: Config, engine: str = DEFAULT_ENGINE, precision: str = 'fp32', calibration: Optional[str] = None,
+               calibration_images: int = 32, keep_fp32: Sequence[str] = (), **options) -> None:
+    """Have the test loop of ``cfg`` run its model on ``engine`` at ``precision`` (``InferenceEngineHook``, which
+    takes ``engine_model`` once the checkpoint is loaded): int8 calibrated on ``calibration_images`` of
+    ``calibration`` ('val' or a folder), the modules named in ``keep_fp32`` left in float32; ``options`` go to
+    the engine (``input_ranges`` for the fused engine's int8, say)."""
+    spec = check_engine(engine, precision)
+    if spec.covers == 'backbone' and our_backbone(cfg) is None:
+        raise ValueError(f'engine {engine!r} runs our backbones (PyramidCPVT, CPVT); this config\'s backbone is '
+                         f'{cfg.model.get("backbone", {}).get("type")!r}: use --engine torch')
     imports = cfg.get('custom_imports') or dict(imports=[], allow_failed_imports=False)
     if 'cpvt_backbones.adapters.hooks' not in imports['imports']:
         cfg.custom_imports = dict(imports, imports=list(imports['imports']) + ['cpvt_backbones.adapters.hooks'])
     hooks = [h for h in cfg.get('custom_hooks', []) if h.get('type') != 'InferenceEngineHook']
     cfg.custom_hooks = hooks + [dict(type='InferenceEngineHook', engine=engine, precision=precision,
                                      calibration=calibration if precision == 'int8' else None,
-                                     calibration_images=calibration_images, keep_fp32=list(keep_fp32))]
+                                     calibration_images=calibration_images, keep_fp32=list(keep_fp32),
+                                     options=options)]
 
 
 def kept_in_fp32(cfg: Config, keep_fp32: Optional[Sequence[str]] = None) -> Tuple[str, ...]:
@@ -194,97 +163,83 @@ def cache_name(cfg: Config, checkpoint: Path, kind: str, calibration: Optional[T
     return f'{checkpoint.stem}-{kind}-{digest}'
 
 
+class _Batches:
+    """The preprocessed input batches of ``calibration_batches``, made when first iterated (an engine that reads
+    a saved result never iterates them)."""
+
+    def __init__(self, model: torch.nn.Module, cfg: Config, source: Union[str, List[Path]], num_images: int):
+        self.model, self.cfg, self.source, self.num_images = model, cfg, source, num_images
+        self._made: Optional[List[torch.Tensor]] = None
+
+    def __iter__(self):
+        if self._made is None:
+            with torch.no_grad():
+                self._made = [self.model.data_preprocessor(batch, False)['inputs']
+                              for batch, _ in calibration_batches(self.cfg, self.source, self.num_images)]
+        return iter(self._made)
+
+
 def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int = 32) -> Path:
-    """Static int8 calibration: the input ranges of the backbone's linear layers (``record_input_ranges``) while
-    the plain model of ``cfg`` with ``checkpoint`` runs on ``num_images`` images of ``source`` ('val': the
-    config's test set, in order; or a folder of images, sorted, through the test pipeline without its
-    annotation steps, unreadable ones skipped), as a JSON file for ``optimize_backbone(cfg, 'int8',
-    input_ranges=...)``. The file is kept in ``weights_dir()/calibration`` under ``cache_name`` and reused while
-    everything it was derived from stays the same."""
+    """The fused engine's int8 input ranges for the model of ``cfg`` with ``checkpoint``, calibrated on
+    ``num_images`` images of ``source`` ('val' or a folder) through this config's test pipeline, as a JSON file
+    (``images``, ``input_ranges``) for ``set_engine(cfg, 'fused', 'int8', input_ranges=...)``: ranges fixed
+    once for evaluations at other test sizes (tools/demo.py). Kept in ``weights_dir()/fused`` under
+    ``cache_name`` and reused while everything it was derived from stays the same."""
     from mmengine.runner import load_checkpoint
 
     from ..convert import weights_dir
-    from ..deploy import record_input_ranges
+    from ..deploy.optimize import calibrated_ranges
     if our_backbone(cfg) is None:
         raise ValueError('calibrate: the config\'s backbone is not one of ours (PyramidCPVT or CPVT)')
     ckpt = Path(checkpoint).resolve()
     if not ckpt.is_file():
         raise FileNotFoundError(f'calibrate: no checkpoint file {checkpoint}')
     source, images = _calibration_source(source)
-    out = weights_dir() / 'calibration' / f'{cache_name(cfg, ckpt, "ranges", (source, num_images))}.json'
-    if out.is_file():
-        return out
-    cfg = copy.deepcopy(cfg)
-    cfg.work_dir = str(out.parent / 'work_dir')
-    cfg.log_level = 'WARNING'
-    cfg.load_from = None
-    our_backbone(cfg).pop('optimize', None)  # calibration runs the plain model (its layers are called)
-    runner = build_runner(cfg)
-    load_checkpoint(runner.model, str(ckpt), map_location='cpu', revise_keys=[(r'^module\.', '')])
-    runner.model.eval()
-    seen = 0
-    with record_input_ranges(runner.model.backbone) as ranges:
-        for batch, size in calibration_batches(cfg, images, num_images):
-            runner.model.test_step(batch)
-            seen += size
-    record = dict(checkpoint=str(ckpt), source=source, images=seen, input_ranges=ranges)
-    atomic_write(out, json.dumps(record, indent=1).encode())
+    out = weights_dir() / 'fused' / f'{cache_name(cfg, ckpt, "int8", (source, num_images))}.ranges.json'
+    if not out.is_file():
+        cfg = copy.deepcopy(cfg)
+        cfg.work_dir = str(out.parent / 'work_dir')
+        cfg.log_level = 'WARNING'
+        cfg.load_from = None
+        runner = build_runner(cfg)
+        load_checkpoint(runner.model, str(ckpt), map_location='cpu', revise_keys=[(r'^module\.', '')])
+        runner.model.eval()
+        calibrated_ranges(runner.model.backbone, _Batches(runner.model, cfg, images, num_images), (), str(out))
     return out
 
 
-def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str], engine: str = 'torch',
+def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str], engine: str = DEFAULT_ENGINE,
                  precision: str = 'fp32', calibration: Optional[str] = None, calibration_images: int = 32,
-                 keep_fp32: Sequence[str] = ()) -> torch.nn.Module:
-    """``model`` (a built detector or segmentor of ``cfg`` with ``checkpoint``'s weights, in evaluation mode
-    from here on) on ``engine`` at ``precision``, in place: OpenVINO through ``openvino_model``; the torch
-    engine's bf16 under autocast (``deploy.openmmlab.to_autocast_model``). The torch engine's float32 and int8
-    are the config's optimized backbone (``set_engine``), so ``model`` is returned as it is."""
-    from ..deploy.openmmlab import to_autocast_model
+                 keep_fp32: Sequence[str] = (), **options) -> torch.nn.Module:
+    """``model`` (a built model of ``cfg`` with ``checkpoint``'s weights, in evaluation mode from here on) on
+    ``engine`` at ``precision``, in place (``deploy.openmmlab.on_engine``): the backbone replaced, or backbone,
+    neck and head attached as one engine module. int8 is calibrated on ``calibration_images``
+    of ``calibration`` (``calibration_batches``: 'val' or a folder), each batch through the model's own data
+    preprocessor, with the modules named in ``keep_fp32`` (names in ``model``) left in float32. With a checkpoint
+    file, what the engine derives (a conversion, calibrated ranges) is saved under ``weights_dir()/<engine>``,
+    named by ``cache_name``, and read back next time."""
+    from ..convert import weights_dir
+    from ..deploy.openmmlab import on_engine
+    spec = check_engine(engine, precision)
     model.eval()
-    if engine == 'openvino':
-        return openvino_model(model, cfg, checkpoint, precision, calibration, calibration_images, keep_fp32)
-    if precision == 'bf16':
-        print(f'[torch] {type(model).__name__}: backbone, neck and head under bf16 autocast')
-        return to_autocast_model(model, precision)
+    batches = None
+    if precision == 'int8':
+        source, images = _calibration_source(calibration or 'val')
+        batches = _Batches(model, cfg, images, calibration_images)
+    ckpt = Path(checkpoint).resolve() if checkpoint else None
+    if ckpt is not None and ckpt.is_file():
+        folder = weights_dir() / engine
+        calibrated = (source, calibration_images) if precision == 'int8' else None
+        options.setdefault('cache', str(folder / cache_name(cfg, ckpt, precision, calibrated, *sorted(keep_fp32))))
+        options.setdefault('conversion_cache', str(folder / cache_name(cfg, ckpt, 'float')))
+    on_engine(model, engine, precision, batches, keep_fp32, **options)
+    cache = Path(options['cache']) if options.get('cache') else None
+    saved = sorted(str(p) for p in cache.parent.glob(cache.name + '.*')) if cache else []
+    print(f'[engine] {type(model).__name__}: {spec.covers} on {engine} at {precision}'
+          + (f', float32: {", ".join(keep_fp32)}' if keep_fp32 else '')
+          + (f'; saved: {", ".join(saved)}' if saved else ''))
     return model
 
 
-def openvino_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str], precision: str = 'fp32',
-                   calibration: Optional[str] = None, calibration_images: int = 32,
-                   keep_fp32: Sequence[str] = ()) -> torch.nn.Module:
-    """``model`` (a built detector or segmentor of ``cfg`` with ``checkpoint``'s weights) running on OpenVINO,
-    in place. int8 is calibrated on ``calibration_images`` of ``calibration`` (see ``calibration_batches``),
-    each batch through the model's own data preprocessor, with the modules named in ``keep_fp32`` left in
-    float32. With a checkpoint file, the converted model is saved under ``weights_dir()/openvino`` named by
-    ``cache_name`` (the config's model section, the checkpoint's content, the precision, the calibration,
-    ``keep_fp32`` and the versions) and read from there next time after its own checksums are checked
-    (``deploy.openvino.to_openvino``); int8 quantizes the saved float32 conversion of the same model where there
-    is one."""
-    from ..convert import weights_dir
-    from ..deploy.openmmlab import to_openvino_model
-    from ..deploy.openvino import saved_problem
-    model.eval()
-    inputs, (source, images) = None, ('', None)
-    if precision == 'int8':
-        source, images = _calibration_source(calibration or 'val')
-    ckpt = Path(checkpoint).resolve() if checkpoint else None
-    cache = float_cache = None
-    if ckpt is not None and ckpt.is_file():
-        folder = weights_dir() / 'openvino'
-        float_cache = folder / f'{cache_name(cfg, ckpt, "float")}.xml'
-        cache = float_cache if precision != 'int8' else \
-            folder / f'{cache_name(cfg, ckpt, "int8", (source, calibration_images), *sorted(keep_fp32))}.xml'
-    if precision == 'int8':
-        if not (cache and saved_problem(cache) is None):  # nothing usable saved: calibrate
-            with torch.no_grad():
-                inputs = [model.data_preprocessor(batch, False)['inputs']
-                          for batch, _ in calibration_batches(cfg, images, calibration_images)]
-    print(f'[openvino] {type(model).__name__} at {precision}' + (f', float32: {", ".join(keep_fp32)}' if keep_fp32
-                                                                 else '') + (f', saved as {cache}' if cache else ''))
-    return to_openvino_model(model, precision, calibration=inputs, keep_fp32=keep_fp32,
-                             cache=str(cache) if cache else None, float_cache=str(float_cache) if float_cache else None)
-
-
-__all__ = ['ENGINES', 'IMAGE_SUFFIXES', 'add_precision_args', 'apply_precision', 'cache_name', 'calibrate',
-           'calibration_batches',
-           'engine_model', 'kept_in_fp32', 'openvino_model', 'optimize_backbone', 'set_engine']
+__all__ = ['DEFAULT_ENGINE', 'IMAGE_SUFFIXES', 'add_engine_args', 'cache_name', 'calibrate', 'calibration_batches',
+           'engine_model', 'kept_in_fp32', 'set_engine', 'use_engine']

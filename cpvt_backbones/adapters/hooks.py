@@ -25,6 +25,8 @@ import torch
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
+from ..deploy.registry import check_engine
+
 
 @HOOKS.register_module()
 class RNGStateHook(Hook):
@@ -130,19 +132,20 @@ class NonFiniteLossHook(Hook):
 
 @HOOKS.register_module()
 class InferenceEngineHook(Hook):
-    """Before the test loop (after the runner has loaded the checkpoint), run the model's backbone, neck and head
-    on ``engine`` at ``precision`` (``adapters.engines.engine_model``: 'openvino', or 'torch' in bf16 under
-    autocast; OpenVINO's int8 calibrated on ``calibration_images`` of ``calibration``: 'val' or a folder; the
-    modules named in ``keep_fp32`` stay float32). ``tools/test.py --engine openvino`` and ``--precision bf16``
-    add it (``adapters.engines.set_engine``)."""
+    """Before the test loop (after the runner has loaded the checkpoint), put the model on ``engine`` at
+    ``precision`` (``adapters.engines.engine_model``, the one route to an engine: int8 calibrated on
+    ``calibration_images`` of ``calibration``, 'val' or a folder; the modules named in ``keep_fp32`` stay
+    float32; ``options`` go to the engine). tools/test.py adds it (``adapters.engines.set_engine``)."""
 
-    def __init__(self, engine: str = 'openvino', precision: str = 'fp32', calibration: Optional[str] = None,
-                 calibration_images: int = 32, keep_fp32: Sequence[str] = ()):
+    def __init__(self, engine: str = 'fused', precision: str = 'fp32', calibration: Optional[str] = None,
+                 calibration_images: int = 32, keep_fp32: Sequence[str] = (), options: Optional[dict] = None):
+        check_engine(engine, precision)
         self.engine, self.precision, self.calibration = engine, precision, calibration
         self.calibration_images, self.keep_fp32 = calibration_images, tuple(keep_fp32)
+        self.options = dict(options or {})
 
     def before_test(self, runner) -> None:
         from .engines import engine_model
         model = getattr(runner.model, 'module', runner.model)
         engine_model(model, runner.cfg, runner.cfg.get('load_from'), self.engine, self.precision,
-                     self.calibration, self.calibration_images, self.keep_fp32)
+                     self.calibration, self.calibration_images, self.keep_fp32, **self.options)

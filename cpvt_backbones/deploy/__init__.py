@@ -1,20 +1,25 @@
-"""Inference engines, each an explicit transform of a built model (the models know nothing of them):
+"""Inference engines, each an explicit transform of a built model (the models know nothing of them), all behind
+one registry (``deploy.registry.ENGINES``; ``engine_table()`` renders it) and one way in, ``prepare(module,
+engine, precision, ...)``:
 
-* ``optimize`` (``deploy.optimize``, ``deploy.fused``): hand-fused PyTorch CPU kernels for our transformer
-  blocks, float32 / static int8, needing nothing beyond torch;
-* ``to_autocast`` (``deploy.autocast``): torch's bf16, the model run under ``torch.autocast`` with float32
-  outputs, for a backbone or a whole OpenMMLab model (``deploy.openmmlab.to_autocast_model``);
-* ``deploy.onnx``: ONNX export with dynamic batch, height and width, checked with onnxruntime;
-* ``to_openvino`` (``deploy.openvino``): OpenVINO for the CPU, float32 / bf16 / int8 (NNCF), for a backbone or a
-  whole OpenMMLab model's tensor-mode forward.
+* ``torch``: PyTorch eager; bf16 under ``torch.autocast`` with float32 outputs (``deploy.autocast``);
+* ``fused`` (``deploy.optimize``, ``deploy.fused``): hand-fused PyTorch CPU kernels for our transformer blocks,
+  float32 / static int8, needing nothing beyond torch;
+* ``openvino`` (``deploy.openvino``): OpenVINO for the CPU, float32 / bf16 / int8 (NNCF);
+* ``onnxruntime`` (``deploy.onnxruntime``): onnxruntime on the ONNX export (``deploy.onnx``), float32.
 
-All take one precision vocabulary (``deploy.precision.PRECISIONS``). Optional engines import their package on
-first use and name the extra to install when it is missing.
+An engine covers our backbone or any module that maps an image batch to tensors (a backbone, a classifier, an
+OpenMMLab model's backbone + neck + head in tensor mode, ``deploy.openmmlab``). All take one precision
+vocabulary (``deploy.precision.PRECISIONS``). Optional engines import their package on first use and name what
+to install when it is missing.
 """
 from .autocast import AutocastModule, to_autocast
+from .onnxruntime import OnnxRuntimeModule, to_onnxruntime
 from .openvino import OpenVINOModule, to_openvino
 from .optimize import optimize, record_input_ranges
 from .precision import PRECISIONS, check_precision
+from .registry import ENGINES, Engine, engine_table, prepare
 
-__all__ = ['AutocastModule', 'OpenVINOModule', 'PRECISIONS', 'check_precision', 'optimize', 'record_input_ranges',
-           'to_autocast', 'to_openvino']
+__all__ = ['AutocastModule', 'ENGINES', 'Engine', 'OnnxRuntimeModule', 'OpenVINOModule', 'PRECISIONS',
+           'check_precision', 'engine_table', 'optimize', 'prepare', 'record_input_ranges', 'to_autocast',
+           'to_onnxruntime', 'to_openvino']

@@ -12,11 +12,12 @@ OPSET = 18
 OPSET_TORCHSCRIPT = 17  # the newest opset torch 2.1's TorchScript exporter writes
 
 
-def export(model: nn.Module, path: str, names: Sequence[str], size=(224, 224)) -> None:
-    """Write ``path`` with dynamic batch, height and width: through ``torch.export`` (``torch.onnx.export(...,
-    dynamo=True)``, opset 18) where this torch has ``torch.export.Dim.DYNAMIC`` (2.6 and newer), else through
-    the TorchScript exporter with ``dynamic_axes`` (opset 17), which gives the same outputs."""
-    x = torch.randn(2, 3, *size)
+def export(model: nn.Module, path: str, names: Sequence[str], size=(224, 224), in_chans: int = 3) -> None:
+    """Write ``path`` (input ``image``: ``in_chans`` channels; outputs ``names``) with dynamic batch, height and
+    width: through ``torch.export`` (``torch.onnx.export(..., dynamo=True)``, opset 18) where this torch has
+    ``torch.export.Dim.DYNAMIC`` (2.6 and newer), else through the TorchScript exporter with ``dynamic_axes``
+    (opset 17), which gives the same outputs."""
+    x = torch.randn(2, in_chans, *size)
     with torch.no_grad():
         if supports('export'):
             dynamic = torch.export.Dim.DYNAMIC

@@ -118,6 +118,35 @@ def attach_engine(model: nn.Module, engine: nn.Module) -> nn.Module:
     return model
 
 
+def on_engine(model: nn.Module, engine: str, precision: str = 'fp32',
+              calibration: Optional[Iterable[torch.Tensor]] = None, keep_fp32: Sequence[str] = (),
+              **options) -> nn.Module:
+    """``model`` (an OpenMMLab model in evaluation mode) on ``engine`` at ``precision`` (``deploy.registry.prepare``),
+    in place; returns ``model``. An engine that covers the backbone replaces ``model.backbone``; one that covers
+    the model runs backbone, neck and head (``TensorForward``, attached with ``attach_engine``) where it changes
+    anything, and refuses a model that is not a single-stage detector or a segmentor. ``calibration``:
+    preprocessed input batches (int8); ``keep_fp32``: names of ``model``'s modules whose layers stay float32;
+    ``options``: the engine's (``deploy.registry.Engine``)."""
+    from .registry import check_engine, prepare
+    spec = check_engine(engine, precision)
+    if spec.covers == 'backbone':
+        keep = [p[len('backbone.'):] for p in keep_fp32 if p.startswith('backbone.')]
+        set_submodule(model, 'backbone', prepare(model.backbone, engine, precision, calibration, keep, **options))
+        return model
+    try:
+        target, whole = TensorForward(model), None
+    except ValueError as e:  # not a single-stage detector or a segmentor: an engine may still run it as it is
+        target, whole = model, e
+    with exportable(model):
+        prepared = prepare(target, engine, precision, calibration, [f'model.{p}' for p in keep_fp32], **options)
+    if prepared is not target:
+        if whole is not None:
+            raise ValueError(f'engine {engine!r} at {precision} runs the backbone, neck and head of a detector or '
+                             f'segmentor: {whole}')
+        attach_engine(model, prepared)
+    return model
+
+
 def to_openvino_model(model: nn.Module, precision: str = 'fp32',
                       calibration: Optional[Iterable[torch.Tensor]] = None, keep_fp32: Sequence[str] = (),
                       cache: Optional[str] = None, **kwargs) -> nn.Module:
@@ -142,5 +171,5 @@ def to_autocast_model(model: nn.Module, precision: str = 'bf16') -> nn.Module:
     return attach_engine(model, to_autocast(TensorForward(model), precision, device))
 
 
-__all__ = ['OpenVINOModule', 'TensorForward', 'attach_engine', 'dense_head', 'exportable', 'to_autocast_model',
-           'to_openvino_model']
+__all__ = ['OpenVINOModule', 'TensorForward', 'attach_engine', 'dense_head', 'exportable', 'on_engine',
+           'to_autocast_model', 'to_openvino_model']

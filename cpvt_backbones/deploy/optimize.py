@@ -13,13 +13,16 @@ precision the CPU cannot run, and names why.
 """
 import contextlib
 import copy
+import json
 import time
-from typing import Dict, Iterator, Mapping, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from ..compat import set_submodule
+from ..utils import atomic_write
 from ..layers import Block
 from .precision import check_precision
 from .fused import GEMMS, KERNELS, FusedBlock, FusedLinear, check_kernel, fused_gemms, unavailable_reason
@@ -93,6 +96,34 @@ def record_input_ranges(model: nn.Module) -> Iterator[Dict[str, Tuple[float, flo
     finally:
         for handle in handles:
             handle.remove()
+
+
+def calibrated_ranges(model: nn.Module, calibration: Optional[Iterable[torch.Tensor]], keep_fp32: Sequence[str] = (),
+                      cache: Optional[str] = None) -> Dict[str, Tuple[float, float]]:
+    """The input ranges of ``model``'s linear layers over the batches of ``calibration`` (``record_input_ranges``),
+    or those saved at ``cache`` (a JSON file: ``images``, ``input_ranges``) where it holds a range for every
+    layer outside ``keep_fp32``; newly recorded ranges are saved there. No calibration and nothing saved is an
+    error saying what to pass."""
+    keep = tuple(keep_fp32)
+    needed = [n for n, m in model.named_modules() if type(m) is nn.Linear and not n.startswith(keep)]
+    if cache and Path(cache).is_file():
+        try:
+            saved = json.loads(Path(cache).read_text())['input_ranges']
+        except (OSError, ValueError, KeyError):
+            saved = {}
+        if all(n in saved for n in needed):
+            return saved
+    if calibration is None:
+        raise ValueError("int8 quantizes activations at calibrated ranges: pass calibration=<input batches> (or "
+                         'input_ranges=... from record_input_ranges)')
+    images = 0
+    with record_input_ranges(model) as ranges:
+        for batch in calibration:
+            model(batch)
+            images += len(batch)
+    if cache:
+        atomic_write(cache, json.dumps(dict(images=images, input_ranges=ranges), indent=1).encode())
+    return ranges
 
 
 def optimize(model: nn.Module, gemm: str = 'auto', precision: str = 'fp32', keep_fp32: Sequence[str] = (),

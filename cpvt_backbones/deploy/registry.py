@@ -1,0 +1,162 @@
+"""The engine room: every inference engine behind one registry, ``ENGINES``, and one way in, ``prepare``.
+
+An ``Engine`` declares its name, what it covers (``'backbone'``: our backbone, the rest of a model staying in
+PyTorch float32; ``'model'``: any module that maps one image batch to tensors: a backbone, a classifier, or an
+OpenMMLab model's backbone + neck + head in tensor mode, ``deploy.openmmlab.TensorForward``), the precisions it
+runs with what stays float32 in each, the packages it needs, and how it prepares a built model. The tools, the
+mmengine hook and the benchmarks all reach an engine through ``prepare``; ``engine_table`` renders the
+registry for ``--help`` and the docs. A new engine is one module with its transform plus one ``register`` call
+at the end of this file.
+"""
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from .precision import PRECISIONS, check_precision
+
+COVERS = ('backbone', 'model')
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One inference engine (see the module docstring). ``transform(module, precision, calibration, keep_fp32,
+    cache=None, conversion_cache=None, **options)`` returns the module on the engine (the module itself where
+    the engine runs it as it is); ``calibration`` (input batches, iterated only where the engine calibrates) and
+    ``keep_fp32`` (module name prefixes left in float32) are given for int8 only. ``cache``: a path prefix, named
+    by everything the prepared result depends on, where the engine may keep what it derives (the engine adds
+    its own suffix) and read it back; ``conversion_cache``: the same for a float32 conversion that another
+    precision of the same model may reuse. ``options``: the engine's own (threads, shapes, input ranges)."""
+    name: str
+    covers: str
+    precisions: Mapping[str, str]
+    requires: Tuple[str, ...]
+    install: str
+    transform: Callable[..., nn.Module]
+    summary: str
+    trains: Tuple[str, ...] = ()   # the precisions whose prepared module also trains (forward and backward)
+
+    def missing(self) -> Tuple[str, ...]:
+        """The packages it needs that are not installed."""
+        return tuple(p for p in self.requires if importlib.util.find_spec(p) is None)
+
+
+ENGINES: Dict[str, Engine] = {}
+
+
+def register(engine: Engine) -> Engine:
+    """Add ``engine`` to ``ENGINES``, refusing an unknown coverage or precision and a name taken."""
+    if engine.name in ENGINES:
+        raise ValueError(f'an engine named {engine.name!r} is registered already')
+    if engine.covers not in COVERS:
+        raise ValueError(f'engine {engine.name!r}: covers must be one of {COVERS}, got {engine.covers!r}')
+    for precision in engine.precisions:
+        check_precision(precision)
+    ENGINES[engine.name] = engine
+    return engine
+
+
+def engine(name: str) -> Engine:
+    """The registered engine ``name``, or an error listing the registered ones."""
+    if name not in ENGINES:
+        raise ValueError(f'unknown engine {name!r}; the engines are {sorted(ENGINES)}')
+    return ENGINES[name]
+
+
+def check_engine(name: str, precision: str) -> Engine:
+    """The engine ``name`` where it runs ``precision`` and its packages are installed, else an error naming
+    the engines that run that precision (or the package to install)."""
+    spec = engine(name)
+    check_precision(precision)
+    if precision not in spec.precisions:
+        others = [n for n, e in ENGINES.items() if precision in e.precisions]
+        raise ValueError(f'engine {name!r} runs {", ".join(spec.precisions)}, not {precision!r}; {precision} runs '
+                         f'on: {", ".join(others)}')
+    if spec.missing():
+        raise ImportError(f'engine {name!r} needs {", ".join(spec.missing())}: {spec.install}')
+    return spec
+
+
+def prepare(module: nn.Module, name: str, precision: str = 'fp32',
+            calibration: Optional[Iterable[torch.Tensor]] = None, keep_fp32: Sequence[str] = (),
+            **options) -> nn.Module:
+    """``module`` (evaluation mode, float32; what the engine covers) on engine ``name`` at ``precision``:
+    ``calibration`` (an iterable of input batches) and ``keep_fp32`` configure int8 and are refused elsewhere;
+    ``options`` go to the engine's transform."""
+    spec = check_engine(name, precision)
+    if precision != 'int8' and (calibration is not None or keep_fp32):
+        raise ValueError(f'calibration and keep_fp32 configure int8; precision={precision!r} does not use them')
+    if module.training:
+        raise ValueError(f'engine {name!r} prepares a model in evaluation mode: call model.eval() first')
+    return spec.transform(module, precision, calibration, tuple(keep_fp32), **options)
+
+
+def engine_table() -> str:
+    """The registry as a Markdown table: engine, covers, precision and what stays float32 there, needs."""
+    lines = ['| engine | covers | precision | stays float32 | needs |', '|---|---|---|---|---|']
+    for spec in ENGINES.values():
+        for precision in (p for p in PRECISIONS if p in spec.precisions):
+            lines.append(f'| {spec.name} | {spec.covers} | {precision} | {spec.precisions[precision]} | '
+                         f'{", ".join(spec.requires) or "torch"} |')
+    return '\n'.join(lines)
+
+
+def _torch(module, precision, calibration, keep_fp32, cache=None, conversion_cache=None):
+    from .autocast import to_autocast
+    if precision == 'fp32':
+        return module
+    device = next((p.device.type for p in module.parameters()), 'cpu')
+    return to_autocast(module, precision, device)
+
+
+def _fused(module, precision, calibration, keep_fp32, cache=None, conversion_cache=None, input_ranges=None):
+    from .optimize import calibrated_ranges, optimize
+    if precision == 'int8' and input_ranges is None:
+        input_ranges = calibrated_ranges(module, calibration, keep_fp32, f'{cache}.ranges.json' if cache else None)
+    elif isinstance(input_ranges, (str, Path)):
+        input_ranges = json.loads(Path(input_ranges).read_text())['input_ranges']
+    return optimize(module, precision=precision, keep_fp32=keep_fp32,
+                    input_ranges=input_ranges if precision == 'int8' else None)
+
+
+def _openvino(module, precision, calibration, keep_fp32, cache=None, conversion_cache=None, **options):
+    from .openvino import to_openvino
+    return to_openvino(module, precision, calibration, keep_fp32, cache=f'{cache}.xml' if cache else None,
+                       float_cache=f'{conversion_cache}.xml' if conversion_cache else None, **options)
+
+
+def _onnxruntime(module, precision, calibration, keep_fp32, cache=None, conversion_cache=None, **options):
+    from .onnxruntime import to_onnxruntime
+    return to_onnxruntime(module, precision, cache=f'{cache}.onnx' if cache else None, **options)
+
+
+register(Engine(
+    'torch', 'model', {'fp32': 'everything',
+                       'bf16': "autocast's float32 operations (norms, softmax, reductions); outputs returned in "
+                               'float32'},
+    (), '', _torch, 'PyTorch eager; bf16 under torch.autocast (native bf16 CPUs; elsewhere float32, with a warning)',
+    trains=('fp32', 'bf16')))
+register(Engine(
+    'fused', 'backbone', {'fp32': 'everything (same outputs to float32 rounding)',
+                          'int8': 'all but the linear layers (norms, attention products and softmax, convolutions), '
+                                  'linear layers in keep_fp32; the rest of the model'},
+    (), '', _fused, "this package's fused CPU kernels for our transformer blocks (deploy.optimize); int8: static, "
+                    'activations at ranges calibrated on input batches', trains=('fp32',)))
+register(Engine(
+    'openvino', 'model', {'fp32': 'everything',
+                          'bf16': "what OpenVINO's bf16 inference precision keeps; float32 throughout on CPUs "
+                                  'without native bf16 (with a warning)',
+                          'int8': 'what NNCF leaves unquantized (transformer preset), layers in keep_fp32'},
+    ('openvino', 'nncf'), "pip install 'cpvt_backbones[openvino]'", _openvino,
+    'OpenVINO for the CPU (deploy.openvino): converted once through torch.export, any size after'))
+register(Engine(
+    'onnxruntime', 'model', {'fp32': 'everything'},
+    ('onnxruntime', 'onnxscript'), 'pip install onnxruntime onnxscript', _onnxruntime,
+    'onnxruntime (CPU provider) on the ONNX export with dynamic batch, height and width (deploy.onnxruntime)'))
+
+
+__all__ = ['COVERS', 'ENGINES', 'Engine', 'check_engine', 'engine', 'engine_table', 'prepare', 'register']

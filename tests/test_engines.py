@@ -1,0 +1,168 @@
+"""The engine room (``deploy.registry``): every engine runs every precision it declares and refuses the others by
+name, the docs print the registry's table, onnxruntime as an engine, and the fused int8 contract."""
+import copy
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from cpvt_backbones import PyramidCPVT, create_model
+from cpvt_backbones.deploy import ENGINES, engine_table, prepare
+from cpvt_backbones.deploy.registry import Engine, check_engine, register
+from torch_features import supports
+
+ROOT = Path(__file__).resolve().parents[1]
+# How far each precision may move a feature map (relative L2 against torch float32 on the same weights), as the
+# registry's docs table states it.
+TOLERANCE = {'fp32': 1e-4, 'bf16': 5e-2, 'int8': 5e-2}
+
+
+def small() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return PyramidCPVT(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4),
+                       mlp_ratios=(2, 2, 2, 2), features_only=True, num_classes=0).eval()
+
+
+def runnable(engine: str, precision: str) -> None:
+    """Skip where this machine lacks what the engine needs (a package, torch.export, int8 kernels)."""
+    spec = ENGINES[engine]
+    if spec.missing():
+        pytest.skip(f'{engine} needs {spec.missing()}')
+    if engine in ('openvino', 'onnxruntime') and not supports('export'):
+        pytest.skip('the converting engines export with torch.export')
+    if engine == 'fused' and precision == 'int8':
+        from cpvt_backbones.deploy import fused
+        if not fused.KERNELS['onednn_int8'].available():
+            pytest.skip(fused.unavailable_reason('onednn_int8'))
+
+
+def relative(got, ref):
+    return max(float((g - r).norm() / r.norm()) for g, r in zip(got, ref))
+
+
+class quiet_bf16:
+    """bf16 without native support warns and runs float32: the warning is the engine's, not a failure."""
+
+    def __enter__(self):
+        import warnings
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.filterwarnings('ignore', message='.*no native bf16')
+
+    def __exit__(self, *exc):
+        return self._catch.__exit__(*exc)
+
+
+@pytest.mark.parametrize('engine, precision', [(e, p) for e, spec in ENGINES.items() for p in spec.precisions])
+def test_every_engine_runs_every_precision_it_declares(engine, precision, tmp_path):
+    runnable(engine, precision)
+    model = small()
+    calibration = [torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    options = dict(cache=str(tmp_path / 'm')) if engine in ('openvino', 'onnxruntime') else {}
+    with quiet_bf16():
+        prepared = prepare(copy.deepcopy(model), engine, precision,
+                           calibration if precision == 'int8' else None, **options)
+    x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(99))
+    with torch.no_grad():
+        assert relative(prepared(x), model(x)) < TOLERANCE[precision]
+
+
+def test_an_engine_refuses_what_it_does_not_declare_naming_those_that_do():
+    model = small()
+    with pytest.raises(ValueError, match="engine 'onnxruntime' runs fp32, not 'int8'; int8 runs on: fused, openvino"):
+        prepare(model, 'onnxruntime', 'int8', calibration=[])
+    with pytest.raises(ValueError, match=r"unknown engine 'tensorrt'; the engines are \["):
+        prepare(model, 'tensorrt')
+    with pytest.raises(ValueError, match='calibration and keep_fp32 configure int8'):
+        prepare(model, 'torch', 'fp32', keep_fp32=['stages.0'])
+    with pytest.raises(ValueError, match='evaluation mode'):
+        prepare(small().train(), 'fused')
+    with pytest.raises(ValueError, match="an engine named 'torch' is registered already"):
+        register(Engine('torch', 'model', {'fp32': ''}, (), '', lambda *a, **k: a[0], ''))
+    with pytest.raises(ValueError, match='covers must be one of'):
+        register(Engine('new', 'neck', {'fp32': ''}, (), '', lambda *a, **k: a[0], ''))
+    missing = Engine('needs_nothing_real', 'model', {'fp32': ''}, ('no_such_package_here',), 'pip install it',
+                     lambda *a, **k: a[0], '')
+    ENGINES[missing.name] = missing
+    try:
+        with pytest.raises(ImportError, match="engine 'needs_nothing_real' needs no_such_package_here: pip install it"):
+            check_engine('needs_nothing_real', 'fp32')
+    finally:
+        del ENGINES[missing.name]
+
+
+def test_the_docs_print_the_registry():
+    """docs/performance.md holds the registry's table as ``engine_table`` renders it: a precision an engine
+    declares is in the docs, and nothing the registry does not declare."""
+    text = (ROOT / 'docs/performance.md').read_text()
+    assert engine_table() in text
+    rows = {tuple(cell.strip() for cell in line.strip('|').split('|')[:3])
+            for line in text.splitlines() if re.match(r'\| (torch|fused|openvino|onnxruntime) \|', line)}
+    assert rows == {(e, spec.covers, p) for e, spec in ENGINES.items() for p in spec.precisions}
+
+
+def test_onnxruntime_is_an_engine_at_any_size_with_a_checked_cache(tmp_path):
+    runnable('onnxruntime', 'fp32')
+    from cpvt_backbones.deploy import onnxruntime
+    model = small()
+    engine = prepare(model, 'onnxruntime', cache=str(tmp_path / 'm'))
+    for hw in ((1, 1), (97, 131), (7, 500)):
+        x = torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(hw[1]))
+        with torch.no_grad():
+            assert relative(engine(x), model(x)) < TOLERANCE['fp32'], hw
+    saved = tmp_path / 'm.onnx'
+    assert onnxruntime.record_path(saved).is_file()
+    stamp = saved.stat().st_mtime_ns
+    prepare(model, 'onnxruntime', cache=str(tmp_path / 'm'))
+    assert saved.stat().st_mtime_ns == stamp  # read back, not exported again
+    saved.write_bytes(saved.read_bytes()[:-100])
+    with pytest.warns(RuntimeWarning, match=f'onnxruntime cache {saved}: .*does not have the sha256.*exporting again'):
+        again = prepare(model, 'onnxruntime', cache=str(tmp_path / 'm'))
+    x = torch.randn(1, 3, 40, 56)
+    with torch.no_grad():
+        assert relative(again(x), model(x)) < TOLERANCE['fp32']
+    assert 'onnxruntime' in repr(again) or 'path=' in repr(again)
+
+
+@pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
+def test_fused_int8_contract_calibrated_sizes_and_beyond(name):
+    """The fused engine's int8 (deploy.ENGINES): within 0.03 relative L2 of float32 on inputs of the size it was
+    calibrated at; far outside the calibrated ranges (a 1 x 1 input, nearly all padding, after calibrating at
+    224) activations saturate and the error grows to the bound the docs state (under 1); calibrating on the
+    sizes that will be run brings it back."""
+    runnable('fused', 'int8')
+    torch.manual_seed(0)
+    model = create_model(name, features_only=True).eval()
+    at_224 = [torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    tiny = torch.randn(1, 3, 1, 1, generator=torch.Generator().manual_seed(5))
+    int8 = prepare(copy.deepcopy(model), 'fused', 'int8', calibration=at_224)
+    with torch.no_grad():
+        for hw in ((224, 224), (97, 131)):
+            x = torch.randn(1, 3, *hw, generator=torch.Generator().manual_seed(9))
+            assert relative(int8(x), model(x)) < 0.03, hw
+        assert relative(int8(tiny), model(tiny)) < 1.0
+        both = prepare(copy.deepcopy(model), 'fused', 'int8', calibration=at_224 + [torch.randn(4, 3, 1, 1)])
+        assert relative(both(tiny), model(tiny)) < 0.1
+
+
+def test_a_new_engine_is_one_registry_entry(tmp_path):
+    """What a new engine needs: its transform and one ``register`` call; ``prepare``, the tools' options, the
+    table and the benchmarks then list it."""
+    from benchmarks.peers import BACKBONE_NAMES, registered
+    halves = Engine('halves', 'model', {'fp32': 'everything'}, (), '', lambda module, *a, **k: module, 'a test engine')
+    register(halves)
+    try:
+        model = small()
+        assert prepare(model, 'halves') is model
+        assert '| halves | model | fp32 | everything | torch |' in engine_table()
+        assert 'halves' in registered(BACKBONE_NAMES)
+        pytest.importorskip('mmengine')
+        import argparse
+
+        from cpvt_backbones.adapters.engines import add_engine_args
+        parser = argparse.ArgumentParser()
+        add_engine_args(parser)
+        assert parser.parse_args(['--engine', 'halves']).engine == 'halves'
+    finally:
+        del ENGINES['halves']
