@@ -5,9 +5,9 @@
 Writes predictions (JSON for boxes, PNG label maps for masks) under OUT_DIR/preds for every image, and
 visualisations (boxes or masks drawn on the image) under OUT_DIR/vis, through mmdet's DetInferencer / mmseg's
 MMSegInferencer, one image at a time: each image's files are in place before the next image runs. An image
-named twice is run once. Outputs are named by the image's stem; where stems collide (a/x.png, b/x.png) the
-images whose stems collide are named by their path relative to the inputs' common folder instead (a__x, b__x;
-``adapters.inference.unique_names``), a list of those names printed first, so that no two images share an output.
+named twice is run once. Outputs are named by the image's stem; images whose stems collide (a/x.png, b/x.png) are
+named by their path under the inputs' common folder instead (a__x, b__x; ``adapters.inference.unique_names``),
+and those names are printed first: no two images share an output.
 
 An image that cannot be run (an empty file, not an image, bytes OpenCV cannot decode, an image the test
 pipeline cannot take, such as 5000 x 1 where resizing to the config's scale leaves no row) gets one line naming its
