@@ -4,11 +4,25 @@
 
 Writes predictions (JSON for boxes, PNG label maps for masks) under OUT_DIR/preds for every image, and
 visualisations (boxes or masks drawn on the image) under OUT_DIR/vis, through mmdet's DetInferencer / mmseg's
-MMSegInferencer. The backbones take any size down to 1 x 1; where a framework's visualiser cannot draw an image
-(mmseg's fails on a 1 x 1 one), that image gets one line saying so and the run goes on. Our backbones run
-optimized (``cpvt_backbones.optimize``; ``--precision int8`` on int8 weights calibrated on ``--calibrate``
-images as in tools/test.py; ``--precision bf16`` runs backbone, neck and head under bf16 autocast); ``--plain``
-keeps the plain model. ``--engine openvino`` runs backbone,
+MMSegInferencer, one image at a time: each image's files are in place before the next image runs. An image
+named twice is run once. Outputs are named by the image's stem; images whose stems collide (a/x.png, b/x.png) are
+named by their path under the inputs' common folder instead (a__x, b__x; ``adapters.inference.unique_names``),
+and those names are printed first: no two images share an output.
+
+An image that cannot be run (an empty file, not an image, bytes OpenCV cannot decode, an image the test
+pipeline cannot take, such as 5000 x 1 where resizing to the config's scale leaves no row) gets one line naming its
+path and why, nothing written for it, and the run goes on; the exit status is then 1, after a summary
+"N of M image(s) failed: PATHS", and 0 when every image ran. The backbones take any size down to 1 x 1; where a
+framework's visualiser cannot draw an image (mmseg's fails on a 1 x 1 one), that image gets one line saying so,
+its prediction is written and it does not count as failed.
+
+CHECKPOINT must fit the config's model exactly: a checkpoint with missing, unexpected or mis-shaped keys (another
+model's) is refused before its weights are loaded, with every such key listed, and nothing runs (exit status 1).
+It is read through ``cpvt_backbones.convert.safe_load`` (a pickle that would run code is refused).
+
+Our backbones run optimized (``cpvt_backbones.optimize``; ``--precision int8`` on int8 weights calibrated on
+``--calibrate`` images as in tools/test.py; ``--precision bf16`` runs backbone, neck and head under bf16
+autocast); ``--plain`` keeps the plain model. ``--engine openvino`` runs backbone,
 neck and head on OpenVINO (fp32, bf16, or int8 calibrated with NNCF on ``--calibrate`` images, by default the
 config's test set), the same predictions and drawings otherwise.
 """
@@ -20,10 +34,14 @@ from mmengine.config import DictAction
 from cpvt_backbones.adapters.engines import (IMAGE_SUFFIXES, add_precision_args, apply_precision, engine_model,
                                              kept_in_fp32)
 from cpvt_backbones.adapters.evaluation import set_test_scale
-from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings
+from cpvt_backbones.adapters.inference import failing_as, run_each, unique_names
+from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings, refuse_unfit
+from cpvt_backbones.convert import CheckpointMismatchError
 
 
 def collect_images(inputs):
+    """The image files of ``inputs`` (files as given, folders' files with an image extension, sorted), each
+    file once."""
     files = []
     for item in map(Path, inputs):
         if item.is_dir():
@@ -34,13 +52,31 @@ def collect_images(inputs):
             raise SystemExit(f'no such file or folder: {item}')
     if not files:
         raise SystemExit(f'no images found in {inputs}')
-    return [str(f) for f in files]
+    kept = {}
+    for f in files:
+        kept.setdefault(f.resolve(), str(f))
+    return list(kept.values())
+
+
+class StrictWeights:
+    """Mixed in before an inferencer built with ``weights=CHECKPOINT``: the checkpoint must fit the model exactly
+    (``adapters.runner.refuse_unfit``, naming the checkpoint and the config) before its weights are loaded; the
+    inferencers themselves load what fits and warn."""
+
+    def __init__(self, *args, weights=None, **kwargs):
+        self.checkpoint_file = weights
+        super().__init__(*args, weights=weights, **kwargs)
+
+    def _load_weights_to_model(self, model, checkpoint, cfg):
+        if checkpoint is not None:
+            refuse_unfit(model, checkpoint, f'checkpoint {self.checkpoint_file} (config {cfg.filename})')
+        super()._load_weights_to_model(model, checkpoint, cfg)
 
 
 class DrawOrSay:
     """Mixed in before an inferencer: images are drawn one at a time, and one its visualiser cannot draw is
-    reported in one line instead of ending the run (inferencers draw every image before they save any
-    prediction, so one failure would lose them all)."""
+    reported in one line, its prediction still written (inferencers draw an image before they save its
+    prediction, so a failure to draw would lose it)."""
 
     def visualize(self, inputs, preds, **kwargs):
         drawn = []
@@ -78,31 +114,45 @@ def main() -> None:
     add_precision_args(parser)
     args = parser.parse_args()
     quiet_known_warnings()
+    import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the opt-in: mmengine reads checkpoints with safe_load)
 
     cfg = load_config(args.config, args.cfg_options)
+    if cfg.default_scope not in ('mmdet', 'mmseg'):
+        raise SystemExit(f'infer.py handles mmdet and mmseg configs; {args.config} is for {cfg.default_scope}')
     apply_precision(cfg, args, args.checkpoint)
     if args.scale or args.native:
         set_test_scale(cfg, None if args.native else args.scale)
     images = collect_images(args.inputs)
-    if cfg.default_scope == 'mmdet':
-        from mmdet.apis import DetInferencer
-        inferencer = type('DetInferencer', (DrawOrSay, DetInferencer), {})(
-            model=cfg, weights=args.checkpoint, device=args.device, show_progress=False)
-        on_engine(inferencer.model, cfg, args)
-        inferencer(images, out_dir=args.out_dir, pred_score_thr=args.score_thr, no_save_pred=False)
-    elif cfg.default_scope == 'mmseg':
-        from mmseg.apis import MMSegInferencer
-        inferencer = type('MMSegInferencer', (DrawOrSay, MMSegInferencer), {})(
-            model=cfg, weights=args.checkpoint, device=args.device)
-        on_engine(inferencer.model, cfg, args)
-        inferencer(images, out_dir=args.out_dir, img_out_dir='vis', pred_out_dir='preds')
-        preds = Path(args.out_dir) / 'preds'
-        for i, image in enumerate(images):  # mmseg numbers its label maps in input order; name them as mmdet does
-            (preds / f'{i:08d}_pred.png').replace(preds / f'{Path(image).stem}.png')
-    else:
-        raise SystemExit(f'infer.py handles mmdet and mmseg configs; {args.config} is for {cfg.default_scope}')
-    print(f'{len(images)} image(s) -> {args.out_dir}/vis, {args.out_dir}/preds')
+    names = unique_names(images)
+    renamed = [(image, name) for image, name in zip(images, names) if name != Path(image).stem]
+    if renamed:
+        print(f'[infer] {len(renamed)} image(s) share a name with another; their outputs are named:')
+        for image, name in renamed:
+            print(f'[infer]   {image} -> {name}')
+    try:
+        if cfg.default_scope == 'mmdet':
+            from mmdet.apis import DetInferencer
+            inferencer = type('DetInferencer', (StrictWeights, DrawOrSay, DetInferencer), {})(
+                model=cfg, weights=args.checkpoint, device=args.device, show_progress=False)
 
+            def run(image, out_dir):
+                inferencer([image], out_dir=out_dir, pred_score_thr=args.score_thr, no_save_pred=False)
+        else:
+            from mmseg.apis import MMSegInferencer
+            inferencer = type('MMSegInferencer', (StrictWeights, DrawOrSay, MMSegInferencer), {})(
+                model=cfg, weights=args.checkpoint, device=args.device)
+            inferencer.show_progress = False
+
+            def run(image, out_dir):
+                inferencer([image], out_dir=out_dir, img_out_dir='vis', pred_out_dir='preds')
+    except CheckpointMismatchError as e:
+        raise SystemExit(f'infer.py: {e}')
+    inferencer.pipeline = failing_as('the test pipeline', inferencer.pipeline)
+    on_engine(inferencer.model, cfg, args)
+    failed = run_each(run, images, names, args.out_dir)
+    print(f'{len(images) - len(failed)} image(s) -> {args.out_dir}/vis, {args.out_dir}/preds')
+    if failed:
+        raise SystemExit(f'{len(failed)} of {len(images)} image(s) failed: {", ".join(failed)}')
 
 if __name__ == '__main__':
     main()

@@ -1,6 +1,6 @@
 """``RNGStateHook``: resume with the random state an uninterrupted run would have had. ``NonFiniteLossHook``: stop
 at the first non-finite loss, keeping every finite checkpoint. ``InferenceEngineHook``: test with the model on an
-inference engine.
+inference engine. ``StrictLoadHook``: refuse a checkpoint that does not fit the model.
 
 mmengine's resume restores weights, optimizer, schedulers and the data position, but not the global random
 generators: torch's, which stochastic depth and dropout draw from, and numpy's and Python's, which the data
@@ -26,6 +26,7 @@ from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 from ..deploy.registry import check_engine
+from .runner import refuse_unfit
 
 
 @HOOKS.register_module()
@@ -149,3 +150,17 @@ class InferenceEngineHook(Hook):
         model = getattr(runner.model, 'module', runner.model)
         engine_model(model, runner.cfg, runner.cfg.get('load_from'), self.engine, self.precision,
                      self.calibration, self.calibration_images, self.keep_fp32, **self.options)
+
+
+@HOOKS.register_module()
+class StrictLoadHook(Hook):
+    """Refuse a checkpoint that does not fit the model. mmengine's Runner loads ``load_from`` non-strictly (keys
+    that do not fit are logged, the layers they miss keep their initial weights, and the run goes on); this hook
+    sees the checkpoint as the runner hands it over, before it is loaded, and raises ``CheckpointMismatchError``
+    (``adapters.runner.refuse_unfit``) naming the checkpoint and the config. ``tools/test.py`` adds it
+    (``adapters.runner.strict_loading``)."""
+    priority = 'VERY_HIGH'
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        model = getattr(runner.model, 'module', runner.model)
+        refuse_unfit(model, checkpoint, f'checkpoint {runner.cfg.get("load_from")} (config {runner.cfg.filename})')

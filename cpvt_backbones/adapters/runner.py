@@ -1,23 +1,27 @@
 """Building and launching mmengine's Runner for our train/test tools: the config (read, overridden, its parts we
-look up), the Runner with the framework's known notices filtered, the checkpoint it loads, AMP and CPU
-multi-process launch."""
+look up), the Runner with the framework's known notices filtered, the checkpoint it loads (and that it must fit the
+model), AMP and CPU multi-process launch."""
 import contextlib
 import gc
+import importlib
 import logging
 import os
+import re
 import warnings
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Dict, Iterator, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
 
+from ..convert.loading import CheckpointMismatchError, compare
 from ..utils import atomic_write, file_sha256
 
 __all__ = ['KNOWN_LOG_LINES', 'KNOWN_WARNINGS', 'add_common_args', 'build_runner', 'enable_amp',
-           'evaluation_datasets', 'launched', 'load_config', 'our_backbone', 'prepare_launch', 'quiet_known_warnings',
-           'read_config', 'runner_checkpoint']
+           'checkpoint_state', 'evaluation_datasets', 'launched', 'load_config', 'our_backbone', 'prepare_launch',
+           'quiet_known_warnings', 'read_config', 'refuse_unfit', 'runner_checkpoint', 'strict_loading']
+HOOKS_MODULE = 'cpvt_backbones.adapters.hooks'  # our hooks, registered when it is imported (an opt-in)
 
 # Warnings mmengine, mmdet and mmseg print each time they build a model, a Runner or an inferencer, none about
 # anything our tools or configs could change.
@@ -141,6 +145,34 @@ def runner_checkpoint(cfg: Config, spec: str) -> str:
     if not out.is_file():
         atomic_write(out, lambda f: torch.save(dict(state_dict=from_native(to_native(state), 'classifier')), f))
     return str(out)
+
+
+def checkpoint_state(checkpoint: Mapping) -> Dict[str, torch.Tensor]:
+    """The state dict of an mmengine checkpoint as mmengine's loaders read it: the one under ``state_dict`` (or the
+    mapping itself), a leading ``module.`` stripped from each key (their default ``revise_keys``)."""
+    state = checkpoint.get('state_dict', checkpoint)
+    return {re.sub(r'^module\.', '', k): v for k, v in state.items()}
+
+
+def refuse_unfit(model: torch.nn.Module, checkpoint: Mapping, source: str) -> None:
+    """Raise ``CheckpointMismatchError`` naming ``source`` and listing every missing, unexpected and mis-shaped key
+    (and value of a kind the model cannot take) where the mmengine checkpoint ``checkpoint`` (``checkpoint_state``)
+    does not fit ``model`` exactly (``convert.loading.compare``)."""
+    report = compare(model, checkpoint_state(checkpoint))
+    if report:
+        raise CheckpointMismatchError(report, source, limit=None)
+
+
+def strict_loading(cfg: Config) -> None:
+    """Have the runner of ``cfg`` refuse a checkpoint that does not fit its model: ``adapters.hooks`` imported
+    (registering ``StrictLoadHook``) and among the config's ``custom_imports``, ``StrictLoadHook`` among its
+    ``custom_hooks``."""
+    importlib.import_module(HOOKS_MODULE)
+    imports = cfg.get('custom_imports') or dict(imports=[], allow_failed_imports=False)
+    if HOOKS_MODULE not in imports['imports']:
+        cfg.custom_imports = dict(imports, imports=list(imports['imports']) + [HOOKS_MODULE])
+    hooks = [h for h in cfg.get('custom_hooks', []) if h.get('type') != 'StrictLoadHook']
+    cfg.custom_hooks = hooks + [dict(type='StrictLoadHook')]
 
 
 def enable_amp(cfg: Config) -> None:

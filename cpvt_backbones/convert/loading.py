@@ -1,6 +1,6 @@
 """Strict loading of any known layout into a model, with errors that list what does not fit."""
 from pathlib import Path
-from typing import Dict, List, Mapping, NamedTuple, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -22,10 +22,12 @@ class LoadReport(NamedTuple):
     def __bool__(self) -> bool:
         return bool(self.missing or self.unexpected or self.mismatched or self.wrong_dtype)
 
-    def describe(self, limit: int = 20) -> str:
+    def describe(self, limit: Optional[int] = 20) -> str:
+        """One line: up to ``limit`` entries of each kind (``None``: all of them), then how many more."""
         def show(items) -> str:
             items = [str(i) for i in items]
-            return ', '.join(items[:limit]) + (f', ... ({len(items) - limit} more)' if len(items) > limit else '')
+            more = 0 if limit is None else max(len(items) - limit, 0)
+            return ', '.join(items[:len(items) - more]) + (f', ... ({more} more)' if more else '')
         parts = []
         if self.missing:
             parts.append(f'missing keys ({len(self.missing)}): {show(self.missing)}')
@@ -43,9 +45,9 @@ class LoadReport(NamedTuple):
 class CheckpointMismatchError(ValueError):
     """The checkpoint does not fit the model; nothing was loaded."""
 
-    def __init__(self, report: LoadReport, source: str = 'checkpoint'):
+    def __init__(self, report: LoadReport, source: str = 'checkpoint', limit: Optional[int] = 20):
         self.report = report
-        super().__init__(f'{source} does not fit the model (nothing was loaded): {report.describe()}')
+        super().__init__(f'{source} does not fit the model (nothing was loaded): {report.describe(limit)}')
 
 
 def _castable(value: torch.Tensor, target: torch.Tensor) -> bool:

@@ -1,0 +1,176 @@
+"""tools/infer.py and tools/test.py on the shapes configs with randomly initialised weights: every readable image
+is run and every other one reported (exit status 1), no two images share an output, and a checkpoint that does not
+fit the config's model is refused with every key that does not fit listed."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+for _framework in ('mmengine', 'mmdet', 'mmseg'):
+    pytest.importorskip(_framework)
+from cpvt_backbones.convert import safe_load  # noqa: E402
+from cpvt_backbones.datasets import ShapesSpec, generate_shapes  # noqa: E402
+from shapes_models import shapes_model  # noqa: E402
+from test_training import DET, ROOT, SEG, run  # noqa: E402
+
+INFER, TEST = ROOT / 'tools/infer.py', ROOT / 'tools/test.py'
+CONFIGS = [pytest.param(DET, id='mmdet'), pytest.param(SEG, id='mmseg')]
+
+
+@pytest.fixture(scope='module')
+def checkpoint(tmp_path_factory):
+    """``checkpoint(cfg)``: an mmengine-style checkpoint of the shapes config's model with random weights (seed 0),
+    written on the first request."""
+    folder, paths = tmp_path_factory.mktemp('checkpoints'), {}
+
+    def path(cfg):
+        if cfg not in paths:
+            paths[cfg] = folder / f'{cfg.stem}.pth'
+            torch.save({'state_dict': shapes_model(cfg.name).state_dict(), 'meta': {}}, paths[cfg])
+        return paths[cfg]
+    return path
+
+
+def save_image(path, width, height):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pixels = np.random.default_rng(width * height).integers(0, 255, (height, width, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+
+
+def outputs(out_dir, kind):
+    return {p.name: p for p in (out_dir / kind).iterdir()}
+
+
+def image_size(path):
+    with Image.open(path) as image:
+        return image.size
+
+
+@pytest.mark.parametrize('cfg', CONFIGS)
+def test_infer_runs_every_readable_image_and_reports_each_other_one(cfg, checkpoint, tmp_path):
+    """Unreadable images among readable ones, at the config's own scale: each gets one line naming its path and
+    why, the run goes on and writes every readable image's prediction and drawing, and exits 1 after a summary."""
+    images = tmp_path / 'images'
+    save_image(images / 'a_good.png', 40, 30)
+    (images / 'b_empty.png').write_bytes(b'')
+    (images / 'c_text.png').write_text('not an image')
+    save_image(images / 'd_good.jpg', 23, 57)
+    (images / 'e_truncated.png').write_bytes((images / 'a_good.png').read_bytes()[:60])
+    save_image(images / 'f_wide.png', 5000, 1)  # keep-ratio resize to the config's scale leaves no row
+    out = tmp_path / 'out'
+    res = run([INFER, cfg, checkpoint(cfg), images, '--out-dir', out], tmp_path)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    bad = {'b_empty.png': 'empty file', 'c_text.png': 'not an image', 'e_truncated.png': 'not an image',
+           'f_wide.png': '5000 x 1 image: the test pipeline failed'}
+    for name, reason in bad.items():
+        (line,) = [x for x in res.stdout.splitlines() if x.startswith(f'[infer] {images / name}: ')]
+        assert line.startswith(f'[infer] {images / name}: failed ({reason}'), line
+    summary = res.stderr.strip().splitlines()[-1]
+    assert summary == '4 of 6 image(s) failed: ' + ', '.join(str(images / name) for name in bad), summary
+    pred = '.json' if cfg == DET else '.png'
+    assert sorted(outputs(out, 'preds')) == [f'a_good{pred}', f'd_good{pred}']
+    assert sorted(outputs(out, 'vis')) == ['a_good.png', 'd_good.jpg']
+    assert sorted(p.name for p in out.iterdir()) == ['preds', 'vis']
+
+
+@pytest.mark.parametrize('cfg', CONFIGS)
+def test_infer_names_the_outputs_of_images_with_one_name_apart(cfg, checkpoint, tmp_path):
+    """a/x.png and b/x.png: each gets its own prediction and drawing, named by its path under their common
+    folder (the names printed); an image whose name no other shares keeps it; the exit status is 0."""
+    sizes = {'a/x.png': (40, 30), 'b/x.png': (23, 57), 'a/y.png': (31, 31)}
+    for name, (w, h) in sizes.items():
+        save_image(tmp_path / name, w, h)
+    out = tmp_path / 'out'
+    res = run([INFER, cfg, checkpoint(cfg), tmp_path / 'a', tmp_path / 'b', '--out-dir', out], tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    renamed = [line.split('] ', 1)[1].strip() for line in res.stdout.splitlines()
+               if line.startswith('[infer]') and ' -> ' in line]
+    assert renamed == [f'{tmp_path / "a/x.png"} -> a__x', f'{tmp_path / "b/x.png"} -> b__x'], res.stdout
+    vis, preds = outputs(out, 'vis'), outputs(out, 'preds')
+    named = {'a/x.png': 'a__x', 'b/x.png': 'b__x', 'a/y.png': 'y'}
+    assert sorted(vis) == sorted(f'{n}.png' for n in named.values())
+    assert sorted(preds) == sorted(f'{n}{".json" if cfg == DET else ".png"}' for n in named.values())
+    for source, name in named.items():  # each output is its own image's: drawn (and segmented) at its size
+        assert image_size(vis[f'{name}.png']) == sizes[source]
+        if cfg == SEG:
+            assert image_size(preds[f'{name}.png']) == sizes[source]
+        else:
+            assert set(json.loads(preds[f'{name}.json'].read_text())) >= {'labels', 'scores', 'bboxes'}
+
+
+def keys_listed(report, text):
+    """Every missing, unexpected and mis-shaped key of ``report`` named in ``text``."""
+    keys = report.missing + report.unexpected + [k for k, _, _ in report.mismatched]
+    return keys and all(k in text for k in keys)
+
+
+def test_infer_refuses_a_checkpoint_of_another_model(checkpoint, tmp_path):
+    from cpvt_backbones.convert.loading import compare
+    save_image(tmp_path / 'images' / 'x.png', 40, 30)
+    out, wrong = tmp_path / 'out', checkpoint(DET)
+    res = run([INFER, SEG, wrong, tmp_path / 'images', '--out-dir', out], tmp_path)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f'checkpoint {wrong} (config {SEG}) does not fit the model' in res.stderr, res.stderr[-3000:]
+    report = compare(shapes_model(SEG.name), safe_load(wrong)['state_dict'])
+    assert keys_listed(report, res.stderr), res.stderr[-3000:]
+    assert not (out / 'preds').exists()
+
+
+def test_test_tool_refuses_a_checkpoint_of_another_model(checkpoint, tmp_path):
+    """tools/test.py: the detector's checkpoint with the segmentor's config is refused before the test loop, every
+    key that does not fit listed; the segmentor's own checkpoint, saved from a DDP-wrapped model (``module.``),
+    is evaluated."""
+    from cpvt_backbones.convert.loading import compare
+    generate_shapes(tmp_path / 'data' / 'shapes', ShapesSpec(num_train=1, num_val=2, seed=1))
+    wrong = checkpoint(DET)
+    res = run([TEST, SEG, wrong, '--work-dir', tmp_path / 'wrong'], tmp_path)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f'checkpoint {wrong} (config {SEG}) does not fit the model' in res.stderr, res.stderr[-3000:]
+    report = compare(shapes_model(SEG.name), safe_load(wrong)['state_dict'])
+    assert keys_listed(report, res.stderr) and 'mIoU: ' not in res.stdout + res.stderr, res.stderr[-3000:]
+    wrapped = tmp_path / 'ddp.pth'
+    state = safe_load(checkpoint(SEG))['state_dict']
+    torch.save({'state_dict': {f'module.{k}': v for k, v in state.items()}, 'meta': {}}, wrapped)
+    res = run([TEST, SEG, wrapped, '--work-dir', tmp_path / 'right'], tmp_path)
+    assert res.returncode == 0 and 'mIoU: ' in res.stdout + res.stderr, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+def test_refuse_unfit_lists_every_key_that_does_not_fit():
+    from cpvt_backbones.adapters.runner import refuse_unfit
+    from cpvt_backbones.convert import CheckpointMismatchError
+    model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(30)])
+    state = model.state_dict()
+    refuse_unfit(model, {'state_dict': state}, 'checkpoint c.pth')
+    refuse_unfit(model, {f'module.{k}': v for k, v in state.items()}, 'checkpoint c.pth')  # as mmengine reads it
+    wrong = {f'other.{k}': v for k, v in state.items()} | {'0.weight': torch.zeros(3, 2)}
+    with pytest.raises(CheckpointMismatchError, match=r'^checkpoint c\.pth does not fit') as error:
+        refuse_unfit(model, {'state_dict': wrong}, 'checkpoint c.pth')
+    assert all(k in str(error.value) for k in list(state) + list(wrong))
+    assert '0.weight checkpoint (3, 2) vs model (2, 2)' in str(error.value) and 'more)' not in str(error.value)
+
+
+def test_unique_names():
+    from cpvt_backbones.adapters.inference import unique_names
+    assert unique_names(['in/a/x.png', 'in/b/y.png']) == ['x', 'y']
+    assert unique_names(['in/a/x.png', 'in/b/x.png', 'in/a/y.png']) == ['a__x', 'b__x', 'y']
+    assert unique_names(['in/a/X.png', 'in/b/x.png']) == ['a__X', 'b__x']  # apart where case is ignored too
+    assert unique_names(['in/x.png', 'in/x.jpg', 'in/y.png']) == ['x_png', 'x_jpg', 'y']
+    assert unique_names(['in/a/b/x.png', 'in/c/x.png']) == ['a__b__x', 'c__x']
+    odd = ['in/a__x.png', 'in/a/x.png', 'in/b/x.png', 'in/a__x_png.png', 'in/a/x.jpg']
+    names = unique_names(odd)
+    assert len({n.casefold() for n in names}) == len(odd) and unique_names(odd) == names
+
+
+def test_check_image(tmp_path):
+    from cpvt_backbones.adapters.inference import ImageError, check_image
+    save_image(tmp_path / 'good.png', 7, 3)
+    assert check_image(tmp_path / 'good.png') == (3, 7)
+    (tmp_path / 'empty.png').write_bytes(b'')
+    (tmp_path / 'text.png').write_text('not an image')
+    (tmp_path / 'cut.png').write_bytes((tmp_path / 'good.png').read_bytes()[:40])
+    for name, reason in [('empty.png', 'empty file'), ('text.png', 'not an image'), ('cut.png', 'not an image'),
+                         ('absent.png', 'cannot be read')]:
+        with pytest.raises(ImageError, match=f'^{reason}'):
+            check_image(tmp_path / name)
