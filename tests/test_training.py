@@ -291,9 +291,9 @@ def test_infer_on_a_folder_at_any_resolution(cfg, package, workdir, trained):
 @needs_torch('int8_kernel')
 @on_one_worker(SEG)
 def test_static_int8_is_calibrated_once_and_reused(workdir, trained, tmp_path):
-    """tools/test.py --precision int8 --calibrate: activation ranges of every linear layer of the backbone from
-    a few images (a folder, or the config's test set), saved under the weights directory and reused by the next
-    run instead of calibrating again; --calibrate without int8 is refused."""
+    """tools/test.py --precision int8 --calibrate (the fused engine, the default): activation ranges of every
+    linear layer of the backbone from a few images (a folder, or the config's test set), saved under the weights
+    directory and reused by the next run instead of calibrating again; --calibrate without int8 is refused."""
     checkpoint, wd = trained(SEG), workdir / 'calibrate_mmseg'
     env = dict(CPVT_WEIGHTS_DIR=str(tmp_path))
     runs = {}
@@ -301,8 +301,8 @@ def test_static_int8_is_calibrated_once_and_reused(workdir, trained, tmp_path):
         res = run([ROOT / 'tools/test.py', SEG, checkpoint, '--work-dir', wd, '--precision', 'int8',
                    '--calibrate', source, '--calibrate-images', '3'], workdir, env)
         assert res.returncode == 0 and 'mIoU' in res.stdout + res.stderr, res.stdout[-3000:] + res.stderr[-3000:]
-        (line,) = [x for x in res.stdout.splitlines() if x.startswith('[calibrate] activation ranges: ')]
-        path = Path(line.split(': ', 1)[1])
+        (line,) = [x for x in res.stdout.splitlines() if x.startswith('[engine] ')]
+        (path,) = [Path(p) for p in line.split('; saved: ', 1)[1].split(', ') if p.endswith('.ranges.json')]
         runs.setdefault(str(source), []).append((path, path.stat().st_mtime_ns))
     (folder,), (val_first, val_again) = [v for k, v in runs.items() if k != 'val'], runs['val']
     assert folder[0] != val_first[0] and val_first == val_again  # same file, not written again
@@ -330,7 +330,7 @@ def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, work
     keep_all = ['--cfg-options', 'model.test_cfg.score_thr=0.0'] if package == 'mmdet' else []
     metric = re.compile(r'(coco/bbox_mAP|mIoU): (\d+\.\d+)' if package == 'mmdet' else r'(mIoU): (\d+\.\d+)')
     scores, saved = {}, []
-    for engine in (['--engine', 'torch', '--plain'], ['--engine', 'openvino'],
+    for engine in (['--engine', 'torch'], ['--engine', 'openvino'],
                    ['--engine', 'torch', '--precision', 'bf16'],
                    ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4'],
                    ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4'],
@@ -338,12 +338,13 @@ def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, work
         res = run([ROOT / 'tools/test.py', cfg, checkpoint, '--work-dir', wd, *engine, *keep_all], workdir, env)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         scores.setdefault(' '.join(engine), []).append(float(metric.findall(res.stdout + res.stderr)[-1][1]))
-        saved += [line.split('saved as ')[1] for line in res.stdout.splitlines() if line.startswith('[openvino]')]
-    assert scores['--engine openvino'] == scores['--engine torch --plain'], scores
+        saved += [[p for p in line.split('; saved: ')[1].split(', ') if p.endswith('.xml')][0]
+                  for line in res.stdout.splitlines() if line.startswith('[engine]') and 'on openvino' in line]
+    assert scores['--engine openvino'] == scores['--engine torch'], scores
     # bf16 autocast of backbone, neck and head (post-processing in float32): the metric within 0.01 (mAP) or
     # 1 point (mIoU, printed in percent) of float32
     bf16, = scores['--engine torch --precision bf16']
-    assert abs(bf16 - scores['--engine torch --plain'][0]) <= (0.01 if package == 'mmdet' else 1.0), scores
+    assert abs(bf16 - scores['--engine torch'][0]) <= (0.01 if package == 'mmdet' else 1.0), scores
     int8 = scores['--engine openvino --precision int8 --calibrate-images 4']
     assert int8[0] == int8[1], 'the saved int8 model gives the same metrics'
     assert len(saved) == 4 and saved[1] == saved[2] and len({saved[0], saved[1], saved[3]}) == 3, saved
@@ -354,7 +355,7 @@ def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, work
     for engine in ('torch', 'openvino'):
         out = tmp_path / f'infer_{engine}'
         res = run([ROOT / 'tools/infer.py', cfg, checkpoint, images, '--out-dir', out, '--native',
-                   '--engine', engine, '--plain' if engine == 'torch' else '--precision=fp32'], workdir, env)
+                   '--engine', engine, '--precision=fp32'], workdir, env)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert len(list((out / 'vis').iterdir())) == 4
         preds[engine] = sorted((out / 'preds').iterdir())

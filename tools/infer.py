@@ -20,19 +20,16 @@ CHECKPOINT must fit the config's model exactly: a checkpoint with missing, unexp
 model's) is refused before its weights are loaded, with every such key listed, and nothing runs (exit status 1).
 It is read through ``cpvt_backbones.convert.safe_load`` (a pickle that would run code is refused).
 
-Our backbones run optimized (``cpvt_backbones.optimize``; ``--precision int8`` on int8 weights calibrated on
-``--calibrate`` images as in tools/test.py; ``--precision bf16`` runs backbone, neck and head under bf16
-autocast); ``--plain`` keeps the plain model. ``--engine openvino`` runs backbone,
-neck and head on OpenVINO (fp32, bf16, or int8 calibrated with NNCF on ``--calibrate`` images, by default the
-config's test set), the same predictions and drawings otherwise.
+Once the weights are loaded the model goes to ``--engine`` at ``--precision`` as in tools/test.py (default: our
+backbone on the fused CPU kernels; the table at the end of ``--help``), the same predictions and drawings
+otherwise.
 """
 import argparse
 from pathlib import Path
 
 from mmengine.config import DictAction
 
-from cpvt_backbones.adapters.engines import (IMAGE_SUFFIXES, add_precision_args, apply_precision, engine_model,
-                                             kept_in_fp32)
+from cpvt_backbones.adapters.engines import IMAGE_SUFFIXES, add_engine_args, engine_model, engine_request
 from cpvt_backbones.adapters.evaluation import set_test_scale
 from cpvt_backbones.adapters.inference import failing_as, run_each, unique_names
 from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings, refuse_unfit
@@ -90,15 +87,6 @@ class DrawOrSay:
         return images if kwargs.get('return_vis') else None
 
 
-def on_engine(model, cfg, args) -> None:
-    """The inferencer's model (weights loaded) on the engine asked for: with --engine openvino backbone, neck and
-    head on OpenVINO; with the torch engine in bf16 under autocast (its float32 and int8 are the optimized
-    backbone the config builds)."""
-    calibration = (args.calibrate or 'val') if args.precision == 'int8' else None
-    keep = kept_in_fp32(cfg, args.keep_fp32) if args.precision == 'int8' else ()
-    engine_model(model, cfg, args.checkpoint, args.engine, args.precision, calibration, args.calibrate_images, keep)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('config')
@@ -111,7 +99,7 @@ def main() -> None:
     parser.add_argument('--score-thr', type=float, default=0.3, help='boxes drawn above this score')
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
-    add_precision_args(parser)
+    add_engine_args(parser)
     args = parser.parse_args()
     quiet_known_warnings()
     import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the opt-in: mmengine reads checkpoints with safe_load)
@@ -119,7 +107,7 @@ def main() -> None:
     cfg = load_config(args.config, args.cfg_options)
     if cfg.default_scope not in ('mmdet', 'mmseg'):
         raise SystemExit(f'infer.py handles mmdet and mmseg configs; {args.config} is for {cfg.default_scope}')
-    apply_precision(cfg, args, args.checkpoint)
+    engine = engine_request(cfg, args)
     if args.scale or args.native:
         set_test_scale(cfg, None if args.native else args.scale)
     images = collect_images(args.inputs)
@@ -148,7 +136,7 @@ def main() -> None:
     except CheckpointMismatchError as e:
         raise SystemExit(f'infer.py: {e}')
     inferencer.pipeline = failing_as('the test pipeline', inferencer.pipeline)
-    on_engine(inferencer.model, cfg, args)
+    engine_model(inferencer.model, cfg, args.checkpoint, **engine)
     failed = run_each(run, images, names, args.out_dir)
     print(f'{len(images) - len(failed)} image(s) -> {args.out_dir}/vis, {args.out_dir}/preds')
     if failed:

@@ -40,7 +40,7 @@ case "$STACK" in
   core)     VENV="$ROOT/.venv-core"; PINS=("torch==2.1.2" "torchvision==0.16.2" "numpy<2"); STACK_PKGS=(); MMCV=()
             OPENVINO=0; CHECK="import torch, timm, cpvt_backbones" ;;
   ecosystems) VENV="$ROOT/.venv-ecosystems"; PINS=("torch==2.14.1" "torchvision==0.29.1" "numpy<2.5"); STACK_PKGS=()
-            MMCV=(); OPENVINO=0; ECOSYSTEMS=("transformers>=5.20,<6" "segmentation-models-pytorch>=0.5,<0.7")
+            MMCV=(); OPENVINO=0; ECOSYSTEMS=("transformers>=5.20,<6" "segmentation-models-pytorch>=0.5,<0.7" scipy)
             CHECK="import torch, timm, transformers, segmentation_models_pytorch, cpvt_backbones" ;;
   *) echo "[env] unknown STACK=$STACK (default, upstream, onedl, core or ecosystems)" >&2; exit 2 ;;
 esac

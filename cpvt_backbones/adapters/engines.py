@@ -47,17 +47,27 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ((parser.epilog or '') + '\nEngines (deploy.ENGINES):\n' + engine_table()).strip()
 
 
-def use_engine(cfg: Config, args: argparse.Namespace) -> None:
-    """What ``add_engine_args`` asked for, on ``cfg`` (``set_engine``), checked first: the engine runs the
-    precision and is installed, and --calibrate / --keep-fp32 come with int8."""
+def engine_request(cfg: Config, args: argparse.Namespace) -> dict:
+    """What ``add_engine_args`` asked for, checked (the engine runs the precision and is installed, one that
+    covers the backbone has ours to run, --calibrate / --keep-fp32 come with int8), as the keyword arguments of
+    ``set_engine`` and ``engine_model``; a SystemExit naming the problem otherwise."""
     if (args.calibrate or args.keep_fp32 is not None) and args.precision != 'int8':
         raise SystemExit('--calibrate and --keep-fp32 configure int8: use them with --precision int8')
     try:
-        check_engine(args.engine, args.precision)
+        spec = check_engine(args.engine, args.precision)
     except (ValueError, ImportError) as e:
         raise SystemExit(str(e)) from e
-    set_engine(cfg, args.engine, args.precision, (args.calibrate or 'val') if args.precision == 'int8' else None,
-               args.calibrate_images, kept_in_fp32(cfg, args.keep_fp32) if args.precision == 'int8' else ())
+    if spec.covers == 'backbone' and our_backbone(cfg) is None:
+        raise SystemExit(f'engine {args.engine!r} runs our backbones (PyramidCPVT, CPVT); this config\'s backbone is '
+                         f'{cfg.model.get("backbone", {}).get("type")!r}: use --engine torch')
+    int8 = args.precision == 'int8'
+    return dict(engine=args.engine, precision=args.precision, calibration=(args.calibrate or 'val') if int8 else None,
+                calibration_images=args.calibrate_images, keep_fp32=kept_in_fp32(cfg, args.keep_fp32) if int8 else ())
+
+
+def use_engine(cfg: Config, args: argparse.Namespace) -> None:
+    """``set_engine`` with what ``add_engine_args`` asked for (``engine_request``)."""
+    set_engine(cfg, **engine_request(cfg, args))
 
 
 def set_engine(cfg: Config, engine: str = DEFAULT_ENGINE, precision: str = 'fp32', calibration: Optional[str] = None,
@@ -233,8 +243,10 @@ def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str],
         options.setdefault('cache', str(folder / cache_name(cfg, ckpt, precision, calibrated, *sorted(keep_fp32))))
         options.setdefault('conversion_cache', str(folder / cache_name(cfg, ckpt, 'float')))
     on_engine(model, engine, precision, batches, keep_fp32, **options)
-    cache = Path(options['cache']) if options.get('cache') else None
-    saved = sorted(str(p) for p in cache.parent.glob(cache.name + '.*')) if cache else []
+    saved = []
+    for prefix in (options.get('cache'), options.get('conversion_cache')):  # what this engine kept, its own first
+        if prefix:
+            saved += [str(p) for p in sorted(Path(prefix).parent.glob(Path(prefix).name + '.*')) if str(p) not in saved]
     print(f'[engine] {type(model).__name__}: {spec.covers} on {engine} at {precision}'
           + (f', float32: {", ".join(keep_fp32)}' if keep_fp32 else '')
           + (f'; saved: {", ".join(saved)}' if saved else ''))
@@ -242,4 +254,5 @@ def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str],
 
 
 __all__ = ['DEFAULT_ENGINE', 'IMAGE_SUFFIXES', 'add_engine_args', 'cache_name', 'calibrate', 'calibration_batches',
+           'engine_request',
            'engine_model', 'kept_in_fp32', 'set_engine', 'use_engine']

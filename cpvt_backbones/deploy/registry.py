@@ -125,6 +125,8 @@ def _fused(module, precision, calibration, keep_fp32, cache=None, conversion_cac
 
 def _openvino(module, precision, calibration, keep_fp32, cache=None, conversion_cache=None, **options):
     from .openvino import to_openvino
+    if precision != 'int8':  # fp32 and bf16 compile the float32 conversion itself
+        cache = conversion_cache or cache
     return to_openvino(module, precision, calibration, keep_fp32, cache=f'{cache}.xml' if cache else None,
                        float_cache=f'{conversion_cache}.xml' if conversion_cache else None, **options)
 
