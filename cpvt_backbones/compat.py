@@ -67,6 +67,13 @@ def is_compiling() -> bool:
     return torch._utils.is_compiling()
 
 
+def is_fx_tracing() -> bool:
+    """True while ``torch.fx.symbolic_trace`` (timm's ``feature_cls='fx'``, torchvision's
+    ``create_feature_extractor``) traces the model: its inputs are then ``torch.fx.Proxy`` objects, not tensors."""
+    from torch.fx import _symbolic_trace as fx_trace  # is_fx_symbolic_tracing from torch 2.6 (is_fx_tracing warns)
+    return getattr(fx_trace, 'is_fx_symbolic_tracing', fx_trace.is_fx_tracing)()
+
+
 def is_in_onnx_export() -> bool:
     """True during ``torch.onnx.export``. Reads ``torch.onnx`` only when something has imported it already (no
     export can run otherwise): importing it on a forward pass pulls in the ONNX stack on some releases."""
@@ -96,5 +103,5 @@ def tree_leaves(tree) -> list:
     return pytree.tree_flatten(tree)[0]
 
 
-__all__ = ['FEATURES', 'autocast_enabled', 'is_compiling', 'is_in_onnx_export', 'require', 'set_submodule',
-           'supports', 'torch_at_least', 'tree_leaves']
+__all__ = ['FEATURES', 'autocast_enabled', 'is_compiling', 'is_fx_tracing', 'is_in_onnx_export', 'require',
+           'set_submodule', 'supports', 'torch_at_least', 'tree_leaves']

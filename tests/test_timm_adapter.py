@@ -66,29 +66,35 @@ def test_classifier_matches_ours_on_the_same_weights(tiny_file):
 @pytest.mark.parametrize('name, out_indices', [('pcpvt_tiny', None), ('pcpvt_tiny', (1, 3)), ('pcpvt_tiny', (0, 1)),
                                                ('cpvt_tiny', (2, -1)), ('cpvt_tiny_gap', None)])
 def test_features_only_follows_timm(tmp_path, name, out_indices):
+    """features_only is our dense backbone: a pyramid model's stages, a columnar model's simple feature pyramid
+    (strides 4-32) on the loaded trunk."""
     torch.manual_seed(1)
     classifier = create_model(name).eval()
     path = tmp_path / 'w.pth'
     torch.save(classifier.state_dict(), path)
     kwargs = {} if out_indices is None else dict(out_indices=out_indices)
     feats = timm_model(name, path, features_only=True, **kwargs)
+    levels = take_indices(4, out_indices)[0]
     x = torch.randn(*ODD)
     with torch.no_grad():
         got = feats(x)
-        want = classifier.forward_intermediates(x, indices=out_indices if out_indices else
-                                                (4 if name.startswith('pcpvt') else 3), intermediates_only=True)
-    assert isinstance(got, list) and len(got) == len(want) == len(feats.feature_info.channels())
-    for a, b, c in zip(got, want, feats.feature_info.channels()):
-        assert torch.equal(a, b) and a.shape[1] == c
+    assert isinstance(got, list) and len(got) == len(levels) == len(feats.feature_info.channels())
+    assert feats.feature_info.reduction() == [(4, 8, 16, 32)[i] for i in levels]
+    dense = create_model(name, features_only=True, out_indices=levels).eval()
     if name.startswith('pcpvt'):
-        dense = create_model(name, features_only=True, pretrained=str(path),
-                             out_indices=out_indices or (0, 1, 2, 3)).eval()
-        assert feats.feature_info.reduction() == list(dense.strides)
+        dense = create_model(name, features_only=True, pretrained=str(path), out_indices=levels).eval()
         with torch.no_grad():
-            assert all(torch.equal(a, b) for a, b in zip(got, dense(x)))
-    else:
-        assert feats.feature_info.reduction() == [16] * len(got) and got[0].shape[-2:] == (4, 5)
-    # Pruned to what the taps need: nothing after the last one, no head.
+            want = classifier.forward_intermediates(x, indices=out_indices or 4, intermediates_only=True)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    else:  # the pyramid's layers are new; the trunk is the file's
+        trunk = classifier.state_dict()
+        assert all(torch.equal(v, trunk[k]) for k, v in feats.model.state_dict().items() if k in trunk)
+        dense.load_state_dict(feats.model.state_dict())
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(got, dense(x)))
+    for a, c, s in zip(got, feats.feature_info.channels(), feats.feature_info.reduction()):
+        assert a.shape[1] == c and a.shape[-2:] == tuple(-(-n // s) for n in ODD[-2:])
+    # Built only up to what the outputs need, no head.
     assert not any(k.startswith('head.') for k in feats.state_dict())
 
 

@@ -1,40 +1,107 @@
 """Registers every model of ``cpvt_backbones.list_models()`` in timm's registry, under the same names.
 
 ``timm.create_model('pcpvt_small')`` then builds our model through timm's own builder, so timm's conventions
-hold: ``features_only=True`` (``out_indices``, ``feature_info``, through the model's ``forward_intermediates``),
-``num_classes``, ``in_chans``, any constructor argument (``pos_encoding=...``). ``pretrained=True`` loads the
-published weights of the PCPVT models through this package's table and cache (``cpvt_backbones.convert.hub``;
-for the others it says none are published), or ``pretrained_cfg_overlay=dict(file=...)`` in any weight layout
-``cpvt_backbones.convert`` reads. ``pretrained_cfg`` states no fixed input size.
+hold: ``num_classes``, ``in_chans``, any constructor argument (``pos_encoding=...``), ``forward_intermediates``.
+
+* Pretrained configs follow timm's tags: the PCPVT models with published weights have ``<name>.in1k`` (the
+  default tag), naming the files the weights come from (``hf_hub_id`` / ``hf_hub_filename``: timm's hub copy
+  ``timm/twins_pcpvt_{size}.in1k``; ``url``: timm's release file), so ``timm.list_models(pretrained=True)`` lists
+  them and ``timm.is_model_pretrained('pcpvt_small')`` is True. ``pretrained=True`` loads them through this
+  package's table and checked cache (``cpvt_backbones.convert.hub.fetch_weights``; offline, its error names every
+  file and URL tried), not through timm's downloader; the other models say that none are published.
+  ``pretrained_cfg_overlay=dict(file=...)`` loads a file in any weight layout ``cpvt_backbones.convert`` reads.
+  ``pretrained_cfg`` states no fixed input size.
+* ``features_only=True`` builds this package's dense backbone (``features_only=True`` of the core model): the
+  four stages of a pyramid model, the simple feature pyramid of a columnar one (strides 4, 8, 16, 32, with
+  dim/4, dim/2, dim, dim channels; its layers are new, no published weights hold them). ``out_indices`` takes
+  timm's forms (default all four; an int n is the last n, negative indices count from the end). It returns a
+  list of NCHW maps of size ceil(H / s) x ceil(W / s) and has timm's ``feature_info`` (``channels()``,
+  ``reduction()``). ``feature_cls='fx'`` holds the same backbone as a ``torch.fx.GraphModule`` (identical
+  outputs); the default (``None``, ``'getter'`` or ``'list'``) holds the module itself. timm's hook-based
+  extractors (``'hook'``, ``'dict'``) are refused: the maps are not outputs of a submodule.
 """
+import re
 from functools import partial
-from typing import Dict, Mapping
+from typing import Dict, Mapping, Optional
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models import build_model_with_cfg, register_model
+from timm.models import FeatureInfo, build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._builder import pretrained_cfg_for_features
+from torch import nn
 
 from ..convert import built_weights, fetch_weights, unwrap_state_dict
-from ..models.cpvt import CPVT
+from ..convert.hub import PRETRAINED
+from ..models.base import take_indices
+from ..models.cpvt import CPVT, PYRAMID_STRIDES
 from ..models.factory import MODEL_SPECS, create_model
 
-# timm's defaults for taking features: the four stages of a pyramid model, the last three blocks of a ViT.
-_DEFAULT_OUT_INDICES = {CPVT: 3}
+_HUB_FILE = re.compile(r'https://huggingface\.co/([^/]+/[^/]+)/resolve/main/(.+)$')
+_FEATURE_CLASSES = (None, 'getter', 'list', 'fx')
 
 
-def _pretrained_cfg(name: str) -> Dict:
+def _pretrained_cfg(name: str, **weights: str) -> Dict:
     first_conv = 'patch_embed.proj' if MODEL_SPECS[name].cls is CPVT else 'patch_embeds.0.proj'
-    return dict(url='', num_classes=1000, input_size=(3, 224, 224), fixed_input_size=False, pool_size=None,
+    return dict(num_classes=1000, input_size=(3, 224, 224), fixed_input_size=False, pool_size=None,
                 crop_pct=0.9, interpolation='bicubic', mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
-                first_conv=first_conv, classifier='head', license='apache-2.0')
+                first_conv=first_conv, classifier='head', license='apache-2.0', **weights)
 
 
-default_cfgs = {name: _pretrained_cfg(name) for name in MODEL_SPECS}
+def _weights(name: str) -> Dict[str, str]:
+    """Where ``name``'s published classifier weights are, in timm's terms (from ``convert.hub.PRETRAINED``)."""
+    out: Dict[str, str] = {}
+    for source in (s for s in PRETRAINED[name] if s.classifier):
+        hub = _HUB_FILE.match(source.url)
+        if hub and 'hf_hub_id' not in out:
+            out.update(hf_hub_id=hub.group(1), hf_hub_filename=hub.group(2))
+        elif not hub and 'url' not in out:
+            out['url'] = source.url
+    return out
 
 
-def _filter_weights(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+default_cfgs = generate_default_cfgs({
+    (f'{name}.in1k' if name in PRETRAINED else name): _pretrained_cfg(name, **(_weights(name) if name in PRETRAINED
+                                                                              else {}))
+    for name in MODEL_SPECS})
+
+
+class Features(nn.Module):
+    """timm's ``features_only`` contract over one of this package's dense backbones (``model``, the module or
+    its ``torch.fx`` trace): ``forward(x)`` is the list of its maps, ``feature_info`` a ``timm.models.FeatureInfo``
+    of their modules, channels and reductions."""
+
+    def __init__(self, model: nn.Module, feature_info: FeatureInfo):
+        super().__init__()
+        self.model = model
+        self.feature_info = feature_info
+
+    def forward(self, x: torch.Tensor):
+        return list(self.model(x))
+
+
+def _filter_weights(state_dict: Mapping[str, torch.Tensor], model: nn.Module) -> Dict[str, torch.Tensor]:
     """Any layout we read -> ours, without what the model does not build (as ``convert.load_into``)."""
     return built_weights(model, unwrap_state_dict(state_dict))
+
+
+def _features(name: str, pretrained: bool, out_indices, feature_cls: Optional[str], kwargs) -> nn.Module:
+    if feature_cls not in _FEATURE_CLASSES:
+        raise ValueError(f'{name}: feature_cls must be one of {_FEATURE_CLASSES}, got {feature_cls!r} (the maps of '
+                         "this package's dense backbones are not outputs of one submodule, as timm's hook-based "
+                         'extractors need)')
+    kwargs.pop('feature_cfg', None)
+    kwargs['num_classes'] = 0
+    levels = len(PYRAMID_STRIDES) if MODEL_SPECS[name].cls is CPVT else \
+        len(kwargs.get('depths') or MODEL_SPECS[name].settings['depths'])
+    out_indices = tuple(take_indices(levels, out_indices)[0])
+    model = build_model_with_cfg(partial(create_model, name, features_only=True, out_indices=out_indices), name,
+                                 pretrained, pretrained_filter_fn=_filter_weights, **kwargs)
+    prefix = 'simple_fpn' if isinstance(model, CPVT) else 'blocks'
+    info = FeatureInfo([dict(module=f'{prefix}.{i}', num_chs=c, reduction=s) for i, c, s in
+                        zip(out_indices, model.out_channels, model.strides)], tuple(range(len(out_indices))))
+    features = Features(torch.fx.symbolic_trace(model) if feature_cls == 'fx' else model, info)
+    features.pretrained_cfg = features.default_cfg = pretrained_cfg_for_features(model.pretrained_cfg)
+    return features
 
 
 def _entrypoint(name: str):
@@ -42,10 +109,12 @@ def _entrypoint(name: str):
         overlay = dict(kwargs.pop('pretrained_cfg_overlay', None) or {})
         if pretrained and not overlay.get('file'):  # this package's table and cache (convert.hub), checked
             overlay['file'] = str(fetch_weights(name, classifier=True)[0])
-        return build_model_with_cfg(
-            partial(create_model, name), name, pretrained, pretrained_filter_fn=_filter_weights,
-            feature_cfg=dict(feature_cls='getter', out_indices=_DEFAULT_OUT_INDICES.get(MODEL_SPECS[name].cls, 4)),
-            pretrained_cfg_overlay=overlay or None, **kwargs)
+        kwargs['pretrained_cfg_overlay'] = overlay or None
+        if kwargs.pop('features_only', False):
+            return _features(name, pretrained, kwargs.pop('out_indices', None), kwargs.pop('feature_cls', None),
+                             kwargs)
+        return build_model_with_cfg(partial(create_model, name), name, pretrained, pretrained_filter_fn=_filter_weights,
+                                    **kwargs)
     build.__name__ = build.__qualname__ = name
     build.__module__ = __name__
     build.__doc__ = f'{name}: {MODEL_SPECS[name].note} (cpvt_backbones).'

@@ -10,14 +10,15 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-from ..compat import is_compiling, is_in_onnx_export
+from ..compat import is_compiling, is_fx_tracing, is_in_onnx_export
 
 
 
 def symbolic_shapes() -> bool:
-    """True while torch.compile, torch.export, ONNX export or TorchScript tracing records the model: then
-    shape-dependent Python branches would be baked into (or guard) the recorded graph."""
-    return is_compiling() or torch.jit.is_tracing() or is_in_onnx_export()
+    """True while torch.compile, torch.export, ONNX export, TorchScript tracing or torch.fx symbolic tracing
+    records the model: then shape-dependent Python branches would be baked into (or guard) the recorded graph, or
+    (torch.fx) cannot be taken at all, since sizes are symbolic proxies."""
+    return is_compiling() or torch.jit.is_tracing() or is_in_onnx_export() or is_fx_tracing()
 
 
 def tokens_to_map(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:

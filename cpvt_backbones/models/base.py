@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..compat import autocast_enabled
+from ..compat import autocast_enabled, is_fx_tracing
 from ..layers import Attention, Block, Mlp
 from ..layers.layout import symbolic_shapes
 from ..layers.position import Geometry, PositionEncoding, build_position_encodings, merge_attention
@@ -385,6 +385,8 @@ class CPVTBase(nn.Module):
         return self
 
     def _check_input(self, x) -> None:
+        if is_fx_tracing():  # x is a torch.fx Proxy: there is no tensor to check, and the traced graph checks none
+            return
         check_input(x, self.in_chans, self.check_finite)
         if symbolic_shapes():  # torch.compile/export/ONNX record the graph: the eager call checks the dtype
             return

@@ -159,27 +159,44 @@ class CPVT(CPVTBase):
         return tuple(outs)
 
     def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None,
-                              norm: bool = False, stop_early: bool = False, output_fmt: str = 'NCHW',
-                              intermediates_only: bool = False):
-        """timm's feature API (as for its ViTs): the patch tokens after the blocks ``indices`` picks
-        (``base.take_indices``; each after its PEG), as stride-``patch_size`` NCHW maps, normed if ``norm``;
-        unless ``intermediates_only`` also the normed tokens after the last block run, for ``forward_head``."""
+                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = 'NCHW', intermediates_only: bool = False, output_dict: bool = False):
+        """timm's feature API, as its ViTs' ``forward_intermediates``: the patch tokens after the blocks
+        ``indices`` picks (``base.take_indices``; each after its PEG), as stride-``patch_size`` NCHW maps
+        (``output_fmt='NLC'``: (B, h * w, C) tokens), normed if ``norm``; unless ``intermediates_only`` also the
+        normed tokens after the last block run, for ``forward_head``: ``(final, intermediates)``.
+        ``return_prefix_tokens`` makes each intermediate a pair ``(map, prefix)`` with the (B, 1, C) class token,
+        for a model that has one (a GAP model has no prefix token: plain maps, as timm). ``output_dict`` returns
+        ``{'image_intermediates': ..., 'image_features': final}`` (without the final tokens when
+        ``intermediates_only``), with ``'image_intermediates_prefix'`` when prefix tokens are asked for and exist."""
         self._check_input(x)
         if output_fmt not in ('NCHW', 'NLC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take, max_index = take_indices(len(self.blocks), indices)
-        maps = []
+        maps, prefixes = [], []
         prefix = self.num_prefix_tokens
 
         def tap(j: int, tokens: torch.Tensor) -> None:
             if j in take:
-                tokens = (self.norm(tokens) if norm else tokens)[:, prefix:]
+                tokens = self.norm(tokens) if norm else tokens
+                prefixes.append(tokens[:, :prefix])
+                tokens = tokens[:, prefix:]
                 maps.append(tokens_to_map(tokens, hw).contiguous() if output_fmt == 'NCHW' else tokens)
 
         p = self.patch_embed.patch_size
         hw = tuple((n + p - 1) // p for n in x.shape[-2:])
         stop = max_index if stop_early or intermediates_only else None
         tokens, _ = self._tokens(x, tap, stop)
+        with_prefix = return_prefix_tokens and prefix > 0
+        if output_dict:
+            out = dict(image_intermediates=maps)
+            if with_prefix:
+                out['image_intermediates_prefix'] = prefixes
+            if not intermediates_only:
+                out['image_features'] = self.norm(tokens)
+            return out
+        if with_prefix:
+            maps = list(zip(maps, prefixes))
         return maps if intermediates_only else (self.norm(tokens), maps)
 
     def _cut_to(self, keep: int) -> List[str]:

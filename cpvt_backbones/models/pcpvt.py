@@ -135,11 +135,14 @@ class PyramidCPVT(CPVTBase):
         return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None,
-                              norm: bool = False, stop_early: bool = False, output_fmt: str = 'NCHW',
-                              intermediates_only: bool = False):
-        """timm's feature API: the NCHW maps after the stages ``indices`` picks (``base.take_indices``), and
-        unless ``intermediates_only`` the normed last-stage tokens for ``forward_head``. ``norm`` applies the
-        final norm to the last stage's map, the only one it is sized for."""
+                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = 'NCHW', intermediates_only: bool = False, output_dict: bool = False):
+        """timm's feature API, with the keywords of its ViTs: the NCHW maps after the stages ``indices`` picks
+        (``base.take_indices``), and unless ``intermediates_only`` the normed last-stage tokens for
+        ``forward_head``: ``(final, intermediates)``. ``norm`` applies the final norm to the last stage's map, the
+        only one it is sized for. There are no prefix tokens, so ``return_prefix_tokens`` changes nothing (as for
+        timm's models without one). ``output_dict`` returns ``{'image_intermediates': ..., 'image_features':
+        final}`` (without the final tokens when ``intermediates_only``)."""
         self._check_input(x)
         if output_fmt != 'NCHW':
             raise ValueError(f"PyramidCPVT returns NCHW maps; output_fmt={output_fmt!r} is not supported")
@@ -148,9 +151,10 @@ class PyramidCPVT(CPVTBase):
         take, max_index = take_indices(len(self.blocks), indices)
         stop = max_index if stop_early or intermediates_only else None
         x, _, maps = self._stages(x, take, stop, norm_last=norm)
-        if intermediates_only:
-            return maps
-        return (x if self.features_only or stop is not None else self.norm(x)), maps
+        final = None if intermediates_only else x if self.features_only or stop is not None else self.norm(x)
+        if output_dict:
+            return dict(image_intermediates=maps, **({} if final is None else dict(image_features=final)))
+        return maps if intermediates_only else (final, maps)
 
     def _cut_to(self, keep: int) -> List[str]:
         dropped = [f'{name}.{i}.' for i in range(keep, len(self.blocks)) for name in ('patch_embeds', 'blocks')]

@@ -21,6 +21,8 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
+from ...compat import is_fx_tracing
+
 HW = Tuple[int, int]
 
 
@@ -89,13 +91,14 @@ def merge_attention(parts: Sequence[Optional[AttentionPosition]], names: Sequenc
 def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding on (B, heads, N, head_dim): channel pair (2i, 2i + 1) of each of the last
     ``angles.shape[-2]`` tokens turns by ``angles[..., i]``; leading (class) tokens pass unchanged. The
-    result is computed in float32 and returned in ``x``'s dtype."""
+    result is computed in float32 and returned in ``x``'s dtype. Under torch.fx tracing, where the number of
+    leading tokens is symbolic, the (possibly empty) leading tokens are always concatenated: same values."""
     prefix = x.shape[-2] - angles.shape[-2]
     tokens = x[..., prefix:, :].float().unflatten(-1, (-1, 2))
     a, b = tokens.unbind(-1)
     cos, sin = angles.cos(), angles.sin()
     out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).to(x.dtype)
-    return torch.cat((x[..., :prefix, :], out), dim=-2) if prefix else out
+    return torch.cat((x[..., :prefix, :], out), dim=-2) if is_fx_tracing() or prefix else out
 
 
 def grid_coordinates(hw: HW, step: float = 1., device=None) -> Tuple[torch.Tensor, torch.Tensor]:

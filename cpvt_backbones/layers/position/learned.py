@@ -50,7 +50,7 @@ class LearnedEncoding(PositionEncoding):
 
     def embed(self, stage: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
         table = self.table(stage)
-        prefix = table.shape[1] - self.grids[stage][0] * self.grids[stage][1]
+        prefix = self.geometry.num_prefix_tokens if stage == 0 else 0
         grid = table[:, prefix:]
         if symbolic_shapes() or tuple(hw) != self.grids[stage]:
             grid = resize_table(grid, self.grids[stage], hw, self.interpolation)
