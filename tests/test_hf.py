@@ -190,8 +190,11 @@ def test_fresh_process_loads_the_saved_folder_with_trust_remote_code(tmp_path):
 
 
 def test_importing_registers_only_our_type():
-    """Once transformers is imported, importing the adapter adds our two registrations and nothing else."""
+    """With transformers' modules imported first, importing the adapter adds our two registrations and changes
+    nothing else."""
     code = '''
+import huggingface_hub.dataclasses, transformers.backbone_utils, transformers.modeling_outputs  # third party first
+from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_BACKBONE_MAPPING, MODEL_MAPPING
 mappings = (CONFIG_MAPPING, MODEL_FOR_BACKBONE_MAPPING, MODEL_MAPPING)  # register() writes their _extra_content
@@ -256,6 +259,8 @@ def cpvt_of(model):
 
 @pytest.mark.parametrize('name,build', [('upernet', upernet), ('mask2former', mask2former), ('detr', detr)])
 def test_dense_models_take_the_backbone_at_odd_sizes_and_train(name, build):
+    if name != 'upernet':
+        pytest.importorskip('scipy')  # transformers' Hungarian matcher (Mask2Former's and DETR's losses)
     model = build()
     bb = cpvt_of(model)
     assert bb.channels == [32, 64, 160, 256]
