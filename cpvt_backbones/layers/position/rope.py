@@ -67,6 +67,15 @@ class RoPEEncoding(PositionEncoding):
             for s, hd in enumerate(head_dims):
                 self.register_buffer(f'axial{s}', mixed_frequencies(hd, 1, temperature), persistent=False)
 
+    def init_non_persistent_buffers(self) -> None:
+        """Recompute the fixed frequencies of ``rope_axial`` in place (they are in no checkpoint): for loaders
+        that build a model on the meta device and then fill only what a state dict holds (transformers, timm)."""
+        for s, (dim, heads) in enumerate(zip(self.geometry.dims, self.geometry.heads)):
+            buffer = getattr(self, f'axial{s}', None) if not self.learnable else None
+            if buffer is not None:
+                with torch.no_grad():
+                    buffer.copy_(mixed_frequencies(dim // heads, 1, self.temperature))
+
     def frequencies(self, stage: int, block: int) -> torch.Tensor:
         if self.learnable:
             return self.freqs[self.geometry.block_index(stage, block)]
