@@ -1,5 +1,5 @@
 """timm's pretrained tags and feature API, torch.fx tracing, SMP decoders at any size, torchvision's detectors,
-and the size bound of a torch.export-ed program (docs/ecosystems_timm_smp_tv.md)."""
+and the size bound of a torch.export-ed program (docs/ecosystems.md)."""
 import os
 
 import pytest
