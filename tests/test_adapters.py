@@ -233,7 +233,7 @@ def test_int8_keeps_the_configs_float32_modules_unless_told_otherwise():
         use_engine(copy.deepcopy(cfg), parser.parse_args(['--engine', 'torch', '--precision', 'bf16', '--keep-fp32']))
     with pytest.raises(SystemExit, match="engine 'fused' runs fp32, int8, not 'bf16'; bf16 runs on: torch, openvino"):
         use_engine(copy.deepcopy(cfg), parser.parse_args(['--precision', 'bf16']))
-    with pytest.raises(ValueError, match="engine 'fused' runs our backbones .*'ResNet'.*--engine torch"):
+    with pytest.raises(SystemExit, match="engine 'fused' runs our backbones .*'ResNet'.*--engine torch"):
         use_engine(Config(dict(model=dict(backbone=dict(type='ResNet')))), parser.parse_args([]))
 
 

@@ -101,7 +101,7 @@ def test_importing_any_module_changes_no_process_state():
     _require_openmmlab()
     root = PKG.parent
     code = f'''
-import importlib, pkgutil, sys, warnings
+import importlib, importlib.util, pkgutil, sys, warnings
 import torch, mmengine, mmdet, mmseg, mmpretrain, timm, matplotlib, numpy
 import mmdet.models, mmseg.models, mmpretrain.models, mmdet.registry, mmseg.registry, mmpretrain.registry
 from torch.utils import flop_counter
@@ -116,7 +116,9 @@ def state():
 before = state()
 import cpvt_backbones
 opt_ins = {{'cpvt_backbones.adapters.checkpoint', 'cpvt_backbones.adapters.hooks'}}
-names = [m.name for m in pkgutil.walk_packages(cpvt_backbones.__path__, 'cpvt_backbones.') if m.name not in opt_ins]
+optional = {{'cpvt_backbones.adapters.hf': 'transformers'}}  # adapters of frameworks a stack may lack
+names = [m.name for m in pkgutil.walk_packages(cpvt_backbones.__path__, 'cpvt_backbones.') if m.name not in opt_ins
+         and importlib.util.find_spec(optional.get(m.name, 'torch')) is not None]
 names += [f'benchmarks.{{m.name}}' for m in pkgutil.iter_modules([{str(root / 'benchmarks')!r}])]
 names += ['export_onnx', 'visualize', 'demo', 'train', 'test', 'infer', 'resolution_sweep', 'convert_checkpoint',
           'make_shapes']
