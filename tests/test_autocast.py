@@ -83,7 +83,7 @@ def test_refusals_name_the_problem():
 
 @pytest.mark.parametrize('config', ['retinanet_pcpvt-tiny_fpn_shapes.py', 'fpn_pcpvt-tiny_shapes.py'])
 def test_detector_and_segmentor_under_autocast(config):
-    """``deploy.openmmlab.to_autocast_model``: backbone + neck + head in bf16, every tensor-mode output (scores
+    """The torch engine's bf16 on an OpenMMLab model: backbone + neck + head in bf16, every tensor-mode output (scores
     and boxes of each level; the logits) float32 and close to float32 at odd sizes; ``predict`` runs the
     framework's post-processing on them; the state dict, ``eval()`` and ``to()`` are the model's own."""
     from torch.utils._pytree import tree_flatten
@@ -110,13 +110,13 @@ def test_detector_and_segmentor_under_autocast(config):
         assert result.pred_instances.bboxes.dtype == torch.float32
 
 
-def test_to_autocast_model_falls_back_like_the_backbone(monkeypatch):
-    from cpvt_backbones.deploy.openmmlab import to_autocast_model
+def test_the_torch_engines_bf16_on_a_model_falls_back_like_the_backbone(monkeypatch):
+    from cpvt_backbones.deploy.openmmlab import on_engine
     monkeypatch.setattr(autocast_module, 'native_bf16', lambda device_type='cpu': False)
     model = shapes_model('fpn_pcpvt-tiny_shapes.py')
     x = torch.randn(1, 3, 40, 56)
     with torch.no_grad():
         ref = model._forward(x)
         with pytest.warns(RuntimeWarning, match='no native bf16'):
-            to_autocast_model(model, 'bf16')
+            on_engine(model, 'torch', 'bf16')
         assert model.inference_engine.precision == 'fp32' and torch.equal(model._forward(x), ref)

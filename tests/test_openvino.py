@@ -214,16 +214,16 @@ def test_refusals_name_the_problem(converted, monkeypatch):
 
 @pytest.mark.parametrize('config', ['retinanet_pcpvt-tiny_fpn_shapes.py', 'fpn_pcpvt-tiny_shapes.py'])
 def test_detector_and_segmentor_tensor_outputs_match_torch(config):
-    """``deploy.openmmlab.to_openvino_model``: backbone + neck + head of RetinaNet and Semantic FPN on OpenVINO
-    give torch's tensor-mode outputs (every level's scores and boxes; the logits) at odd sizes."""
+    """``deploy.openmmlab.on_engine(model, 'openvino')``: backbone + neck + head of RetinaNet and Semantic FPN on
+    OpenVINO give torch's tensor-mode outputs (every level's scores and boxes; the logits) at odd sizes."""
     from torch.utils._pytree import tree_flatten
 
-    from cpvt_backbones.deploy.openmmlab import to_openvino_model
+    from cpvt_backbones.deploy.openmmlab import on_engine
     model = shapes_model(config)
     inputs = [torch.randn(1, 3, *hw, generator=torch.Generator().manual_seed(i)) for i, hw in enumerate(SIZES)]
     with torch.no_grad():
         expected = [tree_flatten(model._forward(x))[0] for x in inputs]
-    to_openvino_model(model)
+    on_engine(model, 'openvino')
     assert model.inference_engine.precision == 'fp32'
     for x, ref in zip(inputs, expected):
         got = tree_flatten(model._forward(x))[0]

@@ -24,7 +24,7 @@ from mmengine.config import Config
 from ..deploy import PRECISIONS
 from ..deploy.registry import ENGINES, check_engine, engine_table
 from ..utils import file_sha256
-from .runner import build_runner, evaluation_datasets, our_backbone
+from .runner import add_hook, build_runner, evaluation_datasets, our_backbone
 
 DEFAULT_ENGINE = 'fused'
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
@@ -54,15 +54,19 @@ def engine_request(cfg: Config, args: argparse.Namespace) -> dict:
     if (args.calibrate or args.keep_fp32 is not None) and args.precision != 'int8':
         raise SystemExit('--calibrate and --keep-fp32 configure int8: use them with --precision int8')
     try:
-        spec = check_engine(args.engine, args.precision)
+        _check(cfg, args.engine, args.precision)
     except (ValueError, ImportError) as e:
         raise SystemExit(str(e)) from e
-    if spec.covers == 'backbone' and our_backbone(cfg) is None:
-        raise SystemExit(f'engine {args.engine!r} runs our backbones (PyramidCPVT, CPVT); this config\'s backbone is '
-                         f'{cfg.model.get("backbone", {}).get("type")!r}: use --engine torch')
     int8 = args.precision == 'int8'
     return dict(engine=args.engine, precision=args.precision, calibration=(args.calibrate or 'val') if int8 else None,
                 calibration_images=args.calibrate_images, keep_fp32=kept_in_fp32(cfg, args.keep_fp32) if int8 else ())
+
+
+def _check(cfg: Config, engine: str, precision: str) -> None:
+    """``check_engine``, and for an engine that covers the backbone, that the config's backbone is ours."""
+    if check_engine(engine, precision).covers == 'backbone' and our_backbone(cfg) is None:
+        raise ValueError(f'engine {engine!r} runs our backbones (PyramidCPVT, CPVT); this config\'s backbone is '
+                         f'{cfg.model.get("backbone", {}).get("type")!r}: use --engine torch')
 
 
 def use_engine(cfg: Config, args: argparse.Namespace) -> None:
@@ -76,18 +80,10 @@ def set_engine(cfg: Config, engine: str = DEFAULT_ENGINE, precision: str = 'fp32
     takes ``engine_model`` once the checkpoint is loaded): int8 calibrated on ``calibration_images`` of
     ``calibration`` ('val' or a folder), the modules named in ``keep_fp32`` left in float32; ``options`` go to
     the engine (``input_ranges`` for the fused engine's int8, say)."""
-    spec = check_engine(engine, precision)
-    if spec.covers == 'backbone' and our_backbone(cfg) is None:
-        raise ValueError(f'engine {engine!r} runs our backbones (PyramidCPVT, CPVT); this config\'s backbone is '
-                         f'{cfg.model.get("backbone", {}).get("type")!r}: use --engine torch')
-    imports = cfg.get('custom_imports') or dict(imports=[], allow_failed_imports=False)
-    if 'cpvt_backbones.adapters.hooks' not in imports['imports']:
-        cfg.custom_imports = dict(imports, imports=list(imports['imports']) + ['cpvt_backbones.adapters.hooks'])
-    hooks = [h for h in cfg.get('custom_hooks', []) if h.get('type') != 'InferenceEngineHook']
-    cfg.custom_hooks = hooks + [dict(type='InferenceEngineHook', engine=engine, precision=precision,
-                                     calibration=calibration if precision == 'int8' else None,
-                                     calibration_images=calibration_images, keep_fp32=list(keep_fp32),
-                                     options=options)]
+    _check(cfg, engine, precision)
+    add_hook(cfg, dict(type='InferenceEngineHook', engine=engine, precision=precision,
+                       calibration=calibration if precision == 'int8' else None, calibration_images=calibration_images,
+                       keep_fp32=list(keep_fp32), options=options))
 
 
 def kept_in_fp32(cfg: Config, keep_fp32: Optional[Sequence[str]] = None) -> Tuple[str, ...]:

@@ -18,7 +18,7 @@ from mmengine.config import Config, DictAction
 from ..convert.loading import CheckpointMismatchError, compare
 from ..utils import atomic_write, file_sha256
 
-__all__ = ['KNOWN_LOG_LINES', 'KNOWN_WARNINGS', 'add_common_args', 'build_runner', 'enable_amp',
+__all__ = ['KNOWN_LOG_LINES', 'KNOWN_WARNINGS', 'add_common_args', 'add_hook', 'build_runner', 'enable_amp',
            'checkpoint_state', 'evaluation_datasets', 'launched', 'load_config', 'our_backbone', 'prepare_launch',
            'quiet_known_warnings', 'read_config', 'refuse_unfit', 'runner_checkpoint', 'strict_loading']
 HOOKS_MODULE = 'cpvt_backbones.adapters.hooks'  # our hooks, registered when it is imported (an opt-in)
@@ -163,16 +163,19 @@ def refuse_unfit(model: torch.nn.Module, checkpoint: Mapping, source: str) -> No
         raise CheckpointMismatchError(report, source, limit=None)
 
 
-def strict_loading(cfg: Config) -> None:
-    """Have the runner of ``cfg`` refuse a checkpoint that does not fit its model: ``adapters.hooks`` imported
-    (registering ``StrictLoadHook``) and among the config's ``custom_imports``, ``StrictLoadHook`` among its
-    ``custom_hooks``."""
+def add_hook(cfg: Config, hook: dict) -> None:
+    """Put one of our hooks (``adapters.hooks``) in the config: the module imported (registering it) and among the
+    config's ``custom_imports``, ``hook`` among its ``custom_hooks`` in place of any of the same type."""
     importlib.import_module(HOOKS_MODULE)
     imports = cfg.get('custom_imports') or dict(imports=[], allow_failed_imports=False)
     if HOOKS_MODULE not in imports['imports']:
         cfg.custom_imports = dict(imports, imports=list(imports['imports']) + [HOOKS_MODULE])
-    hooks = [h for h in cfg.get('custom_hooks', []) if h.get('type') != 'StrictLoadHook']
-    cfg.custom_hooks = hooks + [dict(type='StrictLoadHook')]
+    cfg.custom_hooks = [h for h in cfg.get('custom_hooks', []) if h.get('type') != hook['type']] + [hook]
+
+
+def strict_loading(cfg: Config) -> None:
+    """Have the runner of ``cfg`` refuse a checkpoint that does not fit its model (``StrictLoadHook``)."""
+    add_hook(cfg, dict(type='StrictLoadHook'))
 
 
 def enable_amp(cfg: Config) -> None:

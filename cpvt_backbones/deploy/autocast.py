@@ -1,16 +1,14 @@
 """The torch engine's bf16: a built model run under ``torch.autocast``, its outputs handed back in float32.
 
 Autocast runs the GEMMs, attention and convolutions of the whole model in bf16 (LayerNorm, softmax and the
-reductions stay float32), with no copy of the weights and nothing changed in the model. On a CPU it is the
-torch-only bf16 to use: the plain model under autocast ran 1.0-1.41x faster than bf16 GEMMs fused into our
-blocks on an Intel Xeon with AMX and as fast on an AMD EPYC with avx512_bf16 (docs/performance.md), and it
-covers an OpenMMLab model's neck and head too (``deploy.openmmlab.to_autocast_model``), where the fused path
-covered the backbone alone.
+reductions stay float32), with no copy of the weights and nothing changed in the model. For an OpenMMLab model
+it covers backbone, neck and head (``deploy.openmmlab.on_engine(model, 'torch', 'bf16')``); how it compares with
+the other engines is measured in docs/performance.md (lower precision).
 
 ``to_autocast(model, 'bf16')`` returns an ``AutocastModule`` with the model's call contract: floating outputs
 come back as float32, so what follows (a classifier's loss, box decoding, NMS) runs as on the float32 model.
 A CPU without native bf16 (avx512_bf16 or AMX) would emulate it, slower than float32: there it warns and runs
-float32. int8 is not an autocast type: ``optimize(model, precision='int8')`` (torch) or ``to_openvino`` run it.
+float32. int8 is not an autocast type: the fused and OpenVINO engines run it (``deploy.ENGINES``).
 """
 import warnings
 
@@ -46,8 +44,8 @@ class AutocastModule(nn.Module):
         super().__init__()
         check_precision(precision)
         if precision == 'int8':
-            raise ValueError("precision='int8' is not an autocast type: use optimize(model, precision='int8') "
-                             "(static int8, torch only) or deploy.to_openvino(model, 'int8') (NNCF)")
+            raise ValueError("precision='int8' is not an autocast type: the fused engine (static int8, torch only) or "
+                             "the OpenVINO engine (NNCF) run it: deploy.prepare(model, 'fused', 'int8', ...)")
         self.module, self.precision = module, precision
         self.train(module.training)
 

@@ -3,9 +3,9 @@ engine, while the model's data preprocessor and post-processing (box decoding an
 the image) stay the framework's own Python, in float32.
 
 The engine runs ``TensorForward`` (what ``_forward`` of mmdet's single-stage detectors and mmseg's encoder-decoder
-segmentors computes, the method their ``mode='tensor'`` calls): ``to_openvino_model`` converts it with
-``deploy.openvino.to_openvino``, ``to_autocast_model`` runs it in torch under bf16 autocast
-(``deploy.autocast``). ``attach_engine`` makes the model call the engine: ``extract_feat`` returns the engine's
+segmentors computes, the method their ``mode='tensor'`` calls); ``on_engine`` prepares it on any engine of the
+registry that covers the model (``deploy.registry``), or our backbone on one that covers the backbone.
+``attach_engine`` makes the model call the engine: ``extract_feat`` returns the engine's
 outputs, wrapped, and the head's ``forward`` unwraps them, so ``predict``, ``mode='tensor'`` and the test loops
 run unchanged around it. Only duck typing: this module imports nothing from OpenMMLab.
 """
@@ -18,8 +18,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..compat import set_submodule
-from .autocast import to_autocast
-from .openvino import OpenVINOModule, to_openvino
 
 
 def dense_head(model: nn.Module) -> nn.Module:
@@ -109,7 +107,7 @@ def attach_engine(model: nn.Module, engine: nn.Module) -> nn.Module:
     """Make ``model`` (in place) run backbone, neck and head through ``engine`` (a module mapping the
     preprocessed batch to ``model._forward``'s outputs), kept as ``model.inference_engine``; returns
     ``model``. The original submodules and the state dict stay as they were: the engine is an attribute, not a
-    submodule, since it may hold the model itself (``to_autocast_model``), and ``eval()``, ``to()`` and
+    submodule, since it may hold the model itself (the torch engine's bf16), and ``eval()``, ``to()`` and
     ``state_dict()`` would then recurse without end."""
     head = dense_head(model)
     model.__dict__['inference_engine'] = engine
@@ -147,29 +145,4 @@ def on_engine(model: nn.Module, engine: str, precision: str = 'fp32',
     return model
 
 
-def to_openvino_model(model: nn.Module, precision: str = 'fp32',
-                      calibration: Optional[Iterable[torch.Tensor]] = None, keep_fp32: Sequence[str] = (),
-                      cache: Optional[str] = None, **kwargs) -> nn.Module:
-    """An OpenMMLab detector or segmentor (evaluation mode, float32, CPU) running on OpenVINO
-    (``deploy.openvino.to_openvino`` on its tensor-mode forward; ``calibration``: preprocessed input batches
-    for int8; ``keep_fp32``: names of the model's modules whose layers int8 leaves in float32, such as
-    'bbox_head.retina_cls'; ``cache``: where the converted model is saved and read again); returns ``model``."""
-    dense_head(model)
-    forward = TensorForward(model)
-    with exportable(model):
-        engine = to_openvino(forward, precision, calibration, [f'model.{p}' for p in keep_fp32], cache=cache,
-                             **kwargs)
-    return attach_engine(model, engine)
-
-
-def to_autocast_model(model: nn.Module, precision: str = 'bf16') -> nn.Module:
-    """An OpenMMLab detector or segmentor running backbone, neck and head in torch under autocast in
-    ``precision`` (``deploy.autocast.to_autocast``: bf16 where the device has it natively, else float32 with a
-    warning), their outputs back in float32 for the framework's post-processing; in place, returns ``model``."""
-    dense_head(model)
-    device = next((p.device.type for p in model.parameters()), 'cpu')
-    return attach_engine(model, to_autocast(TensorForward(model), precision, device))
-
-
-__all__ = ['OpenVINOModule', 'TensorForward', 'attach_engine', 'dense_head', 'exportable', 'on_engine',
-           'to_autocast_model', 'to_openvino_model']
+__all__ = ['TensorForward', 'attach_engine', 'dense_head', 'exportable', 'on_engine']

@@ -17,11 +17,9 @@ head in tensor mode, ``deploy.openmmlab``). Precisions, as everywhere in the pac
 
 Shapes: ``shapes='dynamic'`` compiles one model for every input size; ``shapes='static'`` compiles a model per
 input shape on first use and keeps the last ``cache_size``; ``shapes='auto'`` (the default) runs the dynamic model
-and compiles a shape-specialised one for a shape at its ``specialise_after``-th call (64). A model compiled for
-one shape runs it 1.06-1.46x faster than the dynamic one, but each compile takes 0.4-1.3 s and 100-250 MB, so
-it pays only for a shape that recurs: 'auto' runs a stream of ever-new sizes as fast as 'dynamic' and a stream of
-recurring sizes as fast as 'static' once each has been met 64 times (``benchmarks/openvino_shapes.py``;
-docs/performance.md).
+and compiles a shape-specialised one for a shape at its ``specialise_after``-th call (64). A shape-specialised
+model is faster on its shape but costs a compile and memory per shape, so it pays only for a shape that recurs
+(measured in docs/performance.md with ``benchmarks/openvino_shapes.py``).
 
 The engine is optional (``pip install 'cpvt_backbones[openvino]'``, which ``make env`` installs); without it the
 first call names the extra.

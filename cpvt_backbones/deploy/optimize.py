@@ -1,13 +1,14 @@
-"""``optimize(model)``: the CPU fast path as an explicit transform of a built model, in float32 or int8.
+"""``optimize(model)``: the fused engine (``deploy.ENGINES['fused']``), an explicit transform of a built model, in
+float32 or int8.
 
 The models themselves only call their submodules (hooks, wrappers, quantisation and FLOP counters see every
 layer) and know nothing of precision. For CPU inference, ``optimize`` swaps each transformer block for a
-``layers.FusedBlock`` and each linear layer for a ``layers.FusedLinear`` that share the block's parameters: the
-state dict is unchanged. In float32 the outputs agree with the plain model to float32 rounding; ``precision=
-'int8'`` runs the linear layers' GEMMs on int8 copies of their weights (``deploy.fused.KERNELS``; the float32
-parameters stay as they are, for the plain path and the state dict). bf16 is not a fused precision: the plain
-model under autocast (``deploy.to_autocast``) runs bf16 at least as fast (docs/performance.md).
-Every position encoding is kept as it is (they act before a block's fused part: on the tokens, or inside
+``deploy.fused.FusedBlock`` and each linear layer for a ``deploy.fused.FusedLinear`` that share the block's
+parameters: the state dict is unchanged. In float32 the outputs agree with the plain model to float32 rounding;
+``precision='int8'`` runs the linear layers' GEMMs on int8 copies of their weights (``deploy.fused.KERNELS``; the
+float32 parameters stay as they are, for the plain path and the state dict). bf16 is not a fused precision: the
+torch engine's bf16 runs the plain model under autocast (``deploy.to_autocast``; docs/performance.md compares
+them). Every position encoding is kept as it is (they act before a block's fused part: on the tokens, or inside
 attention). It refuses a model it cannot fuse faithfully (wrapped or hooked layers, layer scale) and a
 precision the CPU cannot run, and names why.
 """
