@@ -34,7 +34,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 from cpvt_backbones.adapters.evaluation import METRICS, headline_score
 from cpvt_backbones.adapters.runner import build_runner, quiet_known_warnings
@@ -68,13 +68,13 @@ DEFAULT_FACTORS = SCALES + ('native', 'drawn1', 'drawn2', 'drawn3')
 class DenseStudyConfig:
     """The study's settings: one field per command-line option of the same name (``parse_args`` documents them),
     ``--shard`` as its two numbers."""
-    tasks: Tuple[str, ...]
-    variants: Tuple[str, ...]
-    seeds: Tuple[int, ...]
+    tasks: tuple[str, ...]
+    variants: tuple[str, ...]
+    seeds: tuple[int, ...]
     det_iters: int
     seg_iters: int
     seg_init: str
-    factors: Tuple[str, ...]
+    factors: tuple[str, ...]
     data: str
     num_train: int
     num_val: int
@@ -85,7 +85,7 @@ class DenseStudyConfig:
     name: str
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> DenseStudyConfig:
+def parse_args(argv: Sequence[str] | None = None) -> DenseStudyConfig:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--tasks', nargs='+', default=list(TASKS), choices=list(TASKS))
     p.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(VARIANTS))
@@ -195,7 +195,7 @@ def start_from_detector(cfg, detector: Path, path: Path) -> None:
     cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=str(path))
 
 
-def run(task: str, variant: str, seed: int, settings: DenseStudyConfig, run_dir: Path) -> Dict:
+def run(task: str, variant: str, seed: int, settings: DenseStudyConfig, run_dir: Path) -> dict:
     """Train (or resume) one model, then evaluate it at every test size; cached in result.json."""
     from cpvt_backbones.adapters.evaluation import evaluate, set_test_scale
     result_path = run_dir / 'result.json'
@@ -230,7 +230,7 @@ def run(task: str, variant: str, seed: int, settings: DenseStudyConfig, run_dir:
     return result
 
 
-def summarise(results: List[Dict], settings: DenseStudyConfig) -> List[Dict]:
+def summarise(results: list[dict], settings: DenseStudyConfig) -> list[dict]:
     rows = []
     for task in settings.tasks:
         for variant in settings.variants:
@@ -244,12 +244,12 @@ def summarise(results: List[Dict], settings: DenseStudyConfig) -> List[Dict]:
     return rows
 
 
-def plot(rows: List[Dict], settings: DenseStudyConfig, path: Path) -> None:
+def plot(rows: list[dict], settings: DenseStudyConfig, path: Path) -> None:
     plt = pyplot()
     scaled = [f for f in SCALES if f in settings.factors]
     drawn = [f for f in SCALES if f'drawn{f}' in settings.factors]
     fig, axes = plt.subplots(1, len(settings.tasks), figsize=(5.8 * len(settings.tasks), 4.4), squeeze=False)
-    for ax, task in zip(axes[0], settings.tasks):
+    for ax, task in zip(axes[0], settings.tasks, strict=False):
         for i, variant in enumerate(settings.variants):
             r = {row['factor']: row for row in rows if row['task'] == task and row['variant'] == variant}
             line = ax.errorbar([float(f) for f in scaled], [r[f]['mean'] for f in scaled],
@@ -276,7 +276,7 @@ def plot(rows: List[Dict], settings: DenseStudyConfig, path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(rows: List[Dict], results: List[Dict], settings: DenseStudyConfig, meta: Dict) -> None:
+def write_outputs(rows: list[dict], results: list[dict], settings: DenseStudyConfig, meta: dict) -> None:
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / f'{settings.name}.csv')
@@ -307,7 +307,7 @@ def write_outputs(rows: List[Dict], results: List[Dict], settings: DenseStudyCon
     print(table)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
+def main(argv: Sequence[str] | None = None) -> list[dict]:
     settings = parse_args(argv)
     quiet_known_warnings()
     from cpvt_backbones.datasets import ShapesSpec, generate_shapes
@@ -315,7 +315,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
     generate_shapes(settings.data, ShapesSpec(num_train=settings.num_train, num_val=settings.num_val))
     work = settings.work_dir
 
-    def run_pair(seed: int, variant: str) -> List[Dict]:  # a segmentor may start from the same pair's detector
+    def run_pair(seed: int, variant: str) -> list[dict]:  # a segmentor may start from the same pair's detector
         return [run(task, variant, seed, settings, work / f'{task}-{variant}-seed{seed}') for task in settings.tasks]
     pairs = [(seed, variant) for seed in settings.seeds for variant in settings.variants]
     for seed, variant in pairs[settings.shard_index::settings.num_shards]:

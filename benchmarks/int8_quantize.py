@@ -67,7 +67,7 @@ def main() -> None:
         row = run_case({'ours_int8': ours, 'deprecated_quantizer': _WithDeprecatedQuantizer(ours)}, case,
                        args.repeats, ('deprecated_quantizer',), reference='ours_int8')
         rounds = row['round_s']
-        ratios = [a / b for a, b in zip(rounds['ours_int8'], rounds['deprecated_quantizer'])]
+        ratios = [a / b for a, b in zip(rounds['ours_int8'], rounds['deprecated_quantizer'], strict=False)]
         row['time_ratio_range'] = [min(ratios), max(ratios)]
         rows.append(row)
         print(f"| {case} | {row['ours_int8_s']:.4f} | {row['deprecated_quantizer_s']:.4f} | "

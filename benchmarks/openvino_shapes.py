@@ -25,7 +25,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
 
 import torch
 
@@ -42,7 +41,7 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 2 ** 20
 
 
-def stream_sizes(spec: List[str]) -> List[Tuple[int, int]]:
+def stream_sizes(spec: list[str]) -> list[tuple[int, int]]:
     """Sizes (h, w) from 'HxW' items or from the images of a folder (their native sizes, in file order)."""
     if len(spec) == 1 and Path(spec[0]).is_dir():
         from PIL import Image
@@ -54,7 +53,7 @@ def stream_sizes(spec: List[str]) -> List[Tuple[int, int]]:
     return stream_sizes([str(folder)]) if folder.is_dir() else list(FALLBACK_SIZES)
 
 
-def run_stream(ov_model, spec, stream: List[Tuple[int, int]], args) -> Dict[str, Dict]:
+def run_stream(ov_model, spec, stream: list[tuple[int, int]], args) -> dict[str, dict]:
     """The cold pass (each strategy alone from a fresh engine) and the warm pass (interleaved) over ``stream``."""
     inputs = {hw: torch.randn(1, 3, *hw) for hw in set(stream)}
     engines, result = {}, {}
@@ -76,7 +75,7 @@ def run_stream(ov_model, spec, stream: List[Tuple[int, int]], args) -> Dict[str,
                                 rss_growth_mb=round(rss_mb() - before, 1))
         engines[strategy] = engine
         print(f'[shapes] cold {strategy}: {result[strategy]}', flush=True)
-    warm: Dict[str, List[float]] = {s: [] for s in engines}
+    warm: dict[str, list[float]] = {s: [] for s in engines}
     for hw in stream:
         for strategy, engine in engines.items():
             time.sleep(args.settle)
@@ -89,12 +88,13 @@ def run_stream(ov_model, spec, stream: List[Tuple[int, int]], args) -> Dict[str,
                                 compiled_shapes=len(engines[strategy].compiled_shapes))
         if len(inputs) <= 8:  # a few recurring sizes: the median of each
             result[strategy]['warm_median_ms_by_size'] = {
-                f'{h}x{w}': round(1e3 * statistics.median(t for t, size in zip(times, stream) if size == (h, w)), 1)
+                f'{h}x{w}': round(1e3 * statistics.median(t for t, size in zip(times, stream, strict=True)
+                                                          if size == (h, w)), 1)
                 for h, w in sorted(inputs)}
     return result
 
 
-def main() -> Dict:
+def main() -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('name', nargs='?', default='pcpvt_small')
     p.add_argument('--sizes', nargs='*', default=[], help='the mixed stream: HxW items or a folder of images')

@@ -17,7 +17,7 @@ import copy
 import re
 import time
 from pathlib import Path
-from typing import Callable, Dict, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -37,11 +37,11 @@ DENSE_NAMES = {('torch', 'fp32'): 'eager', ('fused', 'fp32'): 'optimized', ('fus
                ('torch', 'bf16'): 'autocast_bf16'}
 
 
-def impl_name(engine: str, precision: str, names: Dict[Tuple[str, str], str]) -> str:
+def impl_name(engine: str, precision: str, names: dict[tuple[str, str], str]) -> str:
     return names.get((engine, precision), engine if precision == 'fp32' else f'{engine}_{precision}')
 
 
-def registered(names: Dict[Tuple[str, str], str]) -> Tuple[str, ...]:
+def registered(names: dict[tuple[str, str], str]) -> tuple[str, ...]:
     """Every (engine, precision) of the registry by its benchmark name, in registry order."""
     return tuple(impl_name(e, p, names) for e, spec in ENGINES.items() for p in PRECISIONS if p in spec.precisions)
 
@@ -50,8 +50,8 @@ PEERS = tuple(n for n in registered(BACKBONE_NAMES) if n != 'ours') + (
     'mmseg', 'timm', 'onnxruntime_int8', 'openvino_static', 'openvino_by_hand', 'torch_compile')
 
 
-def engine_impls(prepare_one: Callable, names: Dict[Tuple[str, str], str], precisions: Sequence[str],
-                 skip: Sequence[str] = ()) -> Dict[str, torch.nn.Module]:
+def engine_impls(prepare_one: Callable, names: dict[tuple[str, str], str], precisions: Sequence[str],
+                 skip: Sequence[str] = ()) -> dict[str, torch.nn.Module]:
     """``{name: prepare_one(engine, precision)}`` for every registered engine outside ``skip`` whose packages
     are installed, at float32 and each of ``precisions`` it runs (bf16 only where the CPU has it natively: a
     printed line says what is left out); each marked ``inference_only`` unless the engine trains at that
@@ -76,7 +76,7 @@ def engine_impls(prepare_one: Callable, names: Dict[Tuple[str, str], str], preci
 
 
 def build(name: str, peers: bool = True, onnx_dir: str = 'work_dirs/bench_onnx', precisions: Sequence[str] = (),
-          engines: bool = False, skip: Sequence[str] = ()) -> Dict[str, Callable]:
+          engines: bool = False, skip: Sequence[str] = ()) -> dict[str, Callable]:
     """``engine_impls`` of the backbone for the registered engines outside ``skip`` (``ours``: the fused engine;
     ``plain``: torch float32; onnxruntime's export kept in ``onnx_dir``, with int8 in ``precisions`` also
     ``onnxruntime_int8``, onnxruntime's dynamic int8 of that export), ``mmseg`` and ``timm`` (with ``peers``), and
@@ -99,7 +99,7 @@ def build(name: str, peers: bool = True, onnx_dir: str = 'work_dirs/bench_onnx',
     return impls
 
 
-def backbone(name: str) -> Tuple[Dict[str, torch.Tensor], torch.nn.Module]:
+def backbone(name: str) -> tuple[dict[str, torch.Tensor], torch.nn.Module]:
     """Random weights of the classifier ``name`` (seed 0) and its feature pyramid with them, in evaluation mode."""
     torch.manual_seed(0)
     weights = create_model(name).state_dict()
@@ -151,8 +151,8 @@ class _TensorMode(torch.nn.Module):
         return tuple(tree_flatten(self.model._forward(x))[0])
 
 
-def build_dense(task: str, precisions: Sequence[str] = (), calibration_size: Tuple[int, int] = (512, 512),
-                skip: Sequence[str] = ()) -> Tuple[Dict[str, torch.nn.Module], Dict]:
+def build_dense(task: str, precisions: Sequence[str] = (), calibration_size: tuple[int, int] = (512, 512),
+                skip: Sequence[str] = ()) -> tuple[dict[str, torch.nn.Module], dict]:
     """(``engine_impls`` of the config's model in tensor mode for the registered engines outside ``skip``, each
     through ``deploy.openmmlab.on_engine`` on a copy, ``eager`` the model as it is; {implementation: seconds to
     build it}): the build time is the engines' conversion, quantization and compilation. int8 is calibrated on
@@ -172,7 +172,7 @@ def build_dense(task: str, precisions: Sequence[str] = (), calibration_size: Tup
     return impls, setup
 
 
-def _engines(plain: torch.nn.Module) -> Dict[str, torch.nn.Module]:
+def _engines(plain: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """What the registry's engines are compared with: OpenVINO compiled per shape (its ``'static'`` shapes; the
     registered engine runs ``'auto'``, which stays on the dynamic model through a case's few calls;
     ``benchmarks/openvino_shapes.py`` measures it on streams), OpenVINO used by hand, without this package,

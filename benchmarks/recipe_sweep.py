@@ -30,7 +30,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import NamedTuple
+from collections.abc import Sequence
 
 import torch
 
@@ -52,12 +53,12 @@ COMMON = ('--head', 'gap', '--test-sizes', '14', '20', '28', '42', '--variants')
 
 class Recipe(NamedTuple):
     label: str
-    train: Tuple[str, ...]      # resolution_study options that change training
-    test: Tuple[str, ...] = ()  # options that change only the tests (the default's saved models are reused)
+    train: tuple[str, ...]      # resolution_study options that change training
+    test: tuple[str, ...] = ()  # options that change only the tests (the default's saved models are reused)
 
 
 DEFAULT = Recipe('default', ())
-FACTORS: Dict[str, Recipe] = {
+FACTORS: dict[str, Recipe] = {
     'aliased': Recipe('aliased crops', ('--crop-resample', 'aliased')),
     'width96': Recipe('width 96, 3 heads', ('--dim', '96', '--heads', '3')),
     'lr2e-3': Recipe('peak learning rate 2e-3', ('--lr', '2e-3')),
@@ -89,13 +90,13 @@ class Sweep(NamedTuple):
     data: str
     work_dir: Path
     out: Path
-    options: Tuple[str, ...] = ()  # passed to every study after the scale's (a smaller test, say)
+    options: tuple[str, ...] = ()  # passed to every study after the scale's (a smaller test, say)
 
     @property
     def tag(self) -> str:
         return 'recipe_sweep' if self.scale == 'small' else f'recipe_sweep_{self.scale}'
 
-    def argv(self, cell: str, seeds: Sequence[int]) -> List[str]:
+    def argv(self, cell: str, seeds: Sequence[int]) -> list[str]:
         """The resolution_study command line of a cell; cells with the same training share their runs."""
         recipe = cell_recipe(cell)
         train_key = '+'.join(p for p in cell.split('+') if p == 'default' or p == 'cls' or FACTORS[p].train)
@@ -112,7 +113,7 @@ class Sweep(NamedTuple):
                                str(self.work_dir), '--out', str(self.out / self.tag)]
 
 
-_DATA: Dict[Tuple, Tuple] = {}
+_DATA: dict[tuple, tuple] = {}
 
 
 def _train_one(config: rs.StudyConfig, variant: str, seed: int, threads: int) -> str:
@@ -126,7 +127,7 @@ def _train_one(config: rs.StudyConfig, variant: str, seed: int, threads: int) ->
     return f'{config.runs}/{variant}-seed{seed}'
 
 
-def run_cells(sweep: Sweep, cells: Dict[str, List[int]], jobs: int, threads: int) -> None:
+def run_cells(sweep: Sweep, cells: dict[str, list[int]], jobs: int, threads: int) -> None:
     """Train every run the cells need (one per training recipe, encoding and seed) in a pool, then write each
     cell's study outputs (tests a cell adds run there, on the saved models)."""
     todo, seen = [], set()
@@ -138,13 +139,13 @@ def run_cells(sweep: Sweep, cells: Dict[str, List[int]], jobs: int, threads: int
                 todo.append((config, variant, seed))
     if todo:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context('spawn')) as pool:
-            for done in pool.map(_train_one, *zip(*todo), [threads] * len(todo)):
+            for done in pool.map(_train_one, *zip(*todo, strict=False), [threads] * len(todo)):
                 print(f'[sweep] {done} finished', flush=True)
     for cell, seeds in cells.items():
         rs.main(sweep.argv(cell, seeds))
 
 
-def load_cell(sweep: Sweep, cell: str, seeds: Sequence[int]) -> Dict:
+def load_cell(sweep: Sweep, cell: str, seeds: Sequence[int]) -> dict:
     """Per encoding and test size (1x, 1.4x, 2x, 3x): top-1 per seed, from the runs' result.json."""
     config = rs.parse_args(sweep.argv(cell, seeds))
     keys = rs.size_keys(config)[:len(config.test_sizes)]
@@ -152,13 +153,13 @@ def load_cell(sweep: Sweep, cell: str, seeds: Sequence[int]) -> Dict:
     for variant in ENCODINGS:
         results = [json.loads((config.run_dir(variant, s) / 'result.json').read_text()) for s in seeds]
         top1[variant] = {rs.key_size(k): [r['top1'][k] for r in results] for k in keys}
-        for s, r in zip(seeds, results):
+        for s, r in zip(seeds, results, strict=False):
             devices[s].add(r['device'])
     return dict(cell=cell, label=cell_recipe(cell).label, seeds=list(seeds), image_size=config.image_size,
                 top1=top1, devices=['+'.join(sorted(devices[s])) for s in seeds])
 
 
-def split_by_device(data: Dict) -> List[Dict]:
+def split_by_device(data: dict) -> list[dict]:
     """A cell whose seeds were trained on more than one device (a GPU's seeds beside the CPU's), as one cell per
     device with that device's seeds; [] when every seed trained on one device."""
     devices = list(dict.fromkeys(data['devices']))
@@ -175,34 +176,35 @@ def split_by_device(data: Dict) -> List[Dict]:
     return parts
 
 
-def verdict(data: Dict) -> List[Dict]:
+def verdict(data: dict) -> list[dict]:
     """Per test size: the encodings by mean top-1, the leader's lead over the second (paired by seed: mean, std,
     and in how many seeds it leads), and each encoding's change from the training size."""
     rows, base = [], data['image_size']
     for size in data['top1'][ENCODINGS[0]]:
         means = {v: mean_std(data['top1'][v][size])[0] for v in ENCODINGS}
         order = sorted(ENCODINGS, key=lambda v: -means[v])
-        lead = [a - b for a, b in zip(data['top1'][order[0]][size], data['top1'][order[1]][size])]
+        lead = [a - b for a, b in zip(data['top1'][order[0]][size], data['top1'][order[1]][size], strict=False)]
         row = dict(recipe=data['cell'], size=size, factor=round(size / base, 2), order=order,
                    leader=order[0], second=order[1], lead_mean=mean_std(lead)[0], lead_std=mean_std(lead)[1],
                    lead_seeds=f'{sum(d > 0 for d in lead)}/{len(lead)}', seeds=len(lead))
         for v in ENCODINGS:
             m, s = mean_std(data['top1'][v][size])
-            dm, ds = mean_std([a - b for a, b in zip(data['top1'][v][size], data['top1'][v][base])])
+            dm, ds = mean_std([a - b for a, b in zip(data['top1'][v][size], data['top1'][v][base], strict=False)])
             row[f'{v}_top1'], row[f'{v}_std'], row[f'{v}_change'], row[f'{v}_change_std'] = m, s, dm, ds
         rows.append(row)
     return rows
 
 
-def paper_claim(data: Dict, peg: str) -> str:
+def paper_claim(data: dict, peg: str) -> str:
     """The paper's claim at 1.4x (CPVT-Ti gains without fine-tuning while DeiT's learned table drops):
     'reproduced' if the PEG model gains and loses less than the table in every seed, 'partly' if it loses but
     less than the table in every seed, 'not reproduced' otherwise."""
     base, size = data['image_size'], round(data['image_size'] * 1.43)
     sizes = list(data['top1'][peg])
     size = min(sizes, key=lambda s: abs(s - size))
-    change = {v: [a - b for a, b in zip(data['top1'][v][size], data['top1'][v][base])] for v in (peg, 'learned')}
-    better = all(p > t for p, t in zip(change[peg], change['learned']))
+    change = {v: [a - b for a, b in zip(data['top1'][v][size], data['top1'][v][base], strict=True)]
+              for v in (peg, 'learned')}
+    better = all(p > t for p, t in zip(change[peg], change['learned'], strict=False))
     gain = mean_std(change[peg])[0]
     text = f'{gain:+.2f} vs table {mean_std(change["learned"])[0]:+.2f}'
     if gain > 0 and better:
@@ -210,7 +212,7 @@ def paper_claim(data: Dict, peg: str) -> str:
     return f'{"partly" if better else "not reproduced"} ({text})'
 
 
-def order_movement(default: Dict, other: Dict, size: int) -> Tuple[int, float]:
+def order_movement(default: dict, other: dict, size: int) -> tuple[int, float]:
     """How much a recipe moves the encodings' order at one test size against the default: the number of pairs
     whose order flips, then the summed change of each encoding's distance from the mean of all five."""
     def centred(data):
@@ -222,20 +224,21 @@ def order_movement(default: Dict, other: Dict, size: int) -> Tuple[int, float]:
     return flips, round(sum(abs(a[v] - b[v]) for v in ENCODINGS), 2)
 
 
-def needs_more_seeds(data: Dict) -> bool:
+def needs_more_seeds(data: dict) -> bool:
     """True when, at 2x (the order the sweep is about), the leader does not lead the second in every seed."""
     return any(row['factor'] == 2 and not row['lead_seeds'].startswith(f'{row["seeds"]}/') for row in verdict(data))
 
 
-def plot(cells: List[Dict], path: Path) -> None:
+def plot(cells: list[dict], path: Path) -> None:
     plt = pyplot()
     base = cells[0]['image_size']
     sizes = list(cells[0]['top1'][ENCODINGS[0]])
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.4 * len(sizes), 4.6), squeeze=False)
     x = range(len(cells))
-    for ax, size in zip(axes[0], sizes):
+    for ax, size in zip(axes[0], sizes, strict=False):
         for k, v in enumerate(ENCODINGS):
-            values = [[a - (b if size != base else 0) for a, b in zip(c['top1'][v][size], c['top1'][v][base])]
+            values = [[a - (b if size != base else 0)
+                       for a, b in zip(c['top1'][v][size], c['top1'][v][base], strict=True)]
                       for c in cells]
             stats = [mean_std(vals) for vals in values]
             ax.errorbar([i + (k - 2) * 0.08 for i in x], [m for m, _ in stats], yerr=[s for _, s in stats],
@@ -251,7 +254,7 @@ def plot(cells: List[Dict], path: Path) -> None:
     plt.close(fig)
 
 
-def verdict_table(rows: List[Dict]) -> List[str]:
+def verdict_table(rows: list[dict]) -> list[str]:
     """The verdict rows as a Markdown table: order, the leader's paired lead, every encoding's top-1 and change."""
     lines = ['| recipe | seeds | test | order (best first) | lead of the first over the second (paired) | '
              + ' | '.join(f'{v} top-1 (change)' for v in ENCODINGS) + ' |', '|---|---|---|---|---|' +
@@ -266,7 +269,7 @@ def verdict_table(rows: List[Dict]) -> List[str]:
     return lines
 
 
-def write_outputs(cells: List[Dict], sweep: Sweep, meta: Dict) -> None:
+def write_outputs(cells: list[dict], sweep: Sweep, meta: dict) -> None:
     rows = [row for c in cells for row in verdict(c)]
     device_rows = [row for c in cells for part in split_by_device(c) for row in verdict(part)]
     claims = {c['cell']: {peg: paper_claim(c, peg) for peg in ('peg_0', 'peg_0-5')} for c in cells}
@@ -295,7 +298,7 @@ def write_outputs(cells: List[Dict], sweep: Sweep, meta: Dict) -> None:
     print('\n'.join(lines))
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--scale', choices=tuple(SCALES), default='small')
     p.add_argument('--cells', nargs='+', default=['default', *FACTORS, 'cls'],
@@ -322,15 +325,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
+def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     start = time.perf_counter()
     sweep = Sweep(args.scale, args.device, args.data, Path(args.work_dir), Path(args.out),
                   tuple(shlex.split(args.study_options)))
     rs.ensure_data(Path(args.data))
-    done: Dict[str, Dict] = {}
+    done: dict[str, dict] = {}
 
-    def run_and_load(cells: Dict[str, List[int]]) -> None:
+    def run_and_load(cells: dict[str, list[int]]) -> None:
         """Run, then add seeds where the order is unclear, until it is or --max-seeds is reached."""
         while cells:
             run_cells(sweep, cells, args.jobs, args.threads)

@@ -1,6 +1,5 @@
 """The speed benchmark's tables and its scaling plot."""
 from pathlib import Path
-from typing import List
 
 import torch
 
@@ -12,7 +11,7 @@ def _fmt(value, spec: str) -> str:
     return '-' if value is None else format(value, spec)
 
 
-def table(rows: List[dict]) -> str:
+def table(rows: list[dict]) -> str:
     """Ours is the optimized model; ``x peer`` is the peer's time over ours."""
     lines = ['| case | shape | ours s | ' + ' | '.join(f'{p} s' for p in PEERS) + ' | '
              + ' | '.join(f'x {p}' for p in PEERS) + ' | ours img/s | GFLOPs | % of matmul | peak MiB ours / '
@@ -32,7 +31,7 @@ def table(rows: List[dict]) -> str:
     return '\n'.join(lines)
 
 
-def dense_table(rows: List[dict]) -> str:
+def dense_table(rows: list[dict]) -> str:
     """End to end: seconds per call of each implementation, its speed-up over torch eager, its build time
     (conversion, quantization, compilation) and its first call at the case's shape."""
     impls = ('eager',) + DENSE_PEERS
@@ -49,7 +48,7 @@ def dense_table(rows: List[dict]) -> str:
     return '\n'.join(lines)
 
 
-def scaling_table(rows: List[dict]) -> str:
+def scaling_table(rows: list[dict]) -> str:
     lines = ['| input | megapixels | s | s per megapixel | peak MiB | GFLOPs | attention share |',
              '|---|---|---|---|---|---|---|']
     for r in rows:
@@ -59,7 +58,7 @@ def scaling_table(rows: List[dict]) -> str:
     return '\n'.join(lines)
 
 
-def breakdown_table(rows: List[dict]) -> str:
+def breakdown_table(rows: list[dict]) -> str:
     kinds = list(rows[0]['kinds'])
     lines = ['| case | s (profiled) | % of matmul | ' + ' | '.join(f'{k}: time share, % of matmul' for k in kinds)
              + ' | ceiling (rest free) |', '|---|---|---|' + '---|' * len(kinds) + '---|']
@@ -71,7 +70,7 @@ def breakdown_table(rows: List[dict]) -> str:
     return '\n'.join(lines)
 
 
-def plot_scaling(rows: List[dict], path: Path, name: str) -> None:
+def plot_scaling(rows: list[dict], path: Path, name: str) -> None:
     plt = pyplot()
     mp = [r['megapixels'] for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=120)

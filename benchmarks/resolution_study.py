@@ -37,7 +37,8 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import NamedTuple
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -58,7 +59,7 @@ MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training-set pixel statistics
 
 class Variant(NamedTuple):
     label: str
-    paper: Optional[float]      # DeiT-tiny, ImageNet top-1 at 224 (CPVT paper); None: not in its table
+    paper: float | None      # DeiT-tiny, ImageNet top-1 at 224 (CPVT paper); None: not in its table
     spec: Callable[[int, int], object]   # (training image size in px, patch) -> pos_encoding
     cnn: bool = False           # the positive control: study_cnn.PatchCNN instead of the ViT (spec unused)
 
@@ -66,7 +67,7 @@ class Variant(NamedTuple):
 # The rows of the CPVT paper's position-encoding ablation (DeiT-tiny on ImageNet, class token), in its order,
 # then 2-D RoPE (Heo et al.) alone and with a PEG. "At -1" acts on the patch embedding's output; "after 0" on
 # block 0's. The wide PEG's kernel spans the whole grid from any token (2 * grid - 1: the paper's 27 at 14 x 14).
-VARIANTS: Dict[str, Variant] = {
+VARIANTS: dict[str, Variant] = {
     'none': Variant('no position encoding', 68.2, lambda size, patch: 'none'),
     'learned': Variant('learned table, resized (DeiT)', 72.2,
                        lambda size, patch: dict(type='learned', img_size=size)),
@@ -97,16 +98,16 @@ class StudyConfig:
     """A study's settings: one field per command-line option of the same name (``parse_args`` documents them),
     ``--shard`` as its two numbers and ``runs`` resolved to the name when not given."""
     data: Path
-    variants: Tuple[str, ...]
+    variants: tuple[str, ...]
     head: str
     shard_index: int
     num_shards: int
-    seeds: Tuple[int, ...]
+    seeds: tuple[int, ...]
     train_images: int
     test_images: int
     image_size: int
-    test_sizes: Tuple[int, ...]
-    canvas_sizes: Tuple[int, ...]
+    test_sizes: tuple[int, ...]
+    canvas_sizes: tuple[int, ...]
     placement_canvas: int
     placement_images: int
     probe_images: int
@@ -134,7 +135,7 @@ class StudyConfig:
         return self.work_dir / self.runs / f'{variant}-seed{seed}'
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> StudyConfig:
+def parse_args(argv: Sequence[str] | None = None) -> StudyConfig:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--data', type=Path, default=DEFAULT_ROOT, help='directory with the Fashion-MNIST IDX files')
     p.add_argument('--variants', nargs='+', default=[v for v in VARIANTS if not VARIANTS[v].cnn],
@@ -210,7 +211,8 @@ def ensure_data(root: Path) -> None:
     try:
         load_fashion_mnist('test', root)
     except FileNotFoundError as e:
-        raise SystemExit(f'[study] {e} (`make env` installs dataset-fashion-mnist when run as root with apt-get)')
+        raise SystemExit(f'[study] {e} (`make env` installs dataset-fashion-mnist when run as root with apt-get)') \
+            from e
 
 
 def load_split(root: Path, split: str, count: int, subset_seed: int = 0):
@@ -289,7 +291,7 @@ def resize(x: torch.Tensor, size: int, mode: str = 'bilinear') -> torch.Tensor:
                                                        antialias=size < x.shape[-1])
 
 
-def build_model(variant: str, config: StudyConfig) -> Union[CPVT, PatchCNN]:
+def build_model(variant: str, config: StudyConfig) -> CPVT | PatchCNN:
     if VARIANTS[variant].cnn:
         return PatchCNN(config.dim, config.depth, config.patch)
     return CPVT(embed_dim=config.dim, depth=config.depth, num_heads=config.heads, patch_size=config.patch, in_chans=1,
@@ -316,7 +318,7 @@ def make_optimizer(model: CPVT, config: StudyConfig, total_steps: int):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def placements(config: StudyConfig) -> List[Tuple[int, int]]:
+def placements(config: StudyConfig) -> list[tuple[int, int]]:
     """Top-left pixel offsets (patch-aligned) of the image on the placement canvas: corners, edge middles, centre."""
     if not config.placement_canvas:
         return []
@@ -325,7 +327,7 @@ def placements(config: StudyConfig) -> List[Tuple[int, int]]:
     return [(r, c) for r in steps for c in steps]
 
 
-def size_keys(config: StudyConfig) -> List[str]:
+def size_keys(config: StudyConfig) -> list[str]:
     """'56': the test images resized to 56 px (bilinear); 'bicubic56': the same with bicubic resizing;
     'canvas56': at the training size, centred on a blank 56 px canvas."""
     prefix = '' if config.test_resample == 'bilinear' else config.test_resample
@@ -337,12 +339,12 @@ def key_size(key: str) -> int:
     return int(key.removeprefix('canvas').removeprefix('bicubic'))
 
 
-def placement_keys(config: StudyConfig) -> List[str]:
+def placement_keys(config: StudyConfig) -> list[str]:
     """'place56@0,28': at 28 px on a blank 56 px canvas, top-left corner at row 0, column 28."""
     return [f'place{config.placement_canvas}@{r},{c}' for r, c in placements(config)]
 
 
-def test_keys(config: StudyConfig) -> List[str]:
+def test_keys(config: StudyConfig) -> list[str]:
     return size_keys(config) + placement_keys(config)
 
 
@@ -379,7 +381,7 @@ def evaluate(model: CPVT, x: torch.Tensor, y: torch.Tensor, keys: Sequence[str],
 
 
 @torch.inference_mode()
-def position_probe(model: CPVT, x: torch.Tensor, config: StudyConfig) -> Dict:
+def position_probe(model: CPVT, x: torch.Tensor, config: StudyConfig) -> dict:
     """What the network knows about where a token is, at sizes it never saw.
 
     A ridge regression from the final patch-token features to the token's relative position in the image
@@ -462,7 +464,7 @@ def train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Pat
         print(f'[study] {variant} seed {seed}: {state["log"][-1]}', flush=True)
         ckpt = dict(model=model.state_dict(), optimizer=opt.state_dict(), scheduler=sched.state_dict(),
                     generator=gen.get_state(), torch_rng=torch.get_rng_state(), state=state)
-        atomic_write(ckpt_path, lambda f: torch.save(ckpt, f))
+        atomic_write(ckpt_path, lambda f, ckpt=ckpt: torch.save(ckpt, f))
     atomic_write(run_dir / 'final.pth', lambda f: torch.save(model.state_dict(), f))
     record = dict(variant=variant, seed=seed, device=config.device, top1={}, epochs=config.epochs,
                   iterations=steps_per_epoch * config.epochs,
@@ -471,7 +473,7 @@ def train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Pat
     return model, record
 
 
-def run(variant: str, seed: int, config: StudyConfig, data, run_dir: Path) -> Dict:
+def run(variant: str, seed: int, config: StudyConfig, data, run_dir: Path) -> dict:
     """One (variant, seed): trained once, then tested on every test this invocation asks for. result.json
     caches both; a test it lacks is run on the saved final weights, so tests can be added to a finished study.
     Where the weights are gone (result.json is kept in git, weights are not), the run is trained again and
@@ -481,7 +483,7 @@ def run(variant: str, seed: int, config: StudyConfig, data, run_dir: Path) -> Di
     result_path = run_dir / 'result.json'
     model, result = None, json.loads(result_path.read_text()) if result_path.is_file() else None
     probe_sizes = [str(s) for s in config.test_sizes]
-    earlier_tests: List[str] = []
+    earlier_tests: list[str] = []
     if result is not None and not (run_dir / 'final.pth').is_file() and (
             any(k not in result['top1'] for k in test_keys(config))
             or (config.probe_images and sorted(result.get('probe', {}).get('r2', {})) != sorted(probe_sizes))):
@@ -517,7 +519,7 @@ def run(variant: str, seed: int, config: StudyConfig, data, run_dir: Path) -> Di
     return result
 
 
-def summarise(results: List[Dict], config: StudyConfig) -> List[Dict]:
+def summarise(results: list[dict], config: StudyConfig) -> list[dict]:
     """One row per (variant, test): per-seed top-1, mean, standard deviation, and the change from the
     training size (paired by seed)."""
     rows = []
@@ -536,7 +538,7 @@ def summarise(results: List[Dict], config: StudyConfig) -> List[Dict]:
     return rows
 
 
-def line_style(variant: str, plt) -> Dict:
+def line_style(variant: str, plt) -> dict:
     """A colour of its own per encoding (up to 20), the line by family: PEGs solid, tables dashed, RoPE
     dash-dotted, the rest dotted."""
     family = ('-' if variant.startswith('peg') else '--' if variant.startswith(('learned', 'sincos')) else
@@ -544,7 +546,7 @@ def line_style(variant: str, plt) -> Dict:
     return dict(color=plt.cm.tab20(list(VARIANTS).index(variant) % 20), ls=family, marker='o', ms=4)
 
 
-def plot(rows: List[Dict], config: StudyConfig, path: Path) -> None:
+def plot(rows: list[dict], config: StudyConfig, path: Path) -> None:
     plt = pyplot()
     train_grid = config.image_size // config.patch
     panels = [('resize', 'top1', 'top-1 (%)', 'images resized'),
@@ -553,7 +555,7 @@ def plot(rows: List[Dict], config: StudyConfig, path: Path) -> None:
         panels.append(('canvas', 'change', f'change from {train_grid} x {train_grid} (points)',
                        f'{config.image_size} px images centred on a blank canvas'))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
-    for ax, (test, value, ylabel, title) in zip(axes[0], panels):
+    for ax, (test, value, ylabel, title) in zip(axes[0], panels, strict=False):
         for variant in config.variants:
             r = [row for row in rows if row['variant'] == variant and (row['test'] == test or
                                                                        row['size'] == config.image_size)]
@@ -576,11 +578,11 @@ def plot(rows: List[Dict], config: StudyConfig, path: Path) -> None:
     plt.close(fig)
 
 
-def summarise_placements(results: List[Dict], config: StudyConfig) -> List[Dict]:
+def summarise_placements(results: list[dict], config: StudyConfig) -> list[dict]:
     rows = []
     for variant in config.variants:
         runs = sorted((r for r in results if r['variant'] == variant), key=lambda r: r['seed'])
-        for (top, left), key in zip(placements(config), placement_keys(config)):
+        for (top, left), key in zip(placements(config), placement_keys(config), strict=False):
             accs = [r['top1'][key] for r in runs]
             m, sd = mean_std(accs)
             rows.append(dict(variant=variant, canvas=config.placement_canvas, top=top, left=left, top1_mean=m,
@@ -588,11 +590,11 @@ def summarise_placements(results: List[Dict], config: StudyConfig) -> List[Dict]
     return rows
 
 
-def plot_placements(rows: List[Dict], config: StudyConfig, path: Path) -> None:
+def plot_placements(rows: list[dict], config: StudyConfig, path: Path) -> None:
     plt = pyplot()
     offsets = sorted({row['top'] for row in rows})
     fig, axes = plt.subplots(1, len(config.variants), figsize=(3.3 * len(config.variants) + 1, 3.6), squeeze=False)
-    for ax, variant in zip(axes[0], config.variants):
+    for ax, variant in zip(axes[0], config.variants, strict=False):
         cells = {(row['top'], row['left']): row for row in rows if row['variant'] == variant}
         grid = np.array([[cells[(r, c)]['top1_mean'] for c in offsets] for r in offsets])
         image = ax.imshow(grid, vmin=0, vmax=100, cmap='viridis')
@@ -611,7 +613,7 @@ def plot_placements(rows: List[Dict], config: StudyConfig, path: Path) -> None:
     plt.close(fig)
 
 
-def summarise_probe(results: List[Dict], config: StudyConfig) -> List[Dict]:
+def summarise_probe(results: list[dict], config: StudyConfig) -> list[dict]:
     rows = []
     for variant in config.variants:
         runs = sorted((r for r in results if r['variant'] == variant and 'probe' in r), key=lambda r: r['seed'])
@@ -621,18 +623,18 @@ def summarise_probe(results: List[Dict], config: StudyConfig) -> List[Dict]:
             rows.append(dict(variant=variant, size=int(size), r2_mean=m, r2_std=sd, r2_per_seed=r2,
                              true_rows=runs[0]['probe']['true_rows'][size],
                              predicted_rows=[round(statistics.mean(v), 4)
-                                             for v in zip(*(r['probe']['rows'][size] for r in runs))]))
+                                             for v in zip(*(r['probe']['rows'][size] for r in runs), strict=False)]))
     return rows
 
 
-def plot_probe(rows: List[Dict], config: StudyConfig, path: Path) -> None:
+def plot_probe(rows: list[dict], config: StudyConfig, path: Path) -> None:
     plt = pyplot()
     cols = min(5, len(config.variants))
     nrows = -(-len(config.variants) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(3.4 * cols, 3.4 * nrows), squeeze=False)
     for ax in axes.flat[len(config.variants):]:
         ax.axis('off')
-    for ax, variant in zip(axes.flat, config.variants):
+    for ax, variant in zip(axes.flat, config.variants, strict=False):
         for row in (r for r in rows if r['variant'] == variant):
             ax.plot(row['true_rows'], row['predicted_rows'], marker='.',
                     label=f'{row["size"]} px ({row["size"] // config.patch}x{row["size"] // config.patch}): '
@@ -677,12 +679,12 @@ def plot_peg_response(config: StudyConfig, test_image: torch.Tensor, path: Path)
               (f'test image on a {big} px canvas', prepare(test_image, f'canvas{big}', config))]
     fig, axes = plt.subplots(len(variants), len(inputs), figsize=(3.1 * len(inputs), 3 * len(variants)),
                              squeeze=False)
-    for row, variant in zip(axes, variants):
+    for row, variant in zip(axes, variants, strict=False):
         model = build_model(variant, config)
         model.load_state_dict(torch.load(config.run_dir(variant, seed) / 'final.pth', map_location='cpu'))
         maps = [peg_response(model, x).numpy() for _, x in inputs]
         vmax = max(float(m.max()) for m in maps)
-        for ax, (label, _), response in zip(row, inputs, maps):
+        for ax, (label, _), response in zip(row, inputs, maps, strict=False):
             image = ax.imshow(response, vmin=0, vmax=vmax, cmap='magma')
             ax.set_title(label, fontsize=8)
             ax.set_xticks([])
@@ -700,10 +702,10 @@ def paper(variant: str) -> str:
     return '—' if value is None else f'{value:.1f}'
 
 
-def trained_on(results: List[Dict]) -> str:
+def trained_on(results: list[dict]) -> str:
     """Where the runs trained: one device, or each device with its runs when runs that share a study (seeds
     added later, a study over runs of several) trained on different ones."""
-    by_device: Dict[str, List[str]] = {}
+    by_device: dict[str, list[str]] = {}
     for r in results:
         by_device.setdefault(r['device'], []).append(f'{r["variant"]} seed {r["seed"]}')
     if len(by_device) == 1:
@@ -712,7 +714,7 @@ def trained_on(results: List[Dict]) -> str:
                         for device, runs in by_device.items())
 
 
-def write_outputs(rows: List[Dict], results: List[Dict], config: StudyConfig, meta: Dict) -> None:
+def write_outputs(rows: list[dict], results: list[dict], config: StudyConfig, meta: dict) -> None:
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / f'{config.name}.csv')
@@ -781,7 +783,7 @@ def write_outputs(rows: List[Dict], results: List[Dict], config: StudyConfig, me
     print(table)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
+def main(argv: Sequence[str] | None = None) -> list[dict]:
     config = parse_args(argv)
     ensure_data(config.data)
     start = time.perf_counter()

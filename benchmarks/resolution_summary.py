@@ -16,7 +16,7 @@ import itertools
 import json
 import math
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
 
 from cpvt_backbones.utils import pyplot
 from benchmarks.resolution_study import VARIANTS, line_style
@@ -33,7 +33,7 @@ ARMS = {  # the JSON under --results (the recipe sweep's cells in its subdirecto
 }
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--results', type=Path, default=ROOT / 'benchmarks/results')
     p.add_argument('--arms', nargs='+', default=list(ARMS))
@@ -44,7 +44,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def load_arms(results: Path, names: Sequence[str]) -> Dict[str, Dict]:
+def load_arms(results: Path, names: Sequence[str]) -> dict[str, dict]:
     """The JSON ``resolution_study`` wrote for each named arm found under ``results``."""
     arms = {}
     for name in names:
@@ -56,12 +56,12 @@ def load_arms(results: Path, names: Sequence[str]) -> Dict[str, Dict]:
     return arms
 
 
-def at_training_size(arm: Dict) -> Dict[str, Dict]:
+def at_training_size(arm: dict) -> dict[str, dict]:
     size = arm['meta']['image_size']
     return {r['variant']: r for r in arm['rows'] if r['test'] == 'resize' and r['size'] == size}
 
 
-def pair_verdicts(rows: Dict[str, Dict], gap: float, noise: float) -> List[Dict]:
+def pair_verdicts(rows: dict[str, dict], gap: float, noise: float) -> list[dict]:
     """For each pair the paper orders by >= ``gap`` points: whether ours orders it the same way, the other way,
     or cannot tell (means closer than ``noise`` pooled standard deviations, or 0.5 points if both are zero)."""
     out = []
@@ -95,17 +95,17 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
         return out
     ra, rb = ranks(a), ranks(b)
     ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=False))
     return cov / math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
 
 
-def fmt(row: Dict, change: bool) -> str:
+def fmt(row: dict, change: bool) -> str:
     if change:
         return f'{row["change_mean"]:+.1f} ± {row["change_std"]:.1f}'
     return f'{row["top1_mean"]:.1f} ± {row["top1_std"]:.1f}'
 
 
-def write(arms: Dict[str, Dict], paper_gap: float, noise: float, out: Path) -> str:
+def write(arms: dict[str, dict], paper_gap: float, noise: float, out: Path) -> str:
     first_name, first = next(iter(arms.items()))
     base = at_training_size(first)
     lines = [f'**Ablation at the training size** (top-1 %, mean ± std over seeds; ours: {ARMS[first_name]}; the '
@@ -154,10 +154,10 @@ def write(arms: Dict[str, Dict], paper_gap: float, noise: float, out: Path) -> s
     return text
 
 
-def plot(arms: Dict[str, Dict], path: Path) -> None:
+def plot(arms: dict[str, dict], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(arms), figsize=(4.6 * len(arms), 4.2), squeeze=False, sharey=True)
-    for ax, (name, arm) in zip(axes[0], arms.items()):
+    for ax, (name, arm) in zip(axes[0], arms.items(), strict=False):
         size = arm['meta']['image_size']
         for variant in dict.fromkeys(r['variant'] for r in arm['rows']):
             rows = sorted((r for r in arm['rows'] if r['variant'] == variant and r['test'] == 'resize'),
@@ -172,7 +172,7 @@ def plot(arms: Dict[str, Dict], path: Path) -> None:
     axes[0][0].set_ylabel('top-1 change from the training size (points)')
     labels = {}  # every encoding once, in VARIANTS order, with the same colour and line in every panel
     for ax in axes[0]:
-        labels.update(zip(*reversed(ax.get_legend_handles_labels())))
+        labels.update(zip(*reversed(ax.get_legend_handles_labels()), strict=False))
     order = [v.label for v in VARIANTS.values() if v.label in labels]
     fig.legend([labels[k] for k in order], order, loc='center left', bbox_to_anchor=(1, 0.5), fontsize=8)
     fig.suptitle('Fashion-MNIST, tested without fine-tuning; mean ± std over seeds', fontsize=10)
@@ -181,7 +181,7 @@ def plot(arms: Dict[str, Dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> str:
+def main(argv: Sequence[str] | None = None) -> str:
     args = parse_args(argv)
     text = write(load_arms(args.results, args.arms), args.paper_gap, args.noise, args.out)
     print(text)

@@ -8,7 +8,6 @@ and BatchNorm added back to its input, then a pointwise convolution, GELU and Ba
 study makes of a model: ``forward`` (logits), ``forward_features`` (B, N, C tokens for the position probe, no
 prefix tokens) and ``no_weight_decay`` (nothing is exempt beyond biases and norms, which the optimizer exempts by
 shape)."""
-from typing import Set
 
 import torch
 from torch import nn
@@ -38,7 +37,7 @@ class PatchCNN(nn.Module):
             nn.Conv2d(dim, dim, 1), nn.GELU(), nn.BatchNorm2d(dim)) for _ in range(depth)))
         self.head = nn.Linear(dim, num_classes)
 
-    def no_weight_decay(self) -> Set[str]:
+    def no_weight_decay(self) -> set[str]:
         return set()
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:

@@ -11,17 +11,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 
 
-def mean_std(values: Sequence[float], digits: int = 2) -> Tuple[float, float]:
+def mean_std(values: Sequence[float], digits: int = 2) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single seed)."""
     return round(statistics.mean(values), digits), round(statistics.stdev(values), digits) if len(values) > 1 else 0.
 
 
-def write_csv(rows: List[Dict], path: Path) -> None:
+def write_csv(rows: list[dict], path: Path) -> None:
     """The summary rows as CSV (without the per-row seed list, which the JSON keeps)."""
     with open(path, 'w', newline='') as f:
         writer = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != 'seeds'])
@@ -42,7 +42,7 @@ def code_version() -> str:
     return commit + ('+changes' if dirty else '')
 
 
-def run_meta(module: str, argv: Optional[Sequence[str]], started: float) -> Dict:
+def run_meta(module: str, argv: Sequence[str] | None, started: float) -> dict:
     """The exact command (``python -m`` and the study's module, run from the repository root), the code's commit,
     this invocation's wall time and the machine it ran on."""
     args = sys.argv[1:] if argv is None else list(argv)
@@ -68,7 +68,7 @@ def load_demo():
     return module
 
 
-def parse_shard(parser: argparse.ArgumentParser, text: str) -> Tuple[int, int]:
+def parse_shard(parser: argparse.ArgumentParser, text: str) -> tuple[int, int]:
     """``'K/N'`` -> (K, N) with 0 <= K < N, or a parser error."""
     try:
         index, count = map(int, text.split('/'))

@@ -1,6 +1,7 @@
 """Measuring: interleaved timing with page-fault counts, peak memory, FLOPs, the matmul reference, the CPU and
 allocator in use, and the three jobs built on them (a case against peers, cost against resolution, where the
 time goes)."""
+import contextlib
 import ctypes
 import gc
 import os
@@ -11,7 +12,7 @@ import statistics
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -82,11 +83,11 @@ class Matmul:
         return 2 * self.n ** 3 / seconds / 1e9
 
 
-def gemm_libraries() -> List[str]:
+def gemm_libraries() -> list[str]:
     return ['mkl'] + (['onednn'] if hasattr(torch.ops.mkldnn, '_linear_pointwise') else [])
 
 
-def cpu_info() -> Dict:
+def cpu_info() -> dict:
     """The CPU model, the vector ISA torch dispatches to, and the flags that decide bf16 support."""
     text = Path('/proc/cpuinfo').read_text() if Path('/proc/cpuinfo').is_file() else ''
     model = re.search(r'^model name\s*:\s*(.+)$', text, re.M)
@@ -96,7 +97,7 @@ def cpu_info() -> Dict:
                 isa=torch.backends.cpu.get_cpu_capability(), flags=[f for f in wanted if f in flags])
 
 
-def has_fast_bf16(info: Dict) -> bool:
+def has_fast_bf16(info: dict) -> bool:
     return bool({'avx512_bf16', 'amx_bf16'} & set(info['flags']))
 
 
@@ -109,7 +110,7 @@ def _timed(fn: Callable[[], None]) -> float:
     return _timed_faults(fn)[0]
 
 
-def _timed_faults(fn: Callable[[], None]) -> Tuple[float, int]:
+def _timed_faults(fn: Callable[[], None]) -> tuple[float, int]:
     """Seconds of one call and the minor page faults it took (fresh pages the kernel had to zero)."""
     time.sleep(SETTLE_S)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -154,7 +155,7 @@ def _step(model: torch.nn.Module, x: torch.Tensor, mode: str) -> None:
         model.zero_grad(set_to_none=True)
 
 
-def _vm(key: str) -> Optional[int]:
+def _vm(key: str) -> int | None:
     try:
         text = Path('/proc/self/status').read_text()
     except OSError:
@@ -165,13 +166,11 @@ def _vm(key: str) -> Optional[int]:
 
 def _release_freed_memory() -> None:
     """Hand the memory glibc keeps after frees back to the OS, so that the resident set is the live memory."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL('libc.so.6').malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
-def peak_mb(model: torch.nn.Module, x: torch.Tensor, mode: str) -> Optional[float]:
+def peak_mb(model: torch.nn.Module, x: torch.Tensor, mode: str) -> float | None:
     """Rise of the resident-set high-water mark over one call, in MiB (None where /proc cannot tell)."""
     gc.collect()
     _release_freed_memory()
@@ -192,10 +191,10 @@ def gflops(model: torch.nn.Module, x: torch.Tensor, mode: str) -> float:
 
 
 def max_abs_diff(ref, out) -> float:
-    return max((a - b).abs().max().item() for a, b in zip(ref, out))
+    return max((a - b).abs().max().item() for a, b in zip(ref, out, strict=False))
 
 
-def run_case(impls: Dict[str, torch.nn.Module], case: str, repeats: int, peers: Tuple[str, ...],
+def run_case(impls: dict[str, torch.nn.Module], case: str, repeats: int, peers: tuple[str, ...],
              reference: str = 'ours') -> dict:
     """``impls[reference]`` against each of ``peers`` that ``impls`` has: outputs compared, then every
     implementation and the matmul references timed interleaved, ``repeats`` rounds after a warm-up one."""
@@ -217,10 +216,10 @@ def run_case(impls: Dict[str, torch.nn.Module], case: str, repeats: int, peers: 
         row[f'max_abs_diff_{peer}'] = max_abs_diff(outs[reference], outs[peer]) if peer in impls else None
     del outs
     matmuls = {f'matmul_{lib}': Matmul(lib) for lib in gemm_libraries()}
-    runs: Dict[str, Callable[[], None]] = {k: partial(_step, m, x, mode) for k, m in impls.items()}
+    runs: dict[str, Callable[[], None]] = {k: partial(_step, m, x, mode) for k, m in impls.items()}
     runs.update(matmuls)
-    times: Dict[str, List[float]] = {k: [] for k in runs}
-    faults: Dict[str, List[int]] = {k: [] for k in runs}
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    faults: dict[str, list[int]] = {k: [] for k in runs}
     for rnd in range(repeats + 1):  # round 0 warms up
         for key, run in runs.items():
             elapsed, count = _timed_faults(run)
@@ -241,7 +240,7 @@ def run_case(impls: Dict[str, torch.nn.Module], case: str, repeats: int, peers: 
     return row
 
 
-def scaling(impls: Dict[str, torch.nn.Module], sizes, repeats: int) -> List[dict]:
+def scaling(impls: dict[str, torch.nn.Module], sizes, repeats: int) -> list[dict]:
     """Our inference time, memory and FLOPs (attention's share too) against input pixels, batch 1."""
     model = impls['ours'].eval()
     rows = []

@@ -4,13 +4,14 @@ import hashlib
 import os
 import secrets
 from pathlib import Path
-from typing import BinaryIO, Callable, Dict, Mapping, TypeVar, Union
+from typing import BinaryIO, TypeVar
+from collections.abc import Callable, Mapping
 
 V = TypeVar('V')
 CHUNK = 1 << 20
 
 
-def file_sha256(path: Union[str, Path]) -> str:
+def file_sha256(path: str | Path) -> str:
     """The sha256 of a file's content, as 64 hex digits."""
     digest = hashlib.sha256()
     with open(path, 'rb') as f:
@@ -19,7 +20,7 @@ def file_sha256(path: Union[str, Path]) -> str:
     return digest.hexdigest()
 
 
-def atomic_write(path: Union[str, Path], write: Union[bytes, Callable[[BinaryIO], object]],
+def atomic_write(path: str | Path, write: bytes | Callable[[BinaryIO], object],
                  durable: bool = True) -> Path:
     """Write ``path`` so that no reader (and no crash) ever sees a partial file: ``write`` (bytes, or a function
     given the open binary file) fills a temporary file in the same folder, which then replaces ``path`` in one
@@ -52,7 +53,7 @@ def atomic_write(path: Union[str, Path], write: Union[bytes, Callable[[BinaryIO]
     return path
 
 
-def strip_prefix(state: Mapping[str, V], prefix: str, source: str = 'the checkpoint') -> Dict[str, V]:
+def strip_prefix(state: Mapping[str, V], prefix: str, source: str = 'the checkpoint') -> dict[str, V]:
     """The entries under ``prefix`` (a trailing '.' is implied), without it; a ValueError if there are none."""
     prefix = prefix if prefix.endswith('.') else prefix + '.'
     out = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}

@@ -162,13 +162,17 @@ def test_tools_hide_only_the_known_third_party_warnings():
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter('always')
         quiet_known_warnings()
-        warnings.warn('Default ``avg_non_ignore`` is False, if you would like to ignore ...', UserWarning)
-        warnings.warn('Failed to add <class \'mmengine.visualization.vis_backend.LocalVisBackend\'>, please ...')
-        warnings.warn('``build_loss`` would be deprecated soon, please use ``mmseg.registry.MODELS.build()``')
-        warnings.warn('The draw is False, it means that the hook for visualization will not take effect.')
+        warnings.warn('Default ``avg_non_ignore`` is False, if you would like to ignore ...', UserWarning, stacklevel=1)
+        warnings.warn('Failed to add <class \'mmengine.visualization.vis_backend.LocalVisBackend\'>, please ...',
+                      stacklevel=1)
+        warnings.warn('``build_loss`` would be deprecated soon, please use ``mmseg.registry.MODELS.build()``',
+                      stacklevel=1)
+        warnings.warn('The draw is False, it means that the hook for visualization will not take effect.',
+                      stacklevel=1)
         warnings.warn("<class 'mmdet.visualization.local_visualizer.DetLocalVisualizer'> instance named of "
-                      'visualizer has been created, the method `get_instance` should not accept any other arguments')
-        warnings.warn('something of ours')
+                      'visualizer has been created, the method `get_instance` should not accept any other arguments',
+                      stacklevel=1)
+        warnings.warn('something of ours', stacklevel=1)
     assert [str(w.message) for w in seen] == ['something of ours']
 
 

@@ -37,7 +37,7 @@ def test_backbone_under_bf16_autocast_at_odd_sizes(name):
         with torch.no_grad():
             got, ref = engine(x), plain(x)
         assert type(got) is type(ref) and len(got) == len(ref) == 4
-        for g, r in zip(got, ref):
+        for g, r in zip(got, ref, strict=False):
             assert g.dtype == torch.float32 and g.shape == r.shape and 0 < relative(g, r) < BF16_TOLERANCE, hw
     assert all(torch.equal(v, state[k]) for k, v in plain.state_dict().items())
     assert all(p.dtype == torch.float32 for p in plain.parameters())
@@ -96,11 +96,11 @@ def test_detector_and_segmentor_under_autocast(config):
         expected = [tree_flatten(model._forward(x))[0] for x in inputs]
     openmmlab.attach_engine(model, AutocastModule(openmmlab.TensorForward(model), 'bf16'))
     assert set(model.state_dict()) == keys and model.eval() is model and model.to('cpu') is model
-    for x, ref in zip(inputs, expected):
+    for x, ref in zip(inputs, expected, strict=False):
         with torch.no_grad():
             got = tree_flatten(model._forward(x))[0]
         assert len(got) == len(ref) == (10 if 'retinanet' in config else 1)
-        for g, r in zip(got, ref):
+        for g, r in zip(got, ref, strict=False):
             assert g.dtype == torch.float32 and g.shape == r.shape and relative(g, r) < BF16_TOLERANCE, x.shape
     if 'retinanet' in config:
         from mmdet.structures import DetDataSample

@@ -37,7 +37,7 @@ def test_peers_agree_and_schema(tmp_path):
     result, stdout = bench(tmp_path, 'pcpvt_small', '--cases', 'infer224', 'train512', *CONVERTING)
     assert result['matmul_gflops'] > 0 and result['isa'] in stdout and result['cpu']
     infer, train = result['cases']
-    assert KEYS <= set(infer) and infer['shape'] == [8, 3, 224, 224] and train['mode'] == 'train'
+    assert set(infer) >= KEYS and infer['shape'] == [8, 3, 224, 224] and train['mode'] == 'train'
     for row in result['cases']:
         assert max(row[f'max_abs_diff_{p}'] for p in ('plain', 'mmseg', 'timm')) < 1e-4
         assert all(row[f'{k}_s'] > 0 for k in ('ours', 'plain', 'mmseg', 'timm'))
@@ -139,5 +139,5 @@ def test_openvino_by_hand_converts_our_plain_model_at_any_size():
             ref = plain(x)
         got = by_hand(x)
         assert [g.shape for g in got] == [r.shape for r in ref]
-        error = max(float((g - r).norm() / r.norm()) for g, r in zip(got, ref))
+        error = max(float((g - r).norm() / r.norm()) for g, r in zip(got, ref, strict=False))
         assert error < (3e-2 if native_bf16() else 1e-4), (hw, error)

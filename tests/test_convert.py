@@ -328,9 +328,8 @@ def test_registry_refuses_taken_names_and_restores_itself_after_an_error():
     before = dict(ENCODINGS)
     with pytest.raises(ValueError, match="name 'peg' is taken"):
         register_encoding(type('OtherPEG', (ChannelScale,), dict(name='peg')))
-    with pytest.raises(RuntimeError, match='inside'):
-        with registered_encoding(ChannelScale):
-            with pytest.raises(ValueError, match="'channel_scale' is taken"):
-                register_encoding(ChannelScale)
-            raise RuntimeError('inside')
-    assert ENCODINGS == before
+    with pytest.raises(RuntimeError, match='inside'), registered_encoding(ChannelScale):
+        with pytest.raises(ValueError, match="'channel_scale' is taken"):
+            register_encoding(ChannelScale)
+        raise RuntimeError('inside')
+    assert before == ENCODINGS

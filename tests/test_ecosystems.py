@@ -30,7 +30,7 @@ def test_fx_symbolic_trace_equals_eager(name, features_only):
         with torch.no_grad():
             want, got = model(x), graph(x)
         want, got = (want, got) if features_only else ((want,), (got,))
-        assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want)), hw
+        assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=False)), hw
 
 
 @pytest.mark.parametrize('encoding', sorted(set(ENCODINGS) - {'peg'}))
@@ -116,7 +116,7 @@ def test_timm_features_only_gives_the_columnar_simple_pyramid(tmp_path, name):
     with torch.no_grad():
         got = feats(x)
         assert [tuple(g.shape[-2:]) for g in got] == [(25, 33), (13, 17), (7, 9), (4, 5)]
-        assert all(torch.equal(a, b) for a, b in zip(got, dense(x)))
+        assert all(torch.equal(a, b) for a, b in zip(got, dense(x), strict=False))
     sub = timm.create_model(name, features_only=True, out_indices=(1, -1), **kwargs)
     assert sub.feature_info.reduction() == [8, 32] and len(sub(x)) == 2
 
@@ -132,7 +132,7 @@ def test_timm_features_only_fx_equals_eager(name):
     for hw in SIZES:
         x = torch.randn(1, 3, *hw)
         with torch.no_grad():
-            assert all(torch.equal(a, b) for a, b in zip(traced(x), eager(x))), hw
+            assert all(torch.equal(a, b) for a, b in zip(traced(x), eager(x), strict=False)), hw
     with pytest.raises(ValueError, match="feature_cls must be one of"):
         timm.create_model(name, features_only=True, feature_cls='hook', **_depth_two(name))
 
@@ -152,7 +152,7 @@ def test_forward_intermediates_takes_timm_vit_keywords():
                                            intermediates_only=True)
         out = cls.forward_intermediates(x, indices=(1,), return_prefix_tokens=True, output_dict=True)
         final = cls.forward_features(x)
-    assert all(isinstance(p, tuple) and torch.equal(p[0], m) for p, m in zip(pairs, plain))
+    assert all(isinstance(p, tuple) and torch.equal(p[0], m) for p, m in zip(pairs, plain, strict=False))
     assert pairs[1][1].shape == (2, 1, 192) and plain[0].shape == (2, 192, 4, 5) and tokens[0].shape == (2, 20, 192)
     assert torch.equal(tokens[0], final[:, 1:]) and torch.equal(out['image_features'], final)
     assert torch.equal(out['image_intermediates'][0], plain[1])
@@ -281,7 +281,7 @@ def test_torchvision_detectors_train_and_infer_on_odd_sizes(build):
     with torch.no_grad():
         out = model(images)
     assert len(out) == 2 and all({'boxes', 'scores', 'labels'} <= set(o) for o in out)
-    for o, image in zip(out, images):
+    for o, image in zip(out, images, strict=False):
         assert (o['boxes'][:, 2] <= image.shape[2]).all() and (o['boxes'][:, 3] <= image.shape[1]).all()
         if masks:
             assert o['masks'].shape[-2:] == image.shape[-2:]
@@ -317,6 +317,6 @@ def test_exported_program_size_bound():
     for hw in ((33, 33), (33, 131), (97, 131), (224, 224)):
         x = torch.randn(2, 3, *hw)
         with torch.no_grad():
-            assert all(torch.equal(a, b) for a, b in zip(module(x), model(x))), hw
+            assert all(torch.equal(a, b) for a, b in zip(module(x), model(x), strict=False)), hw
     with pytest.raises(Exception, match='33'):
         module(torch.randn(2, 3, 32, 64))

@@ -41,7 +41,8 @@ def test_stage_maps_are_create_models_outputs(arch):
     with torch.no_grad():
         out = bb(x, output_hidden_states=True)
         expected = ref(x)
-    assert len(out.feature_maps) == 4 and all(torch.equal(a, b) for a, b in zip(out.feature_maps, expected))
+    assert len(out.feature_maps) == 4
+    assert all(torch.equal(a, b) for a, b in zip(out.feature_maps, expected, strict=True))
     assert out.attentions is None
     assert [h.shape[-2:] for h in out.hidden_states[1:]] == [(-(-53 // s), -(-75 // s)) for s in (4, 8, 16, 32)]
     assert bb.channels == [m.shape[1] for m in expected] == list(ref.out_channels)
@@ -70,8 +71,8 @@ def test_conventions_out_features_out_indices_hidden_states_return_dict():
     assert [m.shape[1] for m in full.hidden_states] == bb.num_features
     assert torch.equal(out.feature_maps[0], full.hidden_states[0])
     assert torch.equal(out.feature_maps[1], full.hidden_states[2])
-    assert all(torch.equal(a, b) for a, b in zip(hidden, full.hidden_states))
-    assert all(torch.equal(a, b) for a, b in zip(maps + only, out.feature_maps + out.feature_maps))
+    assert all(torch.equal(a, b) for a, b in zip(hidden, full.hidden_states, strict=False))
+    assert all(torch.equal(a, b) for a, b in zip(maps + only, out.feature_maps + out.feature_maps, strict=False))
     bb.out_features = ['stage3', 'stage4']  # BackboneMixin's setter re-aligns the config
     assert bb.out_indices == [3, 4] and bb.channels == [160, 256]
     with pytest.raises(ValueError, match='no attention maps'):
@@ -117,7 +118,7 @@ def test_pretrained_file_loads_create_models_weights(tmp_path):
     assert all(torch.equal(v, ref.state_dict()[k[len('model.'):]]) for k, v in bb.state_dict().items())
     x = torch.randn(1, 3, 41, 57)
     with torch.no_grad():
-        assert all(torch.equal(a, b) for a, b in zip(bb(x).feature_maps, ref(x)))
+        assert all(torch.equal(a, b) for a, b in zip(bb(x).feature_maps, ref(x), strict=False))
     torch.save(create_model('pcpvt_small').state_dict(), tmp_path / 'small.pth')
     with pytest.raises(CheckpointMismatchError, match='shape mismatches'):
         backbone(pretrained=str(tmp_path / 'small.pth'))
@@ -137,9 +138,10 @@ def test_save_pretrained_round_trip(tmp_path):
         expected = bb(x).feature_maps
         loaded = CPVTBackbone.from_pretrained(tmp_path).eval()
         assert loaded.out_features == ['stem', 'stage2', 'stage4']
-        assert all(torch.equal(a, b) for a, b in zip(loaded(x).feature_maps, expected))
+        assert all(torch.equal(a, b) for a, b in zip(loaded(x).feature_maps, expected, strict=False))
         auto = transformers.AutoModel.from_pretrained(tmp_path, trust_remote_code=True).eval()
-        assert type(auto) is CPVTBackbone and all(torch.equal(a, b) for a, b in zip(auto(x).feature_maps, expected))
+        assert type(auto) is CPVTBackbone
+        assert all(torch.equal(a, b) for a, b in zip(auto(x).feature_maps, expected, strict=True))
         config = transformers.AutoConfig.from_pretrained(tmp_path)
         assert type(config) is CPVTBackboneConfig
         assert type(transformers.AutoBackbone.from_config(config)) is CPVTBackbone
@@ -148,7 +150,7 @@ def test_save_pretrained_round_trip(tmp_path):
     except Exception as err:  # noqa: BLE001 (which error depends on the huggingface_hub version)
         pytest.xfail(f'AutoBackbone.from_pretrained(folder) asks the Hub first: {type(err).__name__}: {err}')
     with torch.no_grad():
-        assert all(torch.equal(a, b) for a, b in zip(auto(x).feature_maps, expected))
+        assert all(torch.equal(a, b) for a, b in zip(auto(x).feature_maps, expected, strict=False))
 
 
 def test_from_pretrained_ignores_the_configs_pretrained(tmp_path):

@@ -268,7 +268,7 @@ def test_an_imagenet_config_evaluates_weights_by_name(weights, tmp_path):
     assert 'head.fc.weight' in state and 'backbone.blocks.0.0.attn.q.weight' in state
     assert runner_checkpoint(cfg, path) == path  # already a classifier checkpoint: used as it is
     torch.manual_seed(7)  # two weight files of one name, different content: two classifier checkpoints
-    for i, folder in enumerate((tmp_path / 'a', tmp_path / 'b')):
+    for folder in (tmp_path / 'a', tmp_path / 'b'):
         folder.mkdir()
         save_file(create_model('pcpvt_tiny').state_dict(), folder / 'w.safetensors')
     first, second = (runner_checkpoint(cfg, str(tmp_path / f / 'w.safetensors')) for f in 'ab')

@@ -1,7 +1,7 @@
 """configs/imagenet/: CPVT and PCPVT ImageNet-1k classification with the DeiT recipe, built by mmpretrain."""
 import copy
 import math
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +44,7 @@ WD = 0.05
 EPOCHS, WARMUP = 300, 5
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(name):
     return read_config(str(CONFIG_DIR / f'{name}.py'))
 
@@ -131,9 +131,9 @@ def test_recipe(name):
     assert cfg.train_cfg.by_epoch and cfg.train_cfg.max_epochs == EPOCHS
     lrs = lr_per_epoch(cfg)
     assert math.isclose(lrs[0], LR * 1e-3)
-    assert all(a < b for a, b in zip(lrs[:WARMUP], lrs[1:WARMUP + 1]))
+    assert all(a < b for a, b in zip(lrs[:WARMUP], lrs[1:WARMUP + 1], strict=False))
     assert math.isclose(lrs[WARMUP], LR)
-    assert all(a > b for a, b in zip(lrs[WARMUP:], lrs[WARMUP + 1:]))
+    assert all(a > b for a, b in zip(lrs[WARMUP:], lrs[WARMUP + 1:], strict=False))
     for epoch in (WARMUP + 1, (EPOCHS + WARMUP) // 2, EPOCHS - 1):
         cosine = 1e-5 + (LR - 1e-5) * (1 + math.cos(math.pi * (epoch - WARMUP) / (EPOCHS - WARMUP))) / 2
         assert math.isclose(lrs[epoch], cosine, rel_tol=1e-4), epoch

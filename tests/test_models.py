@@ -136,7 +136,7 @@ def test_strides_and_channels_describe_the_returned_maps(name):
         assert model.out_indices == ((out_indices,) if isinstance(out_indices, int) else out_indices)
         assert len(model.strides) == len(model.out_channels) == len(outs)
         assert [tuple(o.shape[1:]) for o in outs] == [(c, -(-70 // s), -(-45 // s))
-                                                      for c, s in zip(model.out_channels, model.strides)]
+                                                      for c, s in zip(model.out_channels, model.strides, strict=False)]
     classifier = create_model(name)
     assert classifier.out_indices == classifier.strides == classifier.out_channels == ()
 
@@ -231,7 +231,7 @@ def test_other_float_dtypes_run_once_the_model_matches_or_under_autocast():
     x = torch.randn(1, 3, 32, 48)
     ref = model(x)
     got = model.double()(x.double())
-    assert all(torch.allclose(a.float(), b, atol=1e-4) for a, b in zip(got, ref))
+    assert all(torch.allclose(a.float(), b, atol=1e-4) for a, b in zip(got, ref, strict=False))
     model.float()
     with torch.autocast('cpu', dtype=torch.bfloat16):
         assert [o.shape for o in model(x.bfloat16())] == [o.shape for o in ref]
@@ -281,7 +281,7 @@ def test_scenes_are_drawn_natively_at_any_scale(tmp_path):
     scene = shape_scenes(spec)['val'][0]
     (_, labels, boxes), (image2, labels2, boxes2) = render(scene, 1.), render(scene, 2.)
     assert image2.shape == (2 * scene.height, 2 * scene.width, 3) and len(boxes) == len(boxes2) > 0
-    for (c1, b1, a1), (c2, b2, a2) in zip(boxes, boxes2):
+    for (c1, b1, a1), (c2, b2, a2) in zip(boxes, boxes2, strict=False):
         assert c1 == c2 and np.allclose(np.array(b2), 2 * np.array(b1), atol=2.5) and abs(a2 / a1 - 4) < 0.3
     assert (labels2[::2, ::2] == labels).mean() > 0.98  # the same shapes: only edge pixels may differ
     generate_shapes(tmp_path / 'shapes', spec)

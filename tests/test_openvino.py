@@ -58,9 +58,9 @@ def on_one_worker(family, encoding):
 
 def relative_errors(got, ref):
     assert type(got) is type(ref) and len(got) == len(ref)
-    for g, r in zip(got, ref):
+    for g, r in zip(got, ref, strict=False):
         assert g.shape == r.shape and g.dtype == torch.float32
-    return [float((g - r).norm() / r.norm()) for g, r in zip(got, ref)]
+    return [float((g - r).norm() / r.norm()) for g, r in zip(got, ref, strict=False)]
 
 
 def check_sizes(engine, model, tolerance, sizes=SIZES):
@@ -225,10 +225,10 @@ def test_detector_and_segmentor_tensor_outputs_match_torch(config):
         expected = [tree_flatten(model._forward(x))[0] for x in inputs]
     on_engine(model, 'openvino')
     assert model.inference_engine.precision == 'fp32'
-    for x, ref in zip(inputs, expected):
+    for x, ref in zip(inputs, expected, strict=False):
         got = tree_flatten(model._forward(x))[0]
         assert len(got) == len(ref) == (10 if 'retinanet' in config else 1)
-        for g, r in zip(got, ref):
+        for g, r in zip(got, ref, strict=False):
             assert g.shape == r.shape and float((g - r).norm() / r.norm()) < FP32_TOLERANCE, tuple(x.shape)
 
 
@@ -324,6 +324,6 @@ def test_one_module_called_from_several_threads(converted):
         expected = [model(x) for x in inputs]
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(engine, inputs))
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=False):
         assert max(relative_errors(g, e)) < FP32_TOLERANCE
     assert len(engine.compiled_shapes) == 3

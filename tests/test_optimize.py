@@ -40,7 +40,7 @@ def test_same_state_dict_and_outputs(name, features_only, gemm, monkeypatch):
     monkeypatch.setattr(kernel, 'residual', lambda *a: calls.append(1) or original(*a))
     x = torch.randn(2, 3, 97, 131)
     with torch.no_grad():
-        for a, b in zip(as_tuple(plain.eval()(x)), as_tuple(fast.eval()(x))):
+        for a, b in zip(as_tuple(plain.eval()(x)), as_tuple(fast.eval()(x)), strict=False):
             assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-5), (a - b).abs().max()
     assert len(calls) == sum(isinstance(m, FusedBlock) for m in fast.modules()), 'the fused path was not taken'
 
@@ -63,7 +63,7 @@ def test_training_computes_the_same_gradients(name):
     for model in (plain, fast):
         model.train()
         model(x).square().mean().backward()
-    for (n, p), q in zip(plain.named_parameters(), fast.parameters()):
+    for (n, p), q in zip(plain.named_parameters(), fast.parameters(), strict=False):
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), n
 
 
@@ -135,7 +135,7 @@ def test_the_fused_engine_through_the_registry_and_not_the_config():
     assert sum(isinstance(m, FusedBlock) for m in fast.modules()) == 8
     x = torch.randn(1, 3, 75, 61)
     with torch.no_grad():
-        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(plain(x), fast(x)))
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(plain(x), fast(x), strict=False))
 
 
 # Relative L2 error of each map against float32, on random weights; the trained demo models' accuracy in each
@@ -180,14 +180,14 @@ def test_lower_precision_at_odd_sizes_leaves_the_plain_model_alone(name, mode):
     for hw in ((1, 1), (97, 131)):
         x = torch.randn(2, 3, *hw)
         with torch.no_grad():
-            for a, b in zip(fast(x), plain(x)):
+            for a, b in zip(fast(x), plain(x), strict=False):
                 assert a.shape == b.shape and ((a - b).norm() / b.norm()) < TOLERANCE[mode], hw
     assert all(type(m) is not FusedLinear for m in plain.modules()) and any(type(m) is Block for m in plain.modules())
     assert all(torch.equal(v, state[k]) for k, v in plain.state_dict().items())
     copied = copy.deepcopy(fast)  # packed int8 weights survive a copy
     with torch.no_grad():
         x = torch.randn(1, 3, 40, 56)
-        assert all(torch.equal(a, b) for a, b in zip(copied(x), fast(x)))
+        assert all(torch.equal(a, b) for a, b in zip(copied(x), fast(x), strict=False))
 
 
 @pytest.mark.parametrize('mode', list(MODES))
@@ -244,9 +244,8 @@ def test_static_int8_needs_a_range_for_every_layer_it_quantizes():
     with pytest.raises(ValueError, match="precision='fp32' does not use them"):
         optimize(model, precision='fp32', input_ranges=ranges)
     layer = FusedLinear(nn.Linear(8, 4), 'onednn_int8')
-    with pytest.raises(RuntimeError, match='needs the range of the layer'):
-        with torch.no_grad():
-            layer(torch.randn(3, 8))
+    with pytest.raises(RuntimeError, match='needs the range of the layer'), torch.no_grad():
+        layer(torch.randn(3, 8))
     layer.input_range = (-1., 1.)
     with torch.no_grad():
         narrow = layer(torch.full((3, 8), 3.))
@@ -301,7 +300,7 @@ def test_weights_loaded_after_optimize_are_the_ones_used(mode):
     with torch.no_grad():
         fast(x)  # the copies of the first weights are made
         fast.load_state_dict(trained.state_dict())
-        for a, b in zip(fast(x), trained(x)):
+        for a, b in zip(fast(x), trained(x), strict=False):
             assert ((a - b).norm() / b.norm()) < TOLERANCE[mode]
 
 

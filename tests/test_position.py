@@ -47,7 +47,8 @@ def test_any_size_classifier_backbone_and_intermediates(name, spec):
             assert logits.shape == (2, 7) and torch.isfinite(logits).all()
             maps = dense(x)
             assert [tuple(m.shape[1:]) for m in maps] == [(c, -(-h // s), -(-w // s))
-                                                          for c, s in zip(dense.out_channels, dense.strides)]
+                                                          for c, s in zip(dense.out_channels, dense.strides,
+                                                                          strict=True)]
             final, inter = clf.forward_intermediates(x, indices=2)
             assert len(inter) == 2 and torch.isfinite(final).all()
             torch.testing.assert_close(clf.forward_head(final), logits)
@@ -61,7 +62,7 @@ def test_optimize_keeps_every_encoding(name, spec):
     fast = optimize(copy.deepcopy(plain))
     x = torch.randn(2, 3, 97, 131)
     with torch.no_grad():
-        for a, b in zip(plain(x), fast(x)):
+        for a, b in zip(plain(x), fast(x), strict=False):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert fast.state_dict().keys() == plain.state_dict().keys()
 

@@ -33,7 +33,7 @@ def check_outputs(m, x, features_only: bool):
     B, _, H, W = x.shape
     if features_only:
         assert [tuple(o.shape) for o in out] == [(B, c, -(-H // s), -(-W // s))
-                                                 for c, s in zip(m.out_channels, m.strides)]
+                                                 for c, s in zip(m.out_channels, m.strides, strict=False)]
     else:
         assert [tuple(o.shape) for o in out] == [(B, 1000)]
     assert all(torch.isfinite(o).all() for o in out)
@@ -100,7 +100,7 @@ def test_memory_format_and_strides_do_not_matter(name, train):
         ref = m(x)
         for label, v in variants.items():
             assert not v.is_contiguous() or label == 'channels_last'
-            for a, b in zip(ref, m(v)):
+            for a, b in zip(ref, m(v), strict=False):
                 assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (label, (a - b).abs().max())
 
 
@@ -111,7 +111,7 @@ def test_bitwise_deterministic_in_eval(name):
     for grad in (False, True):
         with torch.set_grad_enabled(grad):
             a, b = m(x), m(x)
-        assert all(torch.equal(p, q) for p, q in zip(a, b))
+        assert all(torch.equal(p, q) for p, q in zip(a, b, strict=False))
 
 
 # bf16 keeps 8 bits of mantissa: activations carry ~0.4% relative error per rounding, which accumulates over
@@ -129,7 +129,8 @@ def test_bf16_autocast_forward_and_backward(name):
         out = m(x)
     sum(o.float().mean() for o in out).backward()
     assert any(o.dtype == torch.bfloat16 for o in out)  # autocast ran the convolutions/matmuls in bf16
-    for a, b in zip(ref, out):  # (a map straight after a LayerNorm, which autocast keeps in fp32, stays fp32)
+    # (a map straight after a LayerNorm, which autocast keeps in fp32, stays fp32)
+    for a, b in zip(ref, out, strict=True):
         assert torch.isfinite(b).all()
         rel = ((b.float() - a).norm() / a.norm()).item()
         assert rel < BF16_REL_TOL, rel

@@ -85,14 +85,14 @@ def test_features_only_follows_timm(tmp_path, name, out_indices):
         dense = create_model(name, features_only=True, pretrained=str(path), out_indices=levels).eval()
         with torch.no_grad():
             want = classifier.forward_intermediates(x, indices=out_indices or 4, intermediates_only=True)
-        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=False))
     else:  # the pyramid's layers are new; the trunk is the file's
         trunk = classifier.state_dict()
         assert all(torch.equal(v, trunk[k]) for k, v in feats.model.state_dict().items() if k in trunk)
         dense.load_state_dict(feats.model.state_dict())
     with torch.no_grad():
-        assert all(torch.equal(a, b) for a, b in zip(got, dense(x)))
-    for a, c, s in zip(got, feats.feature_info.channels(), feats.feature_info.reduction()):
+        assert all(torch.equal(a, b) for a, b in zip(got, dense(x), strict=False))
+    for a, c, s in zip(got, feats.feature_info.channels(), feats.feature_info.reduction(), strict=False):
         assert a.shape[1] == c and a.shape[-2:] == tuple(-(-n // s) for n in ODD[-2:])
     # Built only up to what the outputs need, no head.
     assert not any(k.startswith('head.') for k in feats.state_dict())

@@ -30,7 +30,7 @@ def test_logits_and_features_equal_timm(name):
             expected = ref.forward_intermediates(x, intermediates_only=True)
             got = dense(x)
         assert len(got) == len(expected) == 4
-        for g, e in zip(got, expected):
+        for g, e in zip(got, expected, strict=False):
             torch.testing.assert_close(g, e, rtol=0, atol=1e-4)
 
 

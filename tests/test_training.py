@@ -222,7 +222,7 @@ custom_hooks = [dict(type='GlobalLossRecorder')]
     one, two = curves[1], curves[2]
     assert len(one) == len(two) == iters
     assert one[-1] < one[0]  # it trains
-    rel = [abs(a - b) / abs(a) for a, b in zip(one, two)]
+    rel = [abs(a - b) / abs(a) for a, b in zip(one, two, strict=False)]
     assert max(rel) < DIST_REL_TOL, (one, two, rel)
 
 
@@ -359,7 +359,7 @@ def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, work
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert len(list((out / 'vis').iterdir())) == 4
         preds[engine] = sorted((out / 'preds').iterdir())
-    for a, b in zip(preds['torch'], preds['openvino']):
+    for a, b in zip(preds['torch'], preds['openvino'], strict=False):
         assert a.name == b.name
         if a.suffix == '.json':
             pa, pb = json.loads(a.read_text()), json.loads(b.read_text())

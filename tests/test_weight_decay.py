@@ -2,7 +2,7 @@
 registered encoding the backbone is built with (mmengine's own optimizer-wrapper construction applies their
 ``paramwise_cfg``)."""
 import copy
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -31,12 +31,12 @@ SMALL = {'pcpvt_tiny': dict(depths=(2, 1, 1, 1)), 'cpvt_tiny': dict(depth=3)}
 SHARED = read_config(str(ROOT / 'configs/_base_/position_no_decay.py')).position_no_decay
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(path: Path) -> Config:
     return read_config(str(path))
 
 
-@lru_cache(maxsize=None)
+@cache
 def backbone(name: str, encoding: str) -> nn.Module:
     torch.manual_seed(0)
     return create_model(name, pos_encoding=encoding, **SMALL[name])

@@ -15,7 +15,7 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import List, NamedTuple, Tuple
+from typing import NamedTuple
 
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
@@ -57,7 +57,7 @@ SCORE_THR = 0.5  # boxes drawn: confident ones only (RetinaNet returns up to 100
 
 def scaled(cfg, factors):
     """Resize target (W, H) for factors of the config's training scale (long side)."""
-    return None if factors is None else tuple(round(s * f) for s, f in zip(cfg.train_scale, factors))
+    return None if factors is None else tuple(round(s * f) for s, f in zip(cfg.train_scale, factors, strict=False))
 
 
 def train(name: str, config: str, out: Path, retrain: bool, init_from: str = None) -> str:
@@ -75,7 +75,7 @@ def train(name: str, config: str, out: Path, retrain: bool, init_from: str = Non
     return str(final)
 
 
-def predict(name: str, config: str, checkpoint: str, images: List[str], factors) -> Tuple[list, dict]:
+def predict(name: str, config: str, checkpoint: str, images: list[str], factors) -> tuple[list, dict]:
     """Data samples for ``images`` tested at ``factors`` of the training scale (None: native size)."""
     cfg = load_config(config)
     set_test_scale(cfg, scaled(cfg, factors))
@@ -98,7 +98,7 @@ def draw(ax, image: np.ndarray, sample, meta: dict, name: str, title: str) -> No
         inst = sample.pred_instances
         keep = inst.scores >= SCORE_THR
         for box, score, label in zip(inst.bboxes[keep].tolist(), inst.scores[keep].tolist(),
-                                     inst.labels[keep].tolist()):
+                                     inst.labels[keep].tolist(), strict=False):
             colour = np.array(meta['palette'][label]) / 255 if 'palette' in meta else 'yellow'
             ax.add_patch(Rectangle(box[:2], box[2] - box[0], box[3] - box[1], fill=False, lw=2, ec=colour))
             ax.text(box[0] + 2, box[1] + 2, f'{meta["classes"][label]} {score:.2f}', fontsize=8, color='white',
@@ -130,7 +130,7 @@ def visualise(out: Path, checkpoints: dict) -> None:
         for c, (tag, factors) in enumerate(VIS_SIZES):
             samples, meta = predict(name, task.config, checkpoints[name], images, factors)
             fig, row = plt.subplots(1, len(images), figsize=(3.4 * len(images), 3.9), squeeze=False)
-            for ax, image, path, sample in zip(row[0], pixels, images, samples):
+            for ax, image, path, sample in zip(row[0], pixels, images, samples, strict=False):
                 h, w = sample.metainfo['img_shape'][:2]
                 draw(ax, image, sample, meta, name, f'{Path(path).name}, tested at {w}x{h}')
             target = out / 'vis' / name / f'{tag}.png'

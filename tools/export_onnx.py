@@ -14,7 +14,7 @@ their padding path at every size, so one graph serves every size (``layers.layou
 import argparse
 import sys
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -22,7 +22,7 @@ from torch import nn
 from cpvt_backbones import create_model, list_models
 from cpvt_backbones.deploy.onnx import export, verify
 
-def _flat(item) -> List[torch.Tensor]:
+def _flat(item) -> list[torch.Tensor]:
     if isinstance(item, torch.Tensor):
         return [item]
     if isinstance(item, (tuple, list)):
@@ -38,7 +38,7 @@ class Flatten(nn.Module):
         self.model = model
         self.call = call
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(_flat(self.call(self.model, x)))
 
 
@@ -70,7 +70,7 @@ def framework_model(config: str, checkpoint: str, cfg_options=None):
     return Flatten(model, lambda m, x: m._forward(x)), names
 
 
-def _size(text: str) -> Tuple[int, int]:
+def _size(text: str) -> tuple[int, int]:
     h, _, w = text.partition('x')
     try:
         return int(h), int(w or h)

@@ -77,7 +77,7 @@ class DrawOrSay:
 
     def visualize(self, inputs, preds, **kwargs):
         drawn = []
-        for one, pred in zip(inputs, preds):
+        for one, pred in zip(inputs, preds, strict=False):
             try:
                 drawn.append(super().visualize([one], [pred], **kwargs))
             except Exception as e:  # any failure of drawing; the prediction is kept
@@ -112,7 +112,7 @@ def main() -> None:
         set_test_scale(cfg, None if args.native else args.scale)
     images = collect_images(args.inputs)
     names = unique_names(images)
-    renamed = [(image, name) for image, name in zip(images, names) if name != Path(image).stem]
+    renamed = [(image, name) for image, name in zip(images, names, strict=False) if name != Path(image).stem]
     if renamed:
         print(f'[infer] {len(renamed)} image(s) share a name with another; their outputs are named:')
         for image, name in renamed:
@@ -134,7 +134,7 @@ def main() -> None:
             def run(image, out_dir):
                 inferencer([image], out_dir=out_dir, img_out_dir='vis', pred_out_dir='preds')
     except CheckpointMismatchError as e:
-        raise SystemExit(f'infer.py: {e}')
+        raise SystemExit(f'infer.py: {e}') from e
     inferencer.pipeline = failing_as('the test pipeline', inferencer.pipeline)
     engine_model(inferencer.model, cfg, args.checkpoint, **engine)
     failed = run_each(run, images, names, args.out_dir)

@@ -8,7 +8,6 @@ The docstrings are the one place the arguments are described; this renders them 
 import inspect
 import re
 from pathlib import Path
-from typing import Dict
 
 from cpvt_backbones.models import CPVT, MODEL_SPECS, PyramidCPVT
 from cpvt_backbones.models.base import CPVTBase
@@ -16,11 +15,11 @@ from cpvt_backbones.models.base import CPVTBase
 PAGE = Path(__file__).resolve().parents[1] / 'docs' / 'reference.md'
 
 
-def documented_arguments(doc: str) -> Dict[str, str]:
+def documented_arguments(doc: str) -> dict[str, str]:
     """``{name: description}`` of a Google-style ``Args:`` section (continuation lines joined)."""
     lines = inspect.cleandoc(doc).splitlines()
     start = lines.index('Args:') + 1
-    args: Dict[str, str] = {}
+    args: dict[str, str] = {}
     name = None
     for line in lines[start:]:
         if not line.strip():
@@ -36,7 +35,7 @@ def documented_arguments(doc: str) -> Dict[str, str]:
     return args
 
 
-def _table(args: Dict[str, str], defaults: Dict[str, object]) -> str:
+def _table(args: dict[str, str], defaults: dict[str, object]) -> str:
     rows = ['| argument | default | meaning |', '|---|---|---|']
     for name, text in args.items():
         if name.startswith('**'):
@@ -54,7 +53,7 @@ def _show(value) -> str:
     return repr(dict(value)) if type(value).__name__ == 'mappingproxy' else repr(value)
 
 
-def _defaults(fn) -> Dict[str, object]:
+def _defaults(fn) -> dict[str, object]:
     return {p.name: p.default for p in inspect.signature(fn).parameters.values()}
 
 

@@ -47,7 +47,7 @@ def main() -> None:
         with launched(cfg, args.launcher):
             build_runner(cfg).test()
     except CheckpointMismatchError as e:
-        raise SystemExit(f'test.py: {e}')
+        raise SystemExit(f'test.py: {e}') from e
 
 
 if __name__ == '__main__':

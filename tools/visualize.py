@@ -22,7 +22,7 @@ import argparse
 import importlib.util
 import math
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ MEAN = torch.tensor([123.675, 116.28, 103.53]).view(1, 3, 1, 1)
 STD = torch.tensor([58.395, 57.12, 57.375]).view(1, 3, 1, 1)
 
 
-def backbone_weights(path: str) -> Tuple[Dict[str, torch.Tensor], bool]:
+def backbone_weights(path: str) -> tuple[dict[str, torch.Tensor], bool]:
     """Our-layout weights of ``path`` and whether they are a dense backbone (a detector's, segmentor's or
     classifier's ``backbone.*`` part without our classification head)."""
     state = load_weights_file(path)
@@ -48,7 +48,7 @@ def backbone_weights(path: str) -> Tuple[Dict[str, torch.Tensor], bool]:
     return state, 'head.weight' not in state
 
 
-def build(state: Dict[str, torch.Tensor], dense: bool, name: str = None):
+def build(state: dict[str, torch.Tensor], dense: bool, name: str = None):
     """The named model, or the first registered one whose layout the weights fit exactly."""
     if dense:  # the levels a dense checkpoint holds: pyramid stages, or a columnar model's pyramid levels
         levels = {int(k.split('.')[1]) for k in state if k.startswith(('simple_fpn.', 'patch_embeds.'))}
@@ -67,7 +67,7 @@ def build(state: Dict[str, torch.Tensor], dense: bool, name: str = None):
     raise SystemExit(f'the weights fit none of {names} (pass --model to see the mismatch)')
 
 
-def read_image(path: str, size: Sequence[int] = None) -> Tuple[np.ndarray, torch.Tensor]:
+def read_image(path: str, size: Sequence[int] = None) -> tuple[np.ndarray, torch.Tensor]:
     from PIL import Image
     img = Image.open(path).convert('RGB')
     if size:
@@ -80,9 +80,9 @@ def read_image(path: str, size: Sequence[int] = None) -> Tuple[np.ndarray, torch
 class Recorder:
     """Forward hooks that keep the queries and keys of chosen blocks and every PEG's input and output."""
 
-    def __init__(self, model, blocks: Sequence[Tuple[str, torch.nn.Module]]):
-        self.qkv: Dict[str, Dict[str, torch.Tensor]] = {}
-        self.peg: List[Tuple[Tuple[int, int], np.ndarray]] = []  # (token grid, what the PEG added per token)
+    def __init__(self, model, blocks: Sequence[tuple[str, torch.nn.Module]]):
+        self.qkv: dict[str, dict[str, torch.Tensor]] = {}
+        self.peg: list[tuple[tuple[int, int], np.ndarray]] = []  # (token grid, what the PEG added per token)
         self.handles = []
         for label, block in blocks:
             slot = self.qkv.setdefault(label, {})
@@ -105,7 +105,7 @@ class Recorder:
             h.remove()
 
 
-def attention_map(slot, query: Tuple[float, float], prefix: int) -> Tuple[np.ndarray, Tuple[int, int]]:
+def attention_map(slot, query: tuple[float, float], prefix: int) -> tuple[np.ndarray, tuple[int, int]]:
     """Head-averaged attention of the token under ``query`` (fractions) over the keys, as a (h', w') grid of
     the (reduced) key map, and the query's token position."""
     h, w = slot['hw']
@@ -120,7 +120,7 @@ def attention_map(slot, query: Tuple[float, float], prefix: int) -> Tuple[np.nda
     return attn.view(kh, kw).numpy(), (qi, qj)
 
 
-def taps(model) -> List[Tuple[str, torch.nn.Module]]:
+def taps(model) -> list[tuple[str, torch.nn.Module]]:
     """(label, block) whose attention is drawn: the last block of every stage, or four blocks of a column."""
     if isinstance(model, CPVT):
         n = len(model.blocks)
@@ -129,7 +129,7 @@ def taps(model) -> List[Tuple[str, torch.nn.Module]]:
     return [(f'stage {i + 1}, block {len(b) - 1}', b[-1]) for i, b in enumerate(model.blocks)]
 
 
-def feature_maps(model, x: torch.Tensor) -> List[Tuple[str, np.ndarray]]:
+def feature_maps(model, x: torch.Tensor) -> list[tuple[str, np.ndarray]]:
     if model.features_only:
         maps, strides = model(x), [f'stride {s}' for s in model.strides]
     else:
@@ -138,7 +138,7 @@ def feature_maps(model, x: torch.Tensor) -> List[Tuple[str, np.ndarray]]:
         maps = model.forward_intermediates(x, indices=idx, intermediates_only=True)
         strides = [f"{model.feature_info[i]['module']}, stride {model.feature_info[i]['reduction']}" for i in idx]
     return [(f'{s}: {m.shape[1]} ch, {m.shape[2]}x{m.shape[3]}', m[0].norm(dim=0).numpy())
-            for s, m in zip(strides, maps)]
+            for s, m in zip(strides, maps, strict=False)]
 
 
 def run(model, x: torch.Tensor):
@@ -151,7 +151,7 @@ def run(model, x: torch.Tensor):
     return rec, feats
 
 
-def draw(rgb: np.ndarray, name: str, model, x: torch.Tensor, queries: List[Tuple[float, float]], out: Path) -> None:
+def draw(rgb: np.ndarray, name: str, model, x: torch.Tensor, queries: list[tuple[float, float]], out: Path) -> None:
     plt = pyplot()
 
     rec, feats = run(model, x)
@@ -195,7 +195,7 @@ def draw(rgb: np.ndarray, name: str, model, x: torch.Tensor, queries: List[Tuple
     axes[r, 0].text(0.5, 0.5, 'PEG response\non a uniform grey\nimage: the border\ncomes from the\nzero padding',
                     ha='center', va='center', fontsize=10)
     axes[r + 1, 0].text(0.5, 0.5, 'PEG response\non this image', ha='center', va='center', fontsize=10)
-    for c, ((hw, on_grey), (_, on_image)) in enumerate(zip(const_rec.peg[:4], pegs)):
+    for c, ((hw, on_grey), (_, on_image)) in enumerate(zip(const_rec.peg[:4], pegs, strict=False)):
         heat(axes[r, c + 1], on_grey, f'pos_block.{c}: |PEG(x)|, {hw[0]}x{hw[1]}')
         heat(axes[r + 1, c + 1], on_image, f'pos_block.{c}: |PEG(x)|, {hw[0]}x{hw[1]}')
     axes[r + 2, 0].text(0.5, 0.5, 'feature maps\n(L2 norm over channels)', ha='center', va='center', fontsize=10)
@@ -208,11 +208,11 @@ def draw(rgb: np.ndarray, name: str, model, x: torch.Tensor, queries: List[Tuple
     plt.close(fig)
 
 
-def parse_query(text: str) -> Tuple[float, float]:
+def parse_query(text: str) -> tuple[float, float]:
     try:
         x, y = (float(v) for v in text.split(','))
     except ValueError:
-        raise argparse.ArgumentTypeError(f'a query is X,Y as fractions of width and height, got {text!r}')
+        raise argparse.ArgumentTypeError(f'a query is X,Y as fractions of width and height, got {text!r}') from None
     if not (0 <= x <= 1 and 0 <= y <= 1):
         raise argparse.ArgumentTypeError(f'query fractions must be within 0..1, got {text!r}')
     return x, y

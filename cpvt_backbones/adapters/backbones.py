@@ -4,7 +4,8 @@ The classes here subclass the torch-only core, so a detector's state dict reads 
 the official key names. Registration into a framework's registry happens in the ``mmdet``, ``mmseg`` and
 ``mmpretrain`` modules beside this one.
 """
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -24,8 +25,8 @@ class _OpenMMLabBackbone:
     (``--engine`` of tools/test.py and tools/infer.py); a config that still sets ``optimize`` is refused with
     that advice."""
 
-    def _setup(self, arch: Union[str, Mapping[str, Any]], out_indices: Optional[Sequence[int]], out_type: str,
-               drop_path_rate: float, frozen_stages: int, with_cp: bool, init_cfg: Optional[dict],
+    def _setup(self, arch: str | Mapping[str, Any], out_indices: Sequence[int] | None, out_type: str,
+               drop_path_rate: float, frozen_stages: int, with_cp: bool, init_cfg: dict | None,
                optimize: Any) -> None:
         if optimize is not None:
             raise ValueError(f'optimize={optimize!r}: the backbone no longer takes an engine; the fused CPU path and '
@@ -37,7 +38,7 @@ class _OpenMMLabBackbone:
             raise ValueError(f'out_type must be one of {OUT_TYPES}, got {out_type!r}')
         if out_type == 'pooled' and out_indices is not None:
             raise ValueError("out_type='pooled' returns one pooled feature; leave out_indices unset")
-        fixed: Dict[str, Any] = dict(
+        fixed: dict[str, Any] = dict(
             features_only=out_type == 'featmap', out_indices=out_indices, num_classes=0,
             drop_path_rate=drop_path_rate, frozen_stages=frozen_stages, grad_checkpointing=with_cp)
         settings = model_settings(arch, core_cls)
@@ -80,10 +81,10 @@ class PyramidCPVT(_OpenMMLabBackbone, core.PyramidCPVT):
     strides 4/8/16/32 for ``out_indices`` (default all four); ``'pooled'`` (classification, ``neck=None``)
     returns the final-normed global average ``(B, C)`` as a 1-tuple. ``optimize``: refused (see the mixin)."""
 
-    def __init__(self, arch: Union[str, Mapping[str, Any]] = 'pcpvt_small',
-                 out_indices: Optional[Sequence[int]] = None, out_type: str = 'featmap',
+    def __init__(self, arch: str | Mapping[str, Any] = 'pcpvt_small',
+                 out_indices: Sequence[int] | None = None, out_type: str = 'featmap',
                  drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
-                 init_cfg: Optional[dict] = None, optimize: None = None):
+                 init_cfg: dict | None = None, optimize: None = None):
         self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, init_cfg, optimize)
 
 
@@ -92,8 +93,8 @@ class CPVT(_OpenMMLabBackbone, core.CPVT):
     4/8/16/32, channels dim/4, dim/2, dim, dim); ``'pooled'`` the class token or GAP feature. ``optimize``:
     refused (see the mixin)."""
 
-    def __init__(self, arch: Union[str, Mapping[str, Any]] = 'cpvt_small_gap',
-                 out_indices: Optional[Sequence[int]] = None, out_type: str = 'featmap',
+    def __init__(self, arch: str | Mapping[str, Any] = 'cpvt_small_gap',
+                 out_indices: Sequence[int] | None = None, out_type: str = 'featmap',
                  drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
-                 init_cfg: Optional[dict] = None, optimize: None = None):
+                 init_cfg: dict | None = None, optimize: None = None):
         self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, init_cfg, optimize)

@@ -21,7 +21,6 @@ replaces mmengine's ``local`` backend on import.
 import copyreg
 import os
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 from mmengine.fileio import LocalBackend, register_backend
@@ -46,10 +45,10 @@ def _numpy_data_types() -> list:
 class AtomicLocalBackend(LocalBackend):
     """mmengine's local file backend with all-or-nothing writes (``atomic_write``)."""
 
-    def put(self, obj: bytes, filepath: Union[str, Path]) -> None:
+    def put(self, obj: bytes, filepath: str | Path) -> None:
         atomic_write(filepath, obj)
 
-    def put_text(self, obj: str, filepath: Union[str, Path], encoding: str = 'utf-8') -> None:
+    def put_text(self, obj: str, filepath: str | Path, encoding: str = 'utf-8') -> None:
         atomic_write(filepath, obj.encode(encoding))
 
 

@@ -16,7 +16,7 @@ import importlib.util
 import json
 import warnings
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from collections.abc import Iterator, Sequence
 
 import torch
 from mmengine.config import Config
@@ -74,7 +74,7 @@ def use_engine(cfg: Config, args: argparse.Namespace) -> None:
     set_engine(cfg, **engine_request(cfg, args))
 
 
-def set_engine(cfg: Config, engine: str = DEFAULT_ENGINE, precision: str = 'fp32', calibration: Optional[str] = None,
+def set_engine(cfg: Config, engine: str = DEFAULT_ENGINE, precision: str = 'fp32', calibration: str | None = None,
                calibration_images: int = 32, keep_fp32: Sequence[str] = (), **options) -> None:
     """Have the test loop of ``cfg`` run its model on ``engine`` at ``precision`` (``InferenceEngineHook``, which
     takes ``engine_model`` once the checkpoint is loaded): int8 calibrated on ``calibration_images`` of
@@ -86,14 +86,14 @@ def set_engine(cfg: Config, engine: str = DEFAULT_ENGINE, precision: str = 'fp32
                        keep_fp32=list(keep_fp32), options=options))
 
 
-def kept_in_fp32(cfg: Config, keep_fp32: Optional[Sequence[str]] = None) -> Tuple[str, ...]:
+def kept_in_fp32(cfg: Config, keep_fp32: Sequence[str] | None = None) -> tuple[str, ...]:
     """The modules that int8 leaves in float32: ``keep_fp32`` where given (an empty list: none), else the
     config's ``int8_keep_fp32`` (module names of its model, such as 'bbox_head.retina_cls': the layers whose
     quantization measured costly, ``benchmarks/int8_scope.py``)."""
     return tuple(cfg.get('int8_keep_fp32', ()) if keep_fp32 is None else keep_fp32)
 
 
-def _calibration_source(source: str) -> Tuple[str, Union[str, List[Path]]]:
+def _calibration_source(source: str) -> tuple[str, str | list[Path]]:
     """('val', 'val'), or a folder's resolved path and its images (sorted), refused by name when there are
     none."""
     if source == 'val':
@@ -107,7 +107,7 @@ def _calibration_source(source: str) -> Tuple[str, Union[str, List[Path]]]:
     return str(folder.resolve()), images
 
 
-def calibration_batches(cfg: Config, source: Union[str, List[Path]], num_images: int) -> Iterator[Tuple[dict, int]]:
+def calibration_batches(cfg: Config, source: str | list[Path], num_images: int) -> Iterator[tuple[dict, int]]:
     """Test-step batches (and their sizes) of about ``num_images`` images of ``source``: 'val', the config's test
     set in order through its dataloader; or image files, in order, through the test pipeline without its
     annotation steps, where a file the pipeline cannot read is skipped with a warning naming it and the reason
@@ -130,7 +130,7 @@ def calibration_batches(cfg: Config, source: Union[str, List[Path]], num_images:
                          f'calibration: none of the {len(source)} image(s) could be read (each named in a warning)')
 
 
-def _image_batches(pipeline, images: List[Path]) -> Iterator[Tuple[dict, int]]:
+def _image_batches(pipeline, images: list[Path]) -> Iterator[tuple[dict, int]]:
     from mmengine.dataset import pseudo_collate
     for i, path in enumerate(images):
         try:
@@ -148,7 +148,7 @@ def _versions(*packages: str) -> dict:
     return {name: importlib.metadata.version(name) for name in packages}
 
 
-def cache_name(cfg: Config, checkpoint: Path, kind: str, calibration: Optional[Tuple[str, int]] = None,
+def cache_name(cfg: Config, checkpoint: Path, kind: str, calibration: tuple[str, int] | None = None,
                *extra: str) -> str:
     """A file name for what is derived from the model of ``cfg`` with ``checkpoint``: the checkpoint's stem,
     ``kind`` and a hash of everything that changes the result: the config's model section (after overrides), the
@@ -173,9 +173,9 @@ class _Batches:
     """The preprocessed input batches of ``calibration_batches``, made when first iterated (an engine that reads
     a saved result never iterates them)."""
 
-    def __init__(self, model: torch.nn.Module, cfg: Config, source: Union[str, List[Path]], num_images: int):
+    def __init__(self, model: torch.nn.Module, cfg: Config, source: str | list[Path], num_images: int):
         self.model, self.cfg, self.source, self.num_images = model, cfg, source, num_images
-        self._made: Optional[List[torch.Tensor]] = None
+        self._made: list[torch.Tensor] | None = None
 
     def __iter__(self):
         if self._made is None:
@@ -214,8 +214,8 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
     return out
 
 
-def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: Optional[str], engine: str = DEFAULT_ENGINE,
-                 precision: str = 'fp32', calibration: Optional[str] = None, calibration_images: int = 32,
+def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: str | None, engine: str = DEFAULT_ENGINE,
+                 precision: str = 'fp32', calibration: str | None = None, calibration_images: int = 32,
                  keep_fp32: Sequence[str] = (), **options) -> torch.nn.Module:
     """``model`` (a built model of ``cfg`` with ``checkpoint``'s weights, in evaluation mode from here on) on
     ``engine`` at ``precision``, in place (``deploy.openmmlab.on_engine``): the backbone replaced, or backbone,

@@ -1,7 +1,8 @@
 """Evaluating a config's model for our tools and studies: each framework's headline metric, the test pipeline
 resized to a test size, and the config's test loop on a checkpoint, on either inference engine."""
 import copy
-from typing import Mapping, NamedTuple, Optional, Sequence
+from typing import NamedTuple
+from collections.abc import Mapping, Sequence
 
 from mmengine.config import Config
 
@@ -31,7 +32,7 @@ def headline_score(scope: str, metrics: Mapping[str, float]) -> float:
     return metric.scale * float(metrics.get(metric.key, 0.))
 
 
-def set_test_scale(cfg: Config, scale: Optional[Sequence[int]], keep_ratio: bool = True) -> None:
+def set_test_scale(cfg: Config, scale: Sequence[int] | None, keep_ratio: bool = True) -> None:
     """Make the test pipeline resize to ``scale`` (W, H), or, with ``scale=None``, keep each image's own size
     (a resize by 1.0, which records the scale factor that mmdet's post-processing expects)."""
     for dataset in evaluation_datasets(cfg):
@@ -41,7 +42,7 @@ def set_test_scale(cfg: Config, scale: Optional[Sequence[int]], keep_ratio: bool
         dataset.pipeline = steps
 
 
-def set_cls_test_size(cfg: Config, size: int, crop_ratio: Optional[float] = None) -> None:
+def set_cls_test_size(cfg: Config, size: int, crop_ratio: float | None = None) -> None:
     """Classification at ``size`` x ``size`` without fine-tuning: resize the short side to ``size / crop_ratio``
     (bicubic) and centre-crop ``size``, the crop ratio kept from training (the config's ``crop_ratio``: 0.875
     for ImageNet, i.e. 256 -> 224; 1 when whole images are used)."""
@@ -54,8 +55,8 @@ def set_cls_test_size(cfg: Config, size: int, crop_ratio: Optional[float] = None
 
 
 def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str, precision: str = 'fp32',
-             input_ranges: Optional[str] = None, engine: str = DEFAULT_ENGINE, calibration: str = 'val',
-             calibration_images: int = 32, keep_fp32: Optional[Sequence[str]] = None) -> dict:
+             input_ranges: str | None = None, engine: str = DEFAULT_ENGINE, calibration: str = 'val',
+             calibration_images: int = 32, keep_fp32: Sequence[str] | None = None) -> dict:
     """Run the config's test loop on ``checkpoint`` and return its metrics, the model on ``engine`` at
     ``precision`` (``adapters.engines.set_engine``): int8 calibrated on ``calibration_images`` of
     ``calibration``, or for the fused engine at ``input_ranges`` (a file of ``adapters.engines.calibrate``:

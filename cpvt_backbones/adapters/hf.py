@@ -13,7 +13,7 @@ installed package) and ``auto_map`` naming it, so ``AutoBackbone.from_pretrained
 loads the folder in a process that has not imported this module (the package must be installed there).
 """
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any
 
 import torch
 from huggingface_hub.dataclasses import strict
@@ -42,7 +42,7 @@ _MODEL_FIELDS = {'num_channels': 'in_chans', 'pos_encoding': 'pos_encoding', 'dr
 _FIXED_ARGUMENTS = ('features_only', 'out_indices', 'num_classes')
 
 
-def _num_levels(arch: str, model_args: Dict[str, Any]) -> int:
+def _num_levels(arch: str, model_args: dict[str, Any]) -> int:
     """Feature maps ``create_model(arch, features_only=True, **model_args)`` returns: one per stage of a pyramid
     model, the simple feature pyramid's four for a columnar one."""
     spec = MODEL_SPECS[arch]
@@ -109,14 +109,14 @@ class CPVTBackboneConfig(BackboneConfigMixin, PreTrainedConfig):
                                                 out_features=kwargs.pop('out_features', None))
         super().__post_init__(**kwargs)
 
-    def model_kwargs(self) -> Dict[str, Any]:
+    def model_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``create_model(self.arch, ...)`` this config describes, less ``pretrained``."""
         kwargs = {arg: getattr(self, field) for field, arg in _MODEL_FIELDS.items()}
         if kwargs['pos_encoding'] is None:
             del kwargs['pos_encoding']
         return {**kwargs, **(self.model_args or {}), 'features_only': True}
 
-    def save_pretrained(self, save_directory: Union[str, Path], push_to_hub: bool = False, **kwargs) -> None:
+    def save_pretrained(self, save_directory: str | Path, push_to_hub: bool = False, **kwargs) -> None:
         """transformers' ``save_pretrained``, plus ``cpvt_backbones_hf.py`` in the folder and ``auto_map`` naming
         its two classes (``trust_remote_code=True`` then loads the folder without importing this module first)."""
         self.auto_map = {'AutoConfig': f'{LOADER_MODULE}.CPVTBackboneConfig',
@@ -170,9 +170,9 @@ class CPVTBackbone(BackboneMixin, PreTrainedModel):
         if hasattr(module, 'init_non_persistent_buffers'):
             module.init_non_persistent_buffers()
 
-    def forward(self, pixel_values: torch.Tensor, output_hidden_states: Optional[bool] = None,
-                output_attentions: Optional[bool] = None, return_dict: Optional[bool] = None
-                ) -> Union[BackboneOutput, Tuple]:
+    def forward(self, pixel_values: torch.Tensor, output_hidden_states: bool | None = None,
+                output_attentions: bool | None = None, return_dict: bool | None = None
+                ) -> BackboneOutput | tuple:
         """``feature_maps``: the ``out_features`` maps, in ``stage_names`` order; ``hidden_states`` (with
         ``output_hidden_states``): every stage's map, ``stem`` first; ``attentions``: None (``output_attentions``
         raises). ``return_dict=False`` returns ``(feature_maps,)`` or ``(feature_maps, hidden_states)``."""
@@ -182,7 +182,7 @@ class CPVTBackbone(BackboneMixin, PreTrainedModel):
         if output_attentions:
             raise ValueError('CPVT backbones return no attention maps: pass output_attentions=False')
         need_stem = output_hidden_states or 'stem' in self.out_features
-        stem: List[Tuple[torch.Tensor, Tuple[int, int]]] = []
+        stem: list[tuple[torch.Tensor, tuple[int, int]]] = []
         hook = self.stem.register_forward_hook(lambda module, args, out: stem.append(out)) if need_stem else None
         try:
             maps = tuple(self.model(pixel_values))

@@ -18,7 +18,7 @@ workers' own seeded generators, which this does not touch.
 """
 import random
 from functools import partial
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ class RNGStateHook(Hook):
     priority = 'VERY_LOW'
 
     def __init__(self):
-        self._pending: Optional[dict] = None
+        self._pending: dict | None = None
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         name, keys, pos, has_gauss, gauss = np.random.get_state()
@@ -138,8 +138,8 @@ class InferenceEngineHook(Hook):
     ``calibration_images`` of ``calibration``, 'val' or a folder; the modules named in ``keep_fp32`` stay
     float32; ``options`` go to the engine). tools/test.py adds it (``adapters.engines.set_engine``)."""
 
-    def __init__(self, engine: str = 'fused', precision: str = 'fp32', calibration: Optional[str] = None,
-                 calibration_images: int = 32, keep_fp32: Sequence[str] = (), options: Optional[dict] = None):
+    def __init__(self, engine: str = 'fused', precision: str = 'fp32', calibration: str | None = None,
+                 calibration_images: int = 32, keep_fp32: Sequence[str] = (), options: dict | None = None):
         check_engine(engine, precision)
         self.engine, self.precision, self.calibration = engine, precision, calibration
         self.calibration_images, self.keep_fp32 = calibration_images, tuple(keep_fp32)

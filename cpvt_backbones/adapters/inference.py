@@ -4,7 +4,7 @@ import os
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Callable, List, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 SEPARATOR = '__'  # stands for a folder separator in an output name: a/x.png -> a__x
 OUTPUT_KINDS = ('vis', 'preds')
@@ -20,7 +20,7 @@ def one_line(error: BaseException) -> str:
     return f'{type(error).__name__}: {message}' if message else type(error).__name__
 
 
-def check_image(path: str) -> Tuple[int, int]:
+def check_image(path: str) -> tuple[int, int]:
     """The (height, width) of the image file at ``path`` as the test pipelines' ``LoadImageFromFile`` decodes it
     (``mmcv.imfrombytes``, OpenCV); ``ImageError`` saying why where there is none: a file that cannot be read, an
     empty file, bytes OpenCV cannot decode (not an image, truncated), an image without pixels."""
@@ -52,7 +52,7 @@ def failing_as(stage: str, step: Callable) -> Callable:
     return run
 
 
-def unique_names(paths: Sequence[str]) -> List[str]:
+def unique_names(paths: Sequence[str]) -> list[str]:
     """One output name per image path (distinct paths), distinct even where the file system ignores case, and
     the same for the same paths in the same order. An image whose stem no other image has keeps it
     (``a/x.png`` -> ``x``); images whose names collide are named by their path relative to the common folder of
@@ -67,7 +67,7 @@ def unique_names(paths: Sequence[str]) -> List[str]:
                         SEPARATOR.join(folders + (f.name.replace('.', '_'),))])
     level = [0] * len(files)
     while True:
-        names = [choices[i] for choices, i in zip(options, level)]
+        names = [choices[i] for choices, i in zip(options, level, strict=False)]
         count = Counter(n.casefold() for n in names)
         clash = [i for i, n in enumerate(names) if count[n.casefold()] > 1 and level[i] + 1 < len(options[i])]
         if not clash:
@@ -85,7 +85,7 @@ def unique_names(paths: Sequence[str]) -> List[str]:
     return unique
 
 
-def run_each(run: Callable[[str, str], None], images: Sequence[str], names: Sequence[str], out_dir: str) -> List[str]:
+def run_each(run: Callable[[str, str], None], images: Sequence[str], names: Sequence[str], out_dir: str) -> list[str]:
     """Run ``run(image, folder)`` on each image in turn, each writing its outputs under ``folder``/vis and
     ``folder``/preds, and move them to ``out_dir``/vis and ``out_dir``/preds as ``<name><their extension>``
     (``names``: ``unique_names``) once the image is done, so that what is written stays written whatever comes
@@ -97,7 +97,7 @@ def run_each(run: Callable[[str, str], None], images: Sequence[str], names: Sequ
         (out / kind).mkdir(parents=True, exist_ok=True)
     failed = []
     with tempfile.TemporaryDirectory(prefix='.staging-', dir=out) as staging:
-        for image, name in zip(images, names):
+        for image, name in zip(images, names, strict=False):
             done, size = False, ''
             try:
                 height, width = check_image(image)

@@ -9,7 +9,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Dict, Iterator, Mapping, Optional, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -90,7 +90,7 @@ def read_config(path: str) -> Config:
         return Config.fromfile(str(path))
 
 
-def load_config(path: str, cfg_options: Optional[dict] = None, work_dir: Optional[str] = None) -> Config:
+def load_config(path: str, cfg_options: dict | None = None, work_dir: str | None = None) -> Config:
     """Read a config (``read_config``), apply ``--cfg-options`` and choose ``work_dirs/<config name>`` unless
     given."""
     cfg = read_config(path)
@@ -110,7 +110,7 @@ def add_common_args(parser, launchers: Sequence[str] = ('none', 'pytorch', 'slur
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
 
 
-def our_backbone(cfg: Config) -> Optional[dict]:
+def our_backbone(cfg: Config) -> dict | None:
     """The config's backbone settings if the backbone is one of ours (PyramidCPVT or CPVT), else None."""
     backbone = cfg.model.get('backbone') or {}
     return backbone if str(backbone.get('type', '')).rsplit('.', 1)[-1] in ('PyramidCPVT', 'CPVT') else None
@@ -147,7 +147,7 @@ def runner_checkpoint(cfg: Config, spec: str) -> str:
     return str(out)
 
 
-def checkpoint_state(checkpoint: Mapping) -> Dict[str, torch.Tensor]:
+def checkpoint_state(checkpoint: Mapping) -> dict[str, torch.Tensor]:
     """The state dict of an mmengine checkpoint as mmengine's loaders read it: the one under ``state_dict`` (or the
     mapping itself), a leading ``module.`` stripped from each key (their default ``revise_keys``)."""
     state = checkpoint.get('state_dict', checkpoint)

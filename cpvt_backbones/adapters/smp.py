@@ -5,7 +5,7 @@ With ``import cpvt_backbones.adapters.timm``, every model of ``cpvt_backbones.li
 under ``'tu-<name>'`` (``smp.Unet('tu-pcpvt_tiny', encoder_weights=None)``; ``encoder_weights='imagenet'`` loads
 the published PCPVT weights through timm's ``pretrained=True``). ``AnySize`` is plain torch and needs no SMP.
 """
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +29,7 @@ class AnySize(nn.Module):
     model needs it given. Sizes already divisible pass unpadded.
     """
 
-    def __init__(self, model: nn.Module, multiple: Optional[int] = None, mode: str = 'constant'):
+    def __init__(self, model: nn.Module, multiple: int | None = None, mode: str = 'constant'):
         super().__init__()
         if multiple is None:
             stride = getattr(getattr(model, 'encoder', None), 'output_stride', None)

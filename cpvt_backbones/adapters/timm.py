@@ -22,7 +22,7 @@ hold: ``num_classes``, ``in_chans``, any constructor argument (``pos_encoding=..
 """
 import re
 from functools import partial
-from typing import Dict, Mapping, Optional
+from collections.abc import Mapping
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -40,16 +40,16 @@ _HUB_FILE = re.compile(r'https://huggingface\.co/([^/]+/[^/]+)/resolve/main/(.+)
 _FEATURE_CLASSES = (None, 'getter', 'list', 'fx')
 
 
-def _pretrained_cfg(name: str, **weights: str) -> Dict:
+def _pretrained_cfg(name: str, **weights: str) -> dict:
     first_conv = 'patch_embed.proj' if MODEL_SPECS[name].cls is CPVT else 'patch_embeds.0.proj'
     return dict(num_classes=1000, input_size=(3, 224, 224), fixed_input_size=False, pool_size=None,
                 crop_pct=0.9, interpolation='bicubic', mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
                 first_conv=first_conv, classifier='head', license='apache-2.0', **weights)
 
 
-def _weights(name: str) -> Dict[str, str]:
+def _weights(name: str) -> dict[str, str]:
     """Where ``name``'s published classifier weights are, in timm's terms (from ``convert.hub.PRETRAINED``)."""
-    out: Dict[str, str] = {}
+    out: dict[str, str] = {}
     for source in (s for s in PRETRAINED[name] if s.classifier):
         hub = _HUB_FILE.match(source.url)
         if hub and 'hf_hub_id' not in out:
@@ -79,12 +79,12 @@ class Features(nn.Module):
         return list(self.model(x))
 
 
-def _filter_weights(state_dict: Mapping[str, torch.Tensor], model: nn.Module) -> Dict[str, torch.Tensor]:
+def _filter_weights(state_dict: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
     """Any layout we read -> ours, without what the model does not build (as ``convert.load_into``)."""
     return built_weights(model, unwrap_state_dict(state_dict))
 
 
-def _features(name: str, pretrained: bool, out_indices, feature_cls: Optional[str], kwargs) -> nn.Module:
+def _features(name: str, pretrained: bool, out_indices, feature_cls: str | None, kwargs) -> nn.Module:
     if feature_cls not in _FEATURE_CLASSES:
         raise ValueError(f'{name}: feature_cls must be one of {_FEATURE_CLASSES}, got {feature_cls!r} (the maps of '
                          "this package's dense backbones are not outputs of one submodule, as timm's hook-based "
@@ -98,7 +98,8 @@ def _features(name: str, pretrained: bool, out_indices, feature_cls: Optional[st
                                  pretrained, pretrained_filter_fn=_filter_weights, **kwargs)
     prefix = 'simple_fpn' if isinstance(model, CPVT) else 'blocks'
     info = FeatureInfo([dict(module=f'{prefix}.{i}', num_chs=c, reduction=s) for i, c, s in
-                        zip(out_indices, model.out_channels, model.strides)], tuple(range(len(out_indices))))
+                        zip(out_indices, model.out_channels, model.strides, strict=True)],
+                       tuple(range(len(out_indices))))
     features = Features(torch.fx.symbolic_trace(model) if feature_cls == 'fx' else model, info)
     features.pretrained_cfg = features.default_cfg = pretrained_cfg_for_features(model.pretrained_cfg)
     return features

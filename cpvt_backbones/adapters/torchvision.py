@@ -2,7 +2,8 @@
 ``KeypointRCNN``, ``RetinaNet``, ``FCOS``): ``cpvt_fpn_backbone``, the counterpart of torchvision's
 ``resnet_fpn_backbone``."""
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -19,8 +20,8 @@ class BackboneWithFPN(nn.Module):
     own ``BackboneWithFPN`` (the FPN resizes each upper map to the size of the one below it, so ceil-size maps of
     any input size fit). ``out_channels`` is the attribute torchvision's detectors read."""
 
-    def __init__(self, body: nn.Module, out_channels: int = 256, extra_blocks: Optional[ExtraFPNBlock] = None,
-                 norm_layer: Optional[Callable[..., nn.Module]] = None):
+    def __init__(self, body: nn.Module, out_channels: int = 256, extra_blocks: ExtraFPNBlock | None = None,
+                 norm_layer: Callable[..., nn.Module] | None = None):
         super().__init__()
         self.body = body
         self.fpn = FeaturePyramidNetwork(list(body.out_channels), out_channels,
@@ -28,14 +29,14 @@ class BackboneWithFPN(nn.Module):
                                          norm_layer=norm_layer)
         self.out_channels = out_channels
 
-    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.fpn(OrderedDict((str(i), f) for i, f in enumerate(self.body(x))))
 
 
-def cpvt_fpn_backbone(arch: str, pretrained: Union[None, bool, str] = None,
+def cpvt_fpn_backbone(arch: str, pretrained: None | bool | str = None,
                       out_indices: Sequence[int] = (0, 1, 2, 3), out_channels: int = 256,
-                      extra_blocks: Optional[ExtraFPNBlock] = None,
-                      norm_layer: Optional[Callable[..., nn.Module]] = None, **model_kwargs: Any) -> BackboneWithFPN:
+                      extra_blocks: ExtraFPNBlock | None = None,
+                      norm_layer: Callable[..., nn.Module] | None = None, **model_kwargs: Any) -> BackboneWithFPN:
     """A named model of ``cpvt_backbones.list_models()`` as a dense backbone (``create_model(arch,
     features_only=True, out_indices=..., pretrained=..., **model_kwargs)``: the pyramid stages, or a columnar
     model's simple feature pyramid; strides 4, 8, 16, 32 for indices 0-3) with an FPN of ``out_channels``

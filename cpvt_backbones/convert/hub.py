@@ -34,7 +34,6 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -46,7 +45,7 @@ class WeightSource:
     url: str
     filename: str                      # the name it is cached under
     layout: str                        # what ``convert.detect_layout`` calls it: 'native', 'mmseg', ...
-    sha256_prefix: Optional[str] = None   # as published in the file name
+    sha256_prefix: str | None = None   # as published in the file name
     classifier: bool = True            # holds the ImageNet head (a backbone-only file does not)
     note: str = ''
 
@@ -59,12 +58,12 @@ _RELEASES = {'small': ('twins_pcpvt_small-e70e7e7a.pth', 'pcpvt_small_20220308-e
              'large': ('twins_pcpvt_large-d273f802.pth', 'pcpvt_large_20220308-37579dc6.pth')}
 
 
-def _hash_in_name(filename: str) -> Optional[str]:
+def _hash_in_name(filename: str) -> str | None:
     m = re.search(r'-([0-9a-f]{8,})\.\w+$', filename)
     return m.group(1) if m else None
 
 
-PRETRAINED: Dict[str, Tuple[WeightSource, ...]] = {
+PRETRAINED: dict[str, tuple[WeightSource, ...]] = {
     f'pcpvt_{size}': (
         WeightSource(_TIMM_HUB.format(size=size), f'twins_pcpvt_{size}.in1k.safetensors', 'native',
                      note="timm's hub file"),
@@ -87,7 +86,7 @@ def weights_dir() -> Path:
     return Path(os.environ.get('CPVT_WEIGHTS_DIR') or Path(torch.hub.get_dir()) / 'checkpoints')
 
 
-def sources(name: str, classifier: bool = False) -> Tuple[WeightSource, ...]:
+def sources(name: str, classifier: bool = False) -> tuple[WeightSource, ...]:
     """The published copies of ``name``'s weights in the order they are tried (with ``classifier``, only
     those that hold the ImageNet head)."""
     if name in PRETRAINED:
@@ -108,7 +107,7 @@ def record_path(path: Path) -> Path:
     return path.with_name(path.name + '.sha256')
 
 
-def check_file(path: Path, source: WeightSource, etag: Optional[str] = None) -> str:
+def check_file(path: Path, source: WeightSource, etag: str | None = None) -> str:
     """``path``'s sha256, after checking it against the published prefix and a sha256 ETag (raising, after
     deleting ``path``, if either disagrees)."""
     digest = file_sha256(path)
@@ -120,7 +119,7 @@ def check_file(path: Path, source: WeightSource, etag: Optional[str] = None) -> 
     return digest
 
 
-def cached(path: Path, source: WeightSource) -> Optional[str]:
+def cached(path: Path, source: WeightSource) -> str | None:
     """Why the cached ``path`` cannot be used for ``source`` (its sha256 differs from its record or from the
     published prefix, its record names another URL, or it has neither record nor published prefix to be checked
     by), or None when it is the checked file. Reads the whole file: the check holds on every load."""
@@ -142,7 +141,7 @@ def cached(path: Path, source: WeightSource) -> Optional[str]:
     return None
 
 
-def _progress(done: int, total: Optional[int], name: str) -> None:
+def _progress(done: int, total: int | None, name: str) -> None:
     if total:
         sys.stderr.write(f'\r[weights] {name}: {done / 2 ** 20:.1f} / {total / 2 ** 20:.1f} MiB '
                          f'({100 * done / total:.0f}%)')
@@ -151,7 +150,7 @@ def _progress(done: int, total: Optional[int], name: str) -> None:
     sys.stderr.flush()
 
 
-def _resume_from(partial: Path, url: str) -> Tuple[int, Optional[str]]:
+def _resume_from(partial: Path, url: str) -> tuple[int, str | None]:
     """How many bytes of ``partial`` a resume may keep, and the validator to send as If-Range: none (start over)
     unless its record names the same URL and a validator."""
     meta = partial.with_name(partial.name + '.json')
@@ -165,7 +164,7 @@ def _resume_from(partial: Path, url: str) -> Tuple[int, Optional[str]]:
         return 0, None
 
 
-def _validator(headers) -> Optional[str]:
+def _validator(headers) -> str | None:
     """What identifies this version of the file for If-Range: a strong ETag, else Last-Modified."""
     etag = headers.get('ETag')
     return etag if etag and not etag.startswith('W/') else headers.get('Last-Modified')
@@ -218,7 +217,7 @@ def download(source: WeightSource, path: Path, timeout: float = 60.) -> Path:
     return path
 
 
-def _from_cache(path: Path, source: WeightSource) -> Tuple[Optional[Path], Optional[str]]:
+def _from_cache(path: Path, source: WeightSource) -> tuple[Path | None, str | None]:
     """``path`` if it is in the cache and checks (``cached``); otherwise None and why not (None when absent). A
     file that does not check is left where it is, for a new download to replace."""
     if not path.is_file():
@@ -244,8 +243,8 @@ def _fetch(source: WeightSource, path: Path) -> Path:
         raise
 
 
-def fetch_weights(name: str, classifier: bool = False, directory: Optional[Path] = None
-                  ) -> Tuple[Path, WeightSource]:
+def fetch_weights(name: str, classifier: bool = False, directory: Path | None = None
+                  ) -> tuple[Path, WeightSource]:
     """A local, checked copy of ``name``'s published weights (see the module docstring) and its source; with
     ``classifier``, from a file that holds the ImageNet head."""
     candidates = sources(name, classifier)
@@ -270,14 +269,14 @@ def is_url(text: str) -> bool:
     return text.startswith(('http://', 'https://'))
 
 
-def url_path(url: str, directory: Optional[Path] = None) -> Path:
+def url_path(url: str, directory: Path | None = None) -> Path:
     """Where ``fetch_url`` caches ``url``: ``<weights_dir>/url/<sha256 of the URL, 16 hex>/<its file name>``."""
     filename = url.rstrip('/').rsplit('/', 1)[-1].split('?')[0] or 'weights'
     key = hashlib.sha256(url.encode()).hexdigest()[:16]
     return (Path(directory) if directory is not None else weights_dir()) / 'url' / key / filename
 
 
-def fetch_url(url: str, directory: Optional[Path] = None) -> Path:
+def fetch_url(url: str, directory: Path | None = None) -> Path:
     """A URL's file in the cache (``url_path``): fetched once, checked against its record (and the sha256 prefix
     in its name, if any) on every load."""
     path = url_path(url, directory)

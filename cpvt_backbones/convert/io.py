@@ -5,17 +5,18 @@ import pickle
 import types
 import zipfile
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Mapping, Union
+from typing import Any, BinaryIO
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
 from ..compat import supports
 
-StateDict = Dict[str, torch.Tensor]
+StateDict = dict[str, torch.Tensor]
 _WRAPPERS = ('state_dict', 'model', 'module')
 # Globals that safe loading allows beyond torch's own (tensors, containers, numbers): what an opt-in such as
 # cpvt_backbones.adapters.checkpoint registers with allow_globals.
-_ALLOWED: List[Callable] = []
+_ALLOWED: list[Callable] = []
 
 
 def allow_globals(objects: Iterable[Callable]) -> None:
@@ -24,7 +25,7 @@ def allow_globals(objects: Iterable[Callable]) -> None:
     _ALLOWED.extend(o for o in objects if o not in _ALLOWED)
 
 
-def safe_load(source: Union[str, Path, BinaryIO], map_location: Any = 'cpu') -> Any:
+def safe_load(source: str | Path | BinaryIO, map_location: Any = 'cpu') -> Any:
     """``torch.load`` that builds only tensors, containers, numbers and the globals of ``allow_globals``: a pickle
     naming anything else (a function that could run code) raises ``pickle.UnpicklingError`` ("Unsupported
     global ..."). From torch 2.5 it is ``torch.load(weights_only=True)`` with those globals allowed for this call
@@ -83,7 +84,7 @@ def _is_state_dict(obj: Mapping) -> bool:
     return bool(obj) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
 
 
-def load_weights_file(path: Union[str, Path]) -> StateDict:
+def load_weights_file(path: str | Path) -> StateDict:
     """The state dict of a ``.pth``/``.pt``/``.bin`` file (``safe_load``) or of a ``.safetensors`` file.
 
     A pickle that would construct arbitrary objects is refused (the opt-in ``cpvt_backbones.adapters.checkpoint``

@@ -8,13 +8,15 @@ every key it is given or raises ``UnknownKeysError`` naming the keys it cannot p
 for).
 """
 import re
-from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Pattern, Sequence, Tuple, Union
+from typing import NamedTuple
+from re import Pattern
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
 from ..layers.position import state_dict_roots
 
-StateDict = Dict[str, torch.Tensor]
+StateDict = dict[str, torch.Tensor]
 
 # Roots of the native keys that belong to the model itself rather than to a position encoding (whose roots come
 # from the encoding registry, ``native_roots``): the patch embeddings (pyramid, columnar), the class token, the
@@ -22,7 +24,7 @@ StateDict = Dict[str, torch.Tensor]
 MODEL_ROOTS = ('patch_embeds.', 'patch_embed.', 'cls_token', 'blocks.', 'norm.', 'simple_fpn.', 'head.')
 
 
-def native_roots() -> Tuple[str, ...]:
+def native_roots() -> tuple[str, ...]:
     """The prefixes of every native key: the model's own roots and those of every registered position encoding
     (``cpvt_backbones.layers.position.state_dict_roots``)."""
     return MODEL_ROOTS + state_dict_roots()
@@ -41,29 +43,29 @@ class UnknownKeysError(KeyError):
 class Fold(NamedTuple):
     """How one tensor of a layout is several of another: ``split`` takes the tensor to its parts by name,
     ``merge`` takes the parts back to the tensor (None when parts are missing: their keys are then unknown)."""
-    split: Callable[[torch.Tensor], Dict[str, torch.Tensor]]
-    merge: Callable[[Dict[str, torch.Tensor]], Optional[torch.Tensor]]
+    split: Callable[[torch.Tensor], dict[str, torch.Tensor]]
+    merge: Callable[[dict[str, torch.Tensor]], torch.Tensor | None]
 
 
-def split_qkv(value: torch.Tensor) -> Dict[str, torch.Tensor]:
+def split_qkv(value: torch.Tensor) -> dict[str, torch.Tensor]:
     """A fused attention input projection (q; k; v stacked on dim 0) -> its ``q`` and ``kv`` (views)."""
     dim = value.shape[0] // 3
     return {'q': value[:dim], 'kv': value[dim:]}
 
 
-def merge_qkv(parts: Dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
+def merge_qkv(parts: dict[str, torch.Tensor]) -> torch.Tensor | None:
     """``q`` and ``kv`` -> the fused (q; k; v) projection; None unless both are given."""
     if set(parts) != {'q', 'kv'}:
         return None
     return torch.cat((parts['q'], parts['kv']), dim=0)
 
 
-def _split_blocks(value: torch.Tensor) -> Dict[str, torch.Tensor]:
+def _split_blocks(value: torch.Tensor) -> dict[str, torch.Tensor]:
     """timm's RoPE ``freqs`` (2, depth, heads, head_dim / 2) -> one (2, heads, head_dim / 2) copy per block."""
     return {str(j): value[:, j].clone() for j in range(value.shape[1])}
 
 
-def _stack_blocks(parts: Dict[str, torch.Tensor]) -> torch.Tensor:
+def _stack_blocks(parts: dict[str, torch.Tensor]) -> torch.Tensor:
     """One RoPE frequency tensor per block -> timm's (2, depth, heads, head_dim / 2); the blocks must be 0..n-1."""
     freqs = {int(j): value for j, value in parts.items()}
     if sorted(freqs) != list(range(len(freqs))):
@@ -78,16 +80,16 @@ PER_BLOCK = Fold(_split_blocks, _stack_blocks)
 # {i} {j} indices, {p} weight|bias, {n} a layer scale's 1|2, {part} q|kv, {rest} anything, {native} a native
 # backbone key (under a root of ``native_roots`` other than the head). A fold rule's templates differ by one
 # field: the source has it (its parts merge into one target key) or the target has it (the source splits).
-Rule = Union[Tuple[str, Optional[str]], Tuple[str, str, Fold]]
+Rule = tuple[str, str | None] | tuple[str, str, Fold]
 _FIELDS = {'i': r'\d+', 'j': r'\d+', 'p': r'weight|bias', 'n': r'[12]', 'part': r'q|kv', 'rest': r'.*'}
 _FIELD = re.compile(r'\{(\w+)\}')
 
 
 class _Compiled(NamedTuple):
     source: Pattern
-    target: Optional[str]
-    fold: Optional[Fold]
-    field: Optional[str]     # the fold's field: in the source (a merge) or in the target (a split)
+    target: str | None
+    fold: Fold | None
+    field: str | None     # the fold's field: in the source (a merge) or in the target (a split)
 
 
 def _compile(rule: Rule, fields: Mapping[str, str]) -> _Compiled:
@@ -105,7 +107,7 @@ def _compile(rule: Rule, fields: Mapping[str, str]) -> _Compiled:
     return _Compiled(pattern, target, folds[0], differ.pop())
 
 
-def _first_match(compiled: Sequence[_Compiled], key: str) -> Tuple[int, Optional[re.Match]]:
+def _first_match(compiled: Sequence[_Compiled], key: str) -> tuple[int, re.Match | None]:
     for index, rule in enumerate(compiled):
         m = rule.source.fullmatch(key)
         if m:
@@ -113,7 +115,7 @@ def _first_match(compiled: Sequence[_Compiled], key: str) -> Tuple[int, Optional
     return -1, None
 
 
-def inverted(rules: Sequence[Rule]) -> List[Rule]:
+def inverted(rules: Sequence[Rule]) -> list[Rule]:
     """The rules read the other way: targets become sources (a fold splits what it merged, and back)."""
     return [(target, source, *fold) for source, target, *fold in rules]
 
@@ -129,8 +131,8 @@ def apply_rules(state_dict: Mapping[str, torch.Tensor], rules: Sequence[Rule], l
     fields = {**_FIELDS, 'native': f'(?:{native}).*'}
     compiled = [_compile(rule, fields) for rule in rules]
     out: StateDict = {}
-    unknown: List[str] = []
-    merges: Dict[Tuple[int, str], Dict[str, Tuple[str, torch.Tensor]]] = {}
+    unknown: list[str] = []
+    merges: dict[tuple[int, str], dict[str, tuple[str, torch.Tensor]]] = {}
     for key, value in state_dict.items():
         index, m = _first_match(compiled, key)
         if m is None:
@@ -279,7 +281,7 @@ def native_to_classifier(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     return apply_rules(state_dict, _CLASSIFIER, 'our (Twins/timm)')
 
 
-def _is_our_classifier(keys: Sequence[str], roots: Tuple[str, ...]) -> bool:
+def _is_our_classifier(keys: Sequence[str], roots: tuple[str, ...]) -> bool:
     return bool(keys) and any(k.startswith('backbone.') for k in keys) and all(
         k.startswith('head.fc.') or (k.startswith('backbone.') and k[len('backbone.'):].startswith(roots))
         for k in keys)
@@ -311,11 +313,11 @@ def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
 
 
 # Each layout ``detect_layout`` names, read into native keys (DeiT's, which takes an option, by ``to_native``).
-READERS: Dict[str, Callable[[Mapping[str, torch.Tensor]], StateDict]] = {
+READERS: dict[str, Callable[[Mapping[str, torch.Tensor]], StateDict]] = {
     'native': dict, 'classifier': classifier_to_native, 'mmseg': mmseg_to_native, 'mmpretrain': mmpretrain_to_native,
     'rope_vit': rope_vit_to_native}
 # Each layout ``from_native`` writes.
-WRITERS: Dict[str, Callable[[Mapping[str, torch.Tensor]], StateDict]] = {
+WRITERS: dict[str, Callable[[Mapping[str, torch.Tensor]], StateDict]] = {
     'native': dict, 'backbone': backbone_only, 'classifier': native_to_classifier, 'mmseg': native_to_mmseg,
     'mmpretrain': native_to_mmpretrain, 'rope_vit': native_to_rope_vit}
 

@@ -1,6 +1,7 @@
 """Strict loading of any known layout into a model, with errors that list what does not fit."""
 from pathlib import Path
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import NamedTuple
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -14,15 +15,15 @@ class LoadReport(NamedTuple):
     (key, checkpoint shape, model shape) and values of a kind the model's tensor cannot take (key, checkpoint
     dtype, model dtype): integers, booleans or 8-bit floats for a floating tensor, which a cast would turn into
     other numbers silently."""
-    missing: List[str]
-    unexpected: List[str]
-    mismatched: List[Tuple[str, Tuple[int, ...], Tuple[int, ...]]]
-    wrong_dtype: Tuple[Tuple[str, torch.dtype, torch.dtype], ...] = ()
+    missing: list[str]
+    unexpected: list[str]
+    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
+    wrong_dtype: tuple[tuple[str, torch.dtype, torch.dtype], ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.missing or self.unexpected or self.mismatched or self.wrong_dtype)
 
-    def describe(self, limit: Optional[int] = 20) -> str:
+    def describe(self, limit: int | None = 20) -> str:
         """One line: up to ``limit`` entries of each kind (``None``: all of them), then how many more."""
         def show(items) -> str:
             items = [str(i) for i in items]
@@ -45,7 +46,7 @@ class LoadReport(NamedTuple):
 class CheckpointMismatchError(ValueError):
     """The checkpoint does not fit the model; nothing was loaded."""
 
-    def __init__(self, report: LoadReport, source: str = 'checkpoint', limit: Optional[int] = 20):
+    def __init__(self, report: LoadReport, source: str = 'checkpoint', limit: int | None = 20):
         self.report = report
         super().__init__(f'{source} does not fit the model (nothing was loaded): {report.describe(limit)}')
 
@@ -71,7 +72,7 @@ def compare(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> LoadRep
 
 
 def built_weights(model: nn.Module, state_dict: Mapping[str, torch.Tensor],
-                  skip: Sequence[str] = ()) -> Dict[str, torch.Tensor]:
+                  skip: Sequence[str] = ()) -> dict[str, torch.Tensor]:
     """``state_dict`` (any known layout) in ours, without the parts the model deliberately does not build
     (``model.unbuilt_prefixes``: a classifier head for a dense backbone, ...) and the key prefixes ``skip``."""
     dropped = tuple(model.unbuilt_prefixes) + tuple(skip)
@@ -100,7 +101,7 @@ def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: 
     return report
 
 
-def load_pretrained(model: nn.Module, path: Union[str, Path], strict: bool = True,
+def load_pretrained(model: nn.Module, path: str | Path, strict: bool = True,
                     skip: Sequence[str] = ()) -> LoadReport:
     """Read ``path`` safely and ``load_into`` the model."""
     return load_into(model, load_weights_file(path), strict, source=str(path), skip=skip)

@@ -4,7 +4,6 @@ Nothing is downloaded: the files are read from ``root``, by default where the De
 """
 import gzip
 from pathlib import Path
-from typing import Optional, Tuple, Union
 
 import numpy as np
 
@@ -23,7 +22,7 @@ def _find(root: Path, stem: str) -> Path:
     raise FileNotFoundError(f'Fashion-MNIST file {stem}[.gz] not found in {root}: {HOW_TO_GET}')
 
 
-def read_idx(path: Union[str, Path], ndim: int) -> np.ndarray:
+def read_idx(path: str | Path, ndim: int) -> np.ndarray:
     """An unsigned-byte IDX array (magic 0x0000080N with N = ``ndim``), gzipped or not."""
     path = Path(path)
     with (gzip.open(path, 'rb') if path.suffix == '.gz' else open(path, 'rb')) as f:
@@ -38,7 +37,7 @@ def read_idx(path: Union[str, Path], ndim: int) -> np.ndarray:
     return body.reshape(shape)
 
 
-def load_fashion_mnist(split: str, root: Optional[Union[str, Path]] = None) -> Tuple[np.ndarray, np.ndarray]:
+def load_fashion_mnist(split: str, root: str | Path | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(images, labels)``: uint8 (N, 28, 28) and int64 (N,) for ``split`` 'train' (60,000) or 'test' (10,000)."""
     if split not in SPLITS:
         raise ValueError(f'split must be one of {sorted(SPLITS)}, got {split!r}')

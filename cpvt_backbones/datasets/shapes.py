@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -43,7 +43,7 @@ class Shape:
     cy: float
     r: float
     theta: float
-    colour: Tuple[float, float, float]
+    colour: tuple[float, float, float]
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ class Scene:
     height: int
     width: int
     grid: np.ndarray                  # background colour grid, bicubically stretched over the image
-    stripes: Tuple[float, float, float]  # angle, period (px at scale 1), amplitude
-    shapes: Tuple[Shape, ...]
+    stripes: tuple[float, float, float]  # angle, period (px at scale 1), amplitude
+    shapes: tuple[Shape, ...]
     seed: int
 
 
@@ -93,7 +93,7 @@ def _sample_background(rng: np.random.Generator, h: int, w: int) -> Scene:
     return Scene(h, w, grid, stripes, (), int(rng.integers(2 ** 31)))
 
 
-def _polygon(cls: str, cx: float, cy: float, r: float, theta: float) -> List[Tuple[float, float]]:
+def _polygon(cls: str, cx: float, cy: float, r: float, theta: float) -> list[tuple[float, float]]:
     if cls == 'square':
         angles, radii = [theta + k * math.pi / 2 + math.pi / 4 for k in range(4)], [r] * 4
     elif cls == 'triangle':
@@ -101,7 +101,7 @@ def _polygon(cls: str, cx: float, cy: float, r: float, theta: float) -> List[Tup
     else:  # star
         angles = [theta + k * math.pi / 5 for k in range(10)]
         radii = [r if k % 2 == 0 else r * 0.45 for k in range(10)]
-    return [(cx + a * math.cos(t), cy + a * math.sin(t)) for t, a in zip(angles, radii)]
+    return [(cx + a * math.cos(t), cy + a * math.sin(t)) for t, a in zip(angles, radii, strict=False)]
 
 
 def _mask(shape: Shape, h: int, w: int, scale: float) -> np.ndarray:
@@ -124,7 +124,7 @@ def render(scene: Scene, scale: float = 1.):
     rng = np.random.default_rng(scene.seed)
     image = _background(scene, h, w, scale, rng)
     labels = np.zeros((h, w), dtype=np.uint8)
-    boxes: List[Tuple[int, List[float], int]] = []
+    boxes: list[tuple[int, list[float], int]] = []
     min_pixels = 16 * scale * scale
     for shape in scene.shapes:
         mask = _mask(shape, h, w, scale)
@@ -146,8 +146,8 @@ def _scene(rng: np.random.Generator, spec: ShapesSpec) -> Scene:
     w = int(np.clip(round(h * aspect), spec.min_side, spec.max_side))
     base = _sample_background(rng, h, w)
     background = _background(base, h, w, 1., np.random.default_rng(base.seed))
-    shapes: List[Shape] = []
-    taken: List[Tuple[float, float, float, float]] = []
+    shapes: list[Shape] = []
+    taken: list[tuple[float, float, float, float]] = []
     for _ in range(int(rng.integers(1, spec.max_objects + 1))):
         for _attempt in range(30):
             r = rng.uniform(spec.min_object, spec.max_object) * min(h, w) / 2
@@ -164,7 +164,7 @@ def _scene(rng: np.random.Generator, spec: ShapesSpec) -> Scene:
     return replace(base, shapes=tuple(shapes))
 
 
-def shape_scenes(spec: ShapesSpec = ShapesSpec()) -> Dict[str, List[Scene]]:
+def shape_scenes(spec: ShapesSpec = ShapesSpec()) -> dict[str, list[Scene]]:
     """The scenes of both splits (deterministic for a given spec)."""
     rng = np.random.default_rng(spec.seed)
     return {split: [_scene(rng, spec) for _ in range(count)]
@@ -223,7 +223,7 @@ def _generate_once(root, wanted: str, write: Callable[[Path], None]) -> Path:
     return root
 
 
-def generate_shapes(root, spec: ShapesSpec = ShapesSpec()) -> Dict[str, int]:
+def generate_shapes(root, spec: ShapesSpec = ShapesSpec()) -> dict[str, int]:
     """Write the dataset under ``root`` (idempotent for a given spec: a marker records what was written)."""
     def write(folder: Path) -> None:
         for split, scenes in shape_scenes(spec).items():
@@ -243,7 +243,7 @@ def generate_drawn_split(root, spec: ShapesSpec, long_side: int, split: str = 'v
 
 
 def generate_shape_crops(root, num_train: int = 4000, num_val: int = 400, size: int = 64,
-                         seed: int = 0) -> Dict[str, int]:
+                         seed: int = 0) -> dict[str, int]:
     """One shape per ``size`` x ``size`` image, in ``<split>/<class>/*.jpg`` folders (mmpretrain's
     CustomDataset layout): the classification set for pretraining a backbone on CPU."""
     wanted = json.dumps(dict(num_train=num_train, num_val=num_val, size=size, seed=seed,

@@ -31,7 +31,6 @@ float32 path.
 import functools
 import re
 from pathlib import Path
-from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -88,7 +87,7 @@ class Kernel:
     def accumulate(self, part: torch.Tensor, x: torch.Tensor, layer: nn.Module) -> None:
         part += self.linear(x, layer)
 
-    def gelu_linear(self, x: torch.Tensor, layer: nn.Module, consumer: Optional[nn.Module] = None) -> torch.Tensor:
+    def gelu_linear(self, x: torch.Tensor, layer: nn.Module, consumer: nn.Module | None = None) -> torch.Tensor:
         """``gelu(layer(x))``, in the form the kernel of ``consumer`` (the layer it feeds) takes."""
         return torch.ops.aten.gelu_(self.linear(x, layer))
 
@@ -127,14 +126,14 @@ def channel_scales(weight: torch.Tensor) -> torch.Tensor:
     return (weight.abs().amax(dim=1) / 127).clamp(min=1e-8)
 
 
-def _int8_weight(layer: nn.Module) -> Tuple[torch.Tensor, torch.Tensor]:
+def _int8_weight(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 weights per output channel, symmetric (zero point 0), and their float32 scales."""
     weight = layer.weight.detach()
     scales = channel_scales(weight)
     return torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8), scales
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cpu_flags() -> frozenset:
     """The CPU's feature flags from /proc/cpuinfo (empty where it cannot be read: not Linux, not x86)."""
     try:
@@ -143,7 +142,7 @@ def cpu_flags() -> frozenset:
         return frozenset()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def activation_qmax() -> int:
     """The largest uint8 activation code: 255 on CPUs with int8 dot-product instructions (AVX512-VNNI, AVX-VNNI,
     AMX), whose GEMMs add exact 32-bit products; 127 elsewhere, where oneDNN's AVX2 kernel adds pairs of
@@ -153,7 +152,7 @@ def activation_qmax() -> int:
     return 255 if not flags or flags & {'avx512_vnni', 'avx_vnni', 'amx_int8'} else 127
 
 
-def uint8_qparams(low: float, high: float) -> Tuple[float, int]:
+def uint8_qparams(low: float, high: float) -> tuple[float, int]:
     """Scale and zero point mapping [low, high] (widened to include 0, so that 0 is exact) onto the uint8 codes
     0..``activation_qmax()``."""
     qmax = activation_qmax()
@@ -250,7 +249,7 @@ def unavailable_reason(name: str) -> str:
 
 
 def fused_mlp(part: torch.Tensor, norm: nn.Module, fc1: nn.Module, fc2: nn.Module,
-              kernel: Optional[str] = None) -> None:
+              kernel: str | None = None) -> None:
     """``part += fc2(gelu(fc1(norm(part))))`` on a 2-D chunk of tokens, in place; each layer through its own
     kernel unless ``kernel`` names one for both."""
     k1, k2 = (KERNELS[kernel or layer.kernel] for layer in (fc1, fc2))
@@ -259,7 +258,7 @@ def fused_mlp(part: torch.Tensor, norm: nn.Module, fc1: nn.Module, fc2: nn.Modul
 
 
 def fused_gemms(attended: torch.Tensor, block: nn.Module, residual: torch.Tensor,
-                kernel: Optional[str] = None) -> torch.Tensor:
+                kernel: str | None = None) -> torch.Tensor:
     """What follows attention in a block, on 2-D tokens: ``x = residual + proj(attended)``, then
     ``x += mlp(norm2(x))`` a chunk at a time; each layer through its own kernel unless ``kernel`` names one
     (a float32 kernel needs nothing prepared, so it runs the plain block's layers too)."""
@@ -282,7 +281,7 @@ class FusedLinear(nn.Module):
         self.kernel = check_kernel(kernel)
         self.weight = layer.weight
         self.bias = layer.bias
-        self.input_range: Optional[Tuple[float, float]] = None  # calibrated (low, high) of the input: static int8
+        self.input_range: tuple[float, float] | None = None  # calibrated (low, high) of the input: static int8
         self._prepared, self._prepared_for = None, None
         self.train(layer.training)
 
@@ -326,7 +325,7 @@ class FusedBlock(nn.Module):
             block.norm1, block.attn, block.ls1, block.norm2, block.mlp, block.ls2, block.drop_path)
         self.train(block.training)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int], pos: Optional[AttentionPosition] = None
+    def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None
                 ) -> torch.Tensor:
         if self.training or not can_fuse(x):
             return Block.forward(self, x, hw, pos)

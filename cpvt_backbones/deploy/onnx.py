@@ -1,6 +1,6 @@
 """ONNX export of our models with dynamic batch, height and width, and its check against PyTorch (torch, with
 onnxscript for exporting and onnxruntime for checking)."""
-from typing import Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -30,7 +30,8 @@ def export(model: nn.Module, path: str, names: Sequence[str], size=(224, 224), i
         outputs = model(x)
         outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
         axes = {'image': {0: 'batch', 2: 'height', 3: 'width'}}
-        axes.update((name, {d: f'{name}_{d}' for d in range(out.ndim)}) for name, out in zip(names, outputs))
+        axes.update((name, {d: f'{name}_{d}' for d in range(out.ndim)})
+                    for name, out in zip(names, outputs, strict=True))
         try:
             atomic_write(path, lambda f: torch.onnx.export(
                 model, (x,), f, opset_version=OPSET_TORCHSCRIPT, input_names=['image'], output_names=list(names),
@@ -42,7 +43,7 @@ def export(model: nn.Module, path: str, names: Sequence[str], size=(224, 224), i
                                f'({e})') from e
 
 
-def verify(model: nn.Module, path: str, sizes: Sequence[Tuple[int, int]], batch: int = 1) -> float:
+def verify(model: nn.Module, path: str, sizes: Sequence[tuple[int, int]], batch: int = 1) -> float:
     """Largest absolute difference between onnxruntime and PyTorch over ``sizes``; also printed."""
     import onnxruntime as ort
     session = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
@@ -57,7 +58,7 @@ def verify(model: nn.Module, path: str, sizes: Sequence[Tuple[int, int]], batch:
         if len(got) != len(ref):
             raise RuntimeError(f'{path}: {len(got)} outputs, PyTorch gives {len(ref)}')
         diff = 0.
-        for r, g in zip(ref, got):
+        for r, g in zip(ref, got, strict=False):
             if tuple(r.shape) != g.shape:
                 raise RuntimeError(f'{path} at {h}x{w}: output shape {g.shape}, PyTorch gives {tuple(r.shape)}')
             diff = max(diff, (r - torch.from_numpy(g)).abs().max().item())

@@ -12,7 +12,6 @@ onnxruntime``, which ``make env`` installs).
 import json
 import warnings
 from pathlib import Path
-from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -39,7 +38,7 @@ class OnnxRuntimeModule(nn.Module):
     NCHW float tensor (any batch, height and width) and returns CPU float32 tensors in the original output
     structure. onnxruntime's ``run`` may be called from several threads at once."""
 
-    def __init__(self, path: str, out_spec, in_chans: int, threads: Optional[int] = None):
+    def __init__(self, path: str, out_spec, in_chans: int, threads: int | None = None):
         super().__init__()
         ort = _onnxruntime()
         options = ort.SessionOptions()
@@ -64,7 +63,7 @@ def record_path(path) -> Path:
     return Path(str(path) + '.sha256')
 
 
-def _usable(path: Path) -> Optional[str]:
+def _usable(path: Path) -> str | None:
     """Why the export saved at ``path`` cannot be used (missing record, or a sha256 that differs from it), or
     None."""
     try:
@@ -77,7 +76,7 @@ def _usable(path: Path) -> Optional[str]:
     return None
 
 
-def check_export(engine: OnnxRuntimeModule, model: nn.Module, size: Tuple[int, int] = (97, 131),
+def check_export(engine: OnnxRuntimeModule, model: nn.Module, size: tuple[int, int] = (97, 131),
                  tolerance: float = 1e-3) -> float:
     """The session against ``model`` at ``size`` (not the export's example size, so that a frozen size shows):
     the largest relative L2 error over the outputs, or an error naming the output that differs."""
@@ -86,7 +85,7 @@ def check_export(engine: OnnxRuntimeModule, model: nn.Module, size: Tuple[int, i
         expected = pytree.tree_flatten(model(x))[0]
     got = pytree.tree_flatten(engine(x))[0]
     worst = 0.
-    for i, (g, e) in enumerate(zip(got, expected)):
+    for i, (g, e) in enumerate(zip(got, expected, strict=False)):
         if g.shape != e.shape:
             raise RuntimeError(f'onnxruntime: output {i} has shape {tuple(g.shape)} at {size}, torch gives '
                                f'{tuple(e.shape)} (the export froze a size)')
@@ -96,9 +95,9 @@ def check_export(engine: OnnxRuntimeModule, model: nn.Module, size: Tuple[int, i
     return worst
 
 
-def to_onnxruntime(model: nn.Module, precision: str = 'fp32', cache: Optional[str] = None,
-                   threads: Optional[int] = None, example_size: Tuple[int, int] = (224, 224),
-                   in_chans: Optional[int] = None) -> OnnxRuntimeModule:
+def to_onnxruntime(model: nn.Module, precision: str = 'fp32', cache: str | None = None,
+                   threads: int | None = None, example_size: tuple[int, int] = (224, 224),
+                   in_chans: int | None = None) -> OnnxRuntimeModule:
     """``model`` (evaluation mode, float32; left as it is) as an ``OnnxRuntimeModule``: exported at
     ``example_size`` (any size works afterwards) to ``cache`` or a file beside nothing (a temporary folder),
     checked against torch at another size (``check_export``). ``precision``: 'fp32' only (see

@@ -11,7 +11,7 @@ run unchanged around it. Only duck typing: this module imports nothing from Open
 """
 import contextlib
 import types
-from typing import Iterable, Iterator, Optional, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -59,7 +59,7 @@ class _ScaleUpsample(nn.Module):
     the same output as computing the size ``int(h * factor)`` in Python, which export would freeze at the
     example's size."""
 
-    def __init__(self, factor: int, mode: str, align_corners: Optional[bool]):
+    def __init__(self, factor: int, mode: str, align_corners: bool | None):
         super().__init__()
         self.factor, self.mode, self.align_corners = factor, mode, align_corners
 
@@ -117,7 +117,7 @@ def attach_engine(model: nn.Module, engine: nn.Module) -> nn.Module:
 
 
 def on_engine(model: nn.Module, engine: str, precision: str = 'fp32',
-              calibration: Optional[Iterable[torch.Tensor]] = None, keep_fp32: Sequence[str] = (),
+              calibration: Iterable[torch.Tensor] | None = None, keep_fp32: Sequence[str] = (),
               **options) -> nn.Module:
     """``model`` (an OpenMMLab model in evaluation mode) on ``engine`` at ``precision`` (``deploy.registry.prepare``),
     in place; returns ``model``. An engine that covers the backbone replaces ``model.backbone``; one that covers

@@ -33,7 +33,8 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -81,7 +82,7 @@ def native_bf16() -> bool:
     return 'BF16' in ov.Core().get_property('CPU', 'OPTIMIZATION_CAPABILITIES')
 
 
-def compile_config(precision: str, threads: Optional[int] = None) -> Dict[Any, Any]:
+def compile_config(precision: str, threads: int | None = None) -> dict[Any, Any]:
     """The CPU plugin's properties for ``precision``: the inference precision (bf16 only where native, with a
     warning otherwise) and, if given, the number of threads."""
     ov = _openvino()
@@ -206,7 +207,7 @@ def convert(model: nn.Module, example: torch.Tensor):
     return ov_model, spec
 
 
-def ops_under(ov_model, prefixes: Sequence[str]) -> List[str]:
+def ops_under(ov_model, prefixes: Sequence[str]) -> list[str]:
     """Names of the operations of ``ov_model`` (from ``convert``) that came from modules under any of
     ``prefixes`` (dotted module-name prefixes: 'bbox_head' takes 'bbox_head.retina_cls' too); refused by name
     when a prefix matches nothing."""
@@ -268,7 +269,7 @@ class OpenVINOModule(nn.Module):
     COUNTED_SHAPES = 1024
 
     def __init__(self, ov_model, out_spec, in_chans: int, precision: str = 'fp32', shapes: str = 'auto',
-                 cache_size: int = 8, threads: Optional[int] = None, specialise_after: int = 64):
+                 cache_size: int = 8, threads: int | None = None, specialise_after: int = 64):
         super().__init__()
         check_shapes(shapes, cache_size, specialise_after)
         ov = _openvino()
@@ -276,25 +277,25 @@ class OpenVINOModule(nn.Module):
         self.precision, self.shapes, self.cache_size = precision, shapes, cache_size
         self.specialise_after = specialise_after
         self._core, self._config = ov.Core(), compile_config(precision, threads)
-        self._compiled: 'collections.OrderedDict[Tuple[int, ...], _Requests]' = collections.OrderedDict()
-        self._calls: 'collections.OrderedDict[Tuple[int, ...], int]' = collections.OrderedDict()
+        self._compiled: collections.OrderedDict[tuple[int, ...], _Requests] = collections.OrderedDict()
+        self._calls: collections.OrderedDict[tuple[int, ...], int] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._dynamic = _Requests(self._core.compile_model(ov_model, 'CPU', self._config)) \
             if shapes != 'static' else None
         self.eval()
 
     @property
-    def compiled_shapes(self) -> Tuple[Tuple[int, ...], ...]:
+    def compiled_shapes(self) -> tuple[tuple[int, ...], ...]:
         """The input shapes that have a model compiled for them, least recently used first."""
         return tuple(self._compiled)
 
-    def compiled_for(self, shape: Tuple[int, ...]) -> '_Requests':
+    def compiled_for(self, shape: tuple[int, ...]) -> '_Requests':
         """The compiled model (with its infer requests) that runs inputs of ``shape``: a shape-specialised one
         compiled now where the strategy says so."""
         with self._lock:
             return self._choose(shape)
 
-    def _choose(self, shape: Tuple[int, ...]) -> '_Requests':
+    def _choose(self, shape: tuple[int, ...]) -> '_Requests':
         if self.shapes == 'dynamic':
             return self._dynamic
         if shape in self._compiled:
@@ -335,7 +336,7 @@ class _Requests:
     def __init__(self, compiled):
         self.compiled, self._idle = compiled, queue.SimpleQueue()
 
-    def __call__(self, array: np.ndarray) -> List[np.ndarray]:
+    def __call__(self, array: np.ndarray) -> list[np.ndarray]:
         try:
             request = self._idle.get_nowait()
         except queue.Empty:
@@ -347,7 +348,7 @@ class _Requests:
             self._idle.put(request)
 
 
-def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: Tuple[int, int] = (97, 131),
+def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: tuple[int, int] = (97, 131),
                      tolerance: float = 1e-3) -> float:
     """The converted model in float32 against ``model`` at ``size`` (not the export's example size, so that a
     shape the export froze shows): the largest relative L2 error over the outputs, or an error naming the
@@ -358,7 +359,7 @@ def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: Tupl
         expected = pytree.tree_flatten(model(x))[0]
     got = pytree.tree_flatten(engine(x))[0]
     worst = 0.
-    for i, (g, e) in enumerate(zip(got, expected)):
+    for i, (g, e) in enumerate(zip(got, expected, strict=False)):
         if g.shape != e.shape:
             raise RuntimeError(f'OpenVINO conversion: output {i} has shape {tuple(g.shape)} at {size}, torch gives '
                                f'{tuple(e.shape)} (the export froze a size)')
@@ -370,10 +371,10 @@ def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: Tupl
     return worst
 
 
-def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Optional[Iterable[torch.Tensor]] = None,
+def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable[torch.Tensor] | None = None,
                 keep_fp32: Sequence[str] = (), shapes: str = 'auto', cache_size: int = 8,
-                threads: Optional[int] = None, example_size: Tuple[int, int] = (224, 224),
-                in_chans: Optional[int] = None, cache: Optional[str] = None, float_cache: Optional[str] = None,
+                threads: int | None = None, example_size: tuple[int, int] = (224, 224),
+                in_chans: int | None = None, cache: str | None = None, float_cache: str | None = None,
                 specialise_after: int = 64) -> OpenVINOModule:
     """``model`` (left as it is) as an ``OpenVINOModule``: converted through ``torch.export`` at an example input
     of ``example_size`` (any size works afterwards) and checked against torch at another size
@@ -424,7 +425,7 @@ def record_path(path) -> Path:
     return Path(path).with_suffix('.sha256')
 
 
-def saved_problem(path) -> Optional[str]:
+def saved_problem(path) -> str | None:
     """Why the model saved at ``path`` (.xml, .bin and their record) cannot be used, or None: a file is missing,
     there is no record (not written by ``save``, or its write was cut short), or a file's sha256 differs from the
     record (truncated, damaged, or replaced since)."""
@@ -444,7 +445,7 @@ def saved_problem(path) -> Optional[str]:
     return None
 
 
-def _load(path: Optional[str], model: nn.Module, in_chans: int):
+def _load(path: str | None, model: nn.Module, in_chans: int):
     """The model saved at ``path`` (``_read``) where there is one and it checks, else None (with a warning saying
     why, where something was there)."""
     if not path or not (Path(path).is_file() or record_path(path).is_file()):

@@ -17,7 +17,7 @@ import copy
 import json
 import time
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -75,12 +75,12 @@ PRECISION_KERNELS = {'fp32': None, 'int8': 'onednn_int8'}
 
 
 @contextlib.contextmanager
-def record_input_ranges(model: nn.Module) -> Iterator[Dict[str, Tuple[float, float]]]:
+def record_input_ranges(model: nn.Module) -> Iterator[dict[str, tuple[float, float]]]:
     """Calibration for static int8: while the ``with`` block runs ``model`` (or a detector around it) on
     representative inputs, the dict it yields collects the (min, max) of every linear layer's input, by name
     in ``model``; pass it to ``optimize(model, precision='int8', input_ranges=...)``. Run the plain model: the
     fused path of an optimized one reads the layers' weights without calling them."""
-    ranges: Dict[str, Tuple[float, float]] = {}
+    ranges: dict[str, tuple[float, float]] = {}
 
     def observe(name):
         def hook(module, args):
@@ -99,8 +99,8 @@ def record_input_ranges(model: nn.Module) -> Iterator[Dict[str, Tuple[float, flo
             handle.remove()
 
 
-def calibrated_ranges(model: nn.Module, calibration: Optional[Iterable[torch.Tensor]], keep_fp32: Sequence[str] = (),
-                      cache: Optional[str] = None) -> Dict[str, Tuple[float, float]]:
+def calibrated_ranges(model: nn.Module, calibration: Iterable[torch.Tensor] | None, keep_fp32: Sequence[str] = (),
+                      cache: str | None = None) -> dict[str, tuple[float, float]]:
     """The input ranges of ``model``'s linear layers over the batches of ``calibration`` (``record_input_ranges``),
     or those saved at ``cache`` (a JSON file: ``images``, ``input_ranges``) where it holds a range for every
     layer outside ``keep_fp32``; newly recorded ranges are saved there. No calibration and nothing saved is an
@@ -128,7 +128,7 @@ def calibrated_ranges(model: nn.Module, calibration: Optional[Iterable[torch.Ten
 
 
 def optimize(model: nn.Module, gemm: str = 'auto', precision: str = 'fp32', keep_fp32: Sequence[str] = (),
-             input_ranges: Optional[Mapping[str, Sequence[float]]] = None, inplace: bool = True) -> nn.Module:
+             input_ranges: Mapping[str, Sequence[float]] | None = None, inplace: bool = True) -> nn.Module:
     """Swap in the fused CPU modules; returns the model (``model`` itself, or with ``inplace=False`` a
     transformed copy, leaving ``model`` as it was). The model must be float32 on the CPU (it may be moved later:
     elsewhere the fused modules run the plain computation).

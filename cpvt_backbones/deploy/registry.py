@@ -12,7 +12,7 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -34,18 +34,18 @@ class Engine:
     name: str
     covers: str
     precisions: Mapping[str, str]
-    requires: Tuple[str, ...]
+    requires: tuple[str, ...]
     install: str
     transform: Callable[..., nn.Module]
     summary: str
-    trains: Tuple[str, ...] = ()   # the precisions whose prepared module also trains (forward and backward)
+    trains: tuple[str, ...] = ()   # the precisions whose prepared module also trains (forward and backward)
 
-    def missing(self) -> Tuple[str, ...]:
+    def missing(self) -> tuple[str, ...]:
         """The packages it needs that are not installed."""
         return tuple(p for p in self.requires if importlib.util.find_spec(p) is None)
 
 
-ENGINES: Dict[str, Engine] = {}
+ENGINES: dict[str, Engine] = {}
 
 
 def register(engine: Engine) -> Engine:
@@ -82,7 +82,7 @@ def check_engine(name: str, precision: str) -> Engine:
 
 
 def prepare(module: nn.Module, name: str, precision: str = 'fp32',
-            calibration: Optional[Iterable[torch.Tensor]] = None, keep_fp32: Sequence[str] = (),
+            calibration: Iterable[torch.Tensor] | None = None, keep_fp32: Sequence[str] = (),
             **options) -> nn.Module:
     """``module`` (evaluation mode, float32; what the engine covers) on engine ``name`` at ``precision``:
     ``calibration`` (an iterable of input batches) and ``keep_fp32`` configure int8 and are refused elsewhere;

@@ -1,5 +1,5 @@
 """Multi-head attention with optional spatial reduction of keys and values (PVT's SRA, Twins' GSA)."""
-from typing import Callable, Optional, Tuple
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +43,7 @@ class Attention(nn.Module):
             self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
             self.norm = norm_layer(dim)
 
-    def _keys_values(self, x: torch.Tensor, hw: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _keys_values(self, x: torch.Tensor, hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, heads, M, head_dim) from the (reduced) token map."""
         B, _, C = x.shape
         if self.sr_ratio > 1:
@@ -51,7 +51,7 @@ class Attention(nn.Module):
         k, v = self.kv(x).reshape(B, x.shape[1], 2, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
         return k, v
 
-    def attend(self, x: torch.Tensor, hw: Tuple[int, int], pos: Optional[AttentionPosition] = None
+    def attend(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None
                ) -> torch.Tensor:
         """Attention output before the output projection, (B, N, C)."""
         B, N, C = x.shape
@@ -71,6 +71,6 @@ class Attention(nn.Module):
                                              dropout_p=self.attn_drop if self.training else 0.)
         return out.transpose(1, 2).reshape(B, N, C)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int], pos: Optional[AttentionPosition] = None
+    def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None
                 ) -> torch.Tensor:
         return self.proj_drop(self.proj(self.attend(x, hw, pos)))

@@ -1,6 +1,6 @@
 """Pre-norm transformer encoder block built from parts (attention, MLP, norm), its MLP, layer scale and
 stochastic depth."""
-from typing import Callable, Optional, Tuple
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -65,7 +65,7 @@ class Block(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4., *, qkv_bias: bool = True, drop: float = 0.,
                  attn_drop: float = 0., drop_path: float = 0., sr_ratio: int = 1, norm_eps: float = 1e-6,
-                 layer_scale_init: Optional[float] = None, attn_layer: Callable[..., nn.Module] = Attention,
+                 layer_scale_init: float | None = None, attn_layer: Callable[..., nn.Module] = Attention,
                  mlp_layer: Callable[..., nn.Module] = Mlp, norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
                  act_layer: Callable[..., nn.Module] = nn.GELU):
         super().__init__()
@@ -78,7 +78,7 @@ class Block(nn.Module):
         self.ls2 = nn.Identity() if layer_scale_init is None else LayerScale(dim, layer_scale_init)
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int], pos: Optional[AttentionPosition] = None
+    def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None
                 ) -> torch.Tensor:
         x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), hw, pos)))
         return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))

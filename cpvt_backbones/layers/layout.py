@@ -5,7 +5,6 @@ the convolutions (patch embedding, spatial reduction, PEG) run on that view dire
 channels-last maps, which read back as tokens for free. Twins/timm transpose to contiguous NCHW and back
 instead, one copy of the activations each way.
 """
-from typing import Tuple
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +20,7 @@ def symbolic_shapes() -> bool:
     return is_compiling() or torch.jit.is_tracing() or is_in_onnx_export() or is_fx_tracing()
 
 
-def tokens_to_map(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+def tokens_to_map(x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
     """(B, H * W, C) tokens -> (B, C, H, W) map, a channels-last view when ``x`` is contiguous."""
     B, _, C = x.shape
     return x.reshape(B, hw[0], hw[1], C).permute(0, 3, 1, 2)

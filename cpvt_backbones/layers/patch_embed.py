@@ -1,5 +1,5 @@
 """Non-overlapping patch embedding that accepts any input size."""
-from typing import Callable, Optional, Tuple
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -20,12 +20,12 @@ class PatchEmbed(nn.Module):
     of its output into tokens, measured at 224-1216 px)."""
 
     def __init__(self, in_chans: int, dim: int, patch_size: int,
-                 norm_layer: Optional[Callable[..., nn.Module]] = nn.LayerNorm):
+                 norm_layer: Callable[..., nn.Module] | None = nn.LayerNorm):
         super().__init__()
         self.patch_size = patch_size
         self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
         self.norm = norm_layer(dim) if norm_layer is not None else nn.Identity()
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         x = self.proj(pad_to_multiple(x.contiguous(memory_format=torch.channels_last), self.patch_size))
         return self.norm(map_to_tokens(x)), (x.shape[-2], x.shape[-1])

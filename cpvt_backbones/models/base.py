@@ -4,7 +4,8 @@ import inspect
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -36,7 +37,7 @@ def check_input(x, in_chans: int, check_finite: bool = False) -> None:
                          'floats (check_finite=True)')
 
 
-def check_out_indices(out_indices: Union[int, Sequence[int]], num_outputs: int) -> Tuple[int, ...]:
+def check_out_indices(out_indices: int | Sequence[int], num_outputs: int) -> tuple[int, ...]:
     """``out_indices`` as a tuple (an int is one level, as mmdet's backbones take it), or a clear error."""
     out = (out_indices,) if isinstance(out_indices, int) and not isinstance(out_indices, bool) else \
         tuple(out_indices) if isinstance(out_indices, Sequence) else None
@@ -50,7 +51,7 @@ def check_out_indices(out_indices: Union[int, Sequence[int]], num_outputs: int) 
     return out
 
 
-def take_indices(num: int, indices: Union[None, int, Sequence[int]]) -> Tuple[List[int], int]:
+def take_indices(num: int, indices: None | int | Sequence[int]) -> tuple[list[int], int]:
     """timm's ``indices`` convention for intermediate features: None = all ``num``, an int n = the last n, a
     sequence = those (negative ones count from the end). Returns the absolute indices and the largest."""
     if indices is None:
@@ -162,22 +163,22 @@ class CPVTBase(nn.Module):
     features_only: bool
     num_classes: int
     num_prefix_tokens: int
-    stage_specs: Tuple[Stage, ...]
-    out_indices: Tuple[int, ...]
-    out_channels: Tuple[int, ...]
-    strides: Tuple[int, ...]
-    pos_encoding_attrs: Tuple[str, ...]
+    stage_specs: tuple[Stage, ...]
+    out_indices: tuple[int, ...]
+    out_channels: tuple[int, ...]
+    strides: tuple[int, ...]
+    pos_encoding_attrs: tuple[str, ...]
     num_features: int
-    feature_info: List[Dict[str, object]]
-    unbuilt_prefixes: Tuple[str, ...]
+    feature_info: list[dict[str, object]]
+    unbuilt_prefixes: tuple[str, ...]
 
     def __init__(self, stages: Sequence[Stage], *, num_levels: int, num_prefix_tokens: int = 0,
                  in_chans: int = 3, num_classes: int = 1000, qkv_bias: bool = True, drop_rate: float = 0.,
                  attn_drop_rate: float = 0., drop_path_rate: float = 0., norm_eps: float = 1e-6,
-                 pos_encoding: Any = 'peg', layer_scale_init: Optional[float] = None,
+                 pos_encoding: Any = 'peg', layer_scale_init: float | None = None,
                  attn_layer: Callable[..., nn.Module] = Attention, mlp_layer: Callable[..., nn.Module] = Mlp,
                  norm_layer: Callable[..., nn.Module] = nn.LayerNorm, act_layer: Callable[..., nn.Module] = nn.GELU,
-                 features_only: bool = False, out_indices: Optional[Sequence[int]] = None, frozen_stages: int = -1,
+                 features_only: bool = False, out_indices: Sequence[int] | None = None, frozen_stages: int = -1,
                  grad_checkpointing: bool = False, check_finite: bool = False):
         """``stages``: the trunk; ``num_levels``: how many feature maps a dense backbone can return;
         ``num_prefix_tokens``: class tokens. The rest are the shared arguments above."""
@@ -204,7 +205,7 @@ class CPVTBase(nn.Module):
         starts = [sum(s.depth for s in stages[:i]) for i in range(len(stages))]
         stage_blocks = [[partial(make_block, s.dim, s.num_heads, mlp_ratio=s.mlp_ratio, sr_ratio=s.sr_ratio,
                                  drop_path=drop_paths[start + j]) for j in range(s.depth)]
-                        for s, start in zip(built, starts)]
+                        for s, start in zip(built, starts, strict=False)]
         self._build_trunk(built, stage_blocks, norm_layer=norm_layer, drop_rate=drop_rate)
 
         strides = [math.prod(s.patch_size for s in stages[:i + 1]) for i in range(len(stages))]
@@ -217,9 +218,9 @@ class CPVTBase(nn.Module):
         self._finish_init(self._frozen_parts(built, frozen_stages), grad_checkpointing)
 
     @classmethod
-    def argument_names(cls) -> List[str]:
+    def argument_names(cls) -> list[str]:
         """The constructor's arguments a user passes: the model's own, then the shared ones above."""
-        names: List[str] = []
+        names: list[str] = []
         for klass in cls.__mro__:
             if '__init__' not in vars(klass):
                 continue
@@ -235,7 +236,7 @@ class CPVTBase(nn.Module):
         after its last output)."""
         return num_stages
 
-    def _frozen_limit(self, built: Sequence[Stage]) -> Tuple[int, str]:
+    def _frozen_limit(self, built: Sequence[Stage]) -> tuple[int, str]:
         """The largest ``frozen_stages`` and what it counts."""
         raise NotImplementedError
 
@@ -245,7 +246,7 @@ class CPVTBase(nn.Module):
         stage i."""
         raise NotImplementedError
 
-    def _build_outputs(self, stages: Sequence[Stage], strides: Sequence[int], unbuilt: List[str], *,
+    def _build_outputs(self, stages: Sequence[Stage], strides: Sequence[int], unbuilt: list[str], *,
                        norm_layer: Callable[..., nn.Module], act_layer: Callable[..., nn.Module],
                        num_classes: int) -> None:
         """Set ``out_channels``, ``strides``, ``num_features``, ``feature_info`` and ``unbuilt_prefixes``
@@ -253,11 +254,11 @@ class CPVTBase(nn.Module):
         backbone's layers; ``norm_layer(dim)`` is the final norm at ``norm_eps``."""
         raise NotImplementedError
 
-    def _frozen_parts(self, stages: Sequence[Stage], frozen_stages: int) -> List:
+    def _frozen_parts(self, stages: Sequence[Stage], frozen_stages: int) -> list:
         """The modules and parameters ``frozen_stages`` freezes."""
         raise NotImplementedError
 
-    def _setup_outputs(self, features_only: bool, num_classes: int, out_indices: Optional[Sequence[int]],
+    def _setup_outputs(self, features_only: bool, num_classes: int, out_indices: Sequence[int] | None,
                        num_levels: int) -> None:
         """A classifier (``out_indices=()``), or a dense backbone returning ``out_indices`` of ``num_levels``
         maps (default: all)."""
@@ -273,7 +274,7 @@ class CPVTBase(nn.Module):
         self.features_only = features_only
         self.num_classes = num_classes
 
-    def _setup_position(self, geometry: Geometry, pos_encoding, built_depths: Sequence[int]) -> List[str]:
+    def _setup_position(self, geometry: Geometry, pos_encoding, built_depths: Sequence[int]) -> list[str]:
         """Build the encodings ``pos_encoding`` names for the whole ``geometry``, mount each under its
         ``attr``, and keep only the parts of the first ``built_depths[i]`` blocks of every stage (a dense
         backbone builds no stage beyond its last output); returns the dropped key prefixes."""
@@ -286,28 +287,28 @@ class CPVTBase(nn.Module):
         return self._cut_position(built_depths) if tuple(built_depths) != geometry.depths else []
 
     @property
-    def pos_encodings(self) -> List[PositionEncoding]:
+    def pos_encodings(self) -> list[PositionEncoding]:
         return [getattr(self, attr) for attr in self.pos_encoding_attrs]
 
-    def _position_parts(self, stage: int, blocks: Iterable[int], embedding: bool = False) -> List:
+    def _position_parts(self, stage: int, blocks: Iterable[int], embedding: bool = False) -> list:
         """The position-encoding parts tied to these blocks of ``stage`` (and its patch embedding): what
         freezing them also freezes."""
         blocks = list(blocks)
         return [part for enc in self.pos_encodings for part in enc.parts_of(stage, blocks, embedding)]
 
-    def _cut_position(self, kept_depths: Sequence[int]) -> List[str]:
+    def _cut_position(self, kept_depths: Sequence[int]) -> list[str]:
         """Drop the encodings' parts beyond the first ``kept_depths[i]`` blocks of each stage; returns the
         dropped key prefixes (``attr.``-qualified)."""
         return [f'{enc.attr}.{key}' for enc in self.pos_encodings for key in enc.cut(kept_depths)]
 
-    def _embed_position(self, stage: int, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+    def _embed_position(self, stage: int, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         for enc in self.pos_encodings:
             x = enc.embed(stage, x, hw)
         return x
 
-    def _run_blocks(self, blocks: nn.ModuleList, stage: int, x: torch.Tensor, hw: Tuple[int, int],
-                    tap: Optional[Callable[[int, torch.Tensor], None]] = None,
-                    stop: Optional[int] = None) -> torch.Tensor:
+    def _run_blocks(self, blocks: nn.ModuleList, stage: int, x: torch.Tensor, hw: tuple[int, int],
+                    tap: Callable[[int, torch.Tensor], None] | None = None,
+                    stop: int | None = None) -> torch.Tensor:
         """Blocks 0..``stop`` (all by default), each given its attention's position input and followed by the
         encodings' ``after_block`` (a PEG); ``tap(j, x)`` sees the tokens after block j and its PEG."""
         encodings = self.pos_encodings
@@ -324,13 +325,13 @@ class CPVTBase(nn.Module):
                 tap(j, x)
         return x
 
-    def _cut_to(self, keep: int) -> List[str]:
+    def _cut_to(self, keep: int) -> list[str]:
         """Keep the first ``keep`` taps of ``feature_info`` (stages or blocks) and the PEGs after them; return
         the key prefixes of what was dropped (subclasses)."""
         raise NotImplementedError
 
-    def prune_intermediate_layers(self, indices: Union[None, int, Sequence[int]] = 1, prune_norm: bool = False,
-                                  prune_head: bool = True) -> List[int]:
+    def prune_intermediate_layers(self, indices: None | int | Sequence[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
         """timm's pruning: keep the taps up to the last one ``indices`` picks (``take_indices``), and drop the
         head and the final norm where asked or where the cut left them sized for features that are gone.
         Returns the absolute indices."""
@@ -367,7 +368,7 @@ class CPVTBase(nn.Module):
         """The Twins/timm initialisation of every layer (``init_weights``)."""
         self.apply(init_weights)
 
-    def _finish_init(self, frozen: List, grad_checkpointing: bool) -> None:
+    def _finish_init(self, frozen: list, grad_checkpointing: bool) -> None:
         self._init_weights()
         self.grad_checkpointing = grad_checkpointing
         self._frozen = frozen
@@ -398,12 +399,12 @@ class CPVTBase(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
 
-    def _block(self, blk: nn.Module, x: torch.Tensor, hw: Tuple[int, int], pos) -> torch.Tensor:
+    def _block(self, blk: nn.Module, x: torch.Tensor, hw: tuple[int, int], pos) -> torch.Tensor:
         if self.grad_checkpointing and torch.is_grad_enabled():
             return checkpoint(blk, x, hw, pos, use_reentrant=False)
         return blk(x, hw, pos)
 
-    def no_weight_decay(self) -> Set[str]:
+    def no_weight_decay(self) -> set[str]:
         """Names of parameters that the recipes exclude from weight decay: every position encoding's (PEG, as
         Twins; tables, biases and RoPE frequencies, as DeiT, Swin and RoPE-ViT) and the class token."""
         prefixes = tuple(f'{attr}.' for attr in self.pos_encoding_attrs)

@@ -1,6 +1,7 @@
 """Columnar (DeiT-style) CPVT: a plain ViT whose position encoding is a part of its own, by default PEGs."""
 from types import MappingProxyType
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -88,7 +89,7 @@ class CPVT(CPVTBase):
     def embed_dim(self) -> int:
         return self.stage_specs[0].dim
 
-    def _frozen_limit(self, built: Sequence[Stage]) -> Tuple[int, str]:
+    def _frozen_limit(self, built: Sequence[Stage]) -> tuple[int, str]:
         return built[0].depth, 'blocks'
 
     def _build_trunk(self, stages, blocks, *, norm_layer, drop_rate) -> None:
@@ -114,8 +115,8 @@ class CPVT(CPVTBase):
             self.unbuilt_prefixes = tuple(unbuilt)
             self.reset_classifier(num_classes)
 
-    def _frozen_parts(self, stages, frozen_stages: int) -> List:
-        frozen: List = []
+    def _frozen_parts(self, stages, frozen_stages: int) -> list:
+        frozen: list = []
         if frozen_stages >= 0:
             frozen += [self.patch_embed] + ([self.cls_token] if self.cls_token is not None else [])
             frozen += self._position_parts(0, (), embedding=True)
@@ -127,7 +128,7 @@ class CPVT(CPVTBase):
         if self.cls_token is not None:
             nn.init.trunc_normal_(self.cls_token, std=.02)
 
-    def _tokens(self, x: torch.Tensor, tap=None, stop: Optional[int] = None):
+    def _tokens(self, x: torch.Tensor, tap=None, stop: int | None = None):
         """Tokens (B, prefix + h * w, C) after the blocks up to ``stop`` (default: all; see ``_run_blocks``),
         not yet normed, and the token map size (h, w)."""
         x, hw = self.patch_embed(x)
@@ -158,7 +159,7 @@ class CPVT(CPVTBase):
             outs.append(self.simple_fpn[str(i)](feat)[..., :(H + s - 1) // s, :(W + s - 1) // s].contiguous())
         return tuple(outs)
 
-    def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None,
+    def forward_intermediates(self, x: torch.Tensor, indices: None | int | Sequence[int] = None,
                               return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
                               output_fmt: str = 'NCHW', intermediates_only: bool = False, output_dict: bool = False):
         """timm's feature API, as its ViTs' ``forward_intermediates``: the patch tokens after the blocks
@@ -196,10 +197,10 @@ class CPVT(CPVTBase):
                 out['image_features'] = self.norm(tokens)
             return out
         if with_prefix:
-            maps = list(zip(maps, prefixes))
+            maps = list(zip(maps, prefixes, strict=False))
         return maps if intermediates_only else (self.norm(tokens), maps)
 
-    def _cut_to(self, keep: int) -> List[str]:
+    def _cut_to(self, keep: int) -> list[str]:
         dropped = [f'blocks.{j}.' for j in range(keep, len(self.blocks))]
         self.blocks = self.blocks[:keep]
         return dropped + self._cut_position([keep])

@@ -1,6 +1,7 @@
 """Named size variants (data, not classes), ``create_model`` and ``list_models``."""
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Type, Union
+from typing import Any
+from collections.abc import Mapping
 
 from torch import nn
 
@@ -12,7 +13,7 @@ from .pcpvt import PyramidCPVT
 
 @dataclass(frozen=True)
 class ModelSpec:
-    cls: Type[nn.Module]
+    cls: type[nn.Module]
     settings: Mapping[str, Any]
     note: str = ''
     paper: bool = True
@@ -23,7 +24,7 @@ _PCPVT = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios
 _DEIT = {'tiny': dict(embed_dim=192, num_heads=3), 'small': dict(embed_dim=384, num_heads=6),
          'base': dict(embed_dim=768, num_heads=12)}
 
-MODEL_SPECS: Dict[str, ModelSpec] = {
+MODEL_SPECS: dict[str, ModelSpec] = {
     'pcpvt_tiny': ModelSpec(PyramidCPVT, dict(embed_dims=(32, 64, 160, 256), num_heads=(1, 2, 5, 8),
                                               mlp_ratios=(4, 4, 4, 4), sr_ratios=(8, 4, 2, 1), depths=(2, 2, 2, 2)),
                             'not a paper model: a ~2.6M-parameter pyramid small enough to train on 2 CPU cores',
@@ -39,11 +40,11 @@ for _size, _dims in _DEIT.items():
         CPVT, dict(_dims, class_token=False), f'CPVT-{_size[0].upper()}-GAP: no class token, global average pool')
 
 
-def list_models() -> List[str]:
+def list_models() -> list[str]:
     return sorted(MODEL_SPECS)
 
 
-def model_settings(arch: Union[str, Mapping[str, Any]], family: Type[nn.Module]) -> Dict[str, Any]:
+def model_settings(arch: str | Mapping[str, Any], family: type[nn.Module]) -> dict[str, Any]:
     """Constructor settings for ``arch``: a registered name, or a dict of ``family``'s constructor arguments
     (optionally ``base='<name>'`` to start from a named variant)."""
     if isinstance(arch, str):
@@ -69,14 +70,14 @@ def _spec(name: str) -> ModelSpec:
     return MODEL_SPECS[name]
 
 
-def _check_kwargs(cls: Type[CPVTBase], kwargs: Mapping[str, Any]) -> None:
+def _check_kwargs(cls: type[CPVTBase], kwargs: Mapping[str, Any]) -> None:
     valid = cls.argument_names()
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:
         raise TypeError(f'{cls.__name__} has no argument(s) {unknown}; valid arguments: {valid}')
 
 
-def create_model(name: str, pretrained: Union[None, bool, str] = None, **overrides: Any) -> nn.Module:
+def create_model(name: str, pretrained: None | bool | str = None, **overrides: Any) -> nn.Module:
     """Build a named model. ``overrides`` are constructor arguments (``pos_encoding``, ``drop_path_rate``,
     ``features_only``, ``out_indices``, ``frozen_stages``, ...); ``pos_encoding`` takes a name (``'rope_mixed'``,
     ``'learned+peg'``), a dict (``dict(type='peg', positions=(0,), kernel_size=5)``) or a list of those

@@ -1,5 +1,6 @@
 """Pyramid CPVT (Twins-PCPVT): PVT's four stages with spatial-reduction attention, a PEG, and GAP."""
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -56,17 +57,18 @@ class PyramidCPVT(CPVTBase):
         if len(set(lengths.values())) != 1:
             raise ValueError(f'per-stage settings must all have one entry per stage, got lengths {lengths}')
         stages = [Stage(dim=d, depth=n, num_heads=h, mlp_ratio=r, patch_size=p, sr_ratio=sr)
-                  for d, n, h, r, sr, p in zip(embed_dims, depths, num_heads, mlp_ratios, sr_ratios, patch_sizes)]
+                  for d, n, h, r, sr, p in zip(embed_dims, depths, num_heads, mlp_ratios, sr_ratios, patch_sizes,
+                                               strict=True)]
         super().__init__(stages, num_levels=len(stages), **kwargs)
 
     @property
-    def embed_dims(self) -> Tuple[int, ...]:
+    def embed_dims(self) -> tuple[int, ...]:
         return tuple(s.dim for s in self.stage_specs)
 
     def _num_built_stages(self, num_stages: int) -> int:
         return self.out_indices[-1] + 1 if self.features_only else num_stages
 
-    def _frozen_limit(self, built: Sequence[Stage]) -> Tuple[int, str]:
+    def _frozen_limit(self, built: Sequence[Stage]) -> tuple[int, str]:
         return len(built), 'built stages'
 
     def _build_trunk(self, stages, blocks, *, norm_layer, drop_rate) -> None:
@@ -74,7 +76,7 @@ class PyramidCPVT(CPVTBase):
         self.pos_drops = nn.ModuleList()
         self.blocks = nn.ModuleList()
         prev = self.in_chans
-        for stage, makers in zip(stages, blocks):
+        for stage, makers in zip(stages, blocks, strict=False):
             self.patch_embeds.append(PatchEmbed(prev, stage.dim, stage.patch_size, norm_layer=norm_layer))
             self.pos_drops.append(nn.Dropout(drop_rate))
             self.blocks.append(nn.ModuleList(make() for make in makers))
@@ -93,15 +95,15 @@ class PyramidCPVT(CPVTBase):
             self.norm = norm_layer(stages[-1].dim)
             self.reset_classifier(num_classes)
 
-    def _frozen_parts(self, stages, frozen_stages: int) -> List:
-        frozen: List = []
+    def _frozen_parts(self, stages, frozen_stages: int) -> list:
+        frozen: list = []
         if frozen_stages >= 0:
             frozen += [self.patch_embeds[0]] + self._position_parts(0, (), embedding=True)
         for i in range(max(frozen_stages, 0)):
             frozen += [self.patch_embeds[i], self.blocks[i]] + self._position_parts(i, range(stages[i].depth), True)
         return frozen
 
-    def _stages(self, x: torch.Tensor, take: Sequence[int] = (), stop: Optional[int] = None,
+    def _stages(self, x: torch.Tensor, take: Sequence[int] = (), stop: int | None = None,
                 norm_last: bool = False):
         """Run the built stages up to ``stop`` (default: all); return the last run stage's tokens, its (H, W)
         and the NCHW maps of the stages in ``take`` (the last built one normed if ``norm_last``)."""
@@ -134,7 +136,7 @@ class PyramidCPVT(CPVTBase):
             return tuple(self._stages(x, take=self.out_indices)[2])
         return self.forward_head(self.forward_features(x))
 
-    def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None,
+    def forward_intermediates(self, x: torch.Tensor, indices: None | int | Sequence[int] = None,
                               return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
                               output_fmt: str = 'NCHW', intermediates_only: bool = False, output_dict: bool = False):
         """timm's feature API, with the keywords of its ViTs: the NCHW maps after the stages ``indices`` picks
@@ -156,7 +158,7 @@ class PyramidCPVT(CPVTBase):
             return dict(image_intermediates=maps, **({} if final is None else dict(image_features=final)))
         return maps if intermediates_only else (final, maps)
 
-    def _cut_to(self, keep: int) -> List[str]:
+    def _cut_to(self, keep: int) -> list[str]:
         dropped = [f'{name}.{i}.' for i in range(keep, len(self.blocks)) for name in ('patch_embeds', 'blocks')]
         kept_depths = [len(b) for b in self.blocks[:keep]]
         for name in ('patch_embeds', 'pos_drops', 'blocks'):

@@ -13,7 +13,8 @@ encoding, so the checkpoint converters (``cpvt_backbones.convert``) recognise a 
 """
 import inspect
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple, Type, Union
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from .base import AttentionPosition, Geometry, PositionEncoding, Rotary, merge_attention, rotate
 from .conv1x1 import Conv1x1Encoding
@@ -24,14 +25,14 @@ from .rope import AxialRoPEEncoding, RoPEEncoding
 from .rpe import RPEEncoding
 from .sincos import SinCosEncoding, sincos_table
 
-ENCODINGS: Dict[str, Type[PositionEncoding]] = {
+ENCODINGS: dict[str, type[PositionEncoding]] = {
     cls.name: cls for cls in (PEGEncoding, Conv1x1Encoding, PEGQKEncoding, LearnedEncoding, SinCosEncoding,
                               RPEEncoding, AxialRoPEEncoding, RoPEEncoding)}
 
-Spec = Union[None, str, Mapping[str, Any], Sequence[Union[str, Mapping[str, Any]]]]
+Spec = None | str | Mapping[str, Any] | Sequence[str | Mapping[str, Any]]
 
 
-def register_encoding(cls: Type[PositionEncoding]) -> Type[PositionEncoding]:
+def register_encoding(cls: type[PositionEncoding]) -> type[PositionEncoding]:
     """Add ``cls`` to ``ENCODINGS`` under its ``name`` (a name already taken, or ``'none'``, raises); returns it."""
     if not (isinstance(cls, type) and issubclass(cls, PositionEncoding)):
         raise TypeError(f'a position encoding is a PositionEncoding subclass, got {cls!r}')
@@ -43,7 +44,7 @@ def register_encoding(cls: Type[PositionEncoding]) -> Type[PositionEncoding]:
     return cls
 
 
-def unregister_encoding(name: str) -> Type[PositionEncoding]:
+def unregister_encoding(name: str) -> type[PositionEncoding]:
     """Remove the encoding registered under ``name`` from ``ENCODINGS``; returns its class."""
     if name not in ENCODINGS:
         raise KeyError(f'no position encoding {name!r} is registered')
@@ -51,7 +52,7 @@ def unregister_encoding(name: str) -> Type[PositionEncoding]:
 
 
 @contextmanager
-def registered_encoding(cls: Type[PositionEncoding]) -> Iterator[Type[PositionEncoding]]:
+def registered_encoding(cls: type[PositionEncoding]) -> Iterator[type[PositionEncoding]]:
     """``cls`` registered inside the ``with`` block only: the registry is as before once it exits."""
     register_encoding(cls)
     try:
@@ -60,13 +61,13 @@ def registered_encoding(cls: Type[PositionEncoding]) -> Iterator[Type[PositionEn
         unregister_encoding(cls.name)
 
 
-def state_dict_roots() -> Tuple[str, ...]:
+def state_dict_roots() -> tuple[str, ...]:
     """The state-dict key prefixes of the registered encodings: ``attr + '.'`` for each attribute an encoding is
     mounted under (encodings that share one, as ``peg`` and ``conv1x1``, give it once), in registry order."""
     return tuple(dict.fromkeys(f'{cls.attr}.' for cls in ENCODINGS.values()))
 
 
-def parse_position_encoding(spec: Spec) -> List[Dict[str, Any]]:
+def parse_position_encoding(spec: Spec) -> list[dict[str, Any]]:
     """The spec as a list of ``dict(type=..., **options)`` (see the module docstring)."""
     if spec is None:
         return []
@@ -85,9 +86,9 @@ def parse_position_encoding(spec: Spec) -> List[Dict[str, Any]]:
     raise TypeError(f'pos_encoding must be a name, a dict with a type, or a list of those; got {spec!r}')
 
 
-def build_position_encodings(spec: Spec, geometry: Geometry) -> List[PositionEncoding]:
+def build_position_encodings(spec: Spec, geometry: Geometry) -> list[PositionEncoding]:
     """The encodings ``spec`` names, built for ``geometry``; errors name the encoding and its valid options."""
-    out: List[PositionEncoding] = []
+    out: list[PositionEncoding] = []
     for item in parse_position_encoding(spec):
         options = dict(item)
         name = options.pop('type', None)

@@ -16,14 +16,15 @@ initialisation, and says which of its parts belong to which blocks (``parts_of``
 drop the parts of blocks a model does not build (``cut``).
 """
 from dataclasses import dataclass
-from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import NamedTuple
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from ...compat import is_fx_tracing
 
-HW = Tuple[int, int]
+HW = tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,11 @@ class Geometry:
     """What an encoding needs to know of the network: per stage the token width, the number of blocks and
     heads, the stride of its token grid in input pixels and the key/value reduction ratio; and the number of
     leading tokens (a class token) that carry no position."""
-    dims: Tuple[int, ...]
-    depths: Tuple[int, ...]
-    heads: Tuple[int, ...]
-    strides: Tuple[int, ...]
-    sr_ratios: Tuple[int, ...]
+    dims: tuple[int, ...]
+    depths: tuple[int, ...]
+    heads: tuple[int, ...]
+    strides: tuple[int, ...]
+    sr_ratios: tuple[int, ...]
     num_prefix_tokens: int = 0
 
     @property
@@ -68,17 +69,17 @@ class AttentionPosition(NamedTuple):
     * ``rotary``: angles that rotate queries and keys after the projections (``rotate``);
     * ``bias``: an additive (heads, queries, keys) bias on the attention logits.
     """
-    qk_input: Optional[nn.Module] = None
-    rotary: Optional[Rotary] = None
-    bias: Optional[torch.Tensor] = None
+    qk_input: nn.Module | None = None
+    rotary: Rotary | None = None
+    bias: torch.Tensor | None = None
 
 
-def merge_attention(parts: Sequence[Optional[AttentionPosition]], names: Sequence[str]
-                    ) -> Optional[AttentionPosition]:
+def merge_attention(parts: Sequence[AttentionPosition | None], names: Sequence[str]
+                    ) -> AttentionPosition | None:
     """One ``AttentionPosition`` from several encodings' (each field from at most one of them)."""
     fields = {}
-    for part, name in zip(parts, names):
-        for field, value in zip(AttentionPosition._fields, part or AttentionPosition()):
+    for part, name in zip(parts, names, strict=False):
+        for field, value in zip(AttentionPosition._fields, part or AttentionPosition(), strict=False):
             if value is None:
                 continue
             if field in fields:
@@ -101,7 +102,7 @@ def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     return torch.cat((x[..., :prefix, :], out), dim=-2) if is_fx_tracing() or prefix else out
 
 
-def grid_coordinates(hw: HW, step: float = 1., device=None) -> Tuple[torch.Tensor, torch.Tensor]:
+def grid_coordinates(hw: HW, step: float = 1., device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Row and column coordinates (flattened, row-major) of an ``hw`` token grid whose tokens are ``step``
     units apart, each at the centre of its cell: 0, 1, 2 ... for step 1; (step - 1) / 2 + step * i for the
     tokens of a map reduced ``step`` times (their centres in the unreduced grid's units)."""
@@ -113,7 +114,7 @@ def grid_coordinates(hw: HW, step: float = 1., device=None) -> Tuple[torch.Tenso
 
 
 def check_positions(positions, depths: Sequence[int], name: str, default: Callable[[int], Sequence[int]],
-                    first: int = 0) -> Tuple[Tuple[int, ...], ...]:
+                    first: int = 0) -> tuple[tuple[int, ...], ...]:
     """Per-stage block indices, validated: ``None`` takes ``default(depth)`` for every stage; a flat sequence
     of ints is accepted for a one-stage (columnar) model; each index within ``first``..depth - 1."""
     if positions is None:
@@ -127,7 +128,7 @@ def check_positions(positions, depths: Sequence[int], name: str, default: Callab
     if len(positions) != len(depths):
         raise ValueError(f'{name} needs one entry per stage ({len(depths)}), got {positions!r}')
     out = []
-    for stage, (blocks, depth) in enumerate(zip(positions, depths)):
+    for stage, (blocks, depth) in enumerate(zip(positions, depths, strict=False)):
         blocks = tuple(blocks)
         where = f'{name}[{stage}]' if len(depths) > 1 else name
         if any(not isinstance(b, int) or isinstance(b, bool) for b in blocks):
@@ -154,7 +155,7 @@ def check_odd_kernel(value, name: str, low: int = 1) -> int:
     return value
 
 
-Part = Union[nn.Module, nn.Parameter]
+Part = nn.Module | nn.Parameter
 
 
 class PositionEncoding(nn.Module):
@@ -173,20 +174,20 @@ class PositionEncoding(nn.Module):
     def embed(self, stage: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
         return x
 
-    def attention(self, stage: int, hw: HW) -> Optional[List[Optional[AttentionPosition]]]:
+    def attention(self, stage: int, hw: HW) -> list[AttentionPosition | None] | None:
         """One entry per block of ``stage`` (or None: nothing for any block)."""
         return None
 
     def after_block(self, stage: int, block: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
         return x
 
-    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> List[Part]:
+    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> list[Part]:
         """The modules/parameters that belong to these blocks of ``stage`` (and, with ``embedding``, to the
         stage's patch embedding): what freezing them also freezes. A part shared with blocks not listed is
         not returned."""
         return []
 
-    def cut(self, kept_depths: Sequence[int]) -> List[str]:
+    def cut(self, kept_depths: Sequence[int]) -> list[str]:
         """Keep the parts of the first ``kept_depths[i]`` blocks of every stage i (0: the stage is dropped),
         drop the rest; return the dropped key prefixes relative to ``attr`` (e.g. ``'3.'``)."""
         return []
@@ -195,9 +196,9 @@ class PositionEncoding(nn.Module):
 class Placed:
     """Mixin for an encoding whose modules sit at (stage, block) places: they are its children ``'0'``,
     ``'1'``, ... in network order (so their keys read ``{attr}.{k}.*``), ``self[k]`` is the k-th."""
-    places: List[Tuple[int, int]]
+    places: list[tuple[int, int]]
 
-    def _place(self, places: Sequence[Tuple[int, int]], modules: Sequence[nn.Module]) -> None:
+    def _place(self, places: Sequence[tuple[int, int]], modules: Sequence[nn.Module]) -> None:
         self.places = list(places)
         for k, module in enumerate(modules):
             self.add_module(str(k), module)
@@ -208,17 +209,17 @@ class Placed:
     def __len__(self) -> int:
         return len(self.places)
 
-    def at(self, stage: int, block: int) -> Optional[nn.Module]:
+    def at(self, stage: int, block: int) -> nn.Module | None:
         """The module at that place, or None."""
         for k, (s, b) in enumerate(self.places):
             if s == stage and b == block:
                 return self._modules[str(k)]
         return None
 
-    def placed_parts(self, stage: int, blocks: Sequence[int]) -> List[nn.Module]:
+    def placed_parts(self, stage: int, blocks: Sequence[int]) -> list[nn.Module]:
         return [self[k] for k, (s, b) in enumerate(self.places) if s == stage and b in blocks]
 
-    def keep_placed(self, kept_depths: Sequence[int]) -> List[str]:
+    def keep_placed(self, kept_depths: Sequence[int]) -> list[str]:
         """Keep the modules of kept blocks (a prefix, as they are in network order); return the dropped
         ones' key prefixes."""
         kept = [k for k, (s, b) in enumerate(self.places) if s < len(kept_depths) and b < kept_depths[s]]

@@ -1,5 +1,5 @@
 """The paper's control for the PEG's spatial extent: 1 x 1 convolutions in the PEG's place."""
-from typing import Sequence
+from collections.abc import Sequence
 
 from .base import Geometry
 from .peg import PEGEncoding

@@ -1,5 +1,5 @@
 """A learned absolute position table (DeiT, PVT), resized to the input's token grid."""
-from typing import List, Sequence, Tuple, Union
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +29,7 @@ class LearnedEncoding(PositionEncoding):
     attr = 'pos_embed'
     name = 'learned'
 
-    def __init__(self, geometry: Geometry, img_size: Union[int, Tuple[int, int]] = 224,
+    def __init__(self, geometry: Geometry, img_size: int | tuple[int, int] = 224,
                  interpolation: str = 'bicubic'):
         super().__init__(geometry)
         size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
@@ -39,7 +39,7 @@ class LearnedEncoding(PositionEncoding):
             raise ValueError(f'learned interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}')
         self.img_size, self.interpolation = size, interpolation
         self.grids = [tuple((n + s - 1) // s for n in size) for s in geometry.strides]
-        for stage, (dim, (gh, gw)) in enumerate(zip(geometry.dims, self.grids)):
+        for stage, (dim, (gh, gw)) in enumerate(zip(geometry.dims, self.grids, strict=False)):
             prefix = geometry.num_prefix_tokens if stage == 0 else 0
             table = nn.Parameter(torch.zeros(1, prefix + gh * gw, dim))
             nn.init.trunc_normal_(table, std=.02)
@@ -56,10 +56,10 @@ class LearnedEncoding(PositionEncoding):
             grid = resize_table(grid, self.grids[stage], hw, self.interpolation)
         return x + (torch.cat((table[:, :prefix], grid), dim=1) if prefix else grid)
 
-    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> List[nn.Parameter]:
+    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> list[nn.Parameter]:
         return [self.table(stage)] if embedding else []
 
-    def cut(self, kept_depths: Sequence[int]) -> List[str]:
+    def cut(self, kept_depths: Sequence[int]) -> list[str]:
         dropped = [i for i in range(len(self.grids)) if i >= len(kept_depths) or not kept_depths[i]]
         for i in dropped:
             delattr(self, str(i))

@@ -1,5 +1,5 @@
 """Positional Encoding Generator (PEG), the conditional positional encoding of CPVT, as an encoding."""
-from typing import Dict, List, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -48,7 +48,7 @@ class PEG(nn.Module):
         return (out - x)[:, prefix:].norm(dim=-1).reshape(x.shape[0], *hw)
 
 
-def peg_responses(model: nn.Module, x: torch.Tensor) -> List[torch.Tensor]:
+def peg_responses(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     """``PEG.response`` of every PEG of ``model`` (``pos_block``, in network order) on input ``x``, read through
     forward hooks that are removed afterwards. On a uniform image only the zero-padded border sets tokens apart,
     so this shows the absolute position a PEG encodes."""
@@ -96,7 +96,7 @@ class PEGEncoding(Placed, PositionEncoding):
         return (0,)
 
     @property
-    def peg_after(self) -> Dict[Tuple[int, int], int]:
+    def peg_after(self) -> dict[tuple[int, int], int]:
         """``{(stage, block): k}``: PEG ``pos_block.{k}`` follows that block (block -1: the patch embedding)."""
         return {place: k for k, place in enumerate(self.places)}
 
@@ -110,10 +110,10 @@ class PEGEncoding(Placed, PositionEncoding):
     def after_block(self, stage: int, block: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
         return self._apply_at(stage, block, x, hw)
 
-    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> List[nn.Module]:
+    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> list[nn.Module]:
         return self.placed_parts(stage, list(blocks) + ([-1] if embedding else []))
 
-    def cut(self, kept_depths: Sequence[int]) -> List[str]:
+    def cut(self, kept_depths: Sequence[int]) -> list[str]:
         return self.keep_placed(kept_depths)
 
     def extra_repr(self) -> str:

@@ -1,5 +1,5 @@
 """A PEG that feeds only the queries and keys of attention (the paper's "PEG on Q and K" control)."""
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 from torch import nn
 
@@ -24,16 +24,16 @@ class PEGQKEncoding(Placed, PositionEncoding):
         self._place(places, [PEG(geometry.dims[s], kernel_size, num_prefix_tokens=geometry.num_prefix_tokens)
                              for s, _ in places])
 
-    def attention(self, stage: int, hw: HW) -> Optional[List[Optional[AttentionPosition]]]:
+    def attention(self, stage: int, hw: HW) -> list[AttentionPosition | None] | None:
         if not self.positions[stage]:
             return None
         return [None if (peg := self.at(stage, j)) is None else AttentionPosition(qk_input=peg)
                 for j in range(self.geometry.depths[stage])]
 
-    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> List[nn.Module]:
+    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> list[nn.Module]:
         return self.placed_parts(stage, blocks)
 
-    def cut(self, kept_depths: Sequence[int]) -> List[str]:
+    def cut(self, kept_depths: Sequence[int]) -> list[str]:
         return self.keep_placed(kept_depths)
 
     def extra_repr(self) -> str:

@@ -1,6 +1,6 @@
 """2-D rotary position embedding for vision transformers (Heo et al., ECCV 2024): axial and mixed."""
 import math
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -8,7 +8,7 @@ from torch import nn
 from .base import HW, AttentionPosition, Geometry, PositionEncoding, Rotary, grid_coordinates, uniform_magnitudes
 
 
-def mixed_frequencies(head_dim: int, heads: int, temperature: float, angle: Optional[torch.Tensor] = None
+def mixed_frequencies(head_dim: int, heads: int, temperature: float, angle: torch.Tensor | None = None
                       ) -> torch.Tensor:
     """(2, heads, head_dim // 2) frequencies over (column, row): the first half of a head's channel pairs
     turns along the direction ``angle`` (per head), the second half along ``angle + pi / 2``, at RoPE's
@@ -49,13 +49,13 @@ class RoPEEncoding(PositionEncoding):
     learnable = True
     default_temperature = 10.
 
-    def __init__(self, geometry: Geometry, temperature: Optional[float] = None):
+    def __init__(self, geometry: Geometry, temperature: float | None = None):
         super().__init__(geometry)
         temperature = self.default_temperature if temperature is None else float(temperature)
         if not temperature > 1:
             raise ValueError(f'{self.name} temperature must be > 1, got {temperature!r}')
         self.temperature = temperature
-        head_dims = [d // h for d, h in zip(geometry.dims, geometry.heads)]
+        head_dims = [d // h for d, h in zip(geometry.dims, geometry.heads, strict=False)]
         if any(hd % 4 for hd in head_dims):
             raise ValueError(f'{self.name} needs head widths that are multiples of 4, got {head_dims}')
         if self.learnable:
@@ -70,7 +70,7 @@ class RoPEEncoding(PositionEncoding):
     def init_non_persistent_buffers(self) -> None:
         """Recompute the fixed frequencies of ``rope_axial`` in place (they are in no checkpoint): for loaders
         that build a model on the meta device and then fill only what a state dict holds (transformers, timm)."""
-        for s, (dim, heads) in enumerate(zip(self.geometry.dims, self.geometry.heads)):
+        for s, (dim, heads) in enumerate(zip(self.geometry.dims, self.geometry.heads, strict=False)):
             buffer = getattr(self, f'axial{s}', None) if not self.learnable else None
             if buffer is not None:
                 with torch.no_grad():
@@ -81,7 +81,7 @@ class RoPEEncoding(PositionEncoding):
             return self.freqs[self.geometry.block_index(stage, block)]
         return getattr(self, f'axial{stage}')
 
-    def attention(self, stage: int, hw: HW) -> Optional[List[Optional[AttentionPosition]]]:
+    def attention(self, stage: int, hw: HW) -> list[AttentionPosition | None] | None:
         g = self.geometry
         sr = g.sr_ratios[stage]
         out, shared = [], None
@@ -97,12 +97,12 @@ class RoPEEncoding(PositionEncoding):
                 shared = out[-1]
         return out
 
-    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> List[nn.Parameter]:
+    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> list[nn.Parameter]:
         if not self.learnable:
             return []
         return [self.freqs[self.geometry.block_index(stage, j)] for j in blocks]
 
-    def cut(self, kept_depths: Sequence[int]) -> List[str]:
+    def cut(self, kept_depths: Sequence[int]) -> list[str]:
         if not self.learnable:
             for s in range(len(self.geometry.depths)):
                 if s >= len(kept_depths) or not kept_depths[s]:

@@ -1,5 +1,5 @@
 """A learned relative position bias on the attention logits (Shaw et al.'s RPE in 2-D, as the paper's)."""
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +43,7 @@ class RPEEncoding(PositionEncoding):
                 nn.init.trunc_normal_(table, std=.02)
                 self.register_parameter(str(geometry.block_index(stage, j)), table)
 
-    def attention(self, stage: int, hw: HW) -> Optional[List[Optional[AttentionPosition]]]:
+    def attention(self, stage: int, hw: HW) -> list[AttentionPosition | None] | None:
         g = self.geometry
         first = g.block_index(stage, 0)
         tables = [getattr(self, str(first + j)) for j in range(g.depths[stage])]
@@ -55,10 +55,10 @@ class RPEEncoding(PositionEncoding):
             out.append(AttentionPosition(bias=F.pad(bias, (prefix, 0, prefix, 0)) if prefix else bias))
         return out
 
-    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> List[nn.Parameter]:
+    def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> list[nn.Parameter]:
         return [getattr(self, str(self.geometry.block_index(stage, j))) for j in blocks]
 
-    def cut(self, kept_depths: Sequence[int]) -> List[str]:
+    def cut(self, kept_depths: Sequence[int]) -> list[str]:
         g = self.geometry
         kept = {g.block_index(s, j) for s, d in enumerate(kept_depths) for j in range(d)}
         dropped = [k for k in range(self.num_tables) if k not in kept]
