@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..utils import atomic_write, file_sha256
+from .check import check_against_torch
 from .onnx import export
 from .precision import check_precision
 
@@ -76,31 +77,12 @@ def _usable(path: Path) -> str | None:
     return None
 
 
-def check_export(engine: OnnxRuntimeModule, model: nn.Module, size: tuple[int, int] = (97, 131),
-                 tolerance: float = 1e-3) -> float:
-    """The session against ``model`` at ``size`` (not the export's example size, so that a frozen size shows):
-    the largest relative L2 error over the outputs, or an error naming the output that differs."""
-    x = torch.randn(1, engine.in_chans, *size, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        expected = pytree.tree_flatten(model(x))[0]
-    got = pytree.tree_flatten(engine(x))[0]
-    worst = 0.
-    for i, (g, e) in enumerate(zip(got, expected, strict=False)):
-        if g.shape != e.shape:
-            raise RuntimeError(f'onnxruntime: output {i} has shape {tuple(g.shape)} at {size}, torch gives '
-                               f'{tuple(e.shape)} (the export froze a size)')
-        worst = max(worst, float((g - e).norm() / e.norm().clamp(min=1e-12)))
-        if worst > tolerance:
-            raise RuntimeError(f'onnxruntime: output {i} differs from torch by {worst:.2e} (relative L2) at {size}')
-    return worst
-
-
 def to_onnxruntime(model: nn.Module, precision: str = 'fp32', cache: str | None = None,
                    threads: int | None = None, example_size: tuple[int, int] = (224, 224),
                    in_chans: int | None = None) -> OnnxRuntimeModule:
     """``model`` (evaluation mode, float32; left as it is) as an ``OnnxRuntimeModule``: exported at
     ``example_size`` (any size works afterwards) to ``cache`` or a file beside nothing (a temporary folder),
-    checked against torch at another size (``check_export``). ``precision``: 'fp32' only (see
+    checked against torch at another size (``deploy.check.check_against_torch``). ``precision``: 'fp32' only (see
     ``deploy.ENGINES``). ``threads``: onnxruntime's intra-op threads (default: torch's). ``in_chans``: input
     channels (default: the model's ``in_chans`` attribute, else 3)."""
     check_precision(precision)
@@ -134,8 +116,8 @@ def to_onnxruntime(model: nn.Module, precision: str = 'fp32', cache: str | None 
             tmp.replace(path)
             atomic_write(record_path(path), json.dumps(dict(sha256=file_sha256(path))).encode())
         engine = OnnxRuntimeModule(str(path), spec, in_chans, threads)
-    check_export(engine, model)
+    check_against_torch(engine, model, in_chans, 'onnxruntime')
     return engine
 
 
-__all__ = ['INSTALL', 'OnnxRuntimeModule', 'check_export', 'record_path', 'to_onnxruntime']
+__all__ = ['INSTALL', 'OnnxRuntimeModule', 'record_path', 'to_onnxruntime']

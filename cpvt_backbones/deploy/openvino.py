@@ -43,6 +43,7 @@ from torch.utils import _pytree as pytree
 
 from ..compat import require
 from ..utils import atomic_write, file_sha256
+from .check import check_against_torch
 from .precision import PRECISIONS, check_precision
 
 SHAPES = ('dynamic', 'static', 'auto')
@@ -350,25 +351,9 @@ class _Requests:
 
 def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: tuple[int, int] = (97, 131),
                      tolerance: float = 1e-3) -> float:
-    """The converted model in float32 against ``model`` at ``size`` (not the export's example size, so that a
-    shape the export froze shows): the largest relative L2 error over the outputs, or an error naming the
-    output that differs."""
-    engine = OpenVINOModule(ov_model, spec, in_chans)
-    x = torch.randn(1, in_chans, *size, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        expected = pytree.tree_flatten(model(x))[0]
-    got = pytree.tree_flatten(engine(x))[0]
-    worst = 0.
-    for i, (g, e) in enumerate(zip(got, expected, strict=False)):
-        if g.shape != e.shape:
-            raise RuntimeError(f'OpenVINO conversion: output {i} has shape {tuple(g.shape)} at {size}, torch gives '
-                               f'{tuple(e.shape)} (the export froze a size)')
-        error = float((g - e).norm() / e.norm().clamp(min=1e-12))
-        if error > tolerance:
-            raise RuntimeError(f'OpenVINO conversion: output {i} differs from torch by {error:.2e} (relative L2) at '
-                               f'{size} (the export froze a size, or an op converts wrongly)')
-        worst = max(worst, error)
-    return worst
+    """The converted model in float32 against ``model`` (``deploy.check.check_against_torch``)."""
+    return check_against_torch(OpenVINOModule(ov_model, spec, in_chans), model, in_chans, 'OpenVINO conversion',
+                               size, tolerance)
 
 
 def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable[torch.Tensor] | None = None,

@@ -1,0 +1,31 @@
+"""The check every converting engine runs once it has converted a model: its outputs against torch's."""
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+
+def check_against_torch(engine: nn.Module, model: nn.Module, in_chans: int, name: str,
+                        size: tuple[int, int] = (97, 131), tolerance: float = 1e-3) -> float:
+    """``engine`` (the converted model) against ``model`` on one random input of ``size``, which should not be
+    the export's example size, so that a size the export froze shows: the largest relative L2 error over the
+    outputs, or a RuntimeError, headed ``name``, naming the output whose shape or values differ."""
+    x = torch.randn(1, in_chans, *size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = pytree.tree_flatten(model(x))[0]
+    got = pytree.tree_flatten(engine(x))[0]
+    if len(got) != len(expected):
+        raise RuntimeError(f'{name}: {len(got)} outputs, torch gives {len(expected)}')
+    worst = 0.
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        if g.shape != e.shape:
+            raise RuntimeError(f'{name}: output {i} has shape {tuple(g.shape)} at {size}, torch gives '
+                               f'{tuple(e.shape)} (the export froze a size)')
+        error = float((g - e).norm() / e.norm().clamp(min=1e-12))
+        if error > tolerance:
+            raise RuntimeError(f'{name}: output {i} differs from torch by {error:.2e} (relative L2) at {size} (the '
+                               'export froze a size, or an operation converts wrongly)')
+        worst = max(worst, error)
+    return worst
+
+
+__all__ = ['check_against_torch']
