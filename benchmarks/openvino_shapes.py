@@ -88,7 +88,7 @@ def run_stream(ov_model, spec, stream: list[tuple[int, int]], args) -> dict[str,
                                 compiled_shapes=len(engines[strategy].compiled_shapes))
         if len(inputs) <= 8:  # a few recurring sizes: the median of each
             result[strategy]['warm_median_ms_by_size'] = {
-                f'{h}x{w}': round(1e3 * statistics.median(t for t, size in zip(times, stream, strict=True)
+                f'{h}x{w}': round(1e3 * statistics.median(t for t, size in zip(times, stream, strict=False)
                                                           if size == (h, w)), 1)
                 for h, w in sorted(inputs)}
     return result

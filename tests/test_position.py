@@ -344,10 +344,10 @@ def test_selectable_from_openmmlab_configs_and_timm():
 @pytest.mark.parametrize('kernel', [4, 1, 0, True, 3.0])
 def test_kernel_sizes_are_checked_in_one_place(encoding, name, low, kernel):
     from cpvt_backbones.layers.position.peg import PEG
-    with pytest.raises(ValueError, match=f'{name} must be an odd int >= {low} .*got {kernel!r}'):
+    with pytest.raises(ValueError, match=f'{name} must be odd and >= {low} .*got {kernel!r}'):
         create_model('pcpvt_tiny', pos_encoding=dict(type=encoding, kernel_size=kernel))
     if kernel != 1:
-        with pytest.raises(ValueError, match=f'^kernel_size must be an odd int >= 1 .*got {kernel!r}'):
+        with pytest.raises(ValueError, match=f'^kernel_size must be odd and >= 1 .*got {kernel!r}'):
             PEG(8, kernel)
 
 

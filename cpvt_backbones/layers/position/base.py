@@ -150,7 +150,7 @@ def check_odd_kernel(value, name: str, low: int = 1) -> int:
     """``value`` if it is an odd int >= ``low`` (zero padding of ``k // 2`` keeps the map size), else a
     ValueError naming ``name``."""
     if not isinstance(value, int) or isinstance(value, bool) or value < low or value % 2 == 0:
-        raise ValueError(f'{name} must be an odd int >= {low} (zero padding k // 2 keeps the map size), '
+        raise ValueError(f'{name} must be odd and >= {low} (an int: zero padding k // 2 keeps the map size), '
                          f'got {value!r}')
     return value
 
