@@ -237,8 +237,11 @@ def test_int8_keeps_the_configs_float32_modules_unless_told_otherwise():
         use_engine(copy.deepcopy(cfg), parser.parse_args(['--engine', 'torch', '--precision', 'bf16', '--keep-fp32']))
     with pytest.raises(SystemExit, match="engine 'fused' runs fp32, int8, not 'bf16'; bf16 runs on: torch, openvino"):
         use_engine(copy.deepcopy(cfg), parser.parse_args(['--precision', 'bf16']))
+    resnet = Config(dict(model=dict(backbone=dict(type='ResNet'))))
     with pytest.raises(SystemExit, match="engine 'fused' runs our backbones .*'ResNet'.*--engine torch"):
-        use_engine(Config(dict(model=dict(backbone=dict(type='ResNet')))), parser.parse_args([]))
+        use_engine(copy.deepcopy(resnet), parser.parse_args(['--engine', 'fused']))
+    use_engine(resnet, parser.parse_args([]))  # the default for another backbone: the plain model
+    assert resnet.custom_hooks[-1]['engine'] == 'torch'
 
 
 def test_engine_caches_are_named_by_everything_that_changes_them(tmp_path, monkeypatch):

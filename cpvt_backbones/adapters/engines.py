@@ -33,8 +33,9 @@ IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """``--engine``, ``--precision``, ``--calibrate``, ``--calibrate-images`` and ``--keep-fp32`` (tools/test.py,
     tools/infer.py); the parser's epilog gets the engine x precision table of the registry."""
-    parser.add_argument('--engine', choices=list(ENGINES), default=DEFAULT_ENGINE,
-                        help=f'the inference engine (default {DEFAULT_ENGINE}; table below)')
+    parser.add_argument('--engine', choices=list(ENGINES),
+                        help=f'the inference engine (default: {DEFAULT_ENGINE} for our backbones, torch for others; '
+                             'table below)')
     parser.add_argument('--precision', choices=PRECISIONS, default='fp32', help='fp32, bf16 or int8 (table below)')
     parser.add_argument('--calibrate', metavar='IMAGES',
                         help="int8 calibration images: 'val' (the config's test set, the default) or a folder of "
@@ -53,13 +54,19 @@ def engine_request(cfg: Config, args: argparse.Namespace) -> dict:
     ``set_engine`` and ``engine_model``; a SystemExit naming the problem otherwise."""
     if (args.calibrate or args.keep_fp32 is not None) and args.precision != 'int8':
         raise SystemExit('--calibrate and --keep-fp32 configure int8: use them with --precision int8')
+    engine = args.engine or default_engine(cfg)
     try:
-        _check(cfg, args.engine, args.precision)
+        _check(cfg, engine, args.precision)
     except (ValueError, ImportError) as e:
         raise SystemExit(str(e)) from e
     int8 = args.precision == 'int8'
-    return dict(engine=args.engine, precision=args.precision, calibration=(args.calibrate or 'val') if int8 else None,
+    return dict(engine=engine, precision=args.precision, calibration=(args.calibrate or 'val') if int8 else None,
                 calibration_images=args.calibrate_images, keep_fp32=kept_in_fp32(cfg, args.keep_fp32) if int8 else ())
+
+
+def default_engine(cfg: Config) -> str:
+    """``DEFAULT_ENGINE`` (the fused CPU kernels) where the config's backbone is ours, else torch."""
+    return DEFAULT_ENGINE if our_backbone(cfg) is not None else 'torch'
 
 
 def _check(cfg: Config, engine: str, precision: str) -> None:
@@ -250,5 +257,5 @@ def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: str | None, en
 
 
 __all__ = ['DEFAULT_ENGINE', 'IMAGE_SUFFIXES', 'add_engine_args', 'cache_name', 'calibrate', 'calibration_batches',
-           'engine_request',
+           'default_engine', 'engine_request',
            'engine_model', 'kept_in_fp32', 'set_engine', 'use_engine']

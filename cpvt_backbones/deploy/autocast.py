@@ -44,8 +44,9 @@ class AutocastModule(nn.Module):
         super().__init__()
         check_precision(precision)
         if precision == 'int8':
-            raise ValueError("precision='int8' is not an autocast type: the fused engine (static int8, torch only) or "
-                             "the OpenVINO engine (NNCF) run it: deploy.prepare(model, 'fused', 'int8', ...)")
+            raise ValueError("precision='int8' is not an autocast type: use optimize(model, precision='int8') (the "
+                             "fused engine: static int8, torch only) or the OpenVINO engine (NNCF), both through "
+                             "deploy.prepare(model, ENGINE, 'int8', ...)")
         self.module, self.precision = module, precision
         self.train(module.training)
 
