@@ -130,7 +130,7 @@ def test_the_fused_engine_through_the_registry_and_not_the_config():
         torch.manual_seed(0)
         plain = MODELS.build(dict(type='PyramidCPVT', arch='pcpvt_tiny')).eval()
         fast = prepare(copy.deepcopy(plain), 'fused')
-        with pytest.raises(ValueError, match='the backbone no longer takes an engine.*--engine fused'):
+        with pytest.raises(ValueError, match='the backbone takes no inference engine.*--engine fused'):
             MODELS.build(dict(type='PyramidCPVT', arch='pcpvt_tiny', optimize=True))
     assert sum(isinstance(m, FusedBlock) for m in fast.modules()) == 8
     x = torch.randn(1, 3, 75, 61)

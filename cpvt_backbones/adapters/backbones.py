@@ -29,7 +29,7 @@ class _OpenMMLabBackbone:
                drop_path_rate: float, frozen_stages: int, with_cp: bool, init_cfg: dict | None,
                optimize: Any) -> None:
         if optimize is not None:
-            raise ValueError(f'optimize={optimize!r}: the backbone no longer takes an engine; the fused CPU path and '
+            raise ValueError(f'optimize={optimize!r}: the backbone takes no inference engine; the fused CPU path and '
                              'the other engines are applied once the checkpoint is loaded (tools/test.py and '
                              "tools/infer.py --engine fused|torch|openvino|onnxruntime, or adapters.engines."
                              'set_engine(cfg, ...) for a test loop); remove optimize from the config')
