@@ -29,6 +29,19 @@ def _int8_linear() -> bool:
             and 'Tensor? other, Tensor? bias' in str(ops.qlinear_pointwise.binary._schema))
 
 
+class _ArangeOfWidth(nn.Module):
+    def forward(self, x):
+        return torch.arange(x.shape[-1], device=x.device)
+
+
+def _fx_sizes() -> bool:
+    try:
+        torch.fx.symbolic_trace(_ArangeOfWidth())
+    except TypeError:  # torch 2.1: a factory function refuses a size that is a torch.fx Proxy
+        return False
+    return True
+
+
 # Each feature built on a newer torch API: the release that brought the API (for messages), what it is, and
 # whether this torch has it (a test of the API itself, not of the version number).
 FEATURES = {
@@ -42,6 +55,9 @@ FEATURES = {
                           lambda: torch_at_least('2.14')),
     'safe_globals': ('2.5', 'torch.serialization.safe_globals, extra allowed globals for weights_only loading',
                      lambda: hasattr(torch.serialization, 'safe_globals')),
+    # Verified on 2.14 and 2.15 (2.1 refuses; the releases between were not checked).
+    'fx_sizes': ('2.14', 'torch.fx symbolic tracing of factory calls sized by the input (torch.arange(x.shape[-1])), '
+                         'which the sin-cos, RPE and RoPE encodings make', _fx_sizes),
 }
 
 
@@ -69,7 +85,10 @@ def is_compiling() -> bool:
 
 def is_fx_tracing() -> bool:
     """True while ``torch.fx.symbolic_trace`` (timm's ``feature_cls='fx'``, torchvision's
-    ``create_feature_extractor``) traces the model: its inputs are then ``torch.fx.Proxy`` objects, not tensors."""
+    ``create_feature_extractor``) traces the model: its inputs are then ``torch.fx.Proxy`` objects, not tensors.
+    False under torch.compile and torch.export (whose dynamo cannot trace this check on torch 2.1)."""
+    if is_compiling():
+        return False
     from torch.fx import _symbolic_trace as fx_trace  # is_fx_symbolic_tracing from torch 2.6 (is_fx_tracing warns)
     return getattr(fx_trace, 'is_fx_symbolic_tracing', fx_trace.is_fx_tracing)()
 

@@ -205,7 +205,7 @@ class CPVTBase(nn.Module):
         starts = [sum(s.depth for s in stages[:i]) for i in range(len(stages))]
         stage_blocks = [[partial(make_block, s.dim, s.num_heads, mlp_ratio=s.mlp_ratio, sr_ratio=s.sr_ratio,
                                  drop_path=drop_paths[start + j]) for j in range(s.depth)]
-                        for s, start in zip(built, starts, strict=False)]
+                        for s, start in zip(built, starts)]
         self._build_trunk(built, stage_blocks, norm_layer=norm_layer, drop_rate=drop_rate)
 
         strides = [math.prod(s.patch_size for s in stages[:i + 1]) for i in range(len(stages))]

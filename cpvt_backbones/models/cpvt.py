@@ -197,7 +197,7 @@ class CPVT(CPVTBase):
                 out['image_features'] = self.norm(tokens)
             return out
         if with_prefix:
-            maps = list(zip(maps, prefixes, strict=False))
+            maps = list(zip(maps, prefixes))
         return maps if intermediates_only else (self.norm(tokens), maps)
 
     def _cut_to(self, keep: int) -> list[str]:

@@ -57,8 +57,7 @@ class PyramidCPVT(CPVTBase):
         if len(set(lengths.values())) != 1:
             raise ValueError(f'per-stage settings must all have one entry per stage, got lengths {lengths}')
         stages = [Stage(dim=d, depth=n, num_heads=h, mlp_ratio=r, patch_size=p, sr_ratio=sr)
-                  for d, n, h, r, sr, p in zip(embed_dims, depths, num_heads, mlp_ratios, sr_ratios, patch_sizes,
-                                               strict=True)]
+                  for d, n, h, r, sr, p in zip(embed_dims, depths, num_heads, mlp_ratios, sr_ratios, patch_sizes)]
         super().__init__(stages, num_levels=len(stages), **kwargs)
 
     @property
@@ -76,7 +75,7 @@ class PyramidCPVT(CPVTBase):
         self.pos_drops = nn.ModuleList()
         self.blocks = nn.ModuleList()
         prev = self.in_chans
-        for stage, makers in zip(stages, blocks, strict=False):
+        for stage, makers in zip(stages, blocks):
             self.patch_embeds.append(PatchEmbed(prev, stage.dim, stage.patch_size, norm_layer=norm_layer))
             self.pos_drops.append(nn.Dropout(drop_rate))
             self.blocks.append(nn.ModuleList(make() for make in makers))

@@ -78,8 +78,8 @@ def merge_attention(parts: Sequence[AttentionPosition | None], names: Sequence[s
                     ) -> AttentionPosition | None:
     """One ``AttentionPosition`` from several encodings' (each field from at most one of them)."""
     fields = {}
-    for part, name in zip(parts, names, strict=False):
-        for field, value in zip(AttentionPosition._fields, part or AttentionPosition(), strict=False):
+    for part, name in zip(parts, names):
+        for field, value in zip(AttentionPosition._fields, part or AttentionPosition()):
             if value is None:
                 continue
             if field in fields:
@@ -128,7 +128,7 @@ def check_positions(positions, depths: Sequence[int], name: str, default: Callab
     if len(positions) != len(depths):
         raise ValueError(f'{name} needs one entry per stage ({len(depths)}), got {positions!r}')
     out = []
-    for stage, (blocks, depth) in enumerate(zip(positions, depths, strict=False)):
+    for stage, (blocks, depth) in enumerate(zip(positions, depths)):
         blocks = tuple(blocks)
         where = f'{name}[{stage}]' if len(depths) > 1 else name
         if any(not isinstance(b, int) or isinstance(b, bool) for b in blocks):

@@ -39,7 +39,7 @@ class LearnedEncoding(PositionEncoding):
             raise ValueError(f'learned interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}')
         self.img_size, self.interpolation = size, interpolation
         self.grids = [tuple((n + s - 1) // s for n in size) for s in geometry.strides]
-        for stage, (dim, (gh, gw)) in enumerate(zip(geometry.dims, self.grids, strict=False)):
+        for stage, (dim, (gh, gw)) in enumerate(zip(geometry.dims, self.grids)):
             prefix = geometry.num_prefix_tokens if stage == 0 else 0
             table = nn.Parameter(torch.zeros(1, prefix + gh * gw, dim))
             nn.init.trunc_normal_(table, std=.02)

@@ -55,7 +55,7 @@ class RoPEEncoding(PositionEncoding):
         if not temperature > 1:
             raise ValueError(f'{self.name} temperature must be > 1, got {temperature!r}')
         self.temperature = temperature
-        head_dims = [d // h for d, h in zip(geometry.dims, geometry.heads, strict=False)]
+        head_dims = [d // h for d, h in zip(geometry.dims, geometry.heads)]
         if any(hd % 4 for hd in head_dims):
             raise ValueError(f'{self.name} needs head widths that are multiples of 4, got {head_dims}')
         if self.learnable:
@@ -70,7 +70,7 @@ class RoPEEncoding(PositionEncoding):
     def init_non_persistent_buffers(self) -> None:
         """Recompute the fixed frequencies of ``rope_axial`` in place (they are in no checkpoint): for loaders
         that build a model on the meta device and then fill only what a state dict holds (transformers, timm)."""
-        for s, (dim, heads) in enumerate(zip(self.geometry.dims, self.geometry.heads, strict=False)):
+        for s, (dim, heads) in enumerate(zip(self.geometry.dims, self.geometry.heads)):
             buffer = getattr(self, f'axial{s}', None) if not self.learnable else None
             if buffer is not None:
                 with torch.no_grad():
