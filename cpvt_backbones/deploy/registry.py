@@ -96,12 +96,15 @@ def prepare(module: nn.Module, name: str, precision: str = 'fp32',
 
 
 def engine_table() -> str:
-    """The registry as a Markdown table: engine, covers, precision and what stays float32 there, needs."""
+    """The registry as Markdown: a table of engine, covers, precision and what stays float32 there, needs; then
+    each engine's summary."""
     lines = ['| engine | covers | precision | stays float32 | needs |', '|---|---|---|---|---|']
     for spec in ENGINES.values():
         for precision in (p for p in PRECISIONS if p in spec.precisions):
             lines.append(f'| {spec.name} | {spec.covers} | {precision} | {spec.precisions[precision]} | '
                          f'{", ".join(spec.requires) or "torch"} |')
+    lines.append('')
+    lines += [f'- {spec.name}: {spec.summary}' for spec in ENGINES.values()]
     return '\n'.join(lines)
 
 
