@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..utils import atomic_write, file_sha256
+from ..utils import atomic_write, checksum_problem, file_sha256
 from .check import check_against_torch
 from .onnx import export
 from .precision import check_precision
@@ -64,19 +64,6 @@ def record_path(path) -> Path:
     return Path(str(path) + '.sha256')
 
 
-def _usable(path: Path) -> str | None:
-    """Why the export saved at ``path`` cannot be used (missing record, or a sha256 that differs from it), or
-    None."""
-    try:
-        recorded = json.loads(record_path(path).read_text())['sha256']
-    except (OSError, ValueError, KeyError) as e:
-        return f'{record_path(path)} cannot be read ({type(e).__name__}); it was not saved by cpvt_backbones, ' \
-               'or its saving was cut short'
-    if file_sha256(path) != recorded:
-        return f'{path} does not have the sha256 recorded beside it (truncated, damaged or replaced)'
-    return None
-
-
 def to_onnxruntime(model: nn.Module, precision: str = 'fp32', cache: str | None = None,
                    threads: int | None = None, example_size: tuple[int, int] = (224, 224),
                    in_chans: int | None = None) -> OnnxRuntimeModule:
@@ -105,7 +92,7 @@ def to_onnxruntime(model: nn.Module, precision: str = 'fp32', cache: str | None 
         engine.folder = folder  # removed with the module
     else:
         path = Path(cache)
-        problem = _usable(path) if path.is_file() else None
+        problem = checksum_problem(record_path(path), dict(onnx=path)) if path.is_file() else None
         if problem:
             warnings.warn(f'onnxruntime cache {path}: {problem}; exporting again', RuntimeWarning, stacklevel=2)
         if problem or not path.is_file():
@@ -114,7 +101,7 @@ def to_onnxruntime(model: nn.Module, precision: str = 'fp32', cache: str | None 
             export(model, str(tmp), names, example_size, in_chans=in_chans)
             record_path(path).unlink(missing_ok=True)
             tmp.replace(path)
-            atomic_write(record_path(path), json.dumps(dict(sha256=file_sha256(path))).encode())
+            atomic_write(record_path(path), json.dumps(dict(onnx=file_sha256(path))).encode())
         engine = OnnxRuntimeModule(str(path), spec, in_chans, threads)
     check_against_torch(engine, model, in_chans, 'onnxruntime')
     return engine

@@ -42,7 +42,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..compat import require
-from ..utils import atomic_write, file_sha256
+from ..utils import atomic_write, checksum_problem, file_sha256
 from .check import check_against_torch
 from .precision import PRECISIONS, check_precision
 
@@ -414,20 +414,8 @@ def saved_problem(path) -> str | None:
     """Why the model saved at ``path`` (.xml, .bin and their record) cannot be used, or None: a file is missing,
     there is no record (not written by ``save``, or its write was cut short), or a file's sha256 differs from the
     record (truncated, damaged, or replaced since)."""
-    path, record = Path(path), record_path(path)
-    for file in (path, path.with_suffix('.bin')):
-        if not file.is_file():
-            return f'{file} is missing'
-    try:
-        recorded = json.loads(record.read_text())
-    except FileNotFoundError:
-        return f'{record} is missing (it was not saved by cpvt_backbones, or its saving was cut short)'
-    except (OSError, ValueError) as e:
-        return f'{record} cannot be read ({e})'
-    for key, file in (('xml', path), ('bin', path.with_suffix('.bin'))):
-        if file_sha256(file) != recorded.get(key):
-            return f'{file} does not have the sha256 recorded in {record} (truncated, damaged or replaced)'
-    return None
+    path = Path(path)
+    return checksum_problem(record_path(path), dict(xml=path, bin=path.with_suffix('.bin')))
 
 
 def _load(path: str | None, model: nn.Module, in_chans: int):
