@@ -156,14 +156,16 @@ def _versions(*packages: str) -> dict:
 
 
 def cache_name(cfg: Config, checkpoint: Path, kind: str, calibration: tuple[str, int] | None = None,
-               *extra: str) -> str:
+               *extra: str, checkpoint_sha256: str | None = None) -> str:
     """A file name for what is derived from the model of ``cfg`` with ``checkpoint``: the checkpoint's stem,
     ``kind`` and a hash of everything that changes the result: the config's model section (after overrides), the
     checkpoint's content (sha256), ``extra``, the versions of this package, torch, OpenVINO and NNCF where
     installed, and for ``calibration`` (source, number of images) the config's test dataloader with its
     pipeline and, for a folder, the content of its images. The same inputs give the same name, any change
-    another."""
-    key = dict(model=cfg.model.to_dict(), checkpoint=file_sha256(checkpoint), kind=kind, extra=list(extra),
+    another. ``checkpoint_sha256``: the checkpoint's sha256 where the caller has it already (names for several
+    kinds of one checkpoint read the file once)."""
+    key = dict(model=cfg.model.to_dict(), checkpoint=checkpoint_sha256 or file_sha256(checkpoint), kind=kind,
+               extra=list(extra),
                versions=_versions(*(name for name in ('cpvt_backbones', 'torch', 'openvino', 'nncf')
                                     if importlib.util.find_spec(name) is not None)))
     if calibration is not None:
@@ -243,8 +245,10 @@ def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: str | None, en
     if ckpt is not None and ckpt.is_file():
         folder = weights_dir() / engine
         calibrated = (source, calibration_images) if precision == 'int8' else None
-        options.setdefault('cache', str(folder / cache_name(cfg, ckpt, precision, calibrated, *sorted(keep_fp32))))
-        options.setdefault('conversion_cache', str(folder / cache_name(cfg, ckpt, 'float')))
+        digest = file_sha256(ckpt)
+        options.setdefault('cache', str(folder / cache_name(cfg, ckpt, precision, calibrated, *sorted(keep_fp32),
+                                                            checkpoint_sha256=digest)))
+        options.setdefault('conversion_cache', str(folder / cache_name(cfg, ckpt, 'float', checkpoint_sha256=digest)))
     on_engine(model, engine, precision, batches, keep_fp32, **options)
     saved = []
     for prefix in (options.get('cache'), options.get('conversion_cache')):  # what this engine kept, its own first
