@@ -54,6 +54,14 @@ stamp_of() {
 }
 
 if [ ! -x "$VENV/bin/python" ]; then
+  # A new environment takes 5-7 GiB (PyPI's torch wheels bring CUDA libraries); a full disk would stop pip halfway.
+  NEED_GIB="${CPVT_ENV_NEED_GIB:-8}"
+  FREE_GIB=$(( $(df -Pk "$ROOT" | awk 'NR == 2 {print $4}') / 1048576 ))
+  if [ "$FREE_GIB" -lt "$NEED_GIB" ]; then
+    echo "[env] $VENV needs about $NEED_GIB GiB free on the disk of $ROOT, found $FREE_GIB GiB:" \
+      "free some space (old .venv-* folders, /tmp/pytest-of-$(id -un)) or set CPVT_ENV_NEED_GIB" >&2
+    exit 2
+  fi
   command -v "$PYTHON_BIN" >/dev/null || PYTHON_BIN=python3
   say "creating $VENV with $($PYTHON_BIN --version) for STACK=$STACK"
   "$PYTHON_BIN" -m venv "$VENV"
