@@ -129,6 +129,8 @@ class StudyConfig:
     out: Path
     name: str
     runs: str
+    in_chans: int = 1          # the images' channels and classes (Fashion-MNIST: 1 and 10); other studies
+    num_classes: int = 10      # of the same models replace them
 
     def run_dir(self, variant: str, seed: int) -> Path:
         """Where one (variant, seed) run keeps its checkpoints, weights and result.json."""
@@ -293,9 +295,9 @@ def resize(x: torch.Tensor, size: int, mode: str = 'bilinear') -> torch.Tensor:
 
 def build_model(variant: str, config: StudyConfig) -> CPVT | PatchCNN:
     if VARIANTS[variant].cnn:
-        return PatchCNN(config.dim, config.depth, config.patch)
-    return CPVT(embed_dim=config.dim, depth=config.depth, num_heads=config.heads, patch_size=config.patch, in_chans=1,
-                num_classes=10, class_token=config.head == 'cls', drop_path_rate=config.drop_path,
+        return PatchCNN(config.dim, config.depth, config.patch, config.in_chans, config.num_classes)
+    return CPVT(embed_dim=config.dim, depth=config.depth, num_heads=config.heads, patch_size=config.patch,
+                in_chans=config.in_chans, num_classes=config.num_classes, class_token=config.head == 'cls', drop_path_rate=config.drop_path,
                 pos_encoding=VARIANTS[variant].spec(config.image_size, config.patch))
 
 

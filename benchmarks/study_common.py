@@ -1,4 +1,4 @@
-"""What the studies share: mean and spread over seeds, the CSV table, the run's metadata, where runs are kept,
+"""What the studies share: mean and spread over seeds, paired differences with their 95% interval, the CSV table, the run's metadata, where runs are kept,
 sharding, and the demo's definitions (tools/demo.py)."""
 import argparse
 import csv
@@ -19,6 +19,31 @@ import torch
 def mean_std(values: Sequence[float], digits: int = 2) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single seed)."""
     return round(statistics.mean(values), digits), round(statistics.stdev(values), digits) if len(values) > 1 else 0.
+
+
+# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def paired(a: Sequence[float], b: Sequence[float]) -> dict:
+    """The paired difference ``a - b`` (entries paired by position: the same seed): its mean, sample standard
+    deviation, the 95% t interval of the mean (n - 1 degrees of freedom) and the sign it shows: '+' or '-' where
+    the interval excludes zero, '=' where it does not ("tied"). Needs 2..31 pairs."""
+    if len(a) != len(b) or not 2 <= len(a) <= len(_T975) + 1:
+        raise ValueError(f'paired needs two equally long sequences of 2..{len(_T975) + 1} values, got {len(a)} and '
+                         f'{len(b)}')
+    diff = [x - y for x, y in zip(a, b, strict=True)]
+    mean, sd = statistics.mean(diff), statistics.stdev(diff)
+    half = _T975[len(diff) - 2] * sd / len(diff) ** 0.5
+    lo, hi = mean - half, mean + half
+    return dict(mean=round(mean, 2), sd=round(sd, 2), lo=round(lo, 2), hi=round(hi, 2), n=len(diff),
+                sign='+' if lo > 0 else '-' if hi < 0 else '=')
+
+
+def format_paired(d: dict) -> str:
+    """'+1.23 [+0.40, +2.06]': the mean paired difference and its 95% interval."""
+    return f'{d["mean"]:+.2f} [{d["lo"]:+.2f}, {d["hi"]:+.2f}]'
 
 
 def write_csv(rows: list[dict], path: Path) -> None:

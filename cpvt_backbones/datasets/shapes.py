@@ -138,19 +138,18 @@ def render(scene: Scene, scale: float = 1.):
     return np.clip(image, 0, 255).astype(np.uint8), labels, boxes
 
 
-def _scene(rng: np.random.Generator, spec: ShapesSpec) -> Scene:
-    """Sample one scene: size, background, and 1..max_objects non-overlapping shapes, each in a colour that stands
-    out from the background it covers (judged at scale 1)."""
-    aspect = math.exp(rng.uniform(-math.log(spec.max_aspect), math.log(spec.max_aspect)))
-    h = int(rng.integers(spec.min_side, spec.max_side + 1))
-    w = int(np.clip(round(h * aspect), spec.min_side, spec.max_side))
-    base = _sample_background(rng, h, w)
+def _place_shapes(rng: np.random.Generator, base: Scene, count: int, min_object: float, max_object: float,
+                  cls_id: int | None = None) -> Scene:
+    """``base`` with up to ``count`` non-overlapping shapes (radius ``min_object``..``max_object`` of half the
+    shorter side; a shape that finds no free place in 30 tries is left out), each in a colour that stands out from
+    the background it covers (judged at scale 1), of class ``cls_id`` or each of a random class."""
+    h, w = base.height, base.width
     background = _background(base, h, w, 1., np.random.default_rng(base.seed))
     shapes: list[Shape] = []
     taken: list[tuple[float, float, float, float]] = []
-    for _ in range(int(rng.integers(1, spec.max_objects + 1))):
+    for _ in range(count):
         for _attempt in range(30):
-            r = rng.uniform(spec.min_object, spec.max_object) * min(h, w) / 2
+            r = rng.uniform(min_object, max_object) * min(h, w) / 2
             cx, cy = rng.uniform(r + 1, w - r - 1), rng.uniform(r + 1, h - r - 1)
             box = (cx - r - 2, cy - r - 2, cx + r + 2, cy + r + 2)
             if all(box[2] < t[0] or box[0] > t[2] or box[3] < t[1] or box[1] > t[3] for t in taken):
@@ -158,10 +157,37 @@ def _scene(rng: np.random.Generator, spec: ShapesSpec) -> Scene:
         else:
             continue
         taken.append(box)
-        cls_id = int(rng.integers(len(CLASSES)))
-        shapes.append(_contrasting(rng, Shape(cls_id, cx, cy, r, float(rng.uniform(0, 2 * math.pi)), (0., 0., 0.)),
+        cls = int(rng.integers(len(CLASSES))) if cls_id is None else cls_id
+        shapes.append(_contrasting(rng, Shape(cls, cx, cy, r, float(rng.uniform(0, 2 * math.pi)), (0., 0., 0.)),
                                    background))
     return replace(base, shapes=tuple(shapes))
+
+
+def _scene(rng: np.random.Generator, spec: ShapesSpec) -> Scene:
+    """Sample one scene: size, background, and 1..max_objects non-overlapping shapes of random classes."""
+    aspect = math.exp(rng.uniform(-math.log(spec.max_aspect), math.log(spec.max_aspect)))
+    h = int(rng.integers(spec.min_side, spec.max_side + 1))
+    w = int(np.clip(round(h * aspect), spec.min_side, spec.max_side))
+    return _place_shapes(rng, _sample_background(rng, h, w), int(rng.integers(1, spec.max_objects + 1)),
+                         spec.min_object, spec.max_object)
+
+
+def class_scenes(count: int, side: int, seed: int, objects: tuple[int, int] = (2, 4),
+                 object_size: tuple[float, float] = (0.16, 0.36)) -> tuple[list[Scene], np.ndarray]:
+    """A classification set: ``count`` square scenes ``side`` px wide at scale 1, each with
+    ``objects[0]..objects[1]`` non-overlapping shapes of one class (radius ``object_size`` of half the side) at
+    random positions, sizes and rotations on the textured background, and the class index of each scene
+    (deterministic for given arguments). ``render(scene, size / side)`` draws one natively at ``size`` px, so a
+    larger test size carries real detail, not interpolation."""
+    if not 1 <= objects[0] <= objects[1] or not 0 < object_size[0] <= object_size[1] < 1:
+        raise ValueError(f'need 1 <= objects[0] <= objects[1] and 0 < object_size[0] <= object_size[1] < 1, got '
+                         f'objects={objects}, object_size={object_size}')
+    rng = np.random.default_rng(seed)
+    labels = np.arange(count) % len(CLASSES)
+    rng.shuffle(labels)
+    scenes = [_place_shapes(rng, _sample_background(rng, side, side), int(rng.integers(objects[0], objects[1] + 1)),
+                            *object_size, cls_id=int(cls)) for cls in labels]
+    return scenes, labels
 
 
 def shape_scenes(spec: ShapesSpec = ShapesSpec()) -> dict[str, list[Scene]]:
