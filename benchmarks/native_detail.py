@@ -8,7 +8,8 @@ at random positions, sizes and rotations on a textured background (``cpvt_backbo
 Every image is drawn from its resolution-free scene at the size it is used at, so a larger test image carries
 real extra detail (crisper edges of smaller shapes), as ImageNet's 384 px tests of a 224 px model do.
 
-Training: the scenes drawn at 56 px (2x, the "originals"), DeiT-like random resized crops (area 0.25-1, aspect
+Every drawing is rendered at twice its size and shrunk (antialiased, ``draw``). Training: the scenes drawn at
+56 px (2x, the "originals"), DeiT-like random resized crops (area 0.25-1, aspect
 3/4-4/3, flips, antialiased) to 28 px, patch 2: a 14 x 14 token grid; the resolution study's models, optimiser
 and trainer (``benchmarks.resolution_study``'s default config with the fields below replaced) with global
 average pooling. Tests: held-out scenes drawn natively at 28, 40, 48 (1.71x: the paper's 384 / 224) and 56 px,
@@ -79,9 +80,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[rs.StudyConfig, argpa
 
 
 def draw(scenes, side: int, size: int) -> torch.Tensor:
-    """The scenes (``side`` px at scale 1) drawn natively at ``size`` px, normalised, (N, 3, size, size)."""
-    images = np.stack([render(scene, size / side)[0] for scene in scenes])
-    return (torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255 - MEAN) / STD
+    """The scenes (``side`` px at scale 1) drawn natively at ``size`` px, normalised, (N, 3, size, size):
+    rendered at twice the size and shrunk (antialiased), as a camera's pixels average the scene, so that edges
+    and pixel noise look alike at every size and alike in training crops (themselves shrunk from their
+    drawings) and in tests."""
+    images = np.stack([render(scene, 2 * size / side)[0] for scene in scenes])
+    x = (torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255 - MEAN) / STD
+    return rs.resize(x, size).contiguous()
 
 
 def load_data(config: rs.StudyConfig):
@@ -197,7 +202,8 @@ def plot(summary: dict, config: rs.StudyConfig, path: Path) -> None:
         rows = [r for r in summary['rows'] if r['variant'] == variant and r['test'].startswith('native')]
         sizes = [int(r['test'].removeprefix('native')) for r in rows]
         change = [0.] + [r['change']['mean'] for r in rows[1:]]
-        lo = [0.] + [r['change']['mean'] - r['change']['lo'] for r in rows[1:]]
+        lo = [0.] + [r['change']['mean'] - (r['change']['lo'] if r['change']['lo'] is not None else r['change']['mean'])
+                     for r in rows[1:]]
         ax.errorbar(sizes, change, yerr=lo, capsize=3, label=rs.VARIANTS[variant].label,
                     **rs.line_style(variant, plt))
     ax.axhline(0, color='grey', lw=0.8)

@@ -29,11 +29,14 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
 def paired(a: Sequence[float], b: Sequence[float]) -> dict:
     """The paired difference ``a - b`` (entries paired by position: the same seed): its mean, sample standard
     deviation, the 95% t interval of the mean (n - 1 degrees of freedom) and the sign it shows: '+' or '-' where
-    the interval excludes zero, '=' where it does not ("tied"). Needs 2..31 pairs."""
-    if len(a) != len(b) or not 2 <= len(a) <= len(_T975) + 1:
-        raise ValueError(f'paired needs two equally long sequences of 2..{len(_T975) + 1} values, got {len(a)} and '
+    the interval excludes zero, '=' where it does not ("tied"); one pair has no interval (None) and shows '='.
+    Takes 1..31 pairs."""
+    if len(a) != len(b) or not 1 <= len(a) <= len(_T975) + 1:
+        raise ValueError(f'paired needs two equally long sequences of 1..{len(_T975) + 1} values, got {len(a)} and '
                          f'{len(b)}')
     diff = [x - y for x, y in zip(a, b, strict=True)]
+    if len(diff) == 1:
+        return dict(mean=round(diff[0], 2), sd=0., lo=None, hi=None, n=1, sign='=')
     mean, sd = statistics.mean(diff), statistics.stdev(diff)
     half = _T975[len(diff) - 2] * sd / len(diff) ** 0.5
     lo, hi = mean - half, mean + half
@@ -42,7 +45,9 @@ def paired(a: Sequence[float], b: Sequence[float]) -> dict:
 
 
 def format_paired(d: dict) -> str:
-    """'+1.23 [+0.40, +2.06]': the mean paired difference and its 95% interval."""
+    """'+1.23 [+0.40, +2.06]': the mean paired difference and its 95% interval (the mean alone for one pair)."""
+    if d['lo'] is None:
+        return f'{d["mean"]:+.2f}'
     return f'{d["mean"]:+.2f} [{d["lo"]:+.2f}, {d["hi"]:+.2f}]'
 
 
