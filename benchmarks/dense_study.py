@@ -38,13 +38,13 @@ from collections.abc import Sequence
 
 from cpvt_backbones.adapters.evaluation import METRICS, headline_score
 from cpvt_backbones.adapters.runner import build_runner, quiet_known_warnings
+from cpvt_backbones.adapters.shapes_tasks import SHAPES_TASKS as TASKS
 from cpvt_backbones.convert import safe_load
 from cpvt_backbones.utils import atomic_write, pyplot, strip_prefix
-from benchmarks.study_common import load_demo, mean_std, parse_shard, run_meta, study_dir, write_csv
+from benchmarks.study_common import mean_std, parse_shard, run_meta, study_dir, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TASKS = load_demo().SHAPES_TASKS  # the demo's tasks: configs, scopes
 
 
 def label(task: str) -> str:

@@ -17,11 +17,10 @@ from pathlib import Path
 
 from cpvt_backbones.adapters.evaluation import evaluate, headline_score, set_test_scale
 from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings
-from benchmarks.study_common import load_demo, run_meta
+from cpvt_backbones.adapters.shapes_tasks import CALIBRATION, SHAPES_TASKS, TEST_SIZES, scaled
+from benchmarks.study_common import run_meta
 
 ROOT = Path(__file__).resolve().parents[1]
-demo = load_demo()  # the demo's tasks, test sizes, resize targets and calibration images
-SHAPES_TASKS = demo.SHAPES_TASKS
 
 DEFAULT_SCOPES = {
     'detection': ['none', 'backbone', 'neck', 'bbox_head', 'bbox_head.retina_cls+bbox_head.retina_reg',
@@ -34,11 +33,11 @@ def scores(task: str, checkpoint: str, work_dir: Path, engine: str, precision: s
     """The headline score (a fraction) at every demo test size."""
     spec = SHAPES_TASKS[task]
     out = {}
-    for label, factors, keep_ratio in demo.TEST_SIZES:
+    for label, factors, keep_ratio in TEST_SIZES:
         cfg = load_config(str(ROOT / spec.config))
-        set_test_scale(cfg, demo.scaled(cfg, factors), keep_ratio)
+        set_test_scale(cfg, scaled(cfg, factors), keep_ratio)
         metrics = evaluate(cfg, checkpoint, str(work_dir), f'{task}-{label}-{engine}-{precision}', precision,
-                           engine=engine, calibration=str(ROOT / demo.CALIBRATION), calibration_images=32,
+                           engine=engine, calibration=str(ROOT / CALIBRATION), calibration_images=32,
                            keep_fp32=keep_fp32)
         out[label] = headline_score(spec.scope, metrics) / 100
     return out
@@ -66,7 +65,7 @@ def main(argv=None) -> dict:
         worst = max(abs(got[k] - reference[k]) for k in reference)
         rows.append(dict(scope=scope, scores=got, worst=worst))
         print(f'[int8-scope] {scope}: largest deviation from torch fp32 {worst:.3f}', flush=True)
-    labels = [label for label, _, _ in demo.TEST_SIZES]
+    labels = [label for label, _, _ in TEST_SIZES]
     lines = ['| float32 (OpenVINO int8 elsewhere) | ' + ' | '.join(labels) + ' | largest deviation |',
              '|---|' + '---|' * (len(labels) + 1),
              '| (torch fp32) | ' + ' | '.join(f'{reference[k]:.3f}' for k in labels) + ' | - |']

@@ -297,8 +297,8 @@ def build_model(variant: str, config: StudyConfig) -> CPVT | PatchCNN:
     if VARIANTS[variant].cnn:
         return PatchCNN(config.dim, config.depth, config.patch, config.in_chans, config.num_classes)
     return CPVT(embed_dim=config.dim, depth=config.depth, num_heads=config.heads, patch_size=config.patch,
-                in_chans=config.in_chans, num_classes=config.num_classes, class_token=config.head == 'cls', drop_path_rate=config.drop_path,
-                pos_encoding=VARIANTS[variant].spec(config.image_size, config.patch))
+                in_chans=config.in_chans, num_classes=config.num_classes, class_token=config.head == 'cls',
+                drop_path_rate=config.drop_path, pos_encoding=VARIANTS[variant].spec(config.image_size, config.patch))
 
 
 def make_optimizer(model: CPVT, config: StudyConfig, total_steps: int):

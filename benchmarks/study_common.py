@@ -1,8 +1,7 @@
-"""What the studies share: mean and spread over seeds, paired differences with their 95% interval, the CSV table, the run's metadata, where runs are kept,
-sharding, and the demo's definitions (tools/demo.py)."""
+"""What the studies share: mean and spread over seeds, paired differences with their 95% interval, the CSV
+table, the run's metadata, where runs are kept, and sharding."""
 import argparse
 import csv
-import importlib.util
 import os
 import platform
 import shlex
@@ -86,16 +85,6 @@ def study_dir(name: str) -> Path:
     """Where a study keeps its runs by default: outside the clone (``$CPVT_CACHE_DIR``, default
     ~/.cache/cpvt_backbones), so a fresh checkout resumes a study a previous one started."""
     return Path(os.environ.get('CPVT_CACHE_DIR', Path.home() / '.cache' / 'cpvt_backbones')) / name
-
-
-def load_demo():
-    """``tools/demo.py`` as a module, executed from its file (tools/ holds scripts run by path, not a package)
-    without adding to sys.path or sys.modules: the demo's shapes tasks, test sizes and calibration images, which the
-    dense study and int8_scope measure."""
-    spec = importlib.util.spec_from_file_location('demo', Path(__file__).resolve().parents[1] / 'tools/demo.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def parse_shard(parser: argparse.ArgumentParser, text: str) -> tuple[int, int]:

@@ -15,7 +15,6 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
@@ -24,40 +23,14 @@ from cpvt_backbones.adapters.engines import DEFAULT_ENGINE, calibrate
 from cpvt_backbones.deploy.registry import ENGINES, engine_table
 from cpvt_backbones.adapters.evaluation import evaluate, headline_score, set_test_scale
 from cpvt_backbones.adapters.runner import build_runner, load_config, quiet_known_warnings
+from cpvt_backbones.adapters.shapes_tasks import CALIBRATION, LABELS, PRETRAINING, SHAPES_TASKS, TEST_SIZES, scaled
 from cpvt_backbones.datasets import generate_shape_crops, generate_shapes
 from cpvt_backbones.deploy import PRECISIONS
 from cpvt_backbones.utils import pyplot
 
 
-class ShapesTask(NamedTuple):
-    scope: str      # the framework, a key of adapters.evaluation.METRICS
-    config: str     # relative to the repository root
-
-
-# The demo's CPU-sized tasks on the shapes data (benchmarks/dense_study.py and benchmarks/int8_scope.py study them).
-SHAPES_TASKS = {'detection': ShapesTask('mmdet', 'configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py'),
-                'segmentation': ShapesTask('mmseg', 'configs/shapes/fpn_pcpvt-tiny_shapes.py')}
-LABELS = {'detection': 'bbox mAP', 'segmentation': 'mIoU'}  # the summary reports both as fractions (0-1)
-PRETRAINING = 'configs/shapes/pcpvt-tiny_shapes-cls.py'
-# (label, resize target as multiples (W, H) of the training scale or None for the native size, keep ratio).
-# With keep_ratio, Resize fits the longer side to the target, so most sizes are not multiples of 32.
-TEST_SIZES = [
-    ('training scale (1x)', (1., 1.), True),
-    ('smaller (0.7x)', (.7, .7), True),
-    ('larger (1.5x)', (1.5, 1.5), True),
-    ('larger (2x)', (2., 2.), True),
-    ('odd aspect (stretched to 1.6x W, 0.8x H)', (1.6, .8), False),
-    ('native image size (128-288 px)', None, True),
-]
 VIS_SIZES = [('0.7x', (.7, .7)), ('1x', (1., 1.)), ('native', None), ('2x', (2., 2.))]
-# Static int8 is calibrated once per model, at the training scale, on training images (never the test split).
-CALIBRATION = 'data/shapes/train/images'
 SCORE_THR = 0.5  # boxes drawn: confident ones only (RetinaNet returns up to 100 low-score candidates per image)
-
-
-def scaled(cfg, factors):
-    """Resize target (W, H) for factors of the config's training scale (long side)."""
-    return None if factors is None else tuple(round(s * f) for s, f in zip(cfg.train_scale, factors, strict=False))
 
 
 def train(name: str, config: str, out: Path, retrain: bool, init_from: str = None) -> str:

@@ -136,7 +136,10 @@ def _openvino(module, precision, calibration, keep_fp32, cache=None, conversion_
 
 def _onnxruntime(module, precision, calibration, keep_fp32, cache=None, conversion_cache=None, **options):
     from .onnxruntime import to_onnxruntime
-    return to_onnxruntime(module, precision, cache=f'{cache}.onnx' if cache else None, **options)
+    if precision != 'int8':  # float32 runs the export itself
+        cache = conversion_cache or cache
+    return to_onnxruntime(module, precision, calibration, keep_fp32, cache=f'{cache}.onnx' if cache else None,
+                          float_cache=f'{conversion_cache}.onnx' if conversion_cache else None, **options)
 
 
 register(Engine(
@@ -159,9 +162,12 @@ register(Engine(
     ('openvino', 'nncf'), "pip install 'cpvt_backbones[openvino]'", _openvino,
     'OpenVINO for the CPU (deploy.openvino): converted once through torch.export, any size after'))
 register(Engine(
-    'onnxruntime', 'model', {'fp32': 'everything'},
+    'onnxruntime', 'model', {'fp32': 'everything',
+                             'int8': 'all but the linear layers (attention products, norms, convolutions), linear '
+                                     'layers in keep_fp32'},
     ('onnxruntime', 'onnxscript'), 'pip install onnxruntime onnxscript', _onnxruntime,
-    'onnxruntime (CPU provider) on the ONNX export with dynamic batch, height and width (deploy.onnxruntime)'))
+    'onnxruntime (CPU provider) on the ONNX export with dynamic batch, height and width (deploy.onnxruntime); '
+    "int8: onnxruntime's static quantization, activations at ranges calibrated on input batches"))
 
 
 __all__ = ['COVERS', 'ENGINES', 'Engine', 'check_engine', 'engine', 'engine_table', 'prepare', 'register']

@@ -1,0 +1,35 @@
+"""The demo's CPU-sized tasks on the shapes data (``datasets.shapes``): their configs, the test sizes, the int8
+calibration images. tools/demo.py runs them; benchmarks/dense_study.py and benchmarks/int8_scope.py study them.
+Paths are relative to the repository root."""
+from typing import NamedTuple
+
+
+class ShapesTask(NamedTuple):
+    scope: str      # the framework, a key of adapters.evaluation.METRICS
+    config: str     # relative to the repository root
+
+
+SHAPES_TASKS = {'detection': ShapesTask('mmdet', 'configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py'),
+                'segmentation': ShapesTask('mmseg', 'configs/shapes/fpn_pcpvt-tiny_shapes.py')}
+LABELS = {'detection': 'bbox mAP', 'segmentation': 'mIoU'}  # the summary reports both as fractions (0-1)
+PRETRAINING = 'configs/shapes/pcpvt-tiny_shapes-cls.py'
+# (label, resize target as multiples (W, H) of the training scale or None for the native size, keep ratio).
+# With keep_ratio, Resize fits the longer side to the target, so most sizes are not multiples of 32.
+TEST_SIZES = [
+    ('training scale (1x)', (1., 1.), True),
+    ('smaller (0.7x)', (.7, .7), True),
+    ('larger (1.5x)', (1.5, 1.5), True),
+    ('larger (2x)', (2., 2.), True),
+    ('odd aspect (stretched to 1.6x W, 0.8x H)', (1.6, .8), False),
+    ('native image size (128-288 px)', None, True),
+]
+# Static int8 is calibrated once per model, at the training scale, on training images (never the test split).
+CALIBRATION = 'data/shapes/train/images'
+
+
+def scaled(cfg, factors):
+    """Resize target (W, H) for factors of the config's training scale (long side); None stays None."""
+    return None if factors is None else tuple(round(s * f) for s, f in zip(cfg.train_scale, factors, strict=True))
+
+
+__all__ = ['CALIBRATION', 'LABELS', 'PRETRAINING', 'SHAPES_TASKS', 'TEST_SIZES', 'ShapesTask', 'scaled']
