@@ -1,0 +1,69 @@
+"""The resolution verdict (benchmarks/verdict.py): the documents' tables are what the report code renders from
+the committed result files, one device per comparison, seeds as fixed in advance."""
+import json
+
+import pytest
+
+from benchmarks import verdict
+
+
+def test_every_verdict_table_in_the_documents_is_rendered_from_the_result_files():
+    rendered = {name: render() for name, render in verdict.BLOCKS.items()}
+    found = set()
+    for path in verdict.DOCUMENTS:
+        for name, body in verdict.blocks_in(path.read_text()).items():
+            assert body == rendered[name], f'{path.name}: block {name} is stale (python -m benchmarks.verdict --write)'
+            found.add(name)
+    assert found == set(verdict.BLOCKS), f'blocks no document shows: {set(verdict.BLOCKS) - found}'
+
+
+def study(tmp_path, name, records, **meta):
+    base = dict(dataset='Fashion-MNIST', train_images=100, test_images=10, image_size=14, test_sizes=[14, 28],
+                epochs=1, batch_size=8, lr=1e-3, weight_decay=0.05, drop_path=0.1, crop_scale=0.25,
+                crop_resample='antialiased', test_resample='bilinear', decay_position=False,
+                model=dict(dim=8, head='gap'), runs=name)
+    base.update(meta)
+    (tmp_path / f'{name}.json').write_text(json.dumps(dict(meta=base, runs=records)))
+
+
+def run(variant, seed, device, at1x, at2x):
+    return dict(variant=variant, seed=seed, device=device, top1={'14': at1x, '28': at2x})
+
+
+def test_pooling_refuses_other_recipes_and_splits_devices_and_late_seeds(tmp_path):
+    study(tmp_path, 'a', [run('learned', s, 'cuda', 70 + s, 60) for s in range(3)]
+          + [run('learned', 3, 'cpu', 99, 0)])
+    study(tmp_path, 'b', [run('learned', s, 'cpu', 72 + s, 61) for s in range(3)])
+    study(tmp_path, 'c', [run('learned', 0, 'cpu', 50, 40)], lr=2e-3)
+    meta, runs = verdict.pooled_runs(('a', 'b'), tmp_path)
+    assert meta['lr'] == 1e-3 and len(runs) == 7
+    cpu, gpu = verdict.by_device(runs, 'cpu'), verdict.by_device(runs, 'cuda')
+    assert sorted(cpu['learned']) == [0, 1, 2] and cpu['learned'][0]['14'] == 72   # seed 3 came late: left out
+    assert gpu['learned'][2]['14'] == 72 and verdict.by_device(runs, 'cpu', seeds=None)['learned'][3]['14'] == 99
+    with pytest.raises(ValueError, match=r"a and c differ in their recipe: \{'lr': \(0.001, 0.002\)\}"):
+        verdict.pooled_runs(('a', 'c'), tmp_path)
+    study(tmp_path, 'd', [run('learned', 0, 'cpu', 72, 61), run('learned', 0, 'cpu', 73, 61)], runs='other')
+    with pytest.raises(ValueError, match=r"d: run \('other', 'learned', 0\) has other results than in another"):
+        verdict.pooled_runs(('d',), tmp_path)
+    study(tmp_path, 'e', [run('learned', 0, 'cpu', 80, 61)], runs='elsewhere')
+    with pytest.raises(ValueError, match='learned seed 0 on cpu: two runs with other results'):
+        verdict.by_device(verdict.pooled_runs(('b', 'e'), tmp_path)[1], 'cpu')
+
+
+def test_a_leader_is_named_only_where_the_interval_excludes_zero():
+    assert verdict.leader({'learned': [3., 4., 5.], 'none': [1., 2., 3.2]}).startswith(
+        'learned table, resized (DeiT), ahead of no position encoding by +1.93 [')
+    assert verdict.leader({'learned': [3., 1., 5.], 'none': [1., 2., 3.]}).startswith(
+        'learned table, resized (DeiT) and no position encoding tied (')
+
+
+def test_rewriting_the_documents_blocks():
+    text = 'intro\n<!-- verdict:control -->\nold\n<!-- /verdict:control -->\nend\n<!-- verdict:recipes -->\n' \
+           '<!-- /verdict:recipes -->\n'
+    assert verdict.blocks_in(text) == {'control': 'old', 'recipes': ''}
+    new = verdict.rewrite(text, {'control': 'A\nB', 'recipes': 'C'})
+    assert new == 'intro\n<!-- verdict:control -->\nA\nB\n<!-- /verdict:control -->\nend\n<!-- verdict:recipes ' \
+                  '-->\nC\n<!-- /verdict:recipes -->\n'
+    assert verdict.rewrite(new, {'control': 'A\nB', 'recipes': 'C'}) == new
+    with pytest.raises(ValueError, match=r"unknown verdict block\(s\) \['nonsense'\]"):
+        verdict.rewrite('<!-- verdict:nonsense -->\nx\n<!-- /verdict:nonsense -->', {})
