@@ -16,7 +16,8 @@ import torch
 
 from cpvt_backbones import create_model, optimize, record_input_ranges
 from cpvt_backbones.deploy import fused
-from benchmarks.timing import CASES, cpu_info, run_case
+from benchmarks.timing import CASES, run_case
+from cpvt_backbones.utils import cpu_info
 
 
 def deprecated_quantize(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:

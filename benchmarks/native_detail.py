@@ -8,15 +8,14 @@ at random positions, sizes and rotations on a textured background (``cpvt_backbo
 Every image is drawn from its resolution-free scene at the size it is used at, so a larger test image carries
 real extra detail (crisper edges of smaller shapes), as ImageNet's 384 px tests of a 224 px model do.
 
-Every drawing is rendered at twice its size and shrunk (antialiased, ``draw``). Training: the scenes drawn at
-56 px (2x, the "originals"), DeiT-like random resized crops (area 0.25-1, aspect 3/4-4/3, flips, antialiased)
-to 28 px, patch 2: a 14 x 14 token grid, 8 epochs (at 4 the transformers stay near 47% of top-1); the
-resolution study's models, optimiser and trainer (``benchmarks.resolution_study``'s default config with the
-fields below replaced) with global average pooling. Tests: held-out scenes drawn natively at 28, 40, 48 (1.71x:
-the paper's 384 / 224) and 56 px, and the 28 px drawings upsampled to 48 px (the same size without the detail).
-The variants: the learned table (resized), PEGs after blocks 0-5, no position encoding and the CNN without
-position encoding (the positive control: the FixRes effect, if this setting can show one at all). Seeds are
-fixed in advance (0-4).
+Every drawing is rendered at twice its size and shrunk (antialiased, ``draw``). Training: the scenes drawn at 56
+px (2x, the "originals"), DeiT-like random resized crops (area 0.25-1, aspect 3/4-4/3, flips, antialiased) to 28
+px, patch 2: a 14 x 14 token grid, 8 epochs; the resolution study's models, optimiser and trainer
+(``benchmarks.resolution_study``'s default config with the fields below replaced) with global average pooling.
+Tests: held-out scenes drawn natively at 28, 40, 48 (1.71x: the paper's 384 / 224) and 56 px, and the 28 px
+drawings upsampled to 48 px (the same size without the detail). The variants: the learned table (resized), PEGs
+after blocks 0-5, no position encoding and the CNN without position encoding (the positive control: the FixRes
+effect, if this setting can show one at all). Seeds are fixed in advance (0-4).
 
 Resumable and sharded like the resolution study (runs under WORK_DIR/native_detail/VARIANT-seedS, result.json
 kept in git); the outputs (NAME.{json,csv,md,png}) are written by whichever invocation finds every run finished:

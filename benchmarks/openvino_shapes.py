@@ -30,7 +30,7 @@ import torch
 
 from cpvt_backbones import create_model
 from cpvt_backbones.deploy.openvino import SHAPES, OpenVINOModule, convert
-from benchmarks.timing import cpu_info
+from cpvt_backbones.utils import cpu_info
 
 ROOT = Path(__file__).resolve().parents[1]
 FALLBACK_SIZES = ((480, 640), (512, 512), (384, 683), (600, 800), (256, 1024), (333, 500), (720, 540), (224, 224))

@@ -27,7 +27,8 @@ from cpvt_backbones.convert import native_to_mmseg
 from cpvt_backbones.deploy import ENGINES, PRECISIONS, prepare
 from cpvt_backbones.deploy.onnxruntime import OnnxRuntimeModule
 from cpvt_backbones.models import PyramidCPVT, model_settings
-from benchmarks.timing import cpu_info, has_fast_bf16
+from benchmarks.timing import has_fast_bf16
+from cpvt_backbones.utils import cpu_info
 
 ROOT = Path(__file__).resolve().parents[1]
 # The benchmark's names for registered engines at a precision where they are not '<engine>[_<precision>]'.

@@ -5,7 +5,6 @@ import contextlib
 import ctypes
 import gc
 import os
-import platform
 import re
 import resource
 import statistics
@@ -18,7 +17,6 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from cpvt_backbones.compat import require
-from cpvt_backbones.deploy.fused import cpu_flags
 
 CASES = {
     'infer224': dict(mode='infer', batch=8, size=(224, 224)),
@@ -85,16 +83,6 @@ class Matmul:
 
 def gemm_libraries() -> list[str]:
     return ['mkl'] + (['onednn'] if hasattr(torch.ops.mkldnn, '_linear_pointwise') else [])
-
-
-def cpu_info() -> dict:
-    """The CPU model, the vector ISA torch dispatches to, and the flags that decide bf16 support."""
-    text = Path('/proc/cpuinfo').read_text() if Path('/proc/cpuinfo').is_file() else ''
-    model = re.search(r'^model name\s*:\s*(.+)$', text, re.M)
-    flags = cpu_flags()
-    wanted = ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile')
-    return dict(cpu=model.group(1).strip() if model else platform.processor() or platform.machine(),
-                isa=torch.backends.cpu.get_cpu_capability(), flags=[f for f in wanted if f in flags])
 
 
 def has_fast_bf16(info: dict) -> bool:

@@ -1,4 +1,5 @@
-"""The resolution verdict's tables, rendered from the committed result files, one training device per comparison.
+"""The resolution verdict's tables (and the demo's), rendered from the committed result files, one training device
+per comparison.
 
     python -m benchmarks.verdict            # print every table
     python -m benchmarks.verdict --write    # and rewrite them where README.md and docs/ hold them
@@ -233,8 +234,47 @@ def control(results: Path = RESULTS, name: str = 'control_cnn_cpu') -> str:
         f'originals to {base} px, {meta["epochs"]} epochs); `{name}.json`.')
 
 
+DEMO = 'demo_avx2'   # the demo's committed summary (tools/demo.py's summary.json with its machine and command)
+DEMO_REFERENCE = 'torch fp32'
+
+
+def demo(results: Path = RESULTS, name: str = DEMO) -> str:
+    """The demo's detector and segmentor at every test size, on torch in float32."""
+    data = load(name, results)
+    tasks = list(data['results'])
+    labels = {'detection': 'bbox mAP', 'segmentation': 'mIoU'}
+    sizes = list(data['results'][tasks[0]])
+    lines = ['| test resolution | ' + ' | '.join(labels[t] for t in tasks) + ' |', '|---|' + '---|' * len(tasks)]
+    lines += [f'| {size} | ' + ' | '.join(f'{data["results"][t][size][DEMO_REFERENCE]:.3f}' for t in tasks) + ' |'
+              for size in sizes]
+    return '\n'.join(lines) + (
+        f'\n\nPretraining: top-1 {data["pretraining_top1"]:.1f}% on the 400 held-out crops. One training on '
+        f'{data["cpu"]} ({data["isa"]}{"; " + ", ".join(data["flags"]) if data["flags"] else ""}), torch '
+        f'{data["torch"]}, {data["minutes"]:.1f} min in all for `{data["command"]}` '
+        f'(`benchmarks/results/{name}.json`).')
+
+
+def demo_engines(results: Path = RESULTS, name: str = DEMO) -> str:
+    """Every engine and precision the demo's summary holds against torch float32 on the same checkpoints: the
+    largest absolute difference in bbox mAP and mIoU over the test sizes, and where."""
+    data = load(name, results)
+    tasks = list(data['results'])
+    columns = [c for c in next(iter(data['results'][tasks[0]].values())) if c != DEMO_REFERENCE]
+    lines = ['| engine, precision | ' + ' | '.join(f'{t}: largest change from {DEMO_REFERENCE}' for t in tasks) + ' |',
+             '|---|' + '---|' * len(tasks)]
+    for column in columns:
+        cells = []
+        for task in tasks:
+            by_size = data['results'][task]
+            size = max(by_size, key=lambda k: abs(by_size[k][column] - by_size[k][DEMO_REFERENCE]))
+            delta = by_size[size][column] - by_size[size][DEMO_REFERENCE]
+            cells.append(f'{delta:+.3f} ({size})')
+        lines.append(f'| {column} | ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines) + f'\n\nFrom `benchmarks/results/{name}.json` (`{data["command"]}`).'
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {'headline': headline, 'paper-pairs': paper_pairs, 'recipes': recipes,
-                                            'control': control}
+                                            'control': control, 'demo': demo, 'demo-engines': demo_engines}
 MARKER = re.compile(r'<!-- verdict:(?P<name>[\w-]+) -->\n(?:(?P<body>.*?)\n)?<!-- /verdict:(?P=name) -->', re.S)
 
 

@@ -1,8 +1,11 @@
 """Small helpers the package, its tools and its studies share (standard library only; matplotlib on demand)."""
 import contextlib
+import functools
 import hashlib
 import json
 import os
+import platform
+import re
 import secrets
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -88,3 +91,26 @@ def pyplot():
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     return plt
+
+
+@functools.cache
+def cpu_flags() -> frozenset:
+    """The CPU's feature flags from /proc/cpuinfo (empty where it cannot be read: not Linux, not x86)."""
+    try:
+        return frozenset(re.search(r'^flags\s*:(.*)$', Path('/proc/cpuinfo').read_text(), re.M).group(1).split())
+    except (OSError, AttributeError):
+        return frozenset()
+
+
+def cpu_info() -> dict:
+    """The CPU model, the vector ISA torch dispatches to, and the flags that decide bf16 and int8 speed: what
+    every measured figure is reported with."""
+    import torch
+    try:
+        text = Path('/proc/cpuinfo').read_text()
+    except OSError:
+        text = ''
+    model = re.search(r'^model name\s*:\s*(.+)$', text, re.M)
+    wanted = ('avx2', 'avx512f', 'avx512_vnni', 'avx_vnni', 'avx512_bf16', 'amx_bf16', 'amx_tile')
+    return dict(cpu=model.group(1).strip() if model else platform.processor() or platform.machine(),
+                isa=torch.backends.cpu.get_cpu_capability(), flags=[f for f in wanted if f in cpu_flags()])

@@ -65,7 +65,8 @@ def test_page_faults_counted_and_freed_memory_retained(tmp_path):
 def test_lower_precisions_are_timed_beside_float32(tmp_path):
     """--precision int8 adds our int8 model (calibrated ranges), inference only, close to the float32 maps;
     --precision bf16 the plain model under autocast (inference and training) where the CPU has native bf16."""
-    from benchmarks.timing import cpu_info, has_fast_bf16
+    from benchmarks.timing import has_fast_bf16
+    from cpvt_backbones.utils import cpu_info
     result, stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer224', 'train512', *CONVERTING, '--precision',
                            'int8', 'bf16')
     infer, train = result['cases']

@@ -13,10 +13,13 @@ sizes, both tasks); print and save a summary table
 """
 import argparse
 import json
+import shlex
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from matplotlib.patches import Patch, Rectangle
 
 from cpvt_backbones.adapters.engines import DEFAULT_ENGINE, calibrate
@@ -26,7 +29,7 @@ from cpvt_backbones.adapters.runner import build_runner, load_config, quiet_know
 from cpvt_backbones.adapters.shapes_tasks import CALIBRATION, LABELS, PRETRAINING, SHAPES_TASKS, TEST_SIZES, scaled
 from cpvt_backbones.datasets import generate_shape_crops, generate_shapes
 from cpvt_backbones.deploy import PRECISIONS
-from cpvt_backbones.utils import pyplot
+from cpvt_backbones.utils import cpu_info, pyplot
 
 
 VIS_SIZES = [('0.7x', (.7, .7)), ('1x', (1., 1.)), ('native', None), ('2x', (2., 2.))]
@@ -169,8 +172,10 @@ def main() -> None:
     minutes = (time.perf_counter() - start) / 60
     (out / 'summary.md').write_text(table + f'\n\nPretraining: top-1 {accuracy["accuracy/top1"]:.1f}% on the held-out '
                                     f'crops. {minutes:.1f} min in total\n')
-    (out / 'summary.json').write_text(json.dumps(dict(results=results, pretraining_top1=accuracy['accuracy/top1'],
-                                                      minutes=minutes), indent=2))
+    (out / 'summary.json').write_text(json.dumps(dict(
+        results=results, pretraining_top1=accuracy['accuracy/top1'], minutes=minutes,
+        command=shlex.join(['python', 'tools/demo.py'] + sys.argv[1:]), torch=torch.__version__, **cpu_info()),
+        indent=2))
     print('\n[demo] held-out split (150 images); training scale (long side): detection 192, segmentation 160\n'
           + table)
     visualise(out, checkpoints)

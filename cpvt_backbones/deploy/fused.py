@@ -29,8 +29,6 @@ compiling or exporting (those record the plain ops). Elsewhere, training include
 float32 path.
 """
 import functools
-import re
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +38,7 @@ from ..compat import FEATURES, autocast_enabled, supports
 from ..layers.block import Block
 from ..layers.layout import symbolic_shapes
 from ..layers.position.base import AttentionPosition
+from ..utils import cpu_flags
 
 # Tokens per chunk of the fused MLP: the chunk's hidden activation (4-16 MiB of float32) stays in cache
 # between the two GEMMs and the GELU instead of going out to memory and back (2048 measured best of 512-8192).
@@ -131,15 +130,6 @@ def _int8_weight(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     weight = layer.weight.detach()
     scales = channel_scales(weight)
     return torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8), scales
-
-
-@functools.cache
-def cpu_flags() -> frozenset:
-    """The CPU's feature flags from /proc/cpuinfo (empty where it cannot be read: not Linux, not x86)."""
-    try:
-        return frozenset(re.search(r'^flags\s*:(.*)$', Path('/proc/cpuinfo').read_text(), re.M).group(1).split())
-    except (OSError, AttributeError):
-        return frozenset()
 
 
 @functools.cache
