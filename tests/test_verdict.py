@@ -67,3 +67,18 @@ def test_rewriting_the_documents_blocks():
     assert verdict.rewrite(new, {'control': 'A\nB', 'recipes': 'C'}) == new
     with pytest.raises(ValueError, match=r"unknown verdict block\(s\) \['nonsense'\]"):
         verdict.rewrite('<!-- verdict:nonsense -->\nx\n<!-- /verdict:nonsense -->', {})
+
+
+def test_the_demo_keeps_every_engine_and_precision_it_ran_within_the_tolerance():
+    """The committed demo summary: every engine and precision within DEMO_TOLERANCE of torch float32 at every
+    test size (what lets the registry offer onnxruntime's int8)."""
+    data = verdict.load(verdict.DEMO)
+    columns = set()
+    for task, by_size in data['results'].items():
+        for size, scores in by_size.items():
+            for column, value in scores.items():
+                columns.add(column)
+                assert round(abs(value - scores[verdict.DEMO_REFERENCE]), 3) <= verdict.DEMO_TOLERANCE, \
+                    (task, size, column)
+    assert {'onnxruntime fp32', 'onnxruntime int8'} <= columns
+    assert 'within 0.005' in verdict.demo_engines()
