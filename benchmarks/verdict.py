@@ -234,6 +234,59 @@ def control(results: Path = RESULTS, name: str = 'control_cnn_cpu') -> str:
         f'originals to {base} px, {meta["epochs"]} epochs); `{name}.json`.')
 
 
+def _pairs_table(first: dict[str, dict], second: dict[str, dict], base: int, sizes: Sequence[int],
+                 rows: Sequence[tuple[str, str, str]]) -> list[str]:
+    """Rows (label, key of ``first``, key of ``second``): ``first`` minus ``second`` paired by seed, at ``base``
+    and in the change to each of ``sizes``."""
+    lines = [f'| position encoding | trained on | seeds | top-1 at {base} px | '
+             + ' | '.join(f'change at {size_heading(s, base)}' for s in sizes) + ' |',
+             '|---|---|---|---|' + '---|' * len(sizes)]
+    for variant, device_a, device_b in rows:
+        x, y = common(first[device_a][variant], second[device_b][variant])
+        if not x:
+            continue
+        cells = [paired([t[str(base)] for t in x.values()], [t[str(base)] for t in y.values()])]
+        cells += [paired(change(x, str(s), str(base)), change(y, str(s), str(base))) for s in sizes]
+        device = DEVICES[device_a] if device_a == device_b else f'{DEVICES[device_a]} − {DEVICES[device_b]}'
+        lines.append(f'| {VARIANTS[variant].label} | {device} | {",".join(map(str, x))} | '
+                     + ' | '.join(map(cell, cells)) + ' |')
+    return lines
+
+
+def head(results: Path = RESULTS) -> str:
+    """Global average pooling minus the class token, per encoding and training device, paired by seed (the
+    default recipe's cell against the class token's)."""
+    meta, gap_runs = pooled_runs(RECIPES['default (GAP)'], results)
+    _, cls_runs = pooled_runs(RECIPES['class token'], results)
+    base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
+    gap = {d: by_device(gap_runs, d) for d in DEVICES}
+    cls = {d: by_device(cls_runs, d) for d in DEVICES}
+    rows = [(v, d, d) for d in DEVICES for v in VARIANTS if v in gap[d] and v in cls[d]]
+    return '\n'.join(_pairs_table(gap, cls, base, sizes, rows)) + (
+        '\n\nGlobal average pooling minus the class token, paired by seed within one training device: mean [95% '
+        'interval], bold where the interval excludes zero (positive: GAP more accurate, or losing less). Seeds '
+        f'{", ".join(map(str, SEEDS))}; the default and class-token cells of the recipe sweep.')
+
+
+def device(results: Path = RESULTS) -> str:
+    """The same recipe and seeds trained on the CPU minus on a GPU, per encoding: what the training device moves
+    (the reason no table pools the two)."""
+    rows_out = []
+    for recipe in ('default (GAP)', 'class token'):
+        meta, runs = pooled_runs(RECIPES[recipe], results)
+        base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
+        both = {d: by_device(runs, d) for d in DEVICES}
+        rows = [(v, 'cpu', 'cuda') for v in VARIANTS if v in both['cpu'] and v in both['cuda']]
+        table = _pairs_table(both, both, base, sizes, rows)
+        rows_out += ([] if rows_out else table[:2]) + [line.replace('| CPU − GPU |', f'| CPU − GPU, {recipe} |')
+                                                       for line in table[2:]]
+    return '\n'.join(rows_out) + (
+        '\n\nThe same recipe, seeds and data order trained on the CPU minus on a GPU, paired by seed: mean [95% '
+        'interval], bold where the interval excludes zero. The seeds give the same initialisation, data order '
+        'and crops on both devices, not the same run: drop path draws its masks on the device, and the arithmetic '
+        'differs (cuDNN may run the convolutions in TF32 under PyTorch\'s defaults, which was not tested).')
+
+
 DEMO = 'demo_avx2'   # the demo's committed summary (tools/demo.py's summary.json with its machine and command)
 DEMO_REFERENCE = 'torch fp32'
 DEMO_TOLERANCE = 0.005   # how far an engine and precision may move the demo's metrics
@@ -280,7 +333,8 @@ def demo_engines(results: Path = RESULTS, name: str = DEMO) -> str:
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {'headline': headline, 'paper-pairs': paper_pairs, 'recipes': recipes,
-                                            'control': control, 'demo': demo, 'demo-engines': demo_engines}
+                                            'control': control, 'head': head, 'device': device, 'demo': demo,
+                                            'demo-engines': demo_engines}
 MARKER = re.compile(r'<!-- verdict:(?P<name>[\w-]+) -->\n(?:(?P<body>.*?)\n)?<!-- /verdict:(?P=name) -->', re.S)
 
 
