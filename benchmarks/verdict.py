@@ -62,7 +62,11 @@ def pooled_runs(names: Sequence[str], results: Path = RESULTS) -> tuple[dict, li
         data = load(name, results)
         metas[name] = {k: data['meta'].get(k) for k in RECIPE_FIELDS}
         for run in data['runs']:
-            key = (data['meta']['runs'], run['variant'], run['seed'])
+            if 'device' not in run:   # written before runs recorded their device: by a command without --device
+                if '--device' in data['meta']['command']:
+                    raise ValueError(f'{name}: a run without its device, under a command that names one')
+                run = dict(run, device='cpu')
+            key = (data['meta'].get('runs', name), run['variant'], run['seed'])
             if key in runs and runs[key]['top1'] != {k: v for k, v in run['top1'].items() if k in runs[key]['top1']}:
                 raise ValueError(f'{name}: run {key} has other results than in another study')
             runs.setdefault(key, run)
@@ -148,6 +152,32 @@ def headline(results: Path = RESULTS) -> str:
         f'{", ".join(map(str, SEEDS))}, every run trained on the CPU (one thread; the same studies\' GPU runs are '
         f'left out); the change from {base} px as mean [95% interval] over the seeds, bold where the interval '
         f'excludes zero. From {", ".join(f"`{n}.json`" for n in HEADLINE)} (benchmarks/results/).')
+
+
+def training_size(results: Path = RESULTS) -> str:
+    """The ablation at the training size beside the paper: the headline's runs (antialiased crops) and the same
+    study with aliased crops, both trained on the CPU."""
+    columns = {'ours': HEADLINE, 'aliased crops': ('resolution_crop_cls_aliased',)}
+    tables = {}
+    for label, names in columns.items():
+        meta, runs = pooled_runs(names, results)
+        tables[label] = (by_device(runs, 'cpu'), str(meta['image_size']))
+    lines = ['| position encoding | paper | ' + ' | '.join(columns) + ' |', '|---|---|' + '---|' * len(columns)]
+    for variant in (v for v in VARIANTS if v in tables['ours'][0]):
+        paper = VARIANTS[variant].paper
+        cells = []
+        for seeds, base in tables.values():
+            if variant in seeds:
+                m, s = mean_std([t[base] for t in seeds[variant].values()], 1)
+                cells.append(f'{m:.1f} ± {s:.1f}')
+            else:
+                cells.append('—')
+        lines.append(f'| {VARIANTS[variant].label} | {"—" if paper is None else f"{paper:.1f}"} | '
+                     + ' | '.join(cells) + ' |')
+    return '\n'.join(lines) + (
+        f'\n\nTop-1 (%) at the training size, mean ± std over seeds {", ".join(map(str, SEEDS))}, every run '
+        'trained on the CPU; the paper: DeiT-tiny on ImageNet. Aliased crops: `resolution_crop_cls_aliased.json` '
+        '(its runs predate the device record; its command names no --device, so they trained on the CPU).')
 
 
 def paper_pairs(results: Path = RESULTS, gap: float = 0.5) -> str:
@@ -332,7 +362,8 @@ def demo_engines(results: Path = RESULTS, name: str = DEMO) -> str:
     return '\n'.join(lines) + f'\n\nFrom `benchmarks/results/{name}.json` (`{data["command"]}`): {verdict}.'
 
 
-BLOCKS: dict[str, Callable[[Path], str]] = {'headline': headline, 'paper-pairs': paper_pairs, 'recipes': recipes,
+BLOCKS: dict[str, Callable[[Path], str]] = {'headline': headline, 'training-size': training_size,
+                                            'paper-pairs': paper_pairs, 'recipes': recipes,
                                             'control': control, 'head': head, 'device': device, 'demo': demo,
                                             'demo-engines': demo_engines}
 MARKER = re.compile(r'<!-- verdict:(?P<name>[\w-]+) -->\n(?:(?P<body>.*?)\n)?<!-- /verdict:(?P=name) -->', re.S)
