@@ -33,7 +33,7 @@ from cpvt_backbones.utils import cpu_info
 ROOT = Path(__file__).resolve().parents[1]
 # The benchmark's names for registered engines at a precision where they are not '<engine>[_<precision>]'.
 BACKBONE_NAMES = {('fused', 'fp32'): 'ours', ('torch', 'fp32'): 'plain', ('torch', 'bf16'): 'plain_bf16',
-                  ('fused', 'int8'): 'ours_int8'}
+                  ('fused', 'int8'): 'ours_int8', ('onnxruntime', 'int8'): 'onnxruntime_static_int8'}
 DENSE_NAMES = {('torch', 'fp32'): 'eager', ('fused', 'fp32'): 'optimized', ('fused', 'int8'): 'optimized_int8',
                ('torch', 'bf16'): 'autocast_bf16'}
 
@@ -80,13 +80,15 @@ def build(name: str, peers: bool = True, onnx_dir: str = 'work_dirs/bench_onnx',
           engines: bool = False, skip: Sequence[str] = ()) -> dict[str, Callable]:
     """``engine_impls`` of the backbone for the registered engines outside ``skip`` (``ours``: the fused engine;
     ``plain``: torch float32; onnxruntime's export kept in ``onnx_dir``, with int8 in ``precisions`` also
-    ``onnxruntime_int8``, onnxruntime's dynamic int8 of that export), ``mmseg`` and ``timm`` (with ``peers``), and
-    with ``engines`` the extras of ``_engines``: each maps a batch to its four NCHW maps."""
+    ``onnxruntime_int8``, onnxruntime's dynamic int8 of that export, beside the engine's static int8), ``mmseg`` and
+    ``timm`` (with ``peers``), and with ``engines`` the extras of ``_engines``: each maps a batch to its four NCHW
+    maps."""
     weights, plain = backbone(name)
     calibration = [torch.randn(2, 3, 224, 224)]  # int8 ranges for the speed test: random images (same timing)
 
     def prepare_one(engine: str, precision: str) -> torch.nn.Module:
-        options = dict(cache=str(Path(onnx_dir) / name)) if engine == 'onnxruntime' else {}
+        options = (dict(cache=str(Path(onnx_dir) / f'{name}-{precision}'), conversion_cache=str(Path(onnx_dir) / name))
+                   if engine == 'onnxruntime' else {})
         module = plain if ENGINES[engine].transform is ENGINES['torch'].transform else copy.deepcopy(plain)
         return prepare(module, engine, precision, calibration if precision == 'int8' else None, **options)
     impls = engine_impls(prepare_one, BACKBONE_NAMES, precisions, skip)
