@@ -180,6 +180,46 @@ def training_size(results: Path = RESULTS) -> str:
         '(its runs predate the device record; its command names no --device, so they trained on the CPU).')
 
 
+def arm(name: str, results: Path = RESULTS, probe: bool = False) -> str:
+    """One study trained on one device: top-1 at the training size and the change at every larger size, paired
+    by seed within each encoding; with ``probe`` the position probe's R² at every size."""
+    meta, runs = pooled_runs((name,), results)
+    devices = sorted({r.get('device', 'cpu') for r in runs})
+    if len(devices) != 1:
+        raise ValueError(f'{name}: runs of several devices {devices}; a table compares runs of one')
+    seeds = by_device(runs, devices[0])
+    base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
+    changes = ' | '.join(f'change at {size_heading(s, base)}' for s in sizes)
+    lines = [f'| position encoding | {base} px (1x) | {changes} |', '|---|---|' + '---|' * len(sizes)]
+    for variant in (v for v in VARIANTS if v in seeds):
+        runs_v = dict(sorted(seeds[variant].items()))
+        m, s = mean_std([t[str(base)] for t in runs_v.values()], 1)
+        lines.append(f'| {VARIANTS[variant].label} | {m:.1f} ± {s:.1f} | ' + ' | '.join(
+            cell(paired(change(runs_v, str(size), str(base)), [0.] * len(runs_v))) for size in sizes) + ' |')
+    if probe:
+        probes = {(r['variant'], r['seed']): r['probe']['r2'] for r in runs if r['seed'] in SEEDS and 'probe' in r}
+        all_sizes = [base] + sizes
+        lines += ['', '| position probe R² | ' + ' | '.join(f'{s} px' for s in all_sizes) + ' |',
+                  '|---|' + '---|' * len(all_sizes)]
+        for variant in (v for v in VARIANTS if v in seeds):
+            values = [[probes[(variant, seed)][str(size)] for seed in SEEDS if (variant, seed) in probes]
+                      for size in all_sizes]
+            lines.append(f'| {VARIANTS[variant].label} | ' + ' | '.join(
+                '{:.2f} ± {:.2f}'.format(*mean_std(v)) for v in values) + ' |')
+    return '\n'.join(lines) + (
+        f'\n\nTop-1 (%) on {meta["test_images"]} test images, mean ± std over seeds {", ".join(map(str, SEEDS))}, '
+        f'trained on the {DEVICES[devices[0]]}; the change from {base} px as mean [95% interval], bold where the '
+        f'interval excludes zero. `{name}.json`.')
+
+
+def resize_protocol(results: Path = RESULTS) -> str:
+    return arm('resolution_resize_cls', results)
+
+
+def grid14(results: Path = RESULTS) -> str:
+    return arm('resolution_crop_grid14_cls', results, probe=True)
+
+
 def paper_pairs(results: Path = RESULTS, gap: float = 0.5) -> str:
     """The pairs of encodings the paper separates by at least ``gap`` points, ours paired by seed on one device:
     agreeing or reversed where the 95% interval excludes zero, otherwise undecided."""
@@ -364,7 +404,9 @@ def demo_engines(results: Path = RESULTS, name: str = DEMO) -> str:
 
 BLOCKS: dict[str, Callable[[Path], str]] = {'headline': headline, 'training-size': training_size,
                                             'paper-pairs': paper_pairs, 'recipes': recipes,
-                                            'control': control, 'head': head, 'device': device, 'demo': demo,
+                                            'control': control, 'head': head, 'device': device,
+                                            'resize-protocol': resize_protocol, 'grid14': grid14,
+                                            'demo': demo,
                                             'demo-engines': demo_engines}
 MARKER = re.compile(r'<!-- verdict:(?P<name>[\w-]+) -->\n(?:(?P<body>.*?)\n)?<!-- /verdict:(?P=name) -->', re.S)
 
