@@ -197,19 +197,34 @@ def arm(name: str, results: Path = RESULTS, probe: bool = False) -> str:
         lines.append(f'| {VARIANTS[variant].label} | {m:.1f} ± {s:.1f} | ' + ' | '.join(
             cell(paired(change(runs_v, str(size), str(base)), [0.] * len(runs_v))) for size in sizes) + ' |')
     if probe:
-        probes = {(r['variant'], r['seed']): r['probe']['r2'] for r in runs if r['seed'] in SEEDS and 'probe' in r}
-        all_sizes = [base] + sizes
-        lines += ['', '| position probe R² | ' + ' | '.join(f'{s} px' for s in all_sizes) + ' |',
-                  '|---|' + '---|' * len(all_sizes)]
-        for variant in (v for v in VARIANTS if v in seeds):
-            values = [[probes[(variant, seed)][str(size)] for seed in SEEDS if (variant, seed) in probes]
-                      for size in all_sizes]
-            lines.append(f'| {VARIANTS[variant].label} | ' + ' | '.join(
-                '{:.2f} ± {:.2f}'.format(*mean_std(v)) for v in values) + ' |')
+        lines += [''] + probe_table(runs, devices[0], [base] + sizes)
     return '\n'.join(lines) + (
         f'\n\nTop-1 (%) on {meta["test_images"]} test images, mean ± std over seeds {", ".join(map(str, SEEDS))}, '
         f'trained on the {DEVICES[devices[0]]}; the change from {base} px as mean [95% interval], bold where the '
         f'interval excludes zero. `{name}.json`.')
+
+
+def probe_table(runs: list[dict], device: str, sizes: Sequence[int]) -> list[str]:
+    """The position probe's R² (``resolution_study.position_probe``) at every size, mean ± std over the seeds
+    ``SEEDS`` of the runs trained on ``device``."""
+    probes = {(r['variant'], r['seed']): r['probe']['r2'] for r in runs
+              if r['seed'] in SEEDS and r['device'] == device and 'probe' in r}
+    lines = ['| position probe R² | ' + ' | '.join(f'{s} px' for s in sizes) + ' |', '|---|' + '---|' * len(sizes)]
+    for variant in (v for v in VARIANTS if any(k[0] == v for k in probes)):
+        values = [[probes[(variant, seed)][str(size)] for seed in SEEDS if (variant, seed) in probes]
+                  for size in sizes]
+        lines.append(f'| {VARIANTS[variant].label} | ' + ' | '.join(
+            '{:.2f} ± {:.2f}'.format(*mean_std(v)) for v in values) + ' |')
+    return lines
+
+
+def headline_probe(results: Path = RESULTS) -> str:
+    """The position probe of the headline's runs (the CPU's)."""
+    meta, runs = pooled_runs(HEADLINE, results)
+    return '\n'.join(probe_table(runs, 'cpu', meta['test_sizes'])) + (
+        f'\n\nR² of a ridge regression from the final patch tokens to their relative position, fitted at '
+        f'{meta["image_size"]} px and scored on other images at every size; mean ± std over seeds '
+        f'{", ".join(map(str, SEEDS))}, runs trained on the CPU.')
 
 
 def resize_protocol(results: Path = RESULTS) -> str:
@@ -402,7 +417,8 @@ def demo_engines(results: Path = RESULTS, name: str = DEMO) -> str:
     return '\n'.join(lines) + f'\n\nFrom `benchmarks/results/{name}.json` (`{data["command"]}`): {verdict}.'
 
 
-BLOCKS: dict[str, Callable[[Path], str]] = {'headline': headline, 'training-size': training_size,
+BLOCKS: dict[str, Callable[[Path], str]] = {'headline': headline, 'headline-probe': headline_probe,
+                                            'training-size': training_size,
                                             'paper-pairs': paper_pairs, 'recipes': recipes,
                                             'control': control, 'head': head, 'device': device,
                                             'resize-protocol': resize_protocol, 'grid14': grid14,
