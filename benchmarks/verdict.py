@@ -372,6 +372,47 @@ def device(results: Path = RESULTS) -> str:
         'differs (cuDNN may run the convolutions in TF32 under PyTorch\'s defaults, which was not tested).')
 
 
+DENSE_BACKBONES = {'peg': 'pcpvt_tiny (PEG)', 'pvt': 'mmdet PVT v1 (learned, resized)',
+                   'none': 'pcpvt_tiny without PEG', 'learned': 'pcpvt_tiny, learned table (resized)',
+                   'rope_mixed': 'pcpvt_tiny, RoPE-Mixed'}   # benchmarks/dense_study.py's backbones
+
+
+def dense(results: Path = RESULTS, name: str = 'dense_study') -> str:
+    """The dense study (one device, the CPU): per task and backbone the score at 1x, the change at 2x and 3x, and
+    what drawing the scenes at 2x adds over resizing them, paired by seed; then how many pairs of backbones differ
+    in their change, with the interval excluding zero."""
+    data = load(name, results)
+    runs = data['runs']
+    out = []
+    for task, metric in (('detection', 'bbox mAP'), ('segmentation', 'mIoU (%)')):
+        scores = {v: {r['seed']: r['scores'] for r in runs if r['task'] == task and r['variant'] == v}
+                  for v in DENSE_BACKBONES}
+        lines = [f'| {task}: backbone | {metric} at 1x | change at 2x | change at 3x | drawn minus resized at 2x |',
+                 '|---|---|---|---|---|']
+        for variant, label in DENSE_BACKBONES.items():
+            seeds = dict(sorted(scores[variant].items()))
+            m, sd = mean_std([t['1'] for t in seeds.values()], 1)
+            cells = [paired(change(seeds, k, '1'), [0.] * len(seeds)) for k in ('2', '3')]
+            cells.append(paired([t['drawn2'] for t in seeds.values()], [t['2'] for t in seeds.values()]))
+            lines.append(f'| {label} | {m:.1f} ± {sd:.1f} | ' + ' | '.join(map(cell, cells)) + ' |')
+        separated = {}
+        for key in ('1', '2', '3'):
+            count = 0
+            for a, b in itertools.combinations(DENSE_BACKBONES, 2):
+                x, y = common(scores[a], scores[b])
+                d = (paired([t['1'] for t in x.values()], [t['1'] for t in y.values()]) if key == '1' else
+                     paired(change(x, key, '1'), change(y, key, '1')))
+                count += d['sign'] != '='
+            separated[key] = count
+        pairs = len(DENSE_BACKBONES) * (len(DENSE_BACKBONES) - 1) // 2
+        out += lines + ['', f'Pairs of {task} backbones whose difference has an interval excluding zero: '
+                        f'{separated["1"]} of {pairs} at 1x, {separated["2"]} in the change to 2x, '
+                        f'{separated["3"]} in the change to 3x.', '']
+    return '\n'.join(out[:-1]) + (
+        f'\n\nMean ± std and paired differences over seeds {data["meta"]["seeds"]} (mean [95% interval], bold where '
+        f'the interval excludes zero); every run on the CPU. `{name}.json`.')
+
+
 DEMO = 'demo_avx2'   # the demo's committed summary (tools/demo.py's summary.json with its machine and command)
 DEMO_REFERENCE = 'torch fp32'
 DEMO_TOLERANCE = 0.005   # how far an engine and precision may move the demo's metrics
@@ -421,7 +462,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {'headline': headline, 'headline-prob
                                             'training-size': training_size,
                                             'paper-pairs': paper_pairs, 'recipes': recipes,
                                             'control': control, 'head': head, 'device': device,
-                                            'resize-protocol': resize_protocol, 'grid14': grid14,
+                                            'resize-protocol': resize_protocol, 'grid14': grid14, 'dense': dense,
                                             'demo': demo,
                                             'demo-engines': demo_engines}
 MARKER = re.compile(r'<!-- verdict:(?P<name>[\w-]+) -->\n(?:(?P<body>.*?)\n)?<!-- /verdict:(?P=name) -->', re.S)
