@@ -282,6 +282,14 @@ def recipes(results: Path = RESULTS, a: str = 'peg_0-5', b: str = 'learned') -> 
                         + ' | '.join(map(cell, diffs.values())) + ' |')
             for what, d in diffs.items():
                 tally.setdefault(what, []).append((f'{recipe} ({DEVICES[device]})', d))
+    left_out = {}
+    for names in RECIPES.values():
+        for name in names:
+            folder = results / 'recipe_runs' / load(name, results)['meta']['runs']
+            for path in folder.glob('*-seed*/result.json'):
+                seed = int(path.parent.name.rsplit('-seed', 1)[1])
+                if seed not in SEEDS:
+                    left_out.setdefault(folder.name, set()).add(seed)
     summary = []
     for what, entries in tally.items():
         ahead = [n for n, d in entries if d['sign'] == '+']
@@ -296,7 +304,10 @@ def recipes(results: Path = RESULTS, a: str = 'peg_0-5', b: str = 'learned') -> 
         'device: mean [95% interval]; bold where the interval excludes zero (negative in a change column: the PEGs '
         'lose more than the table). Seeds 0-2 where a device has them (the seeds fixed in advance). From the '
         'recipe sweep\'s result files (benchmarks/results/recipe_sweep*/).\n\n'
-        f'Of the {len(rows)} cells, the PEGs after blocks 0-5 against the table ' + '; '.join(summary) + '.')
+        f'Of the {len(rows)} cells, the PEGs after blocks 0-5 against the table ' + '; '.join(summary) + '.'
+        + ('\n\nRuns on disk outside the seeds fixed in advance, left out of every table (`recipe_runs/`): '
+           + '; '.join(f'{folder} seeds {", ".join(map(str, sorted(seeds)))}'
+                       for folder, seeds in sorted(left_out.items())) + '.' if left_out else ''))
 
 
 def control(results: Path = RESULTS, name: str = 'control_cnn_cpu') -> str:
