@@ -23,7 +23,7 @@ from benchmarks.study_common import format_paired, mean_std, paired
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / 'benchmarks/results'
-DOCUMENTS = (ROOT / 'README.md', ROOT / 'docs/resolution_study.md')
+DOCUMENTS = (ROOT / 'README.md', ROOT / 'docs/resolution_study.md', ROOT / 'docs/performance.md')
 # What must agree between studies whose runs one table pools (everything that decides a run and its test).
 RECIPE_FIELDS = ('dataset', 'train_images', 'test_images', 'image_size', 'test_sizes', 'epochs', 'batch_size', 'lr',
                  'weight_decay', 'drop_path', 'crop_scale', 'crop_resample', 'test_resample', 'decay_position',
