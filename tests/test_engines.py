@@ -130,7 +130,7 @@ def test_onnxruntime_is_an_engine_at_any_size_with_a_checked_cache(tmp_path):
 
 @pytest.mark.parametrize('engine, name', [('fused', 'pcpvt_tiny'), ('fused', 'cpvt_tiny'),
                                           ('onnxruntime', 'cpvt_tiny')])   # cpvt_tiny: the larger error at 1 x 1
-def test_static_int8_contract_calibrated_sizes_and_beyond(engine, name):
+def test_static_int8_contract_calibrated_sizes_and_beyond(engine, name, tmp_path):
     """The static int8 of the fused and the onnxruntime engines (deploy.ENGINES): within 0.03 relative L2 of
     float32 on inputs of the size it was calibrated at; far outside the calibrated ranges (a 1 x 1 input, nearly
     all padding, after calibrating at 224) activations saturate and the error grows to the bound the docs state
@@ -141,13 +141,16 @@ def test_static_int8_contract_calibrated_sizes_and_beyond(engine, name):
     model = create_model(name, features_only=True).eval()
     at_224 = [torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(i)) for i in range(2)]
     tiny = torch.randn(1, 3, 1, 1, generator=torch.Generator().manual_seed(5))
-    int8 = prepare(copy.deepcopy(model), engine, 'int8', calibration=at_224)
+    # onnxruntime: both quantizations start from one float32 export
+    options = dict(conversion_cache=str(tmp_path / 'float')) if engine == 'onnxruntime' else {}
+    int8 = prepare(copy.deepcopy(model), engine, 'int8', calibration=at_224, **options)
     with torch.no_grad():
         for hw in ((224, 224), (97, 131)):
             x = torch.randn(1, 3, *hw, generator=torch.Generator().manual_seed(9))
             assert relative(int8(x), model(x)) < 0.03, hw
         assert relative(int8(tiny), model(tiny)) < SATURATED_INT8[engine]
-        both = prepare(copy.deepcopy(model), engine, 'int8', calibration=at_224 + [torch.randn(4, 3, 1, 1)])
+        both = prepare(copy.deepcopy(model), engine, 'int8', calibration=at_224 + [torch.randn(4, 3, 1, 1)],
+                       **options)
         assert relative(both(tiny), model(tiny)) < 0.1
 
 
@@ -158,7 +161,7 @@ def test_onnxruntime_int8_quantizes_the_linear_layers_less_those_kept(tmp_path):
     runnable('onnxruntime', 'int8')
     import onnx
 
-    from cpvt_backbones.deploy.onnxruntime import linear_nodes
+    from cpvt_backbones.deploy.onnxruntime import linear_nodes, quantize
     model = small()
     calibration = [torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(i)) for i in range(2)]
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
@@ -173,9 +176,9 @@ def test_onnxruntime_int8_quantizes_the_linear_layers_less_those_kept(tmp_path):
     quantized_weights = [n for n in graph.node if n.op_type == 'DequantizeLinear' and n.input[0] in constants]
     assert len(quantized_weights) == len(linears) - kept
     with pytest.raises(ValueError, match='calibration gave no input batch'):
-        prepare(model, 'onnxruntime', 'int8', calibration=[])
+        quantize(tmp_path / 'f.onnx', tmp_path / 'none.onnx', [])
     with pytest.raises(ValueError, match='covers every linear layer'):
-        prepare(model, 'onnxruntime', 'int8', calibration, keep_fp32=[n for n, _ in model.named_children()])
+        quantize(tmp_path / 'f.onnx', tmp_path / 'none.onnx', calibration, [n for n, _ in model.named_children()])
 
 
 def test_a_new_engine_is_one_registry_entry(tmp_path):
