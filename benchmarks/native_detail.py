@@ -8,18 +8,18 @@ at random positions, sizes and rotations on a textured background (``cpvt_backbo
 Every image is drawn from its resolution-free scene at the size it is used at, so a larger test image carries
 real extra detail (crisper edges of smaller shapes), as ImageNet's 384 px tests of a 224 px model do.
 
-Every drawing is rendered at twice its size and shrunk (antialiased, ``draw``). Training: the scenes drawn at 56
-px (2x, the "originals"), DeiT-like random resized crops (area 0.25-1, aspect 3/4-4/3, flips, antialiased) to 28
-px, patch 2: a 14 x 14 token grid, 8 epochs; the resolution study's models, optimiser and trainer
+Every drawing is rendered at twice its size and shrunk (antialiased, ``draw``). Training: the scenes drawn at 112
+px (2x, the "originals"), DeiT-like random resized crops (area 0.25-1, aspect 3/4-4/3, flips, antialiased) to 56
+px, patch 4: a 14 x 14 token grid, 8 epochs; the resolution study's models, optimiser and trainer
 (``benchmarks.resolution_study``'s default config with the fields below replaced) with global average pooling.
-Tests: held-out scenes drawn natively at 28, 40, 48 (1.71x: the paper's 384 / 224) and 56 px, and the 28 px
-drawings upsampled to 48 px (the same size without the detail). The variants: the learned table (resized), PEGs
+Tests: held-out scenes drawn natively at 56, 80, 96 (1.71x: the paper's 384 / 224) and 112 px, and the 56 px
+drawings upsampled to 96 px (the same size without the detail). The variants: the learned table (resized), PEGs
 after blocks 0-5, no position encoding and the CNN without position encoding (the positive control: the FixRes
 effect, if this setting can show one at all). Seeds are fixed in advance (0-4).
 
 Resumable and sharded like the resolution study (runs under WORK_DIR/native_detail/VARIANT-seedS, result.json
 kept in git); the outputs (NAME.{json,csv,md,png}) are written by whichever invocation finds every run finished:
-per variant the top-1 at each test and its change from 28 px, and paired by seed the differences between the
+per variant the top-1 at each test and its change from the training size, and paired by seed the differences between the
 variants, each with its 95% interval; a difference is claimed only where the interval excludes zero.
 """
 import argparse
@@ -38,9 +38,10 @@ from benchmarks import resolution_study as rs
 from benchmarks.study_common import format_paired, mean_std, paired, parse_shard, run_meta, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN_SIZE, ORIGINAL_SIZE = 28, 56            # training crops and the training drawings they are cut from (px)
-TEST_SIZES = (28, 40, 48, 56)
-UPSAMPLED = 48                                # the 28 px drawings resized to this size: size without detail
+TRAIN_SIZE, ORIGINAL_SIZE = 56, 112            # training crops and the training drawings they are cut from (px)
+PATCH = 4                                     # a 14 x 14 token grid at the training size
+TEST_SIZES = (56, 80, 96, 112)
+UPSAMPLED = 96                                # the 56 px drawings resized to this size: size without detail
 OBJECTS, OBJECT_SIZE = (2, 4), (0.12, 0.3)    # shapes per scene; radius as a fraction of half the side
 TRAIN_SEED, TEST_SEED = 0, 1                  # the scene sets' seeds (the training seeds are --seeds)
 MEAN, STD = 0.5, 0.25                         # fixed pixel normalisation (images scaled to 0..1)
@@ -50,7 +51,7 @@ PAIRS = (('peg_0-5', 'learned'), ('peg_0-5', 'none'), ('learned', 'none'), ('peg
 
 
 def test_keys() -> list[str]:
-    """'native48': held-out scenes drawn at 48 px; 'upsampled48': their 28 px drawings resized to 48 px."""
+    """'native96': held-out scenes drawn at 96 px; 'upsampled96': their 56 px drawings resized to 96 px."""
     return [f'native{s}' for s in TEST_SIZES] + [f'upsampled{UPSAMPLED}']
 
 
@@ -74,7 +75,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[rs.StudyConfig, argpa
     config = replace(rs.parse_args([]), variants=tuple(args.variants), seeds=tuple(args.seeds),
                      shard_index=shard_index, num_shards=num_shards, train_images=args.train_images,
                      test_images=args.test_images, epochs=args.epochs, device=args.device, work_dir=args.work_dir,
-                     out=args.out, name=args.name, runs=args.name, head='gap', image_size=TRAIN_SIZE, patch=2,
+                     out=args.out, name=args.name, runs=args.name, head='gap', image_size=TRAIN_SIZE, patch=PATCH,
                      test_sizes=TEST_SIZES, probe_images=0, in_chans=3, num_classes=4)
     return config, args
 
@@ -127,8 +128,9 @@ def run(variant: str, seed: int, config: rs.StudyConfig, data) -> dict:
 
 
 def summarise(results: list[dict], config: rs.StudyConfig) -> dict:
-    """Per variant and test: top-1 mean ± sd and the paired change from 28 px; per pair of variants and test:
-    the paired difference in top-1 and in the change from 28 px (each with its 95% interval)."""
+    """Per variant and test: top-1 mean ± sd and the paired change from the training size; per pair of variants
+    and test: the paired difference in top-1 and in the change from the training size (each with its 95%
+    interval)."""
     by_variant = {v: sorted((r for r in results if r['variant'] == v), key=lambda r: r['seed'])
                   for v in config.variants}
     base = f'native{TRAIN_SIZE}'
@@ -173,8 +175,9 @@ def render_markdown(summary: dict, config: rs.StudyConfig, meta: dict) -> str:
                 cell += f' ({format_paired(row["change"])})'
             cells.append(cell)
         lines.append(f'| {rs.VARIANTS[variant].label} | ' + ' | '.join(cells) + ' |')
-    lines += ['', 'Paired by seed, A − B: the difference in the change from 28 px (in top-1 at 28 px for the first '
-              'column), mean [95% interval]; `=`: the interval includes zero (tied).', '',
+    lines += ['', f'Paired by seed, A − B: the difference in the change from {TRAIN_SIZE} px (in top-1 at '
+              f'{TRAIN_SIZE} px for the first column), mean [95% interval]; `=`: the interval includes zero (tied).',
+              '',
               '| A − B | ' + ' | '.join(f'top-1 at {TRAIN_SIZE} px' if k == f'native{TRAIN_SIZE}' else
                                        f'change to {heading(k)}' for k in keys) + ' |',
               '|---|' + '---|' * len(keys)]
@@ -207,8 +210,8 @@ def plot(summary: dict, config: rs.StudyConfig, path: Path) -> None:
         ax.errorbar(sizes, change, yerr=lo, capsize=3, label=rs.VARIANTS[variant].label,
                     **rs.line_style(variant, plt))
     ax.axhline(0, color='grey', lw=0.8)
-    ax.set_xlabel('test size (px), drawn natively; trained at 28 px')
-    ax.set_ylabel('change in top-1 from 28 px (points, 95% interval)')
+    ax.set_xlabel(f'test size (px), drawn natively; trained at {TRAIN_SIZE} px')
+    ax.set_ylabel(f'change in top-1 from {TRAIN_SIZE} px (points, 95% interval)')
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
