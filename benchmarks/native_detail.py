@@ -45,6 +45,7 @@ UPSAMPLED = 96                                # the 56 px drawings resized to th
 OBJECTS, OBJECT_SIZE = (2, 4), (0.12, 0.3)    # shapes per scene; radius as a fraction of half the side
 TRAIN_SEED, TEST_SEED = 0, 1                  # the scene sets' seeds (the training seeds are --seeds)
 MEAN, STD = 0.5, 0.25                         # fixed pixel normalisation (images scaled to 0..1)
+DRAW_CHUNK = 256                              # scenes rendered at once
 VARIANTS = ('learned', 'peg_0-5', 'none', 'cnn')
 PAIRS = (('peg_0-5', 'learned'), ('peg_0-5', 'none'), ('learned', 'none'), ('peg_0-5', 'cnn'), ('learned', 'cnn'),
          ('none', 'cnn'))
@@ -85,9 +86,12 @@ def draw(scenes, side: int, size: int) -> torch.Tensor:
     rendered at twice the size and shrunk (antialiased), as a camera's pixels average the scene, so that edges
     and pixel noise look alike at every size and alike in training crops (themselves shrunk from their
     drawings) and in tests."""
-    images = np.stack([render(scene, 2 * size / side)[0] for scene in scenes])
-    x = (torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255 - MEAN) / STD
-    return rs.resize(x, size).contiguous()
+    out = []
+    for start in range(0, len(scenes), DRAW_CHUNK):   # chunks: the 2x renders of a whole set would not fit in memory
+        images = np.stack([render(scene, 2 * size / side)[0] for scene in scenes[start:start + DRAW_CHUNK]])
+        x = (torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255 - MEAN) / STD
+        out.append(rs.resize(x, size).contiguous())
+    return torch.cat(out)
 
 
 def load_data(config: rs.StudyConfig):

@@ -80,3 +80,12 @@ def test_a_tiny_native_detail_study_end_to_end(tmp_path):
     again = json.loads((tmp_path / 'out' / 'native_detail.json').read_text())
     assert {r['variant'] + str(r['seed']): r['train_seconds'] for r in again['runs']} == before
     assert torch.load(tmp_path / 'runs' / 'native_detail' / 'cnn-seed0' / 'final.pth')
+
+
+def test_drawing_in_chunks_gives_the_same_images(monkeypatch):
+    """``draw`` renders a set in chunks (the 2x renders of a whole training set would not fit in memory): the
+    images do not depend on the chunk size."""
+    scenes, _ = class_scenes(7, 56, seed=2)
+    whole = native_detail.draw(scenes, 56, 20)
+    monkeypatch.setattr(native_detail, 'DRAW_CHUNK', 3)
+    assert torch.equal(native_detail.draw(scenes, 56, 20), whole)
