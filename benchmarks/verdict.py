@@ -95,6 +95,12 @@ def change(seeds: dict[int, dict[str, float]], key: str, base: str) -> list[floa
     return [top1[key] - top1[base] for _, top1 in sorted(seeds.items())]
 
 
+def loss(seeds: dict[int, dict[str, float]], key, base) -> dict:
+    """The change from ``base`` to ``key`` over the seeds, as ``paired`` gives it (against no change)."""
+    diffs = change(seeds, str(key), str(base))
+    return paired(diffs, [0.] * len(diffs))
+
+
 def common(a: dict[int, dict], b: dict[int, dict]) -> tuple[dict, dict]:
     """The seeds both have (pairing needs the same seeds)."""
     shared = sorted(set(a) & set(b))
@@ -136,7 +142,7 @@ def headline(results: Path = RESULTS) -> str:
         runs_v = dict(sorted(seeds[variant].items()))
         m, s = mean_std([t[str(base)] for t in runs_v.values()], 1)
         paper = VARIANTS[variant].paper
-        cells = [cell(paired(change(runs_v, str(size), str(base)), [0.] * len(runs_v))) for size in sizes]
+        cells = [cell(loss(runs_v, size, base)) for size in sizes]
         lines.append(f'| {VARIANTS[variant].label} | {"—" if paper is None else f"{paper:.1f}"} | {m:.1f} ± {s:.1f} '
                      f'| ' + ' | '.join(cells) + ' |')
     if any(sorted(v) != list(SEEDS) for v in seeds.values()):
@@ -195,7 +201,7 @@ def arm(name: str, results: Path = RESULTS, probe: bool = False) -> str:
         runs_v = dict(sorted(seeds[variant].items()))
         m, s = mean_std([t[str(base)] for t in runs_v.values()], 1)
         lines.append(f'| {VARIANTS[variant].label} | {m:.1f} ± {s:.1f} | ' + ' | '.join(
-            cell(paired(change(runs_v, str(size), str(base)), [0.] * len(runs_v))) for size in sizes) + ' |')
+            cell(loss(runs_v, size, base)) for size in sizes) + ' |')
     if probe:
         lines += [''] + probe_table(runs, devices[0], [base] + sizes)
     return '\n'.join(lines) + (
@@ -320,7 +326,7 @@ def control(results: Path = RESULTS, name: str = 'control_cnn_cpu') -> str:
     m, s = mean_std([t[str(base)] for t in seeds.values()], 1)
     cells = []
     for size in sizes:
-        d = paired(change(seeds, str(size), str(base)), [0.] * len(seeds))
+        d = loss(seeds, size, base)
         losing = sum(v < 0 for v in change(seeds, str(size), str(base)))
         cells.append(f'{cell(d)} ({losing} of {len(seeds)} seeds lose)')
     return '\n'.join([f'| model | {base} px (1x) | ' + ' | '.join(f'change at {size_heading(x, base)}' for x in sizes)
@@ -403,7 +409,7 @@ def dense(results: Path = RESULTS, name: str = 'dense_study') -> str:
         for variant, label in DENSE_BACKBONES.items():
             seeds = dict(sorted(scores[variant].items()))
             m, sd = mean_std([t['1'] for t in seeds.values()], 1)
-            cells = [paired(change(seeds, k, '1'), [0.] * len(seeds)) for k in ('2', '3')]
+            cells = [loss(seeds, k, '1') for k in ('2', '3')]
             cells.append(paired([t['drawn2'] for t in seeds.values()], [t['2'] for t in seeds.values()]))
             lines.append(f'| {label} | {m:.1f} ± {sd:.1f} | ' + ' | '.join(map(cell, cells)) + ' |')
         separated = {}
