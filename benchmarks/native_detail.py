@@ -1,7 +1,8 @@
 """Resolution with real detail by construction: shapes drawn natively at every test size.
 
     python -m benchmarks.native_detail [--variants learned peg_0-5 none cnn] [--seeds 0 1 2 3 4] [--shard K/N]
-        [--train-images 12000] [--test-images 2000] [--device cpu] [--work-dir DIR] [--out DIR]
+        [--train-images 12000] [--test-images 2000] [--device cpu|cuda] [--tf32 off] [--jobs N] [--work-dir DIR]
+        [--out DIR]
 
 The classification task: which of four shapes (circle, square, triangle, star) a scene shows, 2-4 of one class
 at random positions, sizes and rotations on a textured background (``cpvt_backbones.datasets.class_scenes``).
@@ -24,7 +25,11 @@ variants, each with its 95% interval; a difference is claimed only where the int
 """
 import argparse
 import json
+import tempfile
 import time
+from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import nullcontext
+from multiprocessing import get_context
 from dataclasses import replace
 from pathlib import Path
 from collections.abc import Sequence
@@ -65,6 +70,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[rs.StudyConfig, argpa
     p.add_argument('--test-images', type=int, default=2000)
     p.add_argument('--epochs', type=int, default=8)
     p.add_argument('--device', default='cpu', help='torch device to train and test on (one per comparison)')
+    p.add_argument('--tf32', choices=rs.TF32, default='off',
+                   help='TF32 on a CUDA device (resolution_study --tf32); off: full float32, as on a CPU')
+    p.add_argument('--jobs', type=int, default=1,
+                   help='processes: the drawing is spread over them, then as many runs train at once, sharing '
+                        'the drawn images through one memory-mapped file')
+    p.add_argument('--threads', type=int, default=1, help='torch threads per run when --jobs > 1')
     p.add_argument('--work-dir', type=Path, default=ROOT / 'benchmarks/results/recipe_runs',
                    help='runs go to WORK_DIR/NAME/')
     p.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results')
@@ -73,34 +84,40 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[rs.StudyConfig, argpa
     shard_index, num_shards = parse_shard(p, args.shard)
     if args.train_images < 128 or args.test_images < 1:
         p.error('need --train-images >= 128 (one batch) and --test-images >= 1')
+    if args.jobs < 1 or args.threads < 1:
+        p.error(f'--jobs and --threads must be >= 1, got {args.jobs} and {args.threads}')
     config = replace(rs.parse_args([]), variants=tuple(args.variants), seeds=tuple(args.seeds),
                      shard_index=shard_index, num_shards=num_shards, train_images=args.train_images,
-                     test_images=args.test_images, epochs=args.epochs, device=args.device, work_dir=args.work_dir,
+                     test_images=args.test_images, epochs=args.epochs, device=args.device, tf32=args.tf32,
+                     work_dir=args.work_dir,
                      out=args.out, name=args.name, runs=args.name, head='gap', image_size=TRAIN_SIZE, patch=PATCH,
                      test_sizes=TEST_SIZES, probe_images=0, in_chans=3, num_classes=4)
     return config, args
 
 
-def draw(scenes, side: int, size: int) -> torch.Tensor:
+def _render(scenes, scale: float) -> np.ndarray:
+    return np.stack([render(scene, scale)[0] for scene in scenes])
+
+
+def draw(scenes, side: int, size: int, pool: Executor | None = None) -> torch.Tensor:
     """The scenes (``side`` px at scale 1) drawn natively at ``size`` px, normalised, (N, 3, size, size):
     rendered at twice the size and shrunk (antialiased), as a camera's pixels average the scene, so that edges
     and pixel noise look alike at every size and alike in training crops (themselves shrunk from their
-    drawings) and in tests."""
-    out = []
-    for start in range(0, len(scenes), DRAW_CHUNK):   # chunks: the 2x renders of a whole set would not fit in memory
-        images = np.stack([render(scene, 2 * size / side)[0] for scene in scenes[start:start + DRAW_CHUNK]])
-        x = (torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255 - MEAN) / STD
-        out.append(rs.resize(x, size).contiguous())
-    return torch.cat(out)
+    drawings) and in tests. Rendered in chunks (the 2x renders of a whole set would not fit in memory), spread
+    over ``pool``'s processes where one is given."""
+    chunks = [scenes[start:start + DRAW_CHUNK] for start in range(0, len(scenes), DRAW_CHUNK)]
+    rendered = (pool.map if pool else map)(_render, chunks, [2 * size / side] * len(chunks))
+    return torch.cat([rs.resize((torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255 - MEAN) / STD,
+                                size).contiguous() for images in rendered])
 
 
-def load_data(config: rs.StudyConfig):
+def load_data(config: rs.StudyConfig, pool: Executor | None = None):
     """(training drawings at ORIGINAL_SIZE, labels), and per test key (images, labels)."""
     scenes, labels = class_scenes(config.train_images, ORIGINAL_SIZE, TRAIN_SEED, OBJECTS, OBJECT_SIZE)
-    train = draw(scenes, ORIGINAL_SIZE, ORIGINAL_SIZE), torch.from_numpy(labels)
+    train = draw(scenes, ORIGINAL_SIZE, ORIGINAL_SIZE, pool), torch.from_numpy(labels)
     scenes, labels = class_scenes(config.test_images, ORIGINAL_SIZE, TEST_SEED, OBJECTS, OBJECT_SIZE)
     y = torch.from_numpy(labels)
-    tests = {f'native{s}': (draw(scenes, ORIGINAL_SIZE, s), y) for s in TEST_SIZES}
+    tests = {f'native{s}': (draw(scenes, ORIGINAL_SIZE, s, pool), y) for s in TEST_SIZES}
     tests[f'upsampled{UPSAMPLED}'] = (rs.resize(tests[f'native{TRAIN_SIZE}'][0], UPSAMPLED), y)
     return train, tests
 
@@ -222,12 +239,36 @@ def plot(summary: dict, config: rs.StudyConfig, path: Path) -> None:
     plt.close(fig)
 
 
+_SHARED: dict = {}
+
+
+def _load_shared(path: Path, threads: int) -> None:
+    torch.set_num_threads(threads)
+    _SHARED['data'] = torch.load(path, mmap=True)
+
+
+def _run_shared(variant: str, seed: int, config: rs.StudyConfig) -> str:
+    run(variant, seed, config, _SHARED['data'])
+    return f'{variant}-seed{seed}'
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
-    config, _ = parse_args(argv)
+    config, args = parse_args(argv)
     start = time.perf_counter()
-    data = load_data(config)
+    context = get_context('spawn')
+    with ProcessPoolExecutor(args.jobs, mp_context=context) if args.jobs > 1 else nullcontext() as pool:
+        data = load_data(config, pool)
     runs = [(v, seed) for seed in config.seeds for v in config.variants]
-    for variant, seed in runs[config.shard_index::config.num_shards]:
+    mine = runs[config.shard_index::config.num_shards]
+    if args.jobs > 1 and mine:
+        with tempfile.TemporaryDirectory(prefix='native_detail-') as tmp:
+            path = Path(tmp) / 'drawn.pt'
+            torch.save(data, path)
+            with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_load_shared,
+                                     initargs=(path, args.threads)) as pool:
+                for done in pool.map(_run_shared, *zip(*mine, strict=True), [config] * len(mine)):
+                    print(f'[native] {done} finished', flush=True)
+    for variant, seed in mine:   # with --jobs > 1: every run is finished, result.json is read
         run(variant, seed, config, data)
     pending = [f'{v}-seed{s}' for v, s in runs if not (config.run_dir(v, s) / 'result.json').is_file()]
     if pending:
@@ -237,7 +278,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     summary = summarise(results, config)
     meta = dict(run_meta('benchmarks.native_detail', argv, start), train_images=config.train_images,
                 test_images=config.test_images, seeds=list(config.seeds), epochs=config.epochs,
-                iterations=results[0]['iterations'], device=config.device, trained_on=rs.trained_on(results),
+                iterations=results[0]['iterations'], device=config.device, tf32=config.tf32,
+                trained_on=rs.trained_on(results),
                 params={r['variant']: r['params'] for r in results},
                 run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1))
     out = config.out

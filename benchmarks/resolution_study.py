@@ -35,6 +35,7 @@ import json
 import math
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -125,6 +126,7 @@ class StudyConfig:
     heads: int
     patch: int
     device: str
+    tf32: str
     work_dir: Path
     out: Path
     name: str
@@ -178,6 +180,10 @@ def parse_args(argv: Sequence[str] | None = None) -> StudyConfig:
     p.add_argument('--heads', type=int, default=2)
     p.add_argument('--patch', type=int, default=2)
     p.add_argument('--device', default='cpu', help='torch device to train and test on (cpu, cuda, ...)')
+    p.add_argument('--tf32', choices=TF32, default='default',
+                   help="TF32 in CUDA matrix products and cuDNN convolutions: 'on' (both), 'off' (neither: full "
+                        "float32, as on a CPU), or PyTorch's default (cuDNN's on, the matrix products' off); "
+                        'recorded in each result')
     p.add_argument('--work-dir', type=Path, default=study_dir('resolution_study'), help='runs go to WORK_DIR/RUNS/')
     p.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results')
     p.add_argument('--name', default='resolution_study', help='name of the outputs (and of the runs by default)')
@@ -205,6 +211,42 @@ def parse_args(argv: Sequence[str] | None = None) -> StudyConfig:
     del options['shard']
     options['runs'] = args.runs or args.name
     return StudyConfig(**options, shard_index=shard_index, num_shards=num_shards)
+
+
+TF32 = ('default', 'on', 'off')
+
+
+@contextmanager
+def fp32_precision(mode: str):
+    """TF32 in CUDA matrix products and cuDNN convolutions while the block runs: ``'on'``, ``'off'`` or
+    ``'default'`` (PyTorch's settings left as they are); the previous settings come back on exit. Yields what
+    is in force, ``{'matmul': ..., 'cudnn_conv': ...}`` (``'tf32'`` or ``'ieee'``; CPU arithmetic is unaffected)."""
+    if mode not in TF32:
+        raise ValueError(f'tf32 must be one of {TF32}, got {mode!r}')
+    new_api = hasattr(torch.backends.cuda.matmul, 'fp32_precision')   # torch >= 2.9; the old flags before
+    if new_api:
+        flags = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
+        saved = [f.fp32_precision for f in flags]
+        if mode != 'default':
+            for f in flags:
+                f.fp32_precision = 'tf32' if mode == 'on' else 'ieee'
+        in_force = [f.fp32_precision if f.fp32_precision != 'none' else torch.backends.fp32_precision
+                    for f in flags]
+        in_force = ['tf32' if p == 'tf32' else 'ieee' for p in in_force]
+    else:
+        saved = [torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32]
+        if mode != 'default':
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = mode == 'on'
+        in_force = ['tf32' if on else 'ieee'
+                    for on in (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)]
+    try:
+        yield dict(matmul=in_force[0], cudnn_conv=in_force[1])
+    finally:
+        if new_api:
+            for f, value in zip((torch.backends.cuda.matmul, torch.backends.cudnn.conv), saved, strict=True):
+                f.fp32_precision = value
+        else:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def ensure_data(root: Path) -> None:
@@ -373,12 +415,13 @@ def evaluate(model: CPVT, x: torch.Tensor, y: torch.Tensor, keys: Sequence[str],
     """Top-1 (%) for each test key; placement tests use the first ``--placement-images`` images."""
     model.eval()
     out = {}
-    for key in keys:
-        n = min(len(x), config.placement_images) if key.startswith('place') else len(x)
-        xs, ys = x[:n], y[:n]
-        correct = sum((model(prepare(xs[i:i + batch], key, config).to(config.device)).argmax(-1).cpu()
-                       == ys[i:i + batch]).sum().item() for i in range(0, n, batch))
-        out[key] = 100. * correct / n
+    with fp32_precision(config.tf32):
+        for key in keys:
+            n = min(len(x), config.placement_images) if key.startswith('place') else len(x)
+            xs, ys = x[:n], y[:n]
+            correct = sum((model(prepare(xs[i:i + batch], key, config).to(config.device)).argmax(-1).cpu()
+                           == ys[i:i + batch]).sum().item() for i in range(0, n, batch))
+            out[key] = 100. * correct / n
     return out
 
 
@@ -420,7 +463,14 @@ def position_probe(model: CPVT, x: torch.Tensor, config: StudyConfig) -> dict:
 
 
 def train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Path):
-    """Train one model, resuming from its last finished epoch; returns it with its training record."""
+    """Train one model, resuming from its last finished epoch; returns it with its training record (which
+    records the TF32 settings in force, ``fp32_precision``)."""
+    with fp32_precision(config.tf32) as in_force:
+        model, record = _train(variant, seed, config, train_data, run_dir)
+    return model, dict(record, tf32=in_force)
+
+
+def _train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Path):
     x_train, y_train = (t.to(config.device) for t in train_data)
     torch.manual_seed(seed)
     model = build_model(variant, config).to(config.device)
@@ -513,7 +563,8 @@ def run(variant: str, seed: int, config: StudyConfig, data, run_dir: Path) -> di
         print(f'[study] {variant} seed {seed}: top-1 ' + ', '.join(f'{k} {result["top1"][k]:.2f}' for k in missing),
               flush=True)
     if config.probe_images and sorted(result.get('probe', {}).get('r2', {})) != sorted(probe_sizes):
-        result['probe'] = position_probe(trained(), data[1][0][:config.probe_images], config)
+        with fp32_precision(config.tf32):
+            result['probe'] = position_probe(trained(), data[1][0][:config.probe_images], config)
         changed = True
         print(f'[study] {variant} seed {seed}: position probe R^2 {result["probe"]["r2"]}', flush=True)
     if changed:

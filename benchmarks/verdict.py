@@ -57,6 +57,7 @@ def load(name: str, results: Path = RESULTS) -> dict:
 def pooled_runs(names: Sequence[str], results: Path = RESULTS) -> tuple[dict, list[dict]]:
     """The runs of the studies ``names`` (one run once: studies that share run directories list it twice), with
     the recipe they share; a ValueError where the studies' recipes differ or one run has two results."""
+    names = tuple(dict.fromkeys(names))
     metas, runs = {}, {}
     for name in names:
         data = load(name, results)
@@ -349,7 +350,8 @@ def _pairs_table(first: dict[str, dict], second: dict[str, dict], base: int, siz
             continue
         cells = [paired([t[str(base)] for t in x.values()], [t[str(base)] for t in y.values()])]
         cells += [paired(change(x, str(s), str(base)), change(y, str(s), str(base))) for s in sizes]
-        device = DEVICES[device_a] if device_a == device_b else f'{DEVICES[device_a]} − {DEVICES[device_b]}'
+        a, b = DEVICES.get(device_a, device_a), DEVICES.get(device_b, device_b)
+        device = a if device_a == device_b else f'{a} − {b}'
         lines.append(f'| {VARIANTS[variant].label} | {device} | {",".join(map(str, x))} | '
                      + ' | '.join(map(cell, cells)) + ' |')
     return lines
@@ -386,7 +388,47 @@ def device(results: Path = RESULTS) -> str:
         '\n\nThe same recipe, seeds and data order trained on the CPU minus on a GPU, paired by seed: mean [95% '
         'interval], bold where the interval excludes zero. The seeds give the same initialisation, data order '
         'and crops on both devices, not the same run: drop path draws its masks on the device, and the arithmetic '
-        'differs (cuDNN may run the convolutions in TF32 under PyTorch\'s defaults, which was not tested).')
+        'differs (TF32 is not the cause: the `tf32` table).')
+
+
+# The default recipe's table and PEG 0-5, seeds 0-2, trained in one GPU session with TF32 in CUDA matrix
+# products and cuDNN convolutions off, on, and at PyTorch's default (resolution_study --tf32).
+TF32_STUDIES = {'off': 'tf32/recipe_sweep_tf32_off', 'on': 'tf32/recipe_sweep_tf32_on',
+                'default': 'tf32/recipe_sweep_tf32_default'}
+
+
+def tf32(results: Path = RESULTS) -> str:
+    """Whether TF32 explains the device effect: on the GPU, TF32 on minus off and PyTorch's default minus off;
+    then the CPU minus the GPU with TF32 off (full float32 on both), paired by seed."""
+    meta, _ = pooled_runs(RECIPES['default (GAP)'] + tuple(TF32_STUDIES.values()), results)  # one recipe
+    cpu_runs = pooled_runs(RECIPES['default (GAP)'], results)[1]
+    gpu = {mode: by_device(pooled_runs((name,), results)[1], 'cuda') for mode, name in TF32_STUDIES.items()}
+    base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
+    labels = {'off': 'GPU, TF32 off', 'on': 'GPU, TF32 on', 'default': "GPU, PyTorch's default"}
+    first = {labels[m]: runs for m, runs in gpu.items()} | {'cpu': by_device(cpu_runs, 'cpu')}
+    rows = [(v, labels[m], labels['off']) for m in ('on', 'default') for v in gpu[m]]
+    rows += [(v, 'cpu', labels['off']) for v in gpu['off']]
+    return '\n'.join(_pairs_table(first, first, base, sizes, rows)) + (
+        '\n\nPaired by seed: mean [95% interval], bold where the interval excludes zero. The GPU runs trained in one '
+        "session (`tf32/recipe_sweep_tf32_*.json`: TF32 in CUDA matrix products and cuDNN convolutions off, on, "
+        "and PyTorch's default, cuDNN's on and the matrix products' off, which the sweep's GPU runs used); the "
+        'CPU runs are the default cell\'s (`recipe_sweep_default_cpu`). Seeds 0-2, the default recipe.')
+
+
+def native(results: Path = RESULTS, name: str = 'native_detail') -> str:
+    """The task whose larger test sizes carry real detail by construction (``benchmarks.native_detail``): its own
+    report, rendered again from its runs (one device: a ValueError otherwise)."""
+    from benchmarks import native_detail
+    data = load(name, results)
+    meta, runs = data['meta'], data['runs']
+    devices = {r['device'] for r in runs}
+    if len(devices) != 1:
+        raise ValueError(f'{name}: runs trained on {sorted(devices)}; a table compares one device')
+    variants = list(dict.fromkeys(r['variant'] for r in runs))
+    config, _ = native_detail.parse_args(
+        ['--variants', *variants, '--seeds', *map(str, meta['seeds']), '--train-images', str(meta['train_images']),
+         '--test-images', str(meta['test_images']), '--epochs', str(meta['epochs']), '--device', devices.pop()])
+    return native_detail.render_markdown(native_detail.summarise(runs, config), config, meta).rstrip('\n')
 
 
 DENSE_BACKBONES = {'peg': 'pcpvt_tiny (PEG)', 'pvt': 'mmdet PVT v1 (learned, resized)',
@@ -478,7 +520,8 @@ def demo_engines(results: Path = RESULTS, name: str = DEMO) -> str:
 BLOCKS: dict[str, Callable[[Path], str]] = {'headline': headline, 'headline-probe': headline_probe,
                                             'training-size': training_size,
                                             'paper-pairs': paper_pairs, 'recipes': recipes,
-                                            'control': control, 'head': head, 'device': device,
+                                            'control': control, 'head': head, 'device': device, 'tf32': tf32,
+                                            'native': native,
                                             'resize-protocol': resize_protocol, 'grid14': grid14, 'dense': dense,
                                             'demo': demo,
                                             'demo-engines': demo_engines}

@@ -2,6 +2,7 @@
 detail at larger sizes, the paired statistics every study reports, and a tiny run end to end."""
 import json
 import math
+import tempfile
 
 import pytest
 import torch
@@ -89,3 +90,20 @@ def test_drawing_in_chunks_gives_the_same_images(monkeypatch):
     whole = native_detail.draw(scenes, 56, 20)
     monkeypatch.setattr(native_detail, 'DRAW_CHUNK', 3)
     assert torch.equal(native_detail.draw(scenes, 56, 20), whole)
+
+
+def test_runs_spread_over_processes_equal_runs_in_one(tmp_path, monkeypatch):
+    """``--jobs 2``: the drawing spread over two processes and two runs trained at once from one memory-mapped
+    copy of the drawn images give the results of one process; a GPU's TF32 is off by default and recorded."""
+    argv = ['--train-images', '128', '--test-images', '12', '--epochs', '1', '--variants', 'cnn', '--seeds', '0', '1',
+            '--out', str(tmp_path / 'out')]
+    (tmp_path / 'tmp').mkdir()
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path / 'tmp'))
+    native_detail.main(argv + ['--work-dir', str(tmp_path / 'one')])
+    native_detail.main(argv + ['--work-dir', str(tmp_path / 'two'), '--jobs', '2'])
+    for seed in (0, 1):
+        one, two = (json.loads((tmp_path / d / 'native_detail' / f'cnn-seed{seed}' / 'result.json').read_text())
+                    for d in ('one', 'two'))
+        assert two['top1'] == one['top1'] and [e['loss'] for e in two['log']] == [e['loss'] for e in one['log']]
+        assert two['tf32'] == dict(matmul='ieee', cudnn_conv='ieee')
+    assert not list((tmp_path / 'tmp').glob('native_detail-*'))   # the shared copy is removed

@@ -348,3 +348,21 @@ def test_a_study_over_runs_from_two_devices_says_which_trained_where():
             dict(variant='none', seed=1, device='cuda')]
     assert study.trained_on(runs) == 'cuda (2 runs: none seed 0, none seed 1) and cpu (1 run: peg_0 seed 0)'
     assert study.trained_on(runs[:1]) == 'cuda'
+
+
+def test_tf32_is_set_for_the_block_recorded_and_restored():
+    """``--tf32``: off and on set CUDA matrix products and cuDNN convolutions alike, the default leaves PyTorch's
+    settings (cuDNN's TF32 on, the matrix products' off); every setting comes back afterwards, after an error
+    too."""
+    def flags():
+        return study.fp32_precision('default').__enter__()
+    before = flags()
+    assert before == dict(matmul='ieee', cudnn_conv='tf32')   # PyTorch's defaults
+    with study.fp32_precision('off') as in_force:
+        assert in_force == flags() == dict(matmul='ieee', cudnn_conv='ieee')
+    with pytest.raises(RuntimeError, match='inside'), study.fp32_precision('on') as in_force:
+        assert in_force == flags() == dict(matmul='tf32', cudnn_conv='tf32')
+        raise RuntimeError('inside')
+    assert flags() == before
+    with pytest.raises(ValueError, match="tf32 must be one of .* got 'half'"), study.fp32_precision('half'):
+        pass

@@ -82,3 +82,13 @@ def test_the_demo_keeps_every_engine_and_precision_it_ran_within_the_tolerance()
                     (task, size, column)
     assert {'onnxruntime fp32', 'onnxruntime int8'} <= columns
     assert 'within 0.005' in verdict.demo_engines()
+
+
+def test_the_native_detail_table_compares_one_device(tmp_path):
+    saved = json.loads((verdict.RESULTS / 'native_detail.json').read_text())
+    (tmp_path / 'native_detail.json').write_text(json.dumps(saved))
+    assert verdict.native(tmp_path) == verdict.native()
+    saved['runs'][0]['device'] = 'cpu'
+    (tmp_path / 'native_detail.json').write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"native_detail: runs trained on \['cpu', 'cuda'\]; a table compares one"):
+        verdict.native(tmp_path)
