@@ -41,7 +41,7 @@ from cpvt_backbones.adapters.runner import build_runner, quiet_known_warnings
 from cpvt_backbones.adapters.shapes_tasks import SHAPES_TASKS as TASKS
 from cpvt_backbones.convert import safe_load
 from cpvt_backbones.utils import atomic_write, pyplot, strip_prefix
-from benchmarks.study_common import mean_std, parse_shard, run_meta, study_dir, write_csv
+from benchmarks.study.common import mean_std, parse_shard, run_meta, study_dir, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 

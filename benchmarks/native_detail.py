@@ -30,7 +30,6 @@ import time
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import nullcontext
 from multiprocessing import get_context
-from dataclasses import replace
 from pathlib import Path
 from collections.abc import Sequence
 
@@ -39,8 +38,12 @@ import torch
 
 from cpvt_backbones.datasets import class_scenes, render
 from cpvt_backbones.utils import atomic_write, pyplot
-from benchmarks import resolution_study as rs
-from benchmarks.study_common import format_paired, mean_std, paired, parse_shard, run_meta, write_csv
+from benchmarks.study.common import format_paired, mean_std, paired, parse_shard, run_meta, write_csv
+from benchmarks.study.config import TF32, VARIANTS, StudyConfig
+from benchmarks.study.data import resize
+from benchmarks.study.report import line_style, trained_on
+from benchmarks.study.specs import Resized
+from benchmarks.study.trainer import build_model, evaluate, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SIZE, ORIGINAL_SIZE = 56, 112            # training crops and the training drawings they are cut from (px)
@@ -51,7 +54,7 @@ OBJECTS, OBJECT_SIZE = (2, 4), (0.12, 0.3)    # shapes per scene; radius as a fr
 TRAIN_SEED, TEST_SEED = 0, 1                  # the scene sets' seeds (the training seeds are --seeds)
 MEAN, STD = 0.5, 0.25                         # fixed pixel normalisation (images scaled to 0..1)
 DRAW_CHUNK = 256                              # scenes rendered at once
-VARIANTS = ('learned', 'peg_0-5', 'none', 'cnn')
+STUDIED = ('learned', 'peg_0-5', 'none', 'cnn')
 PAIRS = (('peg_0-5', 'learned'), ('peg_0-5', 'none'), ('learned', 'none'), ('peg_0-5', 'cnn'), ('learned', 'cnn'),
          ('none', 'cnn'))
 
@@ -61,16 +64,16 @@ def test_keys() -> list[str]:
     return [f'native{s}' for s in TEST_SIZES] + [f'upsampled{UPSAMPLED}']
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[rs.StudyConfig, argparse.Namespace]:
+def parse_args(argv: Sequence[str] | None = None) -> tuple[StudyConfig, argparse.Namespace]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(rs.VARIANTS))
+    p.add_argument('--variants', nargs='+', default=list(STUDIED), choices=list(VARIANTS))
     p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2, 3, 4])
     p.add_argument('--shard', default='0/1', help='K/N: run every N-th (variant, seed) from the K-th (0-based)')
     p.add_argument('--train-images', type=int, default=12000)
     p.add_argument('--test-images', type=int, default=2000)
     p.add_argument('--epochs', type=int, default=8)
     p.add_argument('--device', default='cpu', help='torch device to train and test on (one per comparison)')
-    p.add_argument('--tf32', choices=rs.TF32, default='off',
+    p.add_argument('--tf32', choices=TF32, default='off',
                    help='TF32 on a CUDA device (resolution_study --tf32); off: full float32, as on a CPU')
     p.add_argument('--jobs', type=int, default=1,
                    help='processes: the drawing is spread over them, then as many runs train at once, sharing '
@@ -86,12 +89,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[rs.StudyConfig, argpa
         p.error('need --train-images >= 128 (one batch) and --test-images >= 1')
     if args.jobs < 1 or args.threads < 1:
         p.error(f'--jobs and --threads must be >= 1, got {args.jobs} and {args.threads}')
-    config = replace(rs.parse_args([]), variants=tuple(args.variants), seeds=tuple(args.seeds),
-                     shard_index=shard_index, num_shards=num_shards, train_images=args.train_images,
-                     test_images=args.test_images, epochs=args.epochs, device=args.device, tf32=args.tf32,
-                     work_dir=args.work_dir,
-                     out=args.out, name=args.name, runs=args.name, head='gap', image_size=TRAIN_SIZE, patch=PATCH,
-                     test_sizes=TEST_SIZES, probe_images=0, in_chans=3, num_classes=4)
+    config = StudyConfig().replace(
+        variants=tuple(args.variants), seeds=tuple(args.seeds), shard_index=shard_index, num_shards=num_shards,
+        train_images=args.train_images, test_images=args.test_images, epochs=args.epochs, device=args.device,
+        tf32=args.tf32, work_dir=args.work_dir, out=args.out, name=args.name, head='gap', image_size=TRAIN_SIZE,
+        patch=PATCH, test_sizes=TEST_SIZES, probe_images=0, in_chans=3, num_classes=4)
     return config, args
 
 
@@ -107,22 +109,22 @@ def draw(scenes, side: int, size: int, pool: Executor | None = None) -> torch.Te
     over ``pool``'s processes where one is given."""
     chunks = [scenes[start:start + DRAW_CHUNK] for start in range(0, len(scenes), DRAW_CHUNK)]
     rendered = (pool.map if pool else map)(_render, chunks, [2 * size / side] * len(chunks))
-    return torch.cat([rs.resize((torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255 - MEAN) / STD,
+    return torch.cat([resize((torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255 - MEAN) / STD,
                                 size).contiguous() for images in rendered])
 
 
-def load_data(config: rs.StudyConfig, pool: Executor | None = None):
+def load_data(config: StudyConfig, pool: Executor | None = None):
     """(training drawings at ORIGINAL_SIZE, labels), and per test key (images, labels)."""
     scenes, labels = class_scenes(config.train_images, ORIGINAL_SIZE, TRAIN_SEED, OBJECTS, OBJECT_SIZE)
     train = draw(scenes, ORIGINAL_SIZE, ORIGINAL_SIZE, pool), torch.from_numpy(labels)
     scenes, labels = class_scenes(config.test_images, ORIGINAL_SIZE, TEST_SEED, OBJECTS, OBJECT_SIZE)
     y = torch.from_numpy(labels)
     tests = {f'native{s}': (draw(scenes, ORIGINAL_SIZE, s, pool), y) for s in TEST_SIZES}
-    tests[f'upsampled{UPSAMPLED}'] = (rs.resize(tests[f'native{TRAIN_SIZE}'][0], UPSAMPLED), y)
+    tests[f'upsampled{UPSAMPLED}'] = (resize(tests[f'native{TRAIN_SIZE}'][0], UPSAMPLED), y)
     return train, tests
 
 
-def run(variant: str, seed: int, config: rs.StudyConfig, data) -> dict:
+def run(variant: str, seed: int, config: StudyConfig, data) -> dict:
     """One (variant, seed): trained once (resumable), then tested on every test key its result lacks."""
     run_dir = config.run_dir(variant, seed)
     result_path = run_dir / 'result.json'
@@ -130,17 +132,17 @@ def run(variant: str, seed: int, config: rs.StudyConfig, data) -> dict:
     model = None
     if result is None or (not (run_dir / 'final.pth').is_file() and set(test_keys()) - set(result['top1'])):
         run_dir.mkdir(parents=True, exist_ok=True)
-        model, result = rs.train(variant, seed, config, data[0], run_dir)
+        model, result = train(variant, seed, config, data[0], run_dir)
     missing = [k for k in test_keys() if k not in result['top1']]
     if missing:
         if model is None:
-            model = rs.build_model(variant, config)
+            model = build_model(variant, config)
             model.load_state_dict(torch.load(run_dir / 'final.pth', map_location='cpu'))
             model.to(config.device)
         start = time.perf_counter()
         for key in missing:   # each test's images are already at their size: evaluate's resize is the identity
             x, y = data[1][key]
-            result['top1'][key] = rs.evaluate(model, x, y, [str(x.shape[-1])], config)[str(x.shape[-1])]
+            result['top1'][key] = evaluate(model, x, y, [Resized(x.shape[-1])], config)[str(x.shape[-1])]
         result['eval_seconds'] = round(result['eval_seconds'] + time.perf_counter() - start, 1)
         print(f'[native] {variant} seed {seed}: ' + ', '.join(f'{k} {result["top1"][k]:.2f}' for k in missing),
               flush=True)
@@ -148,7 +150,7 @@ def run(variant: str, seed: int, config: rs.StudyConfig, data) -> dict:
     return result
 
 
-def summarise(results: list[dict], config: rs.StudyConfig) -> dict:
+def summarise(results: list[dict], config: StudyConfig) -> dict:
     """Per variant and test: top-1 mean ± sd and the paired change from the training size; per pair of variants
     and test: the paired difference in top-1 and in the change from the training size (each with its 95%
     interval)."""
@@ -185,7 +187,7 @@ def heading(key: str) -> str:
     return f'{kind} {size} px ({size / TRAIN_SIZE:.2g}x)'
 
 
-def render_markdown(summary: dict, config: rs.StudyConfig, meta: dict) -> str:
+def render_markdown(summary: dict, config: StudyConfig, meta: dict) -> str:
     keys = test_keys()
     lines = ['| model | ' + ' | '.join(heading(k) for k in keys) + ' |', '|---|' + '---|' * len(keys)]
     for variant in config.variants:
@@ -195,7 +197,7 @@ def render_markdown(summary: dict, config: rs.StudyConfig, meta: dict) -> str:
             if 'change' in row:
                 cell += f' ({format_paired(row["change"])})'
             cells.append(cell)
-        lines.append(f'| {rs.VARIANTS[variant].label} | ' + ' | '.join(cells) + ' |')
+        lines.append(f'| {VARIANTS[variant].label} | ' + ' | '.join(cells) + ' |')
     lines += ['', f'Paired by seed, A − B: the difference in the change from {TRAIN_SIZE} px (in top-1 at '
               f'{TRAIN_SIZE} px for the first column), mean [95% interval]; `=`: the interval includes zero (tied).',
               '',
@@ -219,7 +221,7 @@ def render_markdown(summary: dict, config: rs.StudyConfig, meta: dict) -> str:
         f'{meta["wall_minutes"]} min.\n\n`{meta["command"]}`\n')
 
 
-def plot(summary: dict, config: rs.StudyConfig, path: Path) -> None:
+def plot(summary: dict, config: StudyConfig, path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.6, 4.2))
     for variant in config.variants:
@@ -228,8 +230,8 @@ def plot(summary: dict, config: rs.StudyConfig, path: Path) -> None:
         change = [0.] + [r['change']['mean'] for r in rows[1:]]
         lo = [0.] + [r['change']['mean'] - (r['change']['lo'] if r['change']['lo'] is not None else r['change']['mean'])
                      for r in rows[1:]]
-        ax.errorbar(sizes, change, yerr=lo, capsize=3, label=rs.VARIANTS[variant].label,
-                    **rs.line_style(variant, plt))
+        ax.errorbar(sizes, change, yerr=lo, capsize=3, label=VARIANTS[variant].label,
+                    **line_style(variant, plt))
     ax.axhline(0, color='grey', lw=0.8)
     ax.set_xlabel(f'test size (px), drawn natively; trained at {TRAIN_SIZE} px')
     ax.set_ylabel(f'change in top-1 from {TRAIN_SIZE} px (points, 95% interval)')
@@ -247,7 +249,7 @@ def _load_shared(path: Path, threads: int) -> None:
     _SHARED['data'] = torch.load(path, mmap=True)
 
 
-def _run_shared(variant: str, seed: int, config: rs.StudyConfig) -> str:
+def _run_shared(variant: str, seed: int, config: StudyConfig) -> str:
     run(variant, seed, config, _SHARED['data'])
     return f'{variant}-seed{seed}'
 
@@ -279,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     meta = dict(run_meta('benchmarks.native_detail', argv, start), train_images=config.train_images,
                 test_images=config.test_images, seeds=list(config.seeds), epochs=config.epochs,
                 iterations=results[0]['iterations'], device=config.device, tf32=config.tf32,
-                trained_on=rs.trained_on(results),
+                trained_on=trained_on(results),
                 params={r['variant']: r['params'] for r in results},
                 run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1))
     out = config.out

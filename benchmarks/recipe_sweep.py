@@ -1,72 +1,77 @@
 """The resolution verdict across training recipes: the crop protocol with global average pooling, one factor at a
-time from the default recipe, five encodings, several seeds.
+time from the default recipe, five encodings, seeds fixed in advance.
 
-    python -m benchmarks.recipe_sweep [--scale small|large] [--cells ...] [--pair auto|F1+F2] [--seeds 0 1 2]
-        [--max-seeds 5] [--jobs N] [--threads T] [--device cpu|cuda]
+    python -m benchmarks.recipe_sweep [--scale small|large] [--cells default aliased ... F1+F2 cls]
+        [--seeds 0 1 2] [--jobs N] [--threads T] [--device cpu|cuda] [--set FIELD=VALUE ...]
 
-Each cell is one ``resolution_study.py`` study (its outputs under ``--out/recipe_sweep[_large]/``): the default
-recipe (``DEFAULT``: antialiased crops, 64 wide with 2 heads, peak learning rate 1e-3, position encodings exempt
-from weight decay, 4 epochs of 20,000 images, bilinear test resizing), each factor of ``FACTORS`` changed alone,
-the 2 x 2 of two factors (``--pair auto``: the two that move the order of the encodings at 2x most), and the
-class-token head at the default. A test-time factor (bicubic resizing) tests the default's saved models again.
-Where the two leading encodings at 2x do not keep their order in every seed, the cell gets more seeds, one at a
-time, up to ``--max-seeds``; the 2 x 2 cell runs ``--pair-seeds``.
+Each cell is one resolution study (``benchmarks.resolution_study.run_study``; its outputs under
+``--out/recipe_sweep[_large]/``) whose ``StudyConfig`` is the default recipe's with fields replaced: the default
+(``SCALES`` and ``COMMON``: antialiased crops, 64 wide with 2 heads, peak learning rate 1e-3, position encodings
+exempt from weight decay, 4 epochs of 20,000 images, bilinear test resizing, global average pooling), each
+factor of ``FACTORS``, two factors at once ('F1+F2'), and the class-token head ('cls'). A test-time factor
+(bicubic resizing) tests the default's saved models again. ``--set FIELD=VALUE`` replaces a field in every cell
+(a smaller test, say: ``--set test_images=500``).
 
 ``--scale large``: all 60,000 training images and the 10,000 test images, patch 1 at 14 px (a 14 x 14 token
 grid, the paper's), 4 epochs (3x the small scale's iterations): a GPU's scale (``--device cuda``).
 
 Runs go through a pool of ``--jobs`` processes with ``--threads`` threads each; every run is resumable
-(``resolution_study``'s checkpoints), so an interrupted sweep continues where it stopped. Writes
+(the trainer's checkpoints), so an interrupted sweep continues where it stopped. Writes
 ``recipe_sweep[_large].{json,csv,md,png}`` with the verdict table: per recipe and test size the encodings in
-order, the leader's lead over the second (paired by seed), and the paper's claim (a gain at 1.4x without
-fine-tuning while the learned table drops) judged per recipe; where a recipe's seeds trained on more than one
-device (``--device`` differs between invocations that share the runs), its verdict also per device.
+order, the leader's lead over the second paired by seed with its 95% interval (a leader only where the interval
+excludes zero), and the paper's claim (a gain at 1.4x without fine-tuning while the learned table drops) judged
+per recipe the same way; where a recipe's seeds trained on more than one device (``--device`` differs between
+invocations that share the runs), its verdict also per device.
 """
 import argparse
 import itertools
 import json
-import shlex
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 from typing import NamedTuple
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from cpvt_backbones.utils import pyplot
-from benchmarks import resolution_study as rs
-from benchmarks.study_common import mean_std, run_meta, write_csv
+from benchmarks.resolution_study import run_study
+from benchmarks.study.common import format_paired, mean_std, paired, run_meta, write_csv
+from benchmarks.study.config import VARIANTS, StudyConfig, parse_fields
+from benchmarks.study.data import ensure_data, load_split
+from benchmarks.study.report import line_style
+from benchmarks.study.specs import size_tests
+from benchmarks.study.trainer import run
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / 'benchmarks/results/recipe_runs'
 ENCODINGS = ('none', 'learned', 'peg_0', 'peg_0-5', 'rope_mixed')
-SCALES = {
-    'small': ('--image-size', '14', '--patch', '2', '--train-images', '20000', '--epochs', '4',
-              '--test-images', '2500', '--probe-images', '500'),
-    'large': ('--image-size', '14', '--patch', '1', '--train-images', '60000', '--epochs', '4',
-              '--test-images', '10000', '--probe-images', '1000'),
+SCALES: dict[str, dict] = {
+    'small': dict(image_size=14, patch=2, train_images=20000, epochs=4, test_images=2500, probe_images=500),
+    'large': dict(image_size=14, patch=1, train_images=60000, epochs=4, test_images=10000, probe_images=1000),
 }
-COMMON = ('--head', 'gap', '--test-sizes', '14', '20', '28', '42', '--variants') + ENCODINGS
+COMMON = dict(head='gap', test_sizes=(14, 20, 28, 42), variants=ENCODINGS)
 
 
 class Recipe(NamedTuple):
     label: str
-    train: tuple[str, ...]      # resolution_study options that change training
-    test: tuple[str, ...] = ()  # options that change only the tests (the default's saved models are reused)
+    train: Mapping[str, object] = {}   # StudyConfig fields that change training
+    test: Mapping[str, object] = {}    # fields that change only the tests (the default's saved models are reused)
+    schedule: int = 1                  # the epochs the scale sets, multiplied
 
 
-DEFAULT = Recipe('default', ())
+DEFAULT = Recipe('default')
 FACTORS: dict[str, Recipe] = {
-    'aliased': Recipe('aliased crops', ('--crop-resample', 'aliased')),
-    'width96': Recipe('width 96, 3 heads', ('--dim', '96', '--heads', '3')),
-    'lr2e-3': Recipe('peak learning rate 2e-3', ('--lr', '2e-3')),
-    'decay_position': Recipe('weight decay on position parameters', ('--decay-position',)),
-    'schedule3x': Recipe('3x longer schedule', ('--schedule-factor', '3')),
-    'bicubic': Recipe('bicubic test resizing', (), ('--test-resample', 'bicubic')),
+    'aliased': Recipe('aliased crops', dict(crop_resample='aliased')),
+    'width96': Recipe('width 96, 3 heads', dict(dim=96, heads=3)),
+    'lr2e-3': Recipe('peak learning rate 2e-3', dict(lr=2e-3)),
+    'decay_position': Recipe('weight decay on position parameters', dict(decay_position=True)),
+    'schedule3x': Recipe('3x longer schedule', schedule=3),
+    'bicubic': Recipe('bicubic test resizing', test=dict(test_resample='bicubic')),
 }
-CLS = Recipe('class token head', ('--head', 'cls'))
+CLS = Recipe('class token head', dict(head='cls'))
 
 
 def cell_recipe(cell: str) -> Recipe:
@@ -80,80 +85,76 @@ def cell_recipe(cell: str) -> Recipe:
     if unknown or len(parts) != len(set(parts)):
         raise ValueError(f'unknown recipe cell {cell!r}: one of default, cls, {", ".join(FACTORS)} or F1+F2')
     recipes = [FACTORS[p] for p in parts]
-    return Recipe(' + '.join(r.label for r in recipes), sum((r.train for r in recipes), ()),
-                  sum((r.test for r in recipes), ()))
+    return Recipe(' + '.join(r.label for r in recipes), {k: v for r in recipes for k, v in r.train.items()},
+                  {k: v for r in recipes for k, v in r.test.items()},
+                  schedule=max(r.schedule for r in recipes))
 
 
-class Sweep(NamedTuple):
+@dataclass(frozen=True)
+class Sweep:
+    """The cells' common config: the scale's fields and ``COMMON``, then ``base`` (device, data, work_dir and any
+    ``--set``); cell outputs go to ``out/TAG/``."""
     scale: str
-    device: str
-    data: str
-    work_dir: Path
     out: Path
-    options: tuple[str, ...] = ()  # passed to every study after the scale's (a smaller test, say)
+    base: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def tag(self) -> str:
         return 'recipe_sweep' if self.scale == 'small' else f'recipe_sweep_{self.scale}'
 
-    def argv(self, cell: str, seeds: Sequence[int]) -> list[str]:
-        """The resolution_study command line of a cell; cells with the same training share their runs."""
+    def config(self, cell: str, seeds: Sequence[int]) -> StudyConfig:
+        """A cell's study: the default recipe with the cell's fields replaced; cells with the same training
+        share their runs."""
         recipe = cell_recipe(cell)
-        train_key = '+'.join(p for p in cell.split('+') if p == 'default' or p == 'cls' or FACTORS[p].train)
-        args = list(SCALES[self.scale] + self.options + COMMON + recipe.test)
-        train = list(recipe.train)
-        if '--schedule-factor' in train:  # multiplies the epochs the scale (and --study-options) set
-            i = train.index('--schedule-factor')
-            factor = int(train.pop(i + 1))
-            train.pop(i)
-            train += ['--epochs', str(rs.parse_args(args).epochs * factor)]
-        return args + train + ['--name', f'{self.tag}_{cell}', '--runs', f'{self.tag}_{train_key or "default"}',
-                               '--seeds', *map(str, seeds), '--device', self.device, '--data', self.data,
-                               '--work-dir',
-                               str(self.work_dir), '--out', str(self.out / self.tag)]
+        train_key = '+'.join(p for p in cell.split('+') if p in ('default', 'cls') or FACTORS[p].train
+                             or FACTORS[p].schedule != 1)
+        default = StudyConfig(**SCALES[self.scale], **COMMON).replace(**self.base)
+        return default.replace(**recipe.train, **recipe.test, epochs=default.epochs * recipe.schedule,
+                               name=f'{self.tag}_{cell}', runs=f'{self.tag}_{train_key or "default"}',
+                               seeds=tuple(seeds), out=self.out / self.tag)
 
 
 _DATA: dict[tuple, tuple] = {}
 
 
-def _train_one(config: rs.StudyConfig, variant: str, seed: int, threads: int) -> str:
+def _train_one(config: StudyConfig, variant: str, seed: int, threads: int) -> str:
     """One (cell, encoding, seed) run in a pool worker: trained (or resumed), tested, cached in result.json."""
     torch.set_num_threads(threads)
     key = (config.data, config.train_images, config.test_images)
     if key not in _DATA:
-        _DATA[key] = (rs.load_split(config.data, 'train', config.train_images),
-                      rs.load_split(config.data, 'test', config.test_images))
-    rs.run(variant, seed, config, _DATA[key], config.run_dir(variant, seed))
-    return f'{config.runs}/{variant}-seed{seed}'
+        _DATA[key] = (load_split(config.data, 'train', config.train_images),
+                      load_split(config.data, 'test', config.test_images))
+    run(variant, seed, config, _DATA[key], config.run_dir(variant, seed))
+    return f'{config.run_set}/{variant}-seed{seed}'
 
 
-def run_cells(sweep: Sweep, cells: dict[str, list[int]], jobs: int, threads: int) -> None:
+def run_cells(sweep: Sweep, cells: Sequence[str], seeds: Sequence[int], jobs: int, threads: int) -> None:
     """Train every run the cells need (one per training recipe, encoding and seed) in a pool, then write each
     cell's study outputs (tests a cell adds run there, on the saved models)."""
     todo, seen = [], set()
-    for cell, seeds in cells.items():
-        config = rs.parse_args(sweep.argv(cell, seeds))
+    for cell in cells:
+        config = sweep.config(cell, seeds)
         for seed, variant in itertools.product(seeds, ENCODINGS):
-            if (config.runs, variant, seed) not in seen:
-                seen.add((config.runs, variant, seed))
+            if (config.run_set, variant, seed) not in seen:
+                seen.add((config.run_set, variant, seed))
                 todo.append((config, variant, seed))
     if todo:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context('spawn')) as pool:
-            for done in pool.map(_train_one, *zip(*todo, strict=False), [threads] * len(todo)):
+            for done in pool.map(_train_one, *zip(*todo, strict=True), [threads] * len(todo)):
                 print(f'[sweep] {done} finished', flush=True)
-    for cell, seeds in cells.items():
-        rs.main(sweep.argv(cell, seeds))
+    for cell in cells:
+        run_study(sweep.config(cell, seeds))
 
 
 def load_cell(sweep: Sweep, cell: str, seeds: Sequence[int]) -> dict:
     """Per encoding and test size (1x, 1.4x, 2x, 3x): top-1 per seed, from the runs' result.json."""
-    config = rs.parse_args(sweep.argv(cell, seeds))
-    keys = rs.size_keys(config)[:len(config.test_sizes)]
+    config = sweep.config(cell, seeds)
+    tests = size_tests(config)
     top1, devices = {}, {s: set() for s in seeds}
     for variant in ENCODINGS:
         results = [json.loads((config.run_dir(variant, s) / 'result.json').read_text()) for s in seeds]
-        top1[variant] = {rs.key_size(k): [r['top1'][k] for r in results] for k in keys}
-        for s, r in zip(seeds, results, strict=False):
+        top1[variant] = {t.size: [r['top1'][t.key] for r in results] for t in tests}
+        for s, r in zip(seeds, results, strict=True):
             devices[s].add(r['device'])
     return dict(cell=cell, label=cell_recipe(cell).label, seeds=list(seeds), image_size=config.image_size,
                 top1=top1, devices=['+'.join(sorted(devices[s])) for s in seeds])
@@ -177,56 +178,37 @@ def split_by_device(data: dict) -> list[dict]:
 
 
 def verdict(data: dict) -> list[dict]:
-    """Per test size: the encodings by mean top-1, the leader's lead over the second (paired by seed: mean, std,
-    and in how many seeds it leads), and each encoding's change from the training size."""
+    """Per test size: the encodings by mean top-1, the leader's lead over the second paired by seed (``paired``:
+    mean, spread, 95% interval; the sign '+' only where the interval excludes zero), and each encoding's top-1
+    and change from the training size (paired by seed)."""
     rows, base = [], data['image_size']
     for size in data['top1'][ENCODINGS[0]]:
         means = {v: mean_std(data['top1'][v][size])[0] for v in ENCODINGS}
         order = sorted(ENCODINGS, key=lambda v: -means[v])
-        lead = [a - b for a, b in zip(data['top1'][order[0]][size], data['top1'][order[1]][size], strict=False)]
-        row = dict(recipe=data['cell'], size=size, factor=round(size / base, 2), order=order,
-                   leader=order[0], second=order[1], lead_mean=mean_std(lead)[0], lead_std=mean_std(lead)[1],
-                   lead_seeds=f'{sum(d > 0 for d in lead)}/{len(lead)}', seeds=len(lead))
+        row = dict(recipe=data['cell'], size=size, factor=round(size / base, 2), order=order, leader=order[0],
+                   second=order[1], lead=paired(data['top1'][order[0]][size], data['top1'][order[1]][size]),
+                   seeds=len(data['seeds']))
         for v in ENCODINGS:
-            m, s = mean_std(data['top1'][v][size])
-            dm, ds = mean_std([a - b for a, b in zip(data['top1'][v][size], data['top1'][v][base], strict=False)])
-            row[f'{v}_top1'], row[f'{v}_std'], row[f'{v}_change'], row[f'{v}_change_std'] = m, s, dm, ds
+            row[f'{v}_top1'] = mean_std(data['top1'][v][size])
+            row[f'{v}_change'] = paired(data['top1'][v][size], data['top1'][v][base])
         rows.append(row)
     return rows
 
 
 def paper_claim(data: dict, peg: str) -> str:
-    """The paper's claim at 1.4x (CPVT-Ti gains without fine-tuning while DeiT's learned table drops):
-    'reproduced' if the PEG model gains and loses less than the table in every seed, 'partly' if it loses but
-    less than the table in every seed, 'not reproduced' otherwise."""
+    """The paper's claim at 1.4x (CPVT-Ti gains without fine-tuning while DeiT's learned table drops), paired by
+    seed: 'reproduced' where the PEG model's change and its difference from the table's change both have
+    intervals above zero, 'not reproduced' where the PEG model's change or that difference is below zero,
+    'undecided' otherwise."""
     base, size = data['image_size'], round(data['image_size'] * 1.43)
-    sizes = list(data['top1'][peg])
-    size = min(sizes, key=lambda s: abs(s - size))
+    size = min(data['top1'][peg], key=lambda s: abs(s - size))
     change = {v: [a - b for a, b in zip(data['top1'][v][size], data['top1'][v][base], strict=True)]
               for v in (peg, 'learned')}
-    better = all(p > t for p, t in zip(change[peg], change['learned'], strict=False))
-    gain = mean_std(change[peg])[0]
-    text = f'{gain:+.2f} vs table {mean_std(change["learned"])[0]:+.2f}'
-    if gain > 0 and better:
+    own, against = paired(change[peg], [0.] * len(change[peg])), paired(change[peg], change['learned'])
+    text = f'change {format_paired(own)}, minus the table\'s {format_paired(against)}'
+    if own['sign'] == '+' and against['sign'] == '+':
         return f'reproduced ({text})'
-    return f'{"partly" if better else "not reproduced"} ({text})'
-
-
-def order_movement(default: dict, other: dict, size: int) -> tuple[int, float]:
-    """How much a recipe moves the encodings' order at one test size against the default: the number of pairs
-    whose order flips, then the summed change of each encoding's distance from the mean of all five."""
-    def centred(data):
-        means = {v: sum(data['top1'][v][size]) / len(data['top1'][v][size]) for v in ENCODINGS}
-        mid = sum(means.values()) / len(means)
-        return {v: m - mid for v, m in means.items()}
-    a, b = centred(default), centred(other)
-    flips = sum((a[u] - a[v]) * (b[u] - b[v]) < 0 for u, v in itertools.combinations(ENCODINGS, 2))
-    return flips, round(sum(abs(a[v] - b[v]) for v in ENCODINGS), 2)
-
-
-def needs_more_seeds(data: dict) -> bool:
-    """True when, at 2x (the order the sweep is about), the leader does not lead the second in every seed."""
-    return any(row['factor'] == 2 and not row['lead_seeds'].startswith(f'{row["seeds"]}/') for row in verdict(data))
+    return f'{"not reproduced" if "-" in (own["sign"], against["sign"]) else "undecided"} ({text})'
 
 
 def plot(cells: list[dict], path: Path) -> None:
@@ -242,7 +224,7 @@ def plot(cells: list[dict], path: Path) -> None:
                       for c in cells]
             stats = [mean_std(vals) for vals in values]
             ax.errorbar([i + (k - 2) * 0.08 for i in x], [m for m, _ in stats], yerr=[s for _, s in stats],
-                        capsize=2, label=rs.VARIANTS[v].label, **rs.line_style(v, plt))
+                        capsize=2, label=VARIANTS[v].label, **line_style(v, plt))
         ax.set_xticks(list(x), [c['cell'] for c in cells], rotation=60, ha='right', fontsize=7)
         ax.set_title(f'{size} px ({size / base:.2g}x)' + ('' if size == base else ': change from 1x'), fontsize=9)
         ax.set_ylabel('top-1 (%)' if size == base else 'change (points)')
@@ -260,11 +242,11 @@ def verdict_table(rows: list[dict]) -> list[str]:
              + ' | '.join(f'{v} top-1 (change)' for v in ENCODINGS) + ' |', '|---|---|---|---|---|' +
              '---|' * len(ENCODINGS)]
     for r in rows:
+        lead = format_paired(r['lead']) + ('' if r['lead']['sign'] == '+' else ' (tied)')
         lines.append(f'| {r["recipe"]} | {r["seeds"]} | {r["size"]} px ({r["factor"]:g}x) | '
-                     + ' > '.join(r['order']) + f' | {r["lead_mean"]:+.2f} ± {r["lead_std"]:.2f} '
-                     f'({r["lead_seeds"]} seeds) | ' + ' | '.join(
-                         f'{r[f"{v}_top1"]:.1f} ± {r[f"{v}_std"]:.1f}' + (
-                             f' ({r[f"{v}_change"]:+.1f} ± {r[f"{v}_change_std"]:.1f})' if r['factor'] != 1 else '')
+                     + ' > '.join(r['order']) + f' | {lead} | ' + ' | '.join(
+                         '{:.1f} ± {:.1f}'.format(*r[f'{v}_top1']) + (
+                             f' ({format_paired(r[f"{v}_change"])})' if r['factor'] != 1 else '')
                          for v in ENCODINGS) + ' |')
     return lines
 
@@ -275,22 +257,19 @@ def write_outputs(cells: list[dict], sweep: Sweep, meta: dict) -> None:
     claims = {c['cell']: {peg: paper_claim(c, peg) for peg in ('peg_0', 'peg_0-5')} for c in cells}
     out = sweep.out
     out.mkdir(parents=True, exist_ok=True)
-    write_csv([{k: (' > '.join(v) if k == 'order' else v) for k, v in r.items()} for r in rows],
-              out / f'{sweep.tag}.csv')
+    write_csv([{k: (' > '.join(v) if k == 'order' else format_paired(v) if isinstance(v, dict) else v)
+                for k, v in r.items()} for r in rows], out / f'{sweep.tag}.csv')
     (out / f'{sweep.tag}.json').write_text(json.dumps(dict(meta=meta, cells=cells, verdict=rows,
                                                            verdict_by_device=device_rows, paper=claims), indent=2))
     lines = verdict_table(rows)
     if device_rows:
         lines += ['', 'Recipes whose seeds trained on more than one device, each device\'s seeds alone (the same '
-                  'seed gives a different run on another device: its dropout masks and arithmetic differ):', '']
+                  'seed gives a different run on another device: its drop-path masks and arithmetic differ):', '']
         lines += verdict_table(device_rows)
     lines += ['', "The paper's claim at 1.4x (a gain without fine-tuning while the learned table drops), change "
-              'in points paired by seed:', '', '| recipe | PEG after block 0 | PEGs after blocks 0-5 |',
-              '|---|---|---|']
+              'in points paired by seed with its 95% interval:', '',
+              '| recipe | PEG after block 0 | PEGs after blocks 0-5 |', '|---|---|---|']
     lines += [f'| {cell} | {c["peg_0"]} | {c["peg_0-5"]} |' for cell, c in claims.items()]
-    if meta.get('pair'):
-        lines += ['', f'2 x 2 factors: {meta["pair"]} (order movement at 2x per factor, flipped pairs and summed '
-                  f'shift: {meta["movement"]})']
     (out / f'{sweep.tag}.md').write_text('\n'.join(lines) + f'\n\nTop-1 (%) mean ± std over seeds on Fashion-MNIST '
                                          f'({meta["scale"]} scale). Run time of the invocation: '
                                          f'{meta["wall_minutes"]} min on {meta["device"]}.\n\n`{meta["command"]}`\n')
@@ -303,58 +282,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument('--scale', choices=tuple(SCALES), default='small')
     p.add_argument('--cells', nargs='+', default=['default', *FACTORS, 'cls'],
                    help='recipes to run: default, cls, a factor, or F1+F2')
-    p.add_argument('--pair', default='auto', help="the 2 x 2's two factors: 'auto', 'F1+F2', or 'none'")
-    p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
-    p.add_argument('--pair-seeds', type=int, nargs='+', default=[0, 1])
-    p.add_argument('--max-seeds', type=int, default=5, help='seeds a cell may grow to where the order is unclear')
+    p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2], help='fixed before the sweep runs')
     p.add_argument('--jobs', type=int, default=2, help='runs trained at once (processes)')
     p.add_argument('--threads', type=int, default=1, help='torch threads per process')
     p.add_argument('--device', default='cpu')
-    p.add_argument('--data', default=str(rs.DEFAULT_ROOT), help='directory with the Fashion-MNIST IDX files')
-    p.add_argument('--study-options', default='',
-                   help="resolution_study options for every cell, after the scale's (e.g. '--test-images 500')")
-    p.add_argument('--work-dir', default=str(RUNS),
+    p.add_argument('--data', type=Path, default=StudyConfig().data,
+                   help='directory with the Fashion-MNIST IDX files')
+    p.add_argument('--set', nargs='+', default=[], metavar='FIELD=VALUE',
+                   help="StudyConfig fields replaced in every cell, after the scale's (e.g. test_images=500)")
+    p.add_argument('--work-dir', type=Path, default=RUNS,
                    help='where the runs are kept (their result.json files are committed; weights are not)')
-    p.add_argument('--out', default=str(ROOT / 'benchmarks/results'))
+    p.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results')
     args = p.parse_args(argv)
-    for cell in args.cells + ([] if args.pair in ('auto', 'none') else [args.pair]):
-        try:
+    try:
+        for cell in args.cells:
             cell_recipe(cell)
-        except ValueError as e:
-            p.error(str(e))
+        args.set = parse_fields(args.set)
+        Sweep(args.scale, args.out, args.set).config('default', args.seeds)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     start = time.perf_counter()
-    sweep = Sweep(args.scale, args.device, args.data, Path(args.work_dir), Path(args.out),
-                  tuple(shlex.split(args.study_options)))
-    rs.ensure_data(Path(args.data))
-    done: dict[str, dict] = {}
-
-    def run_and_load(cells: dict[str, list[int]]) -> None:
-        """Run, then add seeds where the order is unclear, until it is or --max-seeds is reached."""
-        while cells:
-            run_cells(sweep, cells, args.jobs, args.threads)
-            loaded = {c: load_cell(sweep, c, s) for c, s in cells.items()}
-            done.update(loaded)
-            cells = {c: s + [max(s) + 1] for c, s in cells.items()
-                     if needs_more_seeds(loaded[c]) and len(s) < args.max_seeds}
-    run_and_load({cell: list(args.seeds) for cell in args.cells})
-    pair, movement = None, {}
-    if args.pair != 'none' and 'default' in done:
-        factors = [c for c in done if c in FACTORS]
-        size = 2 * done['default']['image_size']
-        movement = {f: order_movement(done['default'], done[f], size) for f in factors}
-        pair = args.pair if args.pair != 'auto' else (
-            '+'.join(sorted(movement, key=lambda f: movement[f], reverse=True)[:2]) if len(factors) >= 2 else None)
-        if pair:
-            run_and_load({pair: list(args.pair_seeds)})
-    cells = [done[c] for c in ['default', *FACTORS, pair, 'cls'] if c in done] + \
-        [done[c] for c in done if c not in ['default', *FACTORS, pair, 'cls']]
+    sweep = Sweep(args.scale, args.out, dict(args.set, device=args.device, data=args.data, work_dir=args.work_dir))
+    ensure_data(args.data)
+    run_cells(sweep, args.cells, args.seeds, args.jobs, args.threads)
+    cells = [load_cell(sweep, cell, args.seeds) for cell in args.cells]
     meta = dict(run_meta('benchmarks.recipe_sweep', argv, start), scale=args.scale, device=args.device,
-                pair=pair, movement=movement, encodings=list(ENCODINGS))
+                encodings=list(ENCODINGS))
     write_outputs(cells, sweep, meta)
     return cells
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from collections.abc import Sequence
 
 from cpvt_backbones.utils import pyplot
-from benchmarks.resolution_study import VARIANTS, line_style
+from benchmarks.study.config import VARIANTS
+from benchmarks.study.report import line_style
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,7 @@ per comparison.
     python -m benchmarks.verdict --write    # and rewrite them where README.md and docs/ hold them
 
 Every table compares runs trained on one device: a study whose runs trained on several is split by device, and a
-table says which. Differences are paired by seed (``study_common.paired``): the mean, and the 95% t interval
+table says which. Differences are paired by seed (``benchmarks.study.common.paired``): the mean, and the 95% t interval
 over seeds; a difference is called (a leader, an agreeing paper pair, "loses more") only where the interval
 excludes zero, otherwise it is tied or undecided. The documents hold each table between
 ``<!-- verdict:NAME -->`` and ``<!-- /verdict:NAME -->``; ``tests/test_verdict.py`` renders them again from
@@ -18,8 +18,10 @@ import re
 from pathlib import Path
 from collections.abc import Callable, Sequence
 
-from benchmarks.resolution_study import VARIANTS
-from benchmarks.study_common import format_paired, mean_std, paired
+from cpvt_backbones.utils import pyplot
+from benchmarks.study import report
+from benchmarks.study.config import VARIANTS, StudyConfig
+from benchmarks.study.common import format_paired, mean_std, paired
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / 'benchmarks/results'
@@ -270,10 +272,9 @@ def paper_pairs(results: Path = RESULTS, gap: float = 0.5) -> str:
     return '\n'.join(lines)
 
 
-def recipes(results: Path = RESULTS, a: str = 'peg_0-5', b: str = 'learned') -> str:
-    """Per recipe and training device: ``a`` against ``b`` paired by seed, top-1 at the training size and the
-    difference in the change to every larger size (negative: ``a`` loses more)."""
-    rows, tally = [], {}
+def recipe_cells(results: Path, a: str, b: str):
+    """Per recipe and training device with both variants: (recipe, device, seeds, {what: paired difference}):
+    ``a`` minus ``b`` at the training size, then in the change to every larger size."""
     for recipe, names in RECIPES.items():
         meta, runs = pooled_runs(names, results)
         base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
@@ -285,10 +286,20 @@ def recipes(results: Path = RESULTS, a: str = 'peg_0-5', b: str = 'learned') -> 
             diffs = {f'at {base} px': paired([t[str(base)] for t in x.values()], [t[str(base)] for t in y.values()])}
             diffs.update((f'in the change to {size_heading(s, base)}',
                           paired(change(x, str(s), str(base)), change(y, str(s), str(base)))) for s in sizes)
-            rows.append(f'| {recipe} | {DEVICES[device]} | {",".join(map(str, x))} | '
-                        + ' | '.join(map(cell, diffs.values())) + ' |')
-            for what, d in diffs.items():
-                tally.setdefault(what, []).append((f'{recipe} ({DEVICES[device]})', d))
+            yield recipe, device, list(x), diffs
+
+
+def recipes(results: Path = RESULTS, a: str = 'peg_0-5', b: str = 'learned') -> str:
+    """Per recipe and training device: ``a`` against ``b`` paired by seed, top-1 at the training size and the
+    difference in the change to every larger size (negative: ``a`` loses more)."""
+    rows, tally = [], {}
+    for recipe, device, seeds, diffs in recipe_cells(results, a, b):
+        rows.append(f'| {recipe} | {DEVICES[device]} | {",".join(map(str, seeds))} | '
+                    + ' | '.join(map(cell, diffs.values())) + ' |')
+        for what, d in diffs.items():
+            tally.setdefault(what, []).append((f'{recipe} ({DEVICES[device]})', d))
+    meta = load(RECIPES['default (GAP)'][0], results)['meta']
+    base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
     left_out = {}
     for names in RECIPES.values():
         for name in names:
@@ -415,6 +426,39 @@ def tf32(results: Path = RESULTS) -> str:
         'CPU runs are the default cell\'s (`recipe_sweep_default_cpu`). Seeds 0-2, the default recipe.')
 
 
+# The central comparison with five seeds, fixed before they ran: the default recipe's table and PEGs after blocks
+# 0-5, one GPU, TF32 off (the TF32 question's "off" study, seeds 3 and 4 added in a second session of the same GPU).
+CENTRAL = 'tf32/recipe_sweep_tf32_off'
+CENTRAL_SEEDS = (0, 1, 2, 3, 4)
+
+
+def central(results: Path = RESULTS, a: str = 'peg_0-5', b: str = 'learned') -> str:
+    """``a`` and ``b`` under the default recipe with five seeds on one device: each one's top-1 at the training
+    size and change at every larger size, and ``a`` minus ``b`` paired by seed."""
+    meta, runs = pooled_runs((CENTRAL,), results)
+    devices = {r['device'] for r in runs}
+    if len(devices) != 1:
+        raise ValueError(f'{CENTRAL}: runs trained on {sorted(devices)}; a table compares one device')
+    seeds = by_device(runs, devices.pop(), CENTRAL_SEEDS)
+    if any(sorted(seeds[v]) != list(CENTRAL_SEEDS) for v in (a, b)):
+        raise ValueError(f'{CENTRAL}: needs seeds {CENTRAL_SEEDS} of {a} and {b}')
+    base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
+    lines = [f'| | top-1 at {base} px | ' + ' | '.join(f'change at {size_heading(s, base)}' for s in sizes) + ' |',
+             '|---|---|' + '---|' * len(sizes)]
+    for v in (b, a):
+        m, sd = mean_std([t[str(base)] for t in seeds[v].values()], 1)
+        lines.append(f'| {VARIANTS[v].label} | {m:.1f} ± {sd:.1f} | '
+                     + ' | '.join(cell(loss(seeds[v], s, base)) for s in sizes) + ' |')
+    x, y = seeds[a], seeds[b]
+    diffs = [paired([t[str(base)] for t in x.values()], [t[str(base)] for t in y.values()])]
+    diffs += [paired(change(x, str(s), str(base)), change(y, str(s), str(base))) for s in sizes]
+    lines.append(f'| {VARIANTS[a].label} − {VARIANTS[b].label} | ' + ' | '.join(map(cell, diffs)) + ' |')
+    return '\n'.join(lines) + (
+        f'\n\nThe default recipe (global average pooling), seeds {", ".join(map(str, CENTRAL_SEEDS))} fixed before '
+        f'they ran, {meta["test_images"]} test images, every run on one GPU with TF32 off; mean ± std, and changes and '
+        f'differences paired by seed as mean [95% interval], bold where the interval excludes zero. `{CENTRAL}.json`.')
+
+
 def native(results: Path = RESULTS, name: str = 'native_detail') -> str:
     """The task whose larger test sizes carry real detail by construction (``benchmarks.native_detail``): its own
     report, rendered again from its runs (one device: a ValueError otherwise)."""
@@ -521,10 +565,56 @@ BLOCKS: dict[str, Callable[[Path], str]] = {'headline': headline, 'headline-prob
                                             'training-size': training_size,
                                             'paper-pairs': paper_pairs, 'recipes': recipes,
                                             'control': control, 'head': head, 'device': device, 'tf32': tf32,
-                                            'native': native,
+                                            'central': central, 'native': native,
                                             'resize-protocol': resize_protocol, 'grid14': grid14, 'dense': dense,
                                             'demo': demo,
                                             'demo-engines': demo_engines}
+def headline_figures(results: Path = RESULTS, out: Path = RESULTS) -> list[Path]:
+    """The headline's runs trained on the CPU (seeds 0-2) drawn as a study draws its own: top-1 and the change
+    per test grid (``verdict_headline.png``), and the position probe (``verdict_headline_probe.png``)."""
+    meta, runs = pooled_runs(HEADLINE, results)
+    by_device(runs, 'cpu')   # a ValueError where one (variant, seed) trained twice on the CPU with other results
+    cpu = list({(r['variant'], r['seed']): r for r in runs if r['device'] == 'cpu' and r['seed'] in SEEDS}.values())
+    config = StudyConfig(variants=tuple(v for v in VARIANTS if any(r['variant'] == v for r in cpu)), seeds=SEEDS,
+                         image_size=meta['image_size'], test_sizes=tuple(meta['test_sizes']),
+                         patch=meta['model']['patch'], head=meta['model']['head'],
+                         test_resample=meta['test_resample'])
+    paths = [out / 'verdict_headline.png', out / 'verdict_headline_probe.png']
+    report.plot(report.summarise(cpu, config), config, paths[0])
+    report.plot_probe(report.summarise_probe(cpu, config), config, paths[1])
+    return paths
+
+
+def recipes_figure(results: Path = RESULTS, out: Path = RESULTS, a: str = 'peg_0-5', b: str = 'learned') -> Path:
+    """The recipes table drawn (``verdict_recipes.png``): per recipe and training device, ``a`` minus ``b`` at
+    the training size and in the change to every larger size, with 95% intervals."""
+    cells = list(recipe_cells(results, a, b))
+    plt = pyplot()
+    whats = list(cells[0][3])
+    fig, axes = plt.subplots(1, len(whats), figsize=(4.2 * len(whats), 4.8), squeeze=False, sharey=False)
+    for ax, what in zip(axes[0], whats, strict=True):
+        for i, (_, device, _, diffs) in enumerate(cells):
+            d = diffs[what]
+            low, high = (d['mean'] - d['lo'], d['hi'] - d['mean']) if d['lo'] is not None else (0, 0)
+            ax.errorbar(d['mean'], i, xerr=[[low], [high]], fmt='o' if device == 'cpu' else 's', capsize=3,
+                        color='black' if d['sign'] != '=' else 'grey')
+        ax.axvline(0, color='black', lw=0.8)
+        ax.set_yticks(range(len(cells)), [f'{r} ({DEVICES[d]}, seeds {",".join(map(str, s))})'
+                                          for r, d, s, _ in cells], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(what, fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes[0][1:]:
+        ax.set_yticklabels([])
+    fig.suptitle(f'{VARIANTS[a].label} minus {VARIANTS[b].label}, paired by seed (points, 95% interval; black: '
+                 'the interval excludes zero; circles CPU, squares GPU)', fontsize=9)
+    fig.tight_layout()
+    path = out / 'verdict_recipes.png'
+    fig.savefig(path, dpi=120, bbox_inches='tight')
+    plt.close(fig)
+    return path
+
+
 MARKER = re.compile(r'<!-- verdict:(?P<name>[\w-]+) -->\n(?:(?P<body>.*?)\n)?<!-- /verdict:(?P=name) -->', re.S)
 
 
@@ -545,7 +635,8 @@ def rewrite(text: str, rendered: dict[str, str]) -> str:
 def main(argv: Sequence[str] | None = None) -> dict[str, str]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--results', type=Path, default=RESULTS)
-    p.add_argument('--write', action='store_true', help='rewrite the blocks in README.md and docs/')
+    p.add_argument('--write', action='store_true',
+                   help='rewrite the blocks in README.md and docs/, and draw the figures (verdict_*.png in --results)')
     args = p.parse_args(argv)
     rendered = {name: render(args.results) for name, render in BLOCKS.items()}
     for name, text in rendered.items():
@@ -555,6 +646,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, str]:
             text = path.read_text()
             if blocks_in(text):
                 path.write_text(rewrite(text, rendered))
+        headline_figures(args.results, args.results)
+        recipes_figure(args.results, args.results)
     return rendered
 
 

@@ -6,3 +6,10 @@ import torch
 def _seed():
     torch.manual_seed(0)
 
+
+
+@pytest.fixture(scope='module')
+def fake_fmnist(tmp_path_factory):
+    """A Fashion-MNIST-shaped directory (``fake_fmnist.make_fake_fmnist``)."""
+    from fake_fmnist import make_fake_fmnist
+    return make_fake_fmnist(tmp_path_factory.mktemp('fmnist'))

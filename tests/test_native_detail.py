@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from cpvt_backbones.datasets import CLASSES, class_scenes
-from benchmarks import native_detail, resolution_study
-from benchmarks.study_common import format_paired, paired
+from benchmarks import native_detail
+from benchmarks.study.data import resize
+from benchmarks.study.common import format_paired, paired
 
 
 def test_class_scenes_hold_shapes_of_their_class_only_and_are_deterministic():
@@ -38,8 +39,8 @@ def test_larger_drawings_carry_detail_that_upsampling_does_not():
     scenes, _ = class_scenes(16, 56, seed=0, objects=(2, 4), object_size=(0.12, 0.3))
     small, large = native_detail.draw(scenes, 56, 28), native_detail.draw(scenes, 56, 48)
     assert small.shape == (16, 3, 28, 28) and large.shape == (16, 3, 48, 48) and large.is_contiguous()
-    down = (resolution_study.resize(large, 28) - small).abs().mean()
-    up = (resolution_study.resize(small, 48) - large).abs().mean()
+    down = (resize(large, 28) - small).abs().mean()
+    up = (resize(small, 48) - large).abs().mean()
     assert down < 0.8 * up, (float(down), float(up))   # measured: 0.032 against 0.049
 
 

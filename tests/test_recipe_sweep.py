@@ -1,5 +1,7 @@
 """The recipe sweep's cells, verdicts and choices, on made-up results (the studies it runs are tested in
 test_resolution_study)."""
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -16,31 +18,33 @@ def _cell(name, values, seeds=3, image_size=14):
     return dict(cell=name, label=name, seeds=list(range(seeds)), image_size=image_size, top1=top1)
 
 
-def test_cells_compose_the_study_command_lines():
-    s = sweep.Sweep('small', 'cpu', '/data', Path('/runs'), Path('/out'))
-    default = s.argv('default', [0, 1])
-    assert default[default.index('--runs') + 1] == 'recipe_sweep_default'
-    assert default[default.index('--name') + 1] == 'recipe_sweep_default'
-    bicubic = s.argv('bicubic', [0])
-    assert bicubic[bicubic.index('--runs') + 1] == 'recipe_sweep_default'  # a test-time factor reuses the runs
-    assert bicubic[bicubic.index('--test-resample') + 1] == 'bicubic'
-    both = s.argv('aliased+bicubic', [0])
-    assert both[both.index('--runs') + 1] == 'recipe_sweep_aliased'
-    longer = sweep.rs.parse_args(s.argv('schedule3x', [0]))
-    assert longer.epochs == 12 and longer.runs == 'recipe_sweep_schedule3x'
-    tiny = sweep.Sweep('small', 'cpu', '/data', Path('/runs'), Path('/out'), ('--epochs', '2'))
-    assert sweep.rs.parse_args(tiny.argv('schedule3x', [0])).epochs == 6
-    wide = sweep.rs.parse_args(s.argv('width96+lr2e-3', [0]))
+def test_cells_are_the_default_config_with_fields_replaced():
+    s = sweep.Sweep('small', Path('/out'), dict(device='cpu', data=Path('/data'), work_dir=Path('/runs')))
+    default = s.config('default', [0, 1])
+    assert (default.run_set, default.name, default.seeds, default.head) == (
+        'recipe_sweep_default', 'recipe_sweep_default', (0, 1), 'gap')
+    assert default.out == Path('/out/recipe_sweep') and default.work_dir == Path('/runs')
+    bicubic = s.config('bicubic', [0])
+    assert bicubic.run_set == 'recipe_sweep_default' and bicubic.test_resample == 'bicubic'  # reuses the runs
+    both = s.config('aliased+bicubic', [0])
+    assert both.run_set == 'recipe_sweep_aliased' and (both.crop_resample, both.test_resample) == ('aliased', 'bicubic')
+    longer = s.config('schedule3x', [0])
+    assert longer.epochs == 12 and longer.run_set == 'recipe_sweep_schedule3x'
+    tiny = sweep.Sweep('small', Path('/out'), dict(epochs=2))
+    assert tiny.config('schedule3x', [0]).epochs == 6
+    wide = s.config('width96+lr2e-3', [0])
     assert (wide.dim, wide.heads, wide.lr, wide.crop_resample) == (96, 3, 2e-3, 'antialiased')
-    cls = sweep.rs.parse_args(s.argv('cls', [0]))
-    assert cls.head == 'cls' and sweep.rs.parse_args(default).head == 'gap'
-    large = sweep.rs.parse_args(sweep.Sweep('large', 'cuda', '/d', Path('/r'), Path('/o')).argv('default', [0]))
+    assert s.config('cls', [0]).head == 'cls'
+    assert dataclasses.replace(s.config('cls', [0]), head='gap', name=default.name, runs=default.runs, seeds=(0, 1)) \
+        == default   # a recipe differs from the default in its fields only
+    large = sweep.Sweep('large', Path('/o')).config('default', [0])
     assert (large.train_images, large.patch, large.image_size // large.patch) == (60000, 1, 14)
     for bad in ('wider', 'aliased+aliased', 'default+aliased'):
         with pytest.raises(ValueError, match='unknown recipe cell'):
             sweep.cell_recipe(bad)
-    with pytest.raises(SystemExit):
-        sweep.parse_args(['--cells', 'default', 'nope'])
+    for argv in (['--cells', 'default', 'nope'], ['--set', 'nope=1'], ['--set', 'patch=3']):
+        with pytest.raises(SystemExit):
+            sweep.parse_args(argv)
 
 
 def test_verdict_orders_encodings_and_pairs_the_lead_by_seed():
@@ -49,26 +53,22 @@ def test_verdict_orders_encodings_and_pairs_the_lead_by_seed():
     rows = sweep.verdict(_cell('default', {14: base, 28: at2x}))
     row = next(r for r in rows if r['size'] == 28)
     assert row['order'] == ['learned', 'peg_0-5', 'peg_0', 'rope_mixed', 'none'] and row['factor'] == 2
-    assert row['lead_mean'] == pytest.approx(0.67, abs=0.01) and row['lead_seeds'] == '2/3'
-    assert row['learned_change'] == pytest.approx(-11.33, abs=0.01)
-    assert sweep.needs_more_seeds(_cell('default', {14: base, 28: at2x}))
+    assert row['lead']['mean'] == pytest.approx(0.67, abs=0.01) and row['lead']['sign'] == '='   # tied
+    assert row['learned_change']['mean'] == pytest.approx(-11.33, abs=0.01) and row['learned_change']['sign'] == '-'
     at2x['learned'] = [60., 61., 62.]
-    assert not sweep.needs_more_seeds(_cell('default', {14: base, 28: at2x}))
+    row = next(r for r in sweep.verdict(_cell('default', {14: base, 28: at2x})) if r['size'] == 28)
+    assert row['lead']['sign'] == '+'
+    assert '(tied)' in sweep.verdict_table(rows)[3] and '(tied)' not in sweep.verdict_table([row])[2]
 
 
-def test_paper_claim_and_order_movement():
+def test_paper_claim_needs_intervals_that_exclude_zero():
     base = {v: 70. for v in ENC}
-    gain = dict(base, peg_0=71., learned=68.)
-    less = dict(base, peg_0=69., learned=[66., 67., 68.])
-    more = dict(base, peg_0=65., learned=68.)
-    assert sweep.paper_claim(_cell('c', {14: base, 20: gain}), 'peg_0').startswith('reproduced (+1.00 vs table -2.00')
-    assert sweep.paper_claim(_cell('c', {14: base, 20: less}), 'peg_0').startswith('partly')
-    assert sweep.paper_claim(_cell('c', {14: base, 20: more}), 'peg_0').startswith('not reproduced')
-    ref = _cell('d', {28: dict(none=10., learned=50., peg_0=40., **{'peg_0-5': 30.}, rope_mixed=20.)})
-    same_order = _cell('f', {28: dict(none=11., learned=51., peg_0=41., **{'peg_0-5': 31.}, rope_mixed=21.)})
-    swapped = _cell('g', {28: dict(none=10., learned=40., peg_0=50., **{'peg_0-5': 30.}, rope_mixed=20.)})
-    assert sweep.order_movement(ref, same_order, 28) == (0, 0.)  # a shift of every encoding moves no order
-    assert sweep.order_movement(ref, swapped, 28) == (1, 20.)
+    gain = dict(base, peg_0=[71., 71.5, 72.], learned=[68., 67.5, 68.2])
+    lose = dict(base, peg_0=[66., 67., 66.5], learned=[68., 69., 68.5])
+    unclear = dict(base, peg_0=[71., 69., 70.5], learned=[70., 69.5, 71.])
+    assert sweep.paper_claim(_cell('c', {14: base, 20: gain}), 'peg_0').startswith('reproduced (change +1.50 [')
+    assert sweep.paper_claim(_cell('c', {14: base, 20: lose}), 'peg_0').startswith('not reproduced')
+    assert sweep.paper_claim(_cell('c', {14: base, 20: unclear}), 'peg_0').startswith('undecided')
 
 
 def test_cells_trained_on_two_devices_are_also_judged_per_device():
@@ -82,3 +82,20 @@ def test_cells_trained_on_two_devices_are_also_judged_per_device():
     assert next(r for r in sweep.verdict(gpu) if r['size'] == 28)['leader'] == 'learned'
     assert sweep.split_by_device(dict(cell, devices=['cpu'] * 3)) == []
     assert cell['top1']['learned'][28] == [60., 61., 55.]  # the cell itself is left whole
+
+
+def test_a_tiny_sweep_end_to_end(tmp_path, fake_fmnist):
+    """Two cells (the default and a test-time factor that reuses its runs), one seed, a tiny study: every cell's
+    study outputs and the sweep's table, with the study command each cell's config stands for."""
+    tiny = ['train_images=64', 'test_images=20', 'probe_images=0', 'epochs=1', 'batch_size=32', 'dim=8',
+            'image_size=28', 'patch=4', 'test_sizes=28,40,56']
+    cells = sweep.main(['--cells', 'default', 'bicubic', '--seeds', '0', '--jobs', '1', '--data', str(fake_fmnist),
+                        '--set', *tiny, '--work-dir', str(tmp_path / 'runs'), '--out', str(tmp_path / 'out')])
+    assert [c['cell'] for c in cells] == ['default', 'bicubic'] and cells[0]['devices'] == ['cpu']
+    assert sorted(p.name for p in (tmp_path / 'runs').iterdir()) == ['recipe_sweep_default']   # one training
+    study = json.loads((tmp_path / 'out' / 'recipe_sweep' / 'recipe_sweep_bicubic.json').read_text())
+    assert study['meta']['command'].startswith('python -m benchmarks.resolution_study --name recipe_sweep_bicubic')
+    command = study['meta']['command']
+    assert '--test-resample bicubic' in command and '--runs recipe_sweep_default' in command
+    text = (tmp_path / 'out' / 'recipe_sweep.md').read_text()
+    assert '| default | 1 | 40 px (1.43x) |' in text and 'python -m benchmarks.recipe_sweep --cells default' in text

@@ -1,6 +1,5 @@
 """The Fashion-MNIST loader and the classification resolution study, end to end on a tiny configuration."""
-import dataclasses
-import gzip
+import re
 import json
 from pathlib import Path
 
@@ -10,7 +9,9 @@ import torch
 
 from benchmarks import resolution_study as study
 from benchmarks import resolution_summary as summary
+from benchmarks.study import config as cfg, data, report, specs, trainer
 from cpvt_backbones.datasets import load_fashion_mnist, read_idx
+from fake_fmnist import write_idx
 
 VARIANTS = ['none', 'learned', 'peg_0-5']  # the paths: no encoding, a table (probe), PEGs (their response)
 TINY = ['--train-images', '96', '--test-images', '40', '--epochs', '2', '--batch-size', '32', '--dim', '16',
@@ -19,30 +20,9 @@ TINY = ['--train-images', '96', '--test-images', '40', '--epochs', '2', '--batch
         '--variants'] + VARIANTS
 
 
-def _write_idx(path: Path, array: np.ndarray, compress: bool = True) -> None:
-    header = bytes([0, 0, 8, array.ndim]) + b''.join(int(n).to_bytes(4, 'big') for n in array.shape)
-    data = header + array.astype(np.uint8).tobytes()
-    if compress:
-        with gzip.open(path, 'wb') as f:
-            f.write(data)
-    else:
-        path.write_bytes(data)
-
-
-@pytest.fixture(scope='module')
-def fake_fmnist(tmp_path_factory):
-    """A Fashion-MNIST-shaped directory: class k is a bright bar at row 2k (position carries the label)."""
-    root = tmp_path_factory.mktemp('fmnist')
-    rng = np.random.default_rng(0)
-    for stem, n, compress in (('train', 160, True), ('t10k', 48, False)):
-        labels = rng.integers(0, 10, n)
-        images = rng.integers(0, 60, (n, 28, 28))
-        for i, k in enumerate(labels):
-            images[i, 2 * k + 4:2 * k + 6, 4:24] = 255
-        suffix = '.gz' if compress else ''
-        _write_idx(root / f'{stem}-images-idx3-ubyte{suffix}', images, compress)
-        _write_idx(root / f'{stem}-labels-idx1-ubyte{suffix}', labels, compress)
-    return root
+def prepare(x: torch.Tensor, key: str, config) -> torch.Tensor:
+    """The input of the test a stored key names."""
+    return specs.parse_key(key).prepare(x, config)
 
 
 def test_loader_reads_gzipped_and_plain_idx(fake_fmnist):
@@ -65,7 +45,7 @@ def test_loader_errors_name_the_problem(tmp_path, fake_fmnist):
     with pytest.raises(ValueError, match='not an unsigned-byte IDX file with 3'):
         read_idx(bad, 3)
     short = tmp_path / 'short-idx'
-    _write_idx(short, np.zeros((2, 3, 3)), compress=False)
+    write_idx(short, np.zeros((2, 3, 3)), compress=False)
     short.write_bytes(short.read_bytes()[:-1])
     with pytest.raises(ValueError, match=r'header says shape \(2, 3, 3\)'):
         read_idx(short, 3)
@@ -79,13 +59,13 @@ def test_study_stops_in_one_line_without_data(tmp_path, capsys):
 def test_random_resized_crop_stays_inside_and_flips():
     x = torch.arange(28.).repeat(32, 1, 28, 1)  # value = column index
     gen = torch.Generator().manual_seed(0)
-    out = study.random_resized_crop(x, 28, 1.0, gen)
+    out = data.random_resized_crop(x, 28, 1.0, gen)
     assert out.shape == (32, 1, 28, 28)
     assert out.min() >= 0 and out.max() <= 27
     steps = out[:, 0, 14].diff(dim=-1)
     rising, falling = (steps > 0).all(dim=-1), (steps < 0).all(dim=-1)
     assert (rising | falling).all() and rising.any() and falling.any()  # monotone rows, both flips seen
-    small = study.random_resized_crop(x, 28, 0.25, gen)
+    small = data.random_resized_crop(x, 28, 0.25, gen)
     span = (small[:, 0, 14, -1] - small[:, 0, 14, 0]).abs()
     assert (span < 26).sum() > 16 and span.min() > 27 * 0.25 ** 0.5 * (3 / 4) ** 0.5 - 1  # zoomed, never a sliver
 
@@ -99,76 +79,77 @@ def test_antialiased_crop_of_the_whole_image_is_the_antialiased_resize():
     for size in (9, 14, 20, 42):
         reference = torch.nn.functional.interpolate(x, size=(size, size), mode='bilinear', align_corners=False,
                                                     antialias=True)
-        torch.testing.assert_close(study.resample_boxes(x, whole, size, 'antialiased'), reference,
+        torch.testing.assert_close(data.resample_boxes(x, whole, size, 'antialiased'), reference,
                                    atol=1e-5, rtol=1e-5)
-    shrunk = study.resize(x, 14)
-    assert (study.resample_boxes(x, whole, 14, 'aliased') - shrunk).abs().max() > 0.3
+    shrunk = data.resize(x, 14)
+    assert (data.resample_boxes(x, whole, 14, 'aliased') - shrunk).abs().max() > 0.3
     flipped = whole.clone()
     flipped[:, 4] = -1
-    torch.testing.assert_close(study.resample_boxes(x, flipped, 14, 'antialiased'), shrunk.flip(-1))
+    torch.testing.assert_close(data.resample_boxes(x, flipped, 14, 'antialiased'), shrunk.flip(-1))
     left, width, top, height = 3, 20, 5, 16  # a whole-pixel box: centre and half-extent in -1..1 coordinates
     box = torch.tensor([[(left + width / 2) / 14 - 1, (top + height / 2) / 14 - 1, width / 28, height / 28, 1.]])
     crop = x[:1, :, top:top + height, left:left + width]
     for size in (14, 20):  # shrinking and enlarging
         reference = torch.nn.functional.interpolate(crop, size=(size, size), mode='bilinear', align_corners=False,
                                                     antialias=True)
-        torch.testing.assert_close(study.resample_boxes(x[:1], box, size, 'antialiased'), reference,
+        torch.testing.assert_close(data.resample_boxes(x[:1], box, size, 'antialiased'), reference,
                                    atol=1e-5, rtol=1e-5)
     gen = torch.Generator().manual_seed(0)
-    boxes = study.random_boxes(64, 0.25, gen)
-    crops = {m: study.resample_boxes(x.repeat(16, 1, 1, 1), boxes, 14, m) for m in study.CROP_RESAMPLE}
+    boxes = data.random_boxes(64, 0.25, gen)
+    crops = {m: data.resample_boxes(x.repeat(16, 1, 1, 1), boxes, 14, m) for m in data.CROP_RESAMPLE}
     assert all(torch.isfinite(c).all() for c in crops.values())
     assert (crops['antialiased'] - crops['aliased']).abs().mean() > 0.1  # same boxes, other resampling
     with pytest.raises(ValueError, match='crop resampling must be one of'):
-        study.resample_boxes(x, whole, 14, 'nearest')
+        data.resample_boxes(x, whole, 14, 'nearest')
 
 
 def test_recipe_options_reach_the_optimizer_and_the_tests():
     args = study.parse_args(TINY)
-    model = study.build_model('peg_0-5', args)
+    model = trainer.build_model('peg_0-5', args)
     exempt = {n for n in model.no_weight_decay() if n.endswith('weight')}
     assert exempt, 'the PEG weights are exempt from weight decay by default'
 
     def decayed(args):
-        opt, _ = study.make_optimizer(model, args, 10)
+        opt, _ = trainer.make_optimizer(model, args, 10)
         ids = {id(p) for p in opt.param_groups[0]['params']}
         return {n for n, p in model.named_parameters() if id(p) in ids}
     assert not decayed(args) & exempt
     assert exempt <= decayed(study.parse_args(TINY + ['--decay-position']))
     bicubic = study.parse_args(TINY + ['--test-resample', 'bicubic', '--canvas-sizes', '40'])
-    assert study.size_keys(bicubic) == ['bicubic28', 'bicubic40', 'canvas40']
+    assert [t.key for t in specs.size_tests(bicubic)] == ['bicubic28', 'bicubic40', 'canvas40']
     x = torch.randn(2, 1, 28, 28)
-    torch.testing.assert_close(study.prepare(x, 'bicubic40', bicubic), torch.nn.functional.interpolate(
+    torch.testing.assert_close(prepare(x, 'bicubic40', bicubic), torch.nn.functional.interpolate(
         x, size=(40, 40), mode='bicubic', align_corners=False))
-    assert not torch.allclose(study.prepare(x, 'bicubic40', bicubic), study.prepare(x, '40', bicubic))
-    assert study.parse_args(TINY + ['--name', 'b']).runs == 'b'
-    assert study.parse_args(TINY + ['--name', 'b', '--runs', 'a']).runs == 'a'
+    assert not torch.allclose(prepare(x, 'bicubic40', bicubic), prepare(x, '40', bicubic))
+    assert study.parse_args(TINY + ['--name', 'b']).run_set == 'b'
+    assert study.parse_args(TINY + ['--name', 'b', '--runs', 'a']).run_set == 'a'
 
 
 def test_canvas_keeps_the_object_on_the_training_token_grid():
     args = study.parse_args(TINY)
     x = torch.randn(3, 1, 28, 28)
-    out = study.prepare(x, 'canvas56', args)
+    out = prepare(x, 'canvas56', args)
     assert out.shape == (3, 1, 56, 56)
     assert torch.equal(out[..., 12:40, 12:40], x)  # 14 px each side, aligned down to the patch: 12
     border = torch.ones(56, 56, dtype=torch.bool)
     border[12:40, 12:40] = False
-    assert torch.allclose(out[..., border], torch.tensor(-study.MEAN / study.STD))  # a black background
-    assert study.prepare(x, 'place56@0,28', args)[..., :28, 28:].equal(x)
-    assert study.prepare(x, '56', args).shape == (3, 1, 56, 56)
-    assert study.prepare(x, '28', args) is x
-    args = dataclasses.replace(args, image_size=40)  # a larger training size: the canvas holds the image at that size
-    assert torch.equal(study.prepare(x, 'canvas56', args)[..., 8:48, 8:48], study.resize(x, 40))
+    assert torch.allclose(out[..., border], torch.tensor(-data.MEAN / data.STD))  # a black background
+    assert prepare(x, 'place56@0,28', args)[..., :28, 28:].equal(x)
+    assert prepare(x, '56', args).shape == (3, 1, 56, 56)
+    assert prepare(x, '28', args) is x
+    # a larger training size: the canvas holds the image at that size
+    args = args.replace(image_size=40, test_sizes=(40,), canvas_sizes=(), placement_canvas=0)
+    assert torch.equal(prepare(x, 'canvas56', args)[..., 8:48, 8:48], data.resize(x, 40))
 
 
 def test_peg_response_sees_the_zero_padded_border():
     """On a blank image the first PEG's output is the same for every interior token and differs only where its
     3 x 3 window reaches the zero padding: the border ring that encodes absolute position."""
     args = study.parse_args(TINY)
-    model = study.build_model('peg_0', args)
+    model = trainer.build_model('peg_0', args)
     with torch.no_grad():
         model.pos_block[0].proj[0].weight.normal_()
-    response = study.peg_response(model, torch.full((1, 1, 56, 56), 1.5))
+    response = trainer.peg_response(model, torch.full((1, 1, 56, 56), 1.5))
     assert response.shape == (14, 14)
     interior = response[1:-1, 1:-1]
     assert torch.allclose(interior, interior[0, 0].expand_as(interior), rtol=1e-4)
@@ -180,8 +161,8 @@ def test_position_probe_reads_relative_position_from_a_learned_table():
     """A model whose tokens are just its interpolated position table carries relative position at every size:
     the probe finds it (R^2 near 1 at 1x and after resizing); without any position encoding it finds nothing."""
     args = study.parse_args(TINY)
-    table = study.build_model('learned', args)
-    blind = study.build_model('none', args)
+    table = trainer.build_model('learned', args)
+    blind = trainer.build_model('none', args)
     with torch.no_grad():
         for model in (table, blind):
             for block in model.blocks:
@@ -195,7 +176,7 @@ def test_position_probe_reads_relative_position_from_a_learned_table():
         grid[0, 1:, :2] = torch.stack((rows, cols), dim=-1).reshape(49, 2)
         grid[0, 1:, 2] = 10.  # a large constant keeps the final LayerNorm nearly linear
     x = torch.randn(8, 1, 28, 28)
-    learned, none = study.position_probe(table, x, args), study.position_probe(blind, x, args)
+    learned, none = trainer.position_probe(table, x, args), trainer.position_probe(blind, x, args)
     assert learned['r2']['28'] > 0.99 and learned['r2']['40'] > 0.95
     assert abs(none['r2']['28']) < 0.05
     assert learned['true_rows']['40'] == [round((i + 0.5) / 10, 4) for i in range(10)]
@@ -206,8 +187,8 @@ def test_bad_settings_are_refused(capsys):
                          (['--test-sizes', '56'], 'must include the training size'),
                          (['--canvas-sizes', '28'], 'must be larger than the training size'),
                          (['--placement-canvas', '42'], 'not a multiple of the patch size'),
-                         (['--crop-scale', '0'], 'crop-scale'),
-                         (['--depth', '4'], 'peg_0-5 needs --depth >= 6'),
+                         (['--crop-scale', '0'], 'crop_scale must be in (0, 1]'),
+                         (['--depth', '4'], 'peg_0-5 needs depth >= 6'),
                          (['--shard', '2/2'], '--shard must be K/N')):
         with pytest.raises(SystemExit):
             study.parse_args(['--image-size', '28', '--patch', '4', '--test-sizes', '28'] + bad)
@@ -216,7 +197,7 @@ def test_bad_settings_are_refused(capsys):
 
 def test_variants_differ_only_in_position_encoding():
     args = study.parse_args(TINY)
-    models = {v: study.build_model(v, args) for v in study.VARIANTS if v != 'cnn'}
+    models = {v: trainer.build_model(v, args) for v in cfg.VARIANTS if v != 'cnn'}
     keys = {v: set(m.state_dict()) for v, m in models.items()}
     common = keys['none']
     assert all(keys[v] >= common for v in keys)
@@ -233,7 +214,7 @@ def test_variants_differ_only_in_position_encoding():
     assert not any(p.requires_grad for p in models['peg_frozen'].pos_block.parameters())
     assert models['learned'].pos_embed.table(0).shape == (1, 1 + 7 * 7, 16)
     assert models['rope_axial'].pos_encoding_attrs == ('rope',) and models['sincos'].pos_encoding_attrs
-    gap = study.build_model('peg_0', study.parse_args(TINY + ['--head', 'gap']))
+    gap = trainer.build_model('peg_0', study.parse_args(TINY + ['--head', 'gap']))
     assert gap.cls_token is None and gap.pos_block[0].num_prefix_tokens == 0
 
 
@@ -242,7 +223,7 @@ def test_the_cnn_control_runs_the_same_protocol(tmp_path, fake_fmnist, capsys):
     training, tests and position probe."""
     argv = ['--data', str(fake_fmnist), '--work-dir', str(tmp_path / 'w'), '--out', str(tmp_path / 'o'),
             '--seeds', '0'] + TINY[:-len(VARIANTS)] + ['cnn', '--head', 'gap']
-    model = study.build_model('cnn', study.parse_args(argv))
+    model = trainer.build_model('cnn', study.parse_args(argv))
     assert not any('pos' in k for k in model.state_dict()) and model.num_prefix_tokens == 0
     for size in (28, 40, 9):
         assert model.eval()(torch.randn(2, 1, size, size)).shape == (2, 10)
@@ -284,7 +265,7 @@ def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
 
     # A rerun skips every finished run, and a test added later runs on the saved weights of every finished
     # run, without training.
-    monkeypatch.setattr(study, 'train', lambda *a: pytest.fail('a finished run was trained again'))
+    monkeypatch.setattr(trainer, 'train', lambda *a: pytest.fail('a finished run was trained again'))
     assert study.main(argv) == rows
     more = study.main(argv + ['--canvas-sizes', '40', '48'])
     assert [r for r in more if (r['test'], r['size']) != ('canvas', 48)] == rows
@@ -306,19 +287,19 @@ def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
     # Interrupted after its first epoch, a run resumes from its checkpoint and ends bitwise where an
     # uninterrupted run ends (data order, augmentation and drop path all continue their random streams).
     args = study.parse_args(argv)
-    data = (study.load_split(args.data, 'train', 96), study.load_split(args.data, 'test', 40))
+    splits = (data.load_split(args.data, 'train', 96), data.load_split(args.data, 'test', 40))
     resumed = tmp_path / 'resumed'
-    real_write = study.atomic_write
+    real_write = trainer.atomic_write
 
     def write_then_crash(path, write):
         real_write(path, write)
         raise KeyboardInterrupt
-    monkeypatch.setattr(study, 'atomic_write', write_then_crash)
+    monkeypatch.setattr(trainer, 'atomic_write', write_then_crash)
     with pytest.raises(KeyboardInterrupt):
-        study.run('peg_0-5', 0, args, data, resumed)
+        trainer.run('peg_0-5', 0, args, splits, resumed)
     monkeypatch.undo()
     assert torch.load(resumed / 'checkpoint.pth', weights_only=False)['state']['epoch'] == 1
-    result = study.run('peg_0-5', 0, args, data, resumed)
+    result = trainer.run('peg_0-5', 0, args, splits, resumed)
     reference = json.loads((work / 'resolution_study' / 'peg_0-5-seed0' / 'result.json').read_text())
     assert result['top1'] == {k: reference['top1'][k] for k in result['top1']}
     assert [e['loss'] for e in result['log']] == [e['loss'] for e in reference['log']]
@@ -346,8 +327,8 @@ def test_summary_sorts_the_papers_pairs_into_agreeing_reversed_and_undecided():
 def test_a_study_over_runs_from_two_devices_says_which_trained_where():
     runs = [dict(variant='none', seed=0, device='cuda'), dict(variant='peg_0', seed=0, device='cpu'),
             dict(variant='none', seed=1, device='cuda')]
-    assert study.trained_on(runs) == 'cuda (2 runs: none seed 0, none seed 1) and cpu (1 run: peg_0 seed 0)'
-    assert study.trained_on(runs[:1]) == 'cuda'
+    assert report.trained_on(runs) == 'cuda (2 runs: none seed 0, none seed 1) and cpu (1 run: peg_0 seed 0)'
+    assert report.trained_on(runs[:1]) == 'cuda'
 
 
 def test_tf32_is_set_for_the_block_recorded_and_restored():
@@ -355,14 +336,47 @@ def test_tf32_is_set_for_the_block_recorded_and_restored():
     settings (cuDNN's TF32 on, the matrix products' off); every setting comes back afterwards, after an error
     too."""
     def flags():
-        return study.fp32_precision('default').__enter__()
+        return trainer.fp32_precision('default').__enter__()
     before = flags()
     assert before == dict(matmul='ieee', cudnn_conv='tf32')   # PyTorch's defaults
-    with study.fp32_precision('off') as in_force:
+    with trainer.fp32_precision('off') as in_force:
         assert in_force == flags() == dict(matmul='ieee', cudnn_conv='ieee')
-    with pytest.raises(RuntimeError, match='inside'), study.fp32_precision('on') as in_force:
+    with pytest.raises(RuntimeError, match='inside'), trainer.fp32_precision('on') as in_force:
         assert in_force == flags() == dict(matmul='tf32', cudnn_conv='tf32')
         raise RuntimeError('inside')
     assert flags() == before
-    with pytest.raises(ValueError, match="tf32 must be one of .* got 'half'"), study.fp32_precision('half'):
+    with pytest.raises(ValueError, match="tf32 must be one of .* got 'half'"), trainer.fp32_precision('half'):
         pass
+
+
+def test_a_config_is_checked_and_written_back_as_its_command_line():
+    """``StudyConfig`` refuses what the study cannot run whichever way it is made; ``command_args`` gives the
+    options that rebuild it; ``parse_fields`` reads typed FIELD=VALUE pairs."""
+    for bad, message in ((dict(variants=('nope',)), "unknown variant(s) ['nope']"),
+                         (dict(head='cls', variants=('cnn',)), 'variant cnn pools its feature map'),
+                         (dict(tf32='half'), 'tf32 must be one of'),
+                         (dict(seeds=()), 'at least one variant and one seed'),
+                         (dict(shard_index=2, num_shards=2), 'shard must be K/N')):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            cfg.StudyConfig(**bad)
+    config = cfg.StudyConfig().replace(variants=('learned', 'cnn'), head='gap', lr=2e-3, test_sizes=(14, 28),
+                                      decay_position=True, shard_index=1, num_shards=3, runs='shared')
+    assert study.parse_args(cfg.command_args(config)) == config
+    assert cfg.command_args(cfg.StudyConfig()) == []
+    assert cfg.parse_fields(['lr=2e-3', 'test_sizes=14,28', 'decay_position=true', 'data=/d']) == dict(
+        lr=2e-3, test_sizes=(14, 28), decay_position=True, data=Path('/d'))
+    for bad in ('lr', 'nope=1', 'epochs=x', 'decay_position=maybe'):
+        with pytest.raises(ValueError, match=re.escape(repr(bad))):
+            cfg.parse_fields([bad])
+
+
+def test_test_specifications_round_trip_their_stored_keys():
+    for key, test in (('28', specs.Resized(28)), ('bicubic28', specs.Resized(28, 'bicubic')),
+                      ('canvas40', specs.OnCanvas(40)), ('place56@0,28', specs.Placed(56, 0, 28))):
+        assert specs.parse_key(key) == test and test.key == key
+    for bad in ('x28', 'bilinear28', 'place56', ''):
+        with pytest.raises(ValueError, match='not a test key'):
+            specs.parse_key(bad)
+    config = study.parse_args(TINY)
+    assert [t.key for t in specs.study_tests(config)] == ['28', '40', 'canvas40'] + [
+        f'place36@{r},{c}' for r in (0, 4, 8) for c in (0, 4, 8)]

@@ -92,3 +92,11 @@ def test_the_native_detail_table_compares_one_device(tmp_path):
     (tmp_path / 'native_detail.json').write_text(json.dumps(saved))
     with pytest.raises(ValueError, match=r"native_detail: runs trained on \['cpu', 'cuda'\]; a table compares one"):
         verdict.native(tmp_path)
+
+
+def test_the_figures_draw_the_one_device_runs(tmp_path):
+    paths = verdict.headline_figures(out=tmp_path) + [verdict.recipes_figure(out=tmp_path)]
+    assert [p.name for p in paths] == ['verdict_headline.png', 'verdict_headline_probe.png', 'verdict_recipes.png']
+    assert all(p.stat().st_size > 20_000 for p in paths)
+    for path in paths:   # the documents show the committed ones
+        assert f'benchmarks/results/{path.name}' in verdict.DOCUMENTS[1].read_text()

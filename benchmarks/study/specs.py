@@ -1,0 +1,105 @@
+"""Typed test specifications: what a test does to the test images, and the key its result is stored under in a
+run's ``result.json`` (the keys are the studies' stored format: '28', 'bicubic28', 'canvas40', 'place56@0,28').
+
+* ``Resized(size, resample)``: the whole images resized to ``size`` px ('28'; 'bicubic28' when bicubic);
+* ``OnCanvas(size)``: the images at the training size centred on a blank ``size`` px canvas ('canvas40');
+* ``Placed(canvas, top, left)``: the same at a given top-left offset ('place56@0,28').
+
+Canvas tests put the image on a black canvas (the Fashion-MNIST background) at patch-aligned offsets, so the
+object falls on the same token grid as in training.
+"""
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.study.config import TEST_RESAMPLE, StudyConfig
+from benchmarks.study.data import MEAN, STD, resize
+
+
+@dataclass(frozen=True)
+class Resized:
+    size: int
+    resample: str = 'bilinear'
+
+    @property
+    def key(self) -> str:
+        return f'{"" if self.resample == "bilinear" else self.resample}{self.size}'
+
+    def prepare(self, x: torch.Tensor, config: StudyConfig) -> torch.Tensor:
+        return resize(x, self.size, self.resample)
+
+
+@dataclass(frozen=True)
+class OnCanvas:
+    size: int
+
+    @property
+    def key(self) -> str:
+        return f'canvas{self.size}'
+
+    def prepare(self, x: torch.Tensor, config: StudyConfig) -> torch.Tensor:
+        free = self.size - config.image_size
+        offset = (free // 2) // config.patch * config.patch
+        return _on_canvas(x, config, self.size, offset, offset)
+
+
+@dataclass(frozen=True)
+class Placed:
+    canvas: int
+    top: int
+    left: int
+
+    @property
+    def key(self) -> str:
+        return f'place{self.canvas}@{self.top},{self.left}'
+
+    @property
+    def size(self) -> int:
+        return self.canvas
+
+    def prepare(self, x: torch.Tensor, config: StudyConfig) -> torch.Tensor:
+        return _on_canvas(x, config, self.canvas, self.top, self.left)
+
+
+TestSpec = Resized | OnCanvas | Placed
+_KEY = re.compile(r'canvas(?P<canvas>\d+)|place(?P<place>\d+)@(?P<top>\d+),(?P<left>\d+)|'
+                  r'(?P<resample>[a-z]*)(?P<size>\d+)')
+
+
+def _on_canvas(x: torch.Tensor, config: StudyConfig, size: int, top: int, left: int) -> torch.Tensor:
+    free = size - config.image_size
+    return F.pad(resize(x, config.image_size), (left, free - left, top, free - top), value=-MEAN / STD)
+
+
+def parse_key(key: str) -> TestSpec:
+    """The test a stored key names; a ValueError for a key no test writes."""
+    m = _KEY.fullmatch(key)
+    if m is None or m['resample'] not in (None, '', *TEST_RESAMPLE[1:]):
+        raise ValueError(f'not a test key: {key!r} (e.g. 28, bicubic28, canvas40, place56@0,28)')
+    if m['canvas']:
+        return OnCanvas(int(m['canvas']))
+    if m['place']:
+        return Placed(int(m['place']), int(m['top']), int(m['left']))
+    return Resized(int(m['size']), m['resample'] or 'bilinear')
+
+
+def size_tests(config: StudyConfig) -> list[TestSpec]:
+    """The images resized to every test size (``test_resample``), then centred on every canvas size."""
+    return [Resized(s, config.test_resample) for s in config.test_sizes] + \
+        [OnCanvas(s) for s in config.canvas_sizes]
+
+
+def placements(config: StudyConfig) -> list[Placed]:
+    """The image at 3 x 3 patch-aligned top-left offsets on the placement canvas: corners, edge middles, centre."""
+    if not config.placement_canvas:
+        return []
+    free = config.placement_canvas - config.image_size
+    steps = (0, (free // 2) // config.patch * config.patch, free)
+    return [Placed(config.placement_canvas, r, c) for r in steps for c in steps]
+
+
+def study_tests(config: StudyConfig) -> list[TestSpec]:
+    """Every test a study of ``config`` runs."""
+    return size_tests(config) + placements(config)
