@@ -12,7 +12,7 @@ real extra detail (crisper edges of smaller shapes), as ImageNet's 384 px tests 
 Every drawing is rendered at twice its size and shrunk (antialiased, ``draw``). Training: the scenes drawn at 112
 px (2x, the "originals"), DeiT-like random resized crops (area 0.25-1, aspect 3/4-4/3, flips, antialiased) to 56
 px, patch 4: a 14 x 14 token grid, 8 epochs; the resolution study's models, optimiser and trainer
-(``benchmarks.resolution_study``'s default config with the fields below replaced) with global average pooling.
+(``benchmarks.study``'s default ``StudyConfig`` with the fields below replaced) with global average pooling.
 Tests: held-out scenes drawn natively at 56, 80, 96 (1.71x: the paper's 384 / 224) and 112 px, and the 56 px
 drawings upsampled to 96 px (the same size without the detail). The variants: the learned table (resized), PEGs
 after blocks 0-5, no position encoding and the CNN without position encoding (the positive control: the FixRes

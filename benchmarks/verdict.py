@@ -214,7 +214,7 @@ def arm(name: str, results: Path = RESULTS, probe: bool = False) -> str:
 
 
 def probe_table(runs: list[dict], device: str, sizes: Sequence[int]) -> list[str]:
-    """The position probe's R² (``resolution_study.position_probe``) at every size, mean ± std over the seeds
+    """The position probe's R² (``benchmarks.study.trainer.position_probe``) at every size, mean ± std over the seeds
     ``SEEDS`` of the runs trained on ``device``."""
     probes = {(r['variant'], r['seed']): r['probe']['r2'] for r in runs
               if r['seed'] in SEEDS and r['device'] == device and 'probe' in r}
