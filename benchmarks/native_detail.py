@@ -246,7 +246,7 @@ _SHARED: dict = {}
 
 def _load_shared(path: Path, threads: int) -> None:
     torch.set_num_threads(threads)
-    _SHARED['data'] = torch.load(path, mmap=True)
+    _SHARED['data'] = torch.load(str(path), mmap=True)   # torch 2.1 takes mmap only with a str
 
 
 def _run_shared(variant: str, seed: int, config: StudyConfig) -> str:

@@ -58,7 +58,9 @@ def fp32_precision(mode: str):
     is in force, ``{'matmul': ..., 'cudnn_conv': ...}`` (``'tf32'`` or ``'ieee'``; CPU arithmetic is unaffected)."""
     if mode not in TF32:
         raise ValueError(f'tf32 must be one of {TF32}, got {mode!r}')
-    new_api = hasattr(torch.backends.cuda.matmul, 'fp32_precision')   # torch >= 2.9; the old flags before
+    # torch >= 2.9 has the fp32_precision settings; before, the allow_tf32 flags (and ``hasattr`` on the old
+    # cuda.matmul object raises AssertionError instead of returning False, so ask torch.backends instead)
+    new_api = hasattr(torch.backends, 'fp32_precision')
     if new_api:
         flags = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
         saved = [f.fp32_precision for f in flags]
