@@ -71,17 +71,26 @@ def test_paper_claim_needs_intervals_that_exclude_zero():
     assert sweep.paper_claim(_cell('c', {14: base, 20: unclear}), 'peg_0').startswith('undecided')
 
 
-def test_cells_trained_on_two_devices_are_also_judged_per_device():
+def test_cells_trained_on_two_devices_are_judged_per_device_never_pooled(tmp_path):
     base = {v: 70. for v in ENC}
     at2x = dict(none=40., learned=[60., 61., 55.], peg_0=50., **{'peg_0-5': [58., 57., 59.]}, rope_mixed=45.)
     cell = dict(_cell('default', {14: base, 28: at2x}), devices=['cuda', 'cuda', 'cpu'])
-    gpu, cpu = sweep.split_by_device(cell)
-    assert (gpu['seeds'], cpu['seeds']) == ([0, 1], [2]) and cpu['cell'] == 'default (cpu, seeds 2)'
+    gpu, cpu = sweep.by_device(cell)
+    assert (gpu['seeds'], cpu['seeds']) == ([0, 1], [2]) and cpu['cell'] == 'default (cpu)'
     assert gpu['top1']['learned'][28] == [60., 61.] and cpu['top1']['peg_0-5'][28] == [59.]
     assert next(r for r in sweep.verdict(cpu) if r['size'] == 28)['leader'] == 'peg_0-5'  # learned leads on cuda
     assert next(r for r in sweep.verdict(gpu) if r['size'] == 28)['leader'] == 'learned'
-    assert sweep.split_by_device(dict(cell, devices=['cpu'] * 3)) == []
+    assert [c['cell'] for c in sweep.by_device(dict(cell, devices=['cpu'] * 3))] == ['default (cpu)']
     assert cell['top1']['learned'][28] == [60., 61., 55.]  # the cell itself is left whole
+    meta = dict(scale='small', wall_minutes=0., device='cpu', command='python -m benchmarks.recipe_sweep')
+    sweep.write_outputs([cell], sweep.Sweep('small', tmp_path), meta)
+    rows = [line.split(' | ')[:2] for line in (tmp_path / 'recipe_sweep.md').read_text().splitlines()
+            if line.startswith('| default')]
+    # two sizes per device in the verdict table, then one line per device in the paper's-claim table
+    assert rows[:4] == [['| default (cuda)', '0,1']] * 2 + [['| default (cpu)', '2']] * 2
+    assert [r[0] for r in rows[4:]] == ['| default (cuda)', '| default (cpu)']
+    verdict = json.loads((tmp_path / 'recipe_sweep.json').read_text())['verdict']
+    assert [(r['recipe'], r['seeds']) for r in verdict] == [('default (cuda)', '0,1')] * 2 + [('default (cpu)', '2')] * 2
 
 
 def test_a_tiny_sweep_end_to_end(tmp_path, fake_fmnist):
@@ -98,4 +107,4 @@ def test_a_tiny_sweep_end_to_end(tmp_path, fake_fmnist):
     command = study['meta']['command']
     assert '--test-resample bicubic' in command and '--runs recipe_sweep_default' in command
     text = (tmp_path / 'out' / 'recipe_sweep.md').read_text()
-    assert '| default | 1 | 40 px (1.43x) |' in text and 'python -m benchmarks.recipe_sweep --cells default' in text
+    assert '| default (cpu) | 0 | 40 px (1.43x) |' in text and 'python -m benchmarks.recipe_sweep --cells default' in text

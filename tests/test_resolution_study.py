@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from benchmarks import resolution_study as study
-from benchmarks import resolution_summary as summary
 from benchmarks.study import config as cfg, data, report, specs, trainer
 from cpvt_backbones.datasets import load_fashion_mnist, read_idx
 from fake_fmnist import write_idx
@@ -306,22 +305,6 @@ def test_study_end_to_end_then_resume(tmp_path, fake_fmnist, monkeypatch):
     final = torch.load(resumed / 'final.pth')
     uninterrupted = torch.load(work / 'resolution_study' / 'peg_0-5-seed0' / 'final.pth')
     assert all(torch.equal(final[k], uninterrupted[k]) for k in uninterrupted)
-
-
-def test_summary_sorts_the_papers_pairs_into_agreeing_reversed_and_undecided():
-
-    def row(mean, std=0.5):
-        return dict(top1_mean=mean, top1_std=std)
-    # paper: peg_0-5 73.4 > learned 72.2 > none 68.2; rpe 70.5 vs peg_-1 70.6 are within --paper-gap
-    rows = {'peg_0-5': row(75.0), 'learned': row(76.0), 'none': row(75.8, 2.0), 'rpe': row(60.), 'peg_-1': row(70.)}
-    verdicts = {(p['higher'], p['lower']): p['verdict'] for p in summary.pair_verdicts(rows, 0.5, 1.0)}
-    assert verdicts[('peg_0-5', 'learned')] == 'reversed'      # 1 point against, std 0.5
-    assert verdicts[('learned', 'none')] == 'undecided'        # 0.2 points apart, pooled std 1.46
-    assert verdicts[('learned', 'rpe')] == 'agrees'
-    assert ('peg_-1', 'rpe') not in verdicts and ('rpe', 'peg_-1') not in verdicts
-    assert summary.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.)
-    assert summary.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.)
-    assert summary.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9487, abs=1e-4)
 
 
 def test_a_study_over_runs_from_two_devices_says_which_trained_where():
