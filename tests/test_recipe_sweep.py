@@ -90,7 +90,8 @@ def test_cells_trained_on_two_devices_are_judged_per_device_never_pooled(tmp_pat
     assert rows[:4] == [['| default (cuda)', '0,1']] * 2 + [['| default (cpu)', '2']] * 2
     assert [r[0] for r in rows[4:]] == ['| default (cuda)', '| default (cpu)']
     verdict = json.loads((tmp_path / 'recipe_sweep.json').read_text())['verdict']
-    assert [(r['recipe'], r['seeds']) for r in verdict] == [('default (cuda)', '0,1')] * 2 + [('default (cpu)', '2')] * 2
+    assert [(r['recipe'], r['seeds']) for r in verdict] == ([('default (cuda)', '0,1')] * 2
+                                                             + [('default (cpu)', '2')] * 2)
 
 
 def test_a_tiny_sweep_end_to_end(tmp_path, fake_fmnist):
@@ -107,4 +108,5 @@ def test_a_tiny_sweep_end_to_end(tmp_path, fake_fmnist):
     command = study['meta']['command']
     assert '--test-resample bicubic' in command and '--runs recipe_sweep_default' in command
     text = (tmp_path / 'out' / 'recipe_sweep.md').read_text()
-    assert '| default (cpu) | 0 | 40 px (1.43x) |' in text and 'python -m benchmarks.recipe_sweep --cells default' in text
+    assert '| default (cpu) | 0 | 40 px (1.43x) |' in text
+    assert 'python -m benchmarks.recipe_sweep --cells default' in text

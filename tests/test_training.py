@@ -322,33 +322,34 @@ def test_static_int8_is_calibrated_once_and_reused(workdir, trained, tmp_path):
 @pytest.mark.parametrize('cfg, package', SHARED_CHECKPOINT)
 def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, workdir, trained, tmp_path):
     """tools/test.py --engine openvino: the config's test loop with backbone, neck and head on OpenVINO gives
-    torch's metrics (float32), and the torch engine's bf16 (autocast) closely; int8 is calibrated once (NNCF on
-    the test set) and the quantized model reused; --keep-fp32 leaves the neck in float32 and saves that model
-    under its own name; tools/infer.py --engine openvino writes torch's predictions."""
+    torch's metrics (float32) and runs int8 (NNCF on the test set); tools/infer.py --engine openvino writes
+    torch's predictions. On the segmentor only (these do not depend on the task; the detector's bf16 outputs are
+    checked in test_autocast.py): the torch engine's bf16 (autocast) is close, int8 is calibrated once and the
+    quantized model reused, and --keep-fp32 leaves the neck in float32 and saves that model under its own name."""
     checkpoint, wd = trained(cfg), workdir / f'openvino_{package}'
     env = dict(CPVT_WEIGHTS_DIR=str(tmp_path))
     keep_all = ['--cfg-options', 'model.test_cfg.score_thr=0.0'] if package == 'mmdet' else []
     metric = re.compile(r'(coco/bbox_mAP|mIoU): (\d+\.\d+)' if package == 'mmdet' else r'(mIoU): (\d+\.\d+)')
     scores, saved = {}, []
-    for engine in (['--engine', 'torch'], ['--engine', 'openvino'],
-                   ['--engine', 'torch', '--precision', 'bf16'],
-                   ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4'],
-                   ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4'],
-                   ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4', '--keep-fp32', 'neck']):
+    int8 = ['--engine', 'openvino', '--precision', 'int8', '--calibrate-images', '4']
+    engines = [['--engine', 'torch'], ['--engine', 'openvino'], int8]
+    if package == 'mmseg':
+        engines += [['--engine', 'torch', '--precision', 'bf16'], int8, [*int8, '--keep-fp32', 'neck']]
+    for engine in engines:
         res = run([ROOT / 'tools/test.py', cfg, checkpoint, '--work-dir', wd, *engine, *keep_all], workdir, env)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         scores.setdefault(' '.join(engine), []).append(float(metric.findall(res.stdout + res.stderr)[-1][1]))
         saved += [[p for p in line.split('; saved: ')[1].split(', ') if p.endswith('.xml')][0]
                   for line in res.stdout.splitlines() if line.startswith('[engine]') and 'on openvino' in line]
     assert scores['--engine openvino'] == scores['--engine torch'], scores
-    # bf16 autocast of backbone, neck and head (post-processing in float32): the metric within 0.01 (mAP) or
-    # 1 point (mIoU, printed in percent) of float32
-    bf16, = scores['--engine torch --precision bf16']
-    assert abs(bf16 - scores['--engine torch'][0]) <= (0.01 if package == 'mmdet' else 1.0), scores
-    int8 = scores['--engine openvino --precision int8 --calibrate-images 4']
-    assert int8[0] == int8[1], 'the saved int8 model gives the same metrics'
-    assert len(saved) == 4 and saved[1] == saved[2] and len({saved[0], saved[1], saved[3]}) == 3, saved
-    assert Path(saved[1]).is_file() and Path(saved[1]).with_suffix('.bin').is_file()
+    assert Path(saved[1]).is_file() and Path(saved[1]).with_suffix('.bin').is_file() and saved[0] != saved[1]
+    if package == 'mmseg':
+        # bf16 autocast of backbone, neck and head: the mIoU (printed in percent) within 1 point of float32
+        bf16, = scores['--engine torch --precision bf16']
+        assert abs(bf16 - scores['--engine torch'][0]) <= 1.0, scores
+        first, again = scores[' '.join(int8)]
+        assert first == again, 'the saved int8 model gives the same metrics'
+        assert len(saved) == 4 and saved[1] == saved[2] and len({saved[0], saved[1], saved[3]}) == 3, saved
 
     images = workdir / 'data' / 'shapes' / 'val' / 'images'
     preds = {}
