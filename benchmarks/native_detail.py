@@ -1,29 +1,45 @@
-"""Resolution with real detail by construction: shapes drawn natively at every test size.
+"""Resolution with real detail by construction, from matched starts: shapes drawn natively at every test size.
 
-    python -m benchmarks.native_detail [--variants learned peg_0-5 none cnn] [--seeds 0 1 2 3 4] [--shard K/N]
-        [--train-images 12000] [--test-images 2000] [--device cpu|cuda] [--tf32 off] [--jobs N] [--work-dir DIR]
-        [--out DIR]
+    python -m benchmarks.native_detail [--variants learned none peg_0-5 peg_0-5_circular cnn] [--seeds 0 1 2 3 4]
+        [--shard K/N] [--fields 8000] [--val-fields 800] [--test-images 2000] [--epochs 12] [--device cpu|cuda]
+        [--tf32 off] [--jobs N] [--work-dir DIR] [--out DIR] [--name native_matched]
 
-The classification task: which of four shapes (circle, square, triangle, star) a scene shows, 2-4 of one class
-at random positions, sizes and rotations on a textured background (``cpvt_backbones.datasets.class_scenes``).
-Every image is drawn from its resolution-free scene at the size it is used at, so a larger test image carries
-real extra detail (crisper edges of smaller shapes), as ImageNet's 384 px tests of a 224 px model do.
+The task: which of four shapes (circle, square, triangle, star) a scene shows, 2-4 of one class at random
+positions, sizes and rotations on a textured background (``cpvt_backbones.datasets.class_scenes``). Every image
+is drawn from its resolution-free scene at the size it is used at (rendered at twice the size and shrunk), so a
+larger test image carries real extra detail, as ImageNet's 384 px tests of a 224 px model do.
 
-Every drawing is rendered at twice its size and shrunk (antialiased, ``draw``). Training: the scenes drawn at 112
-px (2x, the "originals"), DeiT-like random resized crops (area 0.25-1, aspect 3/4-4/3, flips, antialiased) to 56
-px, patch 4: a 14 x 14 token grid, 8 epochs; the resolution study's models, optimiser and trainer
-(``benchmarks.study``'s default ``StudyConfig`` with the fields below replaced) with global average pooling.
-Tests: held-out scenes drawn natively at 56, 80, 96 (1.71x: the paper's 384 / 224) and 112 px, and the 56 px
-drawings upsampled to 96 px (the same size without the detail). The variants: the learned table (resized), PEGs
-after blocks 0-5, no position encoding and the CNN without position encoding (the positive control: the FixRes
-effect, if this setting can show one at all). Seeds are fixed in advance (0-4).
+The design, fixed before any test was looked at:
 
-Resumable and sharded like the resolution study (runs under WORK_DIR/native_detail/VARIANT-seedS, result.json
-kept in git); the outputs (NAME.{json,csv,md,png}) are written by whichever invocation finds every run finished:
-per variant the top-1 at each test and its change from the training size, and paired by seed the differences between the
-variants, each with its 95% interval; a difference is claimed only where the interval excludes zero.
+* Tests: 2000 held-out scenes (``TEST_SIDE`` units square) drawn natively at 56 (1x), 80, 96 (1.71x: the
+  paper's 384 / 224) and 112 px, and the 56 px drawings upsampled to 96 px. Training never shows an upsampled
+  image, so that column is reported and no claim is drawn from it.
+* Scale: training crops come from wider fields (``FIELD_SIDE`` = 1.25 test scenes per side, objects of the same
+  sizes at the same density) drawn at ``FIELD_PX``; crops take a log-uniform area 0.1225-1 of a field
+  (aspect 3/4-4/3, flips) resized to 56 px, so objects appear at 0.4-1.14 px per scene unit, a range that holds
+  both the 1x test (0.5) and the 2x test (1.0) inside it. ``object_scales`` measures the apparent object radii
+  of crops and tests; the report prints them.
+* Matched starts: every variant shares a convolutional stem (``benchmarks.study.stem``: circular padding, so it
+  gives locality without a border) in place of the patch embedding, so that the learned table and no encoding
+  can learn the task. A validation split is carved from the training fields (the last ``--val-fields``; their
+  central test-scene window resized to 56 px); after every epoch each run records its validation top-1 and its
+  tests. Two analyses: 'final' (the last epoch) and 'matched' (per run the earliest epoch whose validation top-1
+  reaches L, the lowest of the position variants' mean best validation top-1; its best epoch where it never does).
+  The headline is 'final' where the position variants' mean final validation top-1 lie within 3 points of each
+  other, else 'matched'. Selection reads validation only.
+* Variants: the learned table (resized), no position encoding, PEGs after blocks 0-5 (zero padding: the
+  paper's mechanism), the same PEGs padding circularly (the locality-matched arm: a PEG's locality without a
+  zero border to read absolute position from), and the CNN control (the same stem, no position encoding).
+  Five seeds (0-4) per variant, all on one device.
+* Statistics: paired by seed with 95% t intervals; a leader ("gains most") is named only where its paired
+  interval against every other variant excludes zero; gains also as a share of the remaining error at 56 px.
+
+Resumable and sharded (runs under WORK_DIR/NAME/VARIANT-seedS, result.json kept in git; each records the
+accelerator, torch's version and the clean commit it ran from, ``benchmarks.study.common.provenance``); the
+outputs (NAME.{json,csv,md,png}) are written by whichever invocation finds every run finished.
 """
 import argparse
+import itertools
 import json
 import tempfile
 import time
@@ -38,25 +54,27 @@ import torch
 
 from cpvt_backbones.datasets import class_scenes, render
 from cpvt_backbones.utils import atomic_write, pyplot
-from benchmarks.study.common import format_paired, mean_std, paired, parse_shard, run_meta, write_csv
+from benchmarks.study.common import format_paired, mean_std, paired, parse_shard, provenance, run_meta, write_csv
 from benchmarks.study.config import TF32, VARIANTS, StudyConfig
-from benchmarks.study.data import resize
+from benchmarks.study.data import random_boxes, resize
 from benchmarks.study.report import line_style, trained_on
 from benchmarks.study.specs import Resized
-from benchmarks.study.trainer import build_model, evaluate, train
+from benchmarks.study.trainer import evaluate, train
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN_SIZE, ORIGINAL_SIZE = 56, 112            # training crops and the training drawings they are cut from (px)
-PATCH = 4                                     # a 14 x 14 token grid at the training size
-TEST_SIZES = (56, 80, 96, 112)
-UPSAMPLED = 96                                # the 56 px drawings resized to this size: size without detail
-OBJECTS, OBJECT_SIZE = (2, 4), (0.12, 0.3)    # shapes per scene; radius as a fraction of half the side
+TRAIN_SIZE, PATCH = 56, 4                     # training crops (px) and the stem's stride: a 14 x 14 token grid
+TEST_SIDE, TEST_SIZES, UPSAMPLED = 112, (56, 80, 96, 112), 96
+OBJECTS, OBJECT_SIZE = (2, 4), (0.12, 0.3)    # per test scene; radius as a fraction of half its side
+FIELD_SIDE, FIELD_PX = 140, 160               # training fields: 1.25 test scenes per side, drawn at 160 px
+FIELD_OBJECTS = (3, 6)                        # the test scenes' density over 1.5625 times the area
+FIELD_OBJECT_SIZE = tuple(round(s * TEST_SIDE / FIELD_SIDE, 4) for s in OBJECT_SIZE)   # the same radii in units
+CROP_SCALE = (TRAIN_SIZE / FIELD_PX) ** 2     # the smallest crop is drawn 1:1, none is upsampled
 TRAIN_SEED, TEST_SEED = 0, 1                  # the scene sets' seeds (the training seeds are --seeds)
 MEAN, STD = 0.5, 0.25                         # fixed pixel normalisation (images scaled to 0..1)
 DRAW_CHUNK = 256                              # scenes rendered at once
-STUDIED = ('learned', 'peg_0-5', 'none', 'cnn')
-PAIRS = (('peg_0-5', 'learned'), ('peg_0-5', 'none'), ('learned', 'none'), ('peg_0-5', 'cnn'), ('learned', 'cnn'),
-         ('none', 'cnn'))
+MATCH_WITHIN = 3.                             # points: the headline's test of matched final starts
+STUDIED = ('learned', 'none', 'peg_0-5', 'peg_0-5_circular', 'cnn')
+BASE = f'native{TRAIN_SIZE}'
 
 
 def test_keys() -> list[str]:
@@ -64,14 +82,20 @@ def test_keys() -> list[str]:
     return [f'native{s}' for s in TEST_SIZES] + [f'upsampled{UPSAMPLED}']
 
 
+def claimed_keys() -> list[str]:
+    """The tests that changes are claimed on (the upsampled one is not: training never shows upsampling)."""
+    return [f'native{s}' for s in TEST_SIZES if s != TRAIN_SIZE]
+
+
 def parse_args(argv: Sequence[str] | None = None) -> tuple[StudyConfig, argparse.Namespace]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--variants', nargs='+', default=list(STUDIED), choices=list(VARIANTS))
     p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2, 3, 4])
     p.add_argument('--shard', default='0/1', help='K/N: run every N-th (variant, seed) from the K-th (0-based)')
-    p.add_argument('--train-images', type=int, default=12000)
+    p.add_argument('--fields', type=int, default=8000, help='training fields drawn, the validation split included')
+    p.add_argument('--val-fields', type=int, default=800, help='the last fields, held out for validation')
     p.add_argument('--test-images', type=int, default=2000)
-    p.add_argument('--epochs', type=int, default=8)
+    p.add_argument('--epochs', type=int, default=12)
     p.add_argument('--device', default='cpu', help='torch device to train and test on (one per comparison)')
     p.add_argument('--tf32', choices=TF32, default='off',
                    help='TF32 on a CUDA device (resolution_study --tf32); off: full float32, as on a CPU')
@@ -82,18 +106,19 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[StudyConfig, argparse
     p.add_argument('--work-dir', type=Path, default=ROOT / 'benchmarks/results/recipe_runs',
                    help='runs go to WORK_DIR/NAME/')
     p.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results')
-    p.add_argument('--name', default='native_detail')
+    p.add_argument('--name', default='native_matched')
     args = p.parse_args(argv)
     shard_index, num_shards = parse_shard(p, args.shard)
-    if args.train_images < 128 or args.test_images < 1:
-        p.error('need --train-images >= 128 (one batch) and --test-images >= 1')
+    if args.fields - args.val_fields < 128 or args.val_fields < 1 or args.test_images < 1:
+        p.error('need --fields - --val-fields >= 128 (one batch), --val-fields >= 1 and --test-images >= 1')
     if args.jobs < 1 or args.threads < 1:
         p.error(f'--jobs and --threads must be >= 1, got {args.jobs} and {args.threads}')
     config = StudyConfig().replace(
         variants=tuple(args.variants), seeds=tuple(args.seeds), shard_index=shard_index, num_shards=num_shards,
-        train_images=args.train_images, test_images=args.test_images, epochs=args.epochs, device=args.device,
-        tf32=args.tf32, work_dir=args.work_dir, out=args.out, name=args.name, head='gap', image_size=TRAIN_SIZE,
-        patch=PATCH, test_sizes=TEST_SIZES, probe_images=0, in_chans=3, num_classes=4)
+        train_images=args.fields - args.val_fields, test_images=args.test_images, epochs=args.epochs,
+        device=args.device, tf32=args.tf32, work_dir=args.work_dir, out=args.out, name=args.name, head='gap',
+        image_size=TRAIN_SIZE, patch=PATCH, stem=True, test_sizes=TEST_SIZES, probe_images=0, in_chans=3,
+        num_classes=4, crop_scale=round(CROP_SCALE, 4), crop_area='log')
     return config, args
 
 
@@ -102,83 +127,175 @@ def _render(scenes, scale: float) -> np.ndarray:
 
 
 def draw(scenes, side: int, size: int, pool: Executor | None = None) -> torch.Tensor:
-    """The scenes (``side`` px at scale 1) drawn natively at ``size`` px, normalised, (N, 3, size, size):
+    """The scenes (``side`` units square) drawn natively at ``size`` px, normalised, (N, 3, size, size):
     rendered at twice the size and shrunk (antialiased), as a camera's pixels average the scene, so that edges
-    and pixel noise look alike at every size and alike in training crops (themselves shrunk from their
-    drawings) and in tests. Rendered in chunks (the 2x renders of a whole set would not fit in memory), spread
-    over ``pool``'s processes where one is given."""
+    and pixel noise look alike at every size and alike in training crops and in tests. Rendered in chunks,
+    spread over ``pool``'s processes where one is given."""
     chunks = [scenes[start:start + DRAW_CHUNK] for start in range(0, len(scenes), DRAW_CHUNK)]
     rendered = (pool.map if pool else map)(_render, chunks, [2 * size / side] * len(chunks))
     return torch.cat([resize((torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255 - MEAN) / STD,
-                                size).contiguous() for images in rendered])
+                             size).contiguous() for images in rendered])
 
 
-def load_data(config: StudyConfig, pool: Executor | None = None):
-    """(training drawings at ORIGINAL_SIZE, labels), and per test key (images, labels)."""
-    scenes, labels = class_scenes(config.train_images, ORIGINAL_SIZE, TRAIN_SEED, OBJECTS, OBJECT_SIZE)
-    train = draw(scenes, ORIGINAL_SIZE, ORIGINAL_SIZE, pool), torch.from_numpy(labels)
-    scenes, labels = class_scenes(config.test_images, ORIGINAL_SIZE, TEST_SEED, OBJECTS, OBJECT_SIZE)
+def field_scenes(count: int):
+    """The training fields and their labels (deterministic)."""
+    return class_scenes(count, FIELD_SIDE, TRAIN_SEED, FIELD_OBJECTS, FIELD_OBJECT_SIZE)
+
+
+def test_scenes(count: int):
+    return class_scenes(count, TEST_SIDE, TEST_SEED, OBJECTS, OBJECT_SIZE)
+
+
+def central_window(fields: torch.Tensor) -> torch.Tensor:
+    """Each field drawing's central test-scene window (``TEST_SIDE`` of ``FIELD_SIDE`` units) resized to the
+    training size: the validation images."""
+    inner = round(FIELD_PX * TEST_SIDE / FIELD_SIDE)
+    start = (FIELD_PX - inner) // 2
+    return resize(fields[..., start:start + inner, start:start + inner], TRAIN_SIZE).contiguous()
+
+
+def load_data(config: StudyConfig, val_fields: int, pool: Executor | None = None):
+    """((training fields at FIELD_PX, labels), (validation images: the last ``val_fields`` fields' central
+    windows, labels), {test key: (images, labels)})."""
+    num_train = config.train_images
+    scenes, labels = field_scenes(num_train + val_fields)
+    fields, y = draw(scenes, FIELD_SIDE, FIELD_PX, pool), torch.from_numpy(labels)
+    train = fields[:num_train].contiguous(), y[:num_train]
+    val = central_window(fields[num_train:]), y[num_train:]
+    scenes, labels = test_scenes(config.test_images)
     y = torch.from_numpy(labels)
-    tests = {f'native{s}': (draw(scenes, ORIGINAL_SIZE, s, pool), y) for s in TEST_SIZES}
-    tests[f'upsampled{UPSAMPLED}'] = (resize(tests[f'native{TRAIN_SIZE}'][0], UPSAMPLED), y)
-    return train, tests
+    tests = {f'native{s}': (draw(scenes, TEST_SIDE, s, pool), y) for s in TEST_SIZES}
+    tests[f'upsampled{UPSAMPLED}'] = (resize(tests[BASE][0], UPSAMPLED), y)
+    return train, val, tests
+
+
+def object_scales(config: StudyConfig, val_fields: int, crops: int = 4000) -> dict:
+    """Apparent object radii (px) in training crops and in each test, as percentiles (5, 25, 50, 75, 95): the
+    crops' from ``crops`` boxes drawn as training draws them (``random_boxes``) over the training fields, each
+    shape whose centre lies in its box counted at the box's scale; the tests' from every shape of the test
+    scenes at the test's size. 'crop_share_below' is the share of training objects smaller than each test's
+    median: inside the training range where it lies well between 0 and 1."""
+    scenes, _ = field_scenes(config.train_images + val_fields)
+    scenes = scenes[:config.train_images]
+    gen = torch.Generator().manual_seed(0)
+    boxes = random_boxes(crops, config.crop_scale, gen, config.crop_area)
+    picks = torch.randint(len(scenes), (crops,), generator=gen)
+    radii = []
+    for (cx, cy, w, h, _), i in zip(boxes.tolist(), picks.tolist(), strict=True):
+        x0, y0 = (cx + 1 - w) / 2 * FIELD_SIDE, (cy + 1 - h) / 2 * FIELD_SIDE
+        width, height = w * FIELD_SIDE, h * FIELD_SIDE
+        scale = (TRAIN_SIZE / width * TRAIN_SIZE / height) ** 0.5
+        radii += [s.r * scale for s in scenes[i].shapes if x0 <= s.cx < x0 + width and y0 <= s.cy < y0 + height]
+    crop_radii = np.array(radii)
+    test_radii = np.array([s.r for scene in test_scenes(config.test_images)[0] for s in scene.shapes])
+    levels = (5, 25, 50, 75, 95)
+
+    def spread(values):
+        return [round(float(v), 2) for v in np.percentile(values, levels)]
+    tests = {}
+    for size in TEST_SIZES:
+        r = test_radii * size / TEST_SIDE
+        tests[f'native{size}'] = dict(percentiles=spread(r),
+                                      crop_share_below=round(float((crop_radii < np.median(r)).mean()), 3))
+    return dict(levels=list(levels), crops=spread(crop_radii), tests=tests)
 
 
 def run(variant: str, seed: int, config: StudyConfig, data) -> dict:
-    """One (variant, seed): trained once (resumable), then tested on every test key its result lacks."""
+    """One (variant, seed): trained once (resumable), with its validation top-1 and every test after each epoch
+    in its log; ``top1`` holds the last epoch's tests."""
     run_dir = config.run_dir(variant, seed)
     result_path = run_dir / 'result.json'
-    result = json.loads(result_path.read_text()) if result_path.is_file() else None
-    model = None
-    if result is None or (not (run_dir / 'final.pth').is_file() and set(test_keys()) - set(result['top1'])):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        model, result = train(variant, seed, config, data[0], run_dir)
-    missing = [k for k in test_keys() if k not in result['top1']]
-    if missing:
-        if model is None:
-            model = build_model(variant, config)
-            model.load_state_dict(torch.load(run_dir / 'final.pth', map_location='cpu'))
-            model.to(config.device)
-        start = time.perf_counter()
-        for key in missing:   # each test's images are already at their size: evaluate's resize is the identity
-            x, y = data[1][key]
-            result['top1'][key] = evaluate(model, x, y, [Resized(x.shape[-1])], config)[str(x.shape[-1])]
-        result['eval_seconds'] = round(result['eval_seconds'] + time.perf_counter() - start, 1)
-        print(f'[native] {variant} seed {seed}: ' + ', '.join(f'{k} {result["top1"][k]:.2f}' for k in missing),
-              flush=True)
-        atomic_write(result_path, json.dumps(result, indent=2).encode())
+    if result_path.is_file():
+        return json.loads(result_path.read_text())
+    origin = provenance(config.device)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (x_val, y_val), tests = data[1], data[2]
+
+    def after_epoch(model) -> dict:
+        val = evaluate(model, x_val, y_val, [Resized(TRAIN_SIZE)], config)[str(TRAIN_SIZE)]
+        top1 = {key: evaluate(model, x, y, [Resized(x.shape[-1])], config)[str(x.shape[-1])]
+                for key, (x, y) in tests.items()}
+        print(f'[native] {variant} seed {seed}: validation {val:.2f}', flush=True)
+        return dict(val=round(val, 2), top1={k: round(v, 2) for k, v in top1.items()})
+
+    start = time.perf_counter()
+    _, result = train(variant, seed, config, data[0], run_dir, after_epoch)
+    seconds = time.perf_counter() - start - result['train_seconds']
+    result.update(top1=result['log'][-1]['top1'], eval_seconds=round(max(seconds, 0.), 1), **origin)
+    atomic_write(result_path, json.dumps(result, indent=2).encode())
     return result
 
 
-def summarise(results: list[dict], config: StudyConfig) -> dict:
-    """Per variant and test: top-1 mean ± sd and the paired change from the training size; per pair of variants
-    and test: the paired difference in top-1 and in the change from the training size (each with its 95%
-    interval)."""
-    by_variant = {v: sorted((r for r in results if r['variant'] == v), key=lambda r: r['seed'])
-                  for v in config.variants}
-    base = f'native{TRAIN_SIZE}'
-    rows, pairs = [], []
-    for variant, runs in by_variant.items():
+def select(results: list[dict], variants: Sequence[str]) -> dict:
+    """The two analyses' epoch per run (``{(variant, seed): epoch}``), the matched level L and the headline's
+    analysis, from validation top-1 alone (module docstring)."""
+    position = [v for v in variants if not VARIANTS[v].cnn]
+    final = {(r['variant'], r['seed']): len(r['log']) for r in results}
+    best = {v: float(np.mean([max(e['val'] for e in r['log']) for r in results if r['variant'] == v]))
+            for v in position}
+    level = min(best.values()) if best else 0.
+    matched = {}
+    for r in results:
+        vals = [e['val'] for e in r['log']]
+        reached = [i for i, v in enumerate(vals) if v >= level]
+        matched[(r['variant'], r['seed'])] = (reached[0] if reached else int(np.argmax(vals))) + 1
+    final_val = [float(np.mean([r['log'][-1]['val'] for r in results if r['variant'] == v])) for v in position]
+    spread = max(final_val) - min(final_val) if final_val else 0.
+    return dict(epochs=dict(final=final, matched=matched), level=round(level, 2),
+                final_val_spread=round(spread, 2), headline='final' if spread <= MATCH_WITHIN else 'matched')
+
+
+def summarise_analysis(results: list[dict], variants: Sequence[str], epochs: dict) -> dict:
+    """Per variant and test: validation and test top-1 (mean ± sd) at the chosen epochs, the paired change from
+    56 px and that change as a share of the remaining error at 56 px (%); per pair of variants and test the
+    paired difference in top-1 at 56 px and in the change; per larger test the leader (the largest mean change)
+    and whether its interval against every other variant excludes zero."""
+    by_variant = {v: sorted((r for r in results if r['variant'] == v), key=lambda r: r['seed']) for v in variants}
+    top1 = {v: [r['log'][epochs[(v, r['seed'])] - 1]['top1'] for r in runs] for v, runs in by_variant.items()}
+    rows = []
+    for v, tops in top1.items():
+        runs = by_variant[v]
+        base = [t[BASE] for t in tops]
+        val = [r['log'][epochs[(v, r['seed'])] - 1]['val'] for r in runs]
         for key in test_keys():
-            acc = [r['top1'][key] for r in runs]
+            acc = [t[key] for t in tops]
             m, s = mean_std(acc)
-            row = dict(variant=variant, test=key, top1_mean=m, top1_std=s, top1_per_seed=[round(a, 2) for a in acc],
-                       seeds=[r['seed'] for r in runs])
-            if key != base:
-                row['change'] = paired(acc, [r['top1'][base] for r in runs])
+            row = dict(variant=v, test=key, top1_mean=m, top1_std=s, top1_per_seed=acc, seeds=[r['seed'] for r in runs],
+                       epochs=[epochs[(v, r['seed'])] for r in runs], val_mean=mean_std(val)[0])
+            if key != BASE:
+                row['change'] = paired(acc, base)
+                share = [100 * (a - b) / max(100 - b, 1e-9) for a, b in zip(acc, base, strict=True)]
+                row['error_share'] = paired(share, [0.] * len(acc))
             rows.append(row)
-    for a, b in PAIRS:
-        if a not in by_variant or b not in by_variant:
-            continue
+
+    def change(v, key):
+        return [t[key] - t[BASE] for t in top1[v]]
+    pairs = []
+    for a, b in itertools.combinations(variants, 2):
         for key in test_keys():
-            top_a = [r['top1'][key] for r in by_variant[a]]
-            top_b = [r['top1'][key] for r in by_variant[b]]
-            entry = dict(a=a, b=b, test=key, top1=paired(top_a, top_b))
-            if key != base:
-                entry['change'] = paired([x - r['top1'][base] for x, r in zip(top_a, by_variant[a], strict=True)],
-                                         [x - r['top1'][base] for x, r in zip(top_b, by_variant[b], strict=True)])
+            entry = dict(a=a, b=b, test=key, top1=paired([t[key] for t in top1[a]], [t[key] for t in top1[b]]))
+            if key != BASE:
+                entry['change'] = paired(change(a, key), change(b, key))
             pairs.append(entry)
-    return dict(rows=rows, pairs=pairs)
+    leaders = {}
+    for key in claimed_keys():
+        lead = max(variants, key=lambda v: float(np.mean(change(v, key))))
+        against = {v: paired(change(lead, key), change(v, key)) for v in variants if v != lead}
+        leaders[key] = dict(variant=lead, separated=bool(against) and all(d['sign'] == '+' for d in against.values()),
+                            tied_with=[v for v, d in against.items() if d['sign'] != '+'])
+    position = [v for v in variants if not VARIANTS[v].cnn]
+    starts = [next(r['top1_mean'] for r in rows if r['variant'] == v and r['test'] == BASE) for v in position]
+    return dict(rows=rows, pairs=pairs, leaders=leaders,
+                start_spread=round(max(starts) - min(starts), 2) if starts else 0.)
+
+
+def summarise(results: list[dict], config: StudyConfig) -> dict:
+    chosen = select(results, config.variants)
+    analyses = {name: summarise_analysis(results, config.variants, epochs)
+                for name, epochs in chosen['epochs'].items()}
+    epochs = {name: {f'{v}-seed{s}': e for (v, s), e in per_run.items()} for name, per_run in chosen['epochs'].items()}
+    return dict(analyses=analyses, epochs=epochs, level=chosen['level'], final_val_spread=chosen['final_val_spread'],
+                headline=chosen['headline'])
 
 
 def heading(key: str) -> str:
@@ -187,55 +304,98 @@ def heading(key: str) -> str:
     return f'{kind} {size} px ({size / TRAIN_SIZE:.2g}x)'
 
 
-def render_markdown(summary: dict, config: StudyConfig, meta: dict) -> str:
+def _levels_table(analysis: dict, variants: Sequence[str]) -> list[str]:
     keys = test_keys()
-    lines = ['| model | ' + ' | '.join(heading(k) for k in keys) + ' |', '|---|' + '---|' * len(keys)]
-    for variant in config.variants:
+    lines = ['| model | validation | ' + ' | '.join(heading(k) + (' (no claim)' if k.startswith('upsampled') else '')
+                                                   for k in keys) + ' |', '|---|---|' + '---|' * len(keys)]
+    for variant in variants:
+        rows = [r for r in analysis['rows'] if r['variant'] == variant]
         cells = []
-        for row in (r for r in summary['rows'] if r['variant'] == variant):
+        for row in rows:
             cell = f'{row["top1_mean"]:.2f} ± {row["top1_std"]:.2f}'
             if 'change' in row:
-                cell += f' ({format_paired(row["change"])})'
+                cell += f' ({format_paired(row["change"])}; {row["error_share"]["mean"]:+.0f}% of the error)'
             cells.append(cell)
-        lines.append(f'| {VARIANTS[variant].label} | ' + ' | '.join(cells) + ' |')
-    lines += ['', f'Paired by seed, A − B: the difference in the change from {TRAIN_SIZE} px (in top-1 at '
-              f'{TRAIN_SIZE} px for the first column), mean [95% interval]; `=`: the interval includes zero (tied).',
-              '',
-              '| A − B | ' + ' | '.join(f'top-1 at {TRAIN_SIZE} px' if k == f'native{TRAIN_SIZE}' else
-                                       f'change to {heading(k)}' for k in keys) + ' |',
-              '|---|' + '---|' * len(keys)]
-    for a, b in PAIRS:
-        entries = [p for p in summary['pairs'] if (p['a'], p['b']) == (a, b)]
-        if entries:
-            lines.append(f'| {a} − {b} | ' + ' | '.join(
-                (lambda d: f'{format_paired(d)}{" =" if d["sign"] == "=" else ""}')(p.get('change', p['top1']))
-                for p in entries) + ' |')
+        lines.append(f'| {VARIANTS[variant].label} | {rows[0]["val_mean"]:.2f} | ' + ' | '.join(cells) + ' |')
+    return lines
+
+
+def _pairs_table(analysis: dict) -> list[str]:
+    keys = [BASE, *claimed_keys()]
+    lines = ['| A − B | ' + ' | '.join(f'top-1 at {TRAIN_SIZE} px' if k == BASE else f'change to {heading(k)}'
+                                      for k in keys) + ' |', '|---|' + '---|' * len(keys)]
+    pairs = [(p['a'], p['b']) for p in analysis['pairs'] if p['test'] == BASE]
+    for a, b in pairs:
+        entries = {p['test']: p for p in analysis['pairs'] if (p['a'], p['b']) == (a, b)}
+        cells = [(lambda d: f'{format_paired(d)}{" =" if d["sign"] == "=" else ""}')(
+            entries[k]['top1'] if k == BASE else entries[k]['change']) for k in keys]
+        lines.append(f'| {a} − {b} | ' + ' | '.join(cells) + ' |')
+    return lines
+
+
+def _leaders(analysis: dict) -> str:
+    out = []
+    for key, lead in analysis['leaders'].items():
+        label = VARIANTS[lead['variant']].label
+        out.append(f'{heading(key)}: {label} gains most, separated from every other variant' if lead['separated']
+                   else f'{heading(key)}: no leader ({label} gains most on average, tied with '
+                   f'{", ".join(lead["tied_with"])})')
+    return '; '.join(out) + '.'
+
+
+def render_markdown(summary: dict, config: StudyConfig, meta: dict) -> str:
+    headline = summary['headline']
+    lines = []
+    for name in (headline, 'matched' if headline == 'final' else 'final'):
+        analysis = summary['analyses'][name]
+        title = ('Final epoch' if name == 'final' else
+                 f'Matched checkpoints (per run the first epoch whose validation top-1 reaches {summary["level"]:.2f})')
+        lines += [f'**{title}**{" (the headline)" if name == headline else ""}: the position variants start '
+                  f'{analysis["start_spread"]:.2f} points apart at {TRAIN_SIZE} px.', '',
+                  *_levels_table(analysis, config.variants), '', *_pairs_table(analysis), '',
+                  f'Leaders: {_leaders(analysis)}', '']
+    scales = meta['object_scales']
+    lines += ['Apparent object radius (px), percentiles ' + '/'.join(map(str, scales['levels'])) + ': training crops '
+              + ' / '.join(map(str, scales['crops'])) + '; ' + '; '.join(
+                  f'{heading(k)} ' + ' / '.join(map(str, t['percentiles'])) + f' (share of training objects '
+                  f'smaller than its median: {t["crop_share_below"]:.2f})' for k, t in scales['tests'].items()) + '.',
+              '']
     return '\n'.join(lines) + (
-        f'\n\nTop-1 (%) on {config.test_images} held-out scenes, mean ± standard deviation over seeds '
-        f'{list(config.seeds)} (in brackets: the change from {TRAIN_SIZE} px, paired by seed, with its 95% '
-        f'interval). Trained on {config.train_images} scenes drawn at {ORIGINAL_SIZE} px, random resized crops '
-        f'(area {config.crop_scale}-1) to {TRAIN_SIZE} px, patch {config.patch} ({TRAIN_SIZE // config.patch} x '
+        f'\nTop-1 (%) on {config.test_images} held-out scenes, mean ± standard deviation over seeds '
+        f'{list(config.seeds)}; in brackets the change from {TRAIN_SIZE} px paired by seed with its 95% interval, '
+        f'and the change as a share of the remaining error at {TRAIN_SIZE} px. A − B: paired differences in the '
+        f'change (in top-1 for the first column); `=`: the interval includes zero. The headline analysis is '
+        f'"final" where the position variants\' mean final validation top-1 lie within {MATCH_WITHIN:.0f} points '
+        f'(here {summary["final_val_spread"]:.2f} apart). Trained on {config.train_images} fields '
+        f'({meta["val_fields"]} more held out for validation), log-uniform crops (area {config.crop_scale}-1) to '
+        f'{TRAIN_SIZE} px, a shared convolutional stem of stride {config.patch} ({TRAIN_SIZE // config.patch} x '
         f'{TRAIN_SIZE // config.patch} tokens), global average pooling, {config.dim} wide, depth {config.depth}, '
-        f'{config.epochs} epochs ({meta["iterations"]} iterations) on {meta["trained_on"]}. Parameters: '
+        f'{config.epochs} epochs ({meta["iterations"]} iterations) on {meta["trained_on"]}, torch '
+        f'{", ".join(meta["torch"])}, commit {", ".join(c[:10] for c in meta["commits"])}. Parameters: '
         f'{meta["params"]}. Run time summed over the runs: {meta["run_minutes"]} min; this invocation: '
         f'{meta["wall_minutes"]} min.\n\n`{meta["command"]}`\n')
 
 
 def plot(summary: dict, config: StudyConfig, path: Path) -> None:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5.6, 4.2))
+    analysis = summary['analyses'][summary['headline']]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     for variant in config.variants:
-        rows = [r for r in summary['rows'] if r['variant'] == variant and r['test'].startswith('native')]
+        rows = [r for r in analysis['rows'] if r['variant'] == variant and r['test'].startswith('native')]
         sizes = [int(r['test'].removeprefix('native')) for r in rows]
+        axes[0].errorbar(sizes, [r['top1_mean'] for r in rows], yerr=[r['top1_std'] for r in rows], capsize=3,
+                         label=VARIANTS[variant].label, **line_style(variant, plt))
         change = [0.] + [r['change']['mean'] for r in rows[1:]]
-        lo = [0.] + [r['change']['mean'] - (r['change']['lo'] if r['change']['lo'] is not None else r['change']['mean'])
-                     for r in rows[1:]]
-        ax.errorbar(sizes, change, yerr=lo, capsize=3, label=VARIANTS[variant].label,
-                    **line_style(variant, plt))
-    ax.axhline(0, color='grey', lw=0.8)
-    ax.set_xlabel(f'test size (px), drawn natively; trained at {TRAIN_SIZE} px')
-    ax.set_ylabel(f'change in top-1 from {TRAIN_SIZE} px (points, 95% interval)')
-    ax.legend(fontsize=7)
+        err = [0.] + [r['change']['mean'] - r['change']['lo'] if r['change']['lo'] is not None else 0.
+                      for r in rows[1:]]
+        axes[1].errorbar(sizes, change, yerr=err, capsize=3, label=VARIANTS[variant].label, **line_style(variant, plt))
+    axes[0].set_ylabel('top-1 (%), mean ± sd')
+    axes[1].set_ylabel(f'change in top-1 from {TRAIN_SIZE} px (points, 95% interval)')
+    axes[1].axhline(0, color='grey', lw=0.8)
+    for ax in axes:
+        ax.set_xlabel(f'test size (px), drawn natively; trained at {TRAIN_SIZE} px')
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f'{summary["headline"]} analysis', fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -257,21 +417,25 @@ def _run_shared(variant: str, seed: int, config: StudyConfig) -> str:
 def main(argv: Sequence[str] | None = None) -> dict:
     config, args = parse_args(argv)
     start = time.perf_counter()
-    context = get_context('spawn')
-    with ProcessPoolExecutor(args.jobs, mp_context=context) if args.jobs > 1 else nullcontext() as pool:
-        data = load_data(config, pool)
     runs = [(v, seed) for seed in config.seeds for v in config.variants]
-    mine = runs[config.shard_index::config.num_shards]
-    if args.jobs > 1 and mine:
-        with tempfile.TemporaryDirectory(prefix='native_detail-') as tmp:
-            path = Path(tmp) / 'drawn.pt'
-            torch.save(data, path)
-            with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_load_shared,
-                                     initargs=(path, args.threads)) as pool:
-                for done in pool.map(_run_shared, *zip(*mine, strict=True), [config] * len(mine)):
-                    print(f'[native] {done} finished', flush=True)
-    for variant, seed in mine:   # with --jobs > 1: every run is finished, result.json is read
-        run(variant, seed, config, data)
+    mine = [r for r in runs[config.shard_index::config.num_shards]
+            if not (config.run_dir(*r) / 'result.json').is_file()]
+    data = None
+    if mine:
+        provenance(config.device)   # refuse uncommitted code before drawing anything
+        context = get_context('spawn')
+        with ProcessPoolExecutor(args.jobs, mp_context=context) if args.jobs > 1 else nullcontext() as pool:
+            data = load_data(config, args.val_fields, pool)
+        if args.jobs > 1:
+            with tempfile.TemporaryDirectory(prefix='native_detail-') as tmp:
+                path = Path(tmp) / 'drawn.pt'
+                torch.save(data, path)
+                with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_load_shared,
+                                         initargs=(path, args.threads)) as pool:
+                    for done in pool.map(_run_shared, *zip(*mine, strict=True), [config] * len(mine)):
+                        print(f'[native] {done} finished', flush=True)
+        for variant, seed in mine:
+            run(variant, seed, config, data)
     pending = [f'{v}-seed{s}' for v, s in runs if not (config.run_dir(v, s) / 'result.json').is_file()]
     if pending:
         print(f'[native] this shard is done; {len(pending)} run(s) of other shards pending: {", ".join(pending)}')
@@ -279,15 +443,19 @@ def main(argv: Sequence[str] | None = None) -> dict:
     results = [run(v, seed, config, data) for v, seed in runs]
     summary = summarise(results, config)
     meta = dict(run_meta('benchmarks.native_detail', argv, start), train_images=config.train_images,
-                test_images=config.test_images, seeds=list(config.seeds), epochs=config.epochs,
-                iterations=results[0]['iterations'], device=config.device, tf32=config.tf32,
-                trained_on=trained_on(results),
+                val_fields=args.val_fields, test_images=config.test_images, seeds=list(config.seeds),
+                epochs=config.epochs, iterations=results[0]['iterations'], device=config.device, tf32=config.tf32,
+                trained_on=trained_on([dict(r, device=r['accelerator']) for r in results]),
+                torch=sorted({r['torch'] for r in results}), commits=sorted({r['commit'] for r in results}),
                 params={r['variant']: r['params'] for r in results},
+                object_scales=object_scales(config, args.val_fields),
                 run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1))
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
-    write_csv([dict(r, change=format_paired(r['change']) if 'change' in r else '') for r in summary['rows']],
-              out / f'{config.name}.csv')
+    headline = summary['analyses'][summary['headline']]
+    write_csv([dict(r, change=format_paired(r['change']) if 'change' in r else '',
+                    error_share=format_paired(r['error_share']) if 'error_share' in r else '')
+               for r in headline['rows']], out / f'{config.name}.csv')
     (out / f'{config.name}.json').write_text(json.dumps(dict(meta=meta, **summary, runs=results), indent=2))
     (out / f'{config.name}.md').write_text(render_markdown(summary, config, meta))
     plot(summary, config, out / f'{config.name}.png')

@@ -40,7 +40,7 @@ from pathlib import Path
 from collections.abc import Sequence
 
 from benchmarks.study.common import parse_shard, run_meta
-from benchmarks.study.config import CROP_RESAMPLE, TEST_RESAMPLE, TF32, VARIANTS, StudyConfig, command_args
+from benchmarks.study.config import CROP_AREA, CROP_RESAMPLE, TEST_RESAMPLE, TF32, VARIANTS, StudyConfig, command_args
 from benchmarks.study.data import ensure_data, load_split
 from benchmarks.study.report import StudyReport, plot_peg_response, trained_on
 from benchmarks.study.trainer import run
@@ -80,6 +80,10 @@ def parse_args(argv: Sequence[str] | None = None) -> StudyConfig:
     p.add_argument('--crop-resample', choices=CROP_RESAMPLE, default=d.crop_resample,
                    help='how training crops are resampled: antialiased when shrinking, as ImageNet pipelines do, '
                         'or one bilinear sample per pixel (aliased)')
+    p.add_argument('--crop-area', choices=CROP_AREA, default=d.crop_area,
+                   help="how crop areas are drawn: uniform in crop-scale..1 (ImageNet's) or log-uniform")
+    p.add_argument('--stem', action='store_true',
+                   help='a convolutional stem (circular padding, stride 2 per layer) instead of the patch embedding')
     p.add_argument('--test-resample', choices=TEST_RESAMPLE, default=d.test_resample,
                    help='how test images are resized (antialiased when shrinking); a test-time choice: a study '
                         'that only changes it can reuse another\'s trained runs (--runs)')

@@ -2,6 +2,7 @@
 table, the run's metadata, where runs are kept, and sharding."""
 import argparse
 import csv
+import hashlib
 import os
 import platform
 import shlex
@@ -69,6 +70,55 @@ def code_version() -> str:
     except (OSError, subprocess.CalledProcessError):
         return 'unknown'
     return commit + ('+changes' if dirty else '')
+
+
+STUDIED_CODE = ('benchmarks', 'cpvt_backbones')   # what a study's results depend on (its results excluded)
+
+
+def source_digest(root: Path | None = None) -> str:
+    """sha256 over the Python files of ``STUDIED_CODE`` (paths and contents, in path order): what the code was,
+    checkable against any commit without git on the machine that ran it."""
+    root = root or Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for path in sorted(p for d in STUDIED_CODE for p in (root / d).rglob('*.py') if 'results' not in p.parts):
+        digest.update(path.relative_to(root).as_posix().encode() + b'\0' + path.read_bytes() + b'\0')
+    return digest.hexdigest()
+
+
+def accelerator(device: str) -> str:
+    """The device's name: the GPU's ('NVIDIA H100 80GB HBM3'), or the CPU's model name."""
+    if device.startswith('cuda'):
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        names = [line.split(':', 1)[1].strip() for line in Path('/proc/cpuinfo').read_text().splitlines()
+                 if line.startswith('model name')]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()
+
+
+def provenance(device: str, root: Path | None = None) -> dict:
+    """What a recorded run came from: the accelerator's name, torch's version, the clean git commit of the code
+    and ``source_digest``. Raises SystemExit where ``STUDIED_CODE`` has uncommitted changes (a run is recorded
+    only from committed code). Without git (a bare machine given a copy of a clean checkout), the commit comes
+    from ``$CPVT_STUDY_COMMIT`` and the digest is what ties it to that commit."""
+    root = root or Path(__file__).resolve().parents[2]
+    paths = [*STUDIED_CODE, ':(exclude)benchmarks/results']
+    try:
+        commit = subprocess.run(['git', '-C', str(root), 'rev-parse', 'HEAD'], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(['git', '-C', str(root), 'status', '--porcelain', '--', *paths],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        source = 'git'
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty, source = os.environ.get('CPVT_STUDY_COMMIT', ''), '', 'CPVT_STUDY_COMMIT'
+        if not commit:
+            raise SystemExit('[study] no git here to name the code\'s commit: set CPVT_STUDY_COMMIT to the commit '
+                             'this copy was made from') from None
+    if dirty:
+        raise SystemExit(f'[study] refusing to record runs from uncommitted code; commit or stash first:\n{dirty}')
+    return dict(accelerator=accelerator(device), torch=torch.__version__, commit=commit, commit_from=source,
+                source_digest=source_digest(root))
 
 
 def run_meta(module: str, argv: Sequence[str] | None, started: float) -> dict:

@@ -17,6 +17,7 @@ from benchmarks.study.common import study_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CROP_RESAMPLE = ('antialiased', 'aliased')
+CROP_AREA = ('uniform', 'log')
 TEST_RESAMPLE = ('bilinear', 'bicubic')
 TF32 = ('default', 'on', 'off')
 
@@ -43,6 +44,9 @@ VARIANTS: dict[str, Variant] = {
     'peg_0': Variant('PEG after block 0 (CPVT)', 72.4, lambda size, patch: dict(type='peg', positions=(0,))),
     'peg_0-5': Variant('PEG after blocks 0-5 (CPVT)', 73.4,
                        lambda size, patch: dict(type='peg', positions=tuple(range(6)))),
+    'peg_0-5_circular': Variant('PEG after blocks 0-5, circular padding (no border)', None,
+                                lambda size, patch: dict(type='peg', positions=tuple(range(6)),
+                                                         padding_mode='circular')),
     'peg_frozen': Variant('PEG after 0, frozen random', 71.3,
                           lambda size, patch: dict(type='peg', positions=(0,), frozen=True)),
     'peg_qk': Variant('PEG on Q, K only (block 1)', 71.3, lambda size, patch: dict(type='peg_qk', positions=(1,))),
@@ -83,12 +87,14 @@ class StudyConfig:
     drop_path: float = 0.1
     crop_scale: float = 0.25
     crop_resample: str = 'antialiased'
+    crop_area: str = 'uniform'
     test_resample: str = 'bilinear'
     decay_position: bool = False
     dim: int = 64
     depth: int = 6
     heads: int = 2
     patch: int = 2
+    stem: bool = False         # a convolutional stem (stem.ConvStem, circular padding) in place of the patch embedding
     in_chans: int = 1          # the images' channels and classes (Fashion-MNIST: 1 and 10); other tasks
     num_classes: int = 10      # of the same models replace them
     device: str = 'cpu'
@@ -111,7 +117,8 @@ class StudyConfig:
 
     def _problem(self) -> str | None:
         unknown = [v for v in self.variants if v not in VARIANTS]
-        choices = dict(head=('cls', 'gap'), crop_resample=CROP_RESAMPLE, test_resample=TEST_RESAMPLE, tf32=TF32)
+        choices = dict(head=('cls', 'gap'), crop_resample=CROP_RESAMPLE, crop_area=CROP_AREA,
+                       test_resample=TEST_RESAMPLE, tf32=TF32)
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 return f'{name} must be one of {allowed}, got {getattr(self, name)!r}'
@@ -133,6 +140,9 @@ class StudyConfig:
             (self.placement_canvas % self.patch,
              f'placement_canvas {self.placement_canvas} is not a multiple of the patch size {self.patch}'),
             (not 0 < self.crop_scale <= 1, f'crop_scale must be in (0, 1], got {self.crop_scale}'),
+            (self.stem and (self.patch < 2 or self.patch & (self.patch - 1)),
+             f'the convolutional stem halves the image per layer: it needs a patch size 2, 4, 8, ..., got '
+             f'{self.patch}'),
         ]
         return next((message for failed, message in checks if failed), None)
 

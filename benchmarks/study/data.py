@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from cpvt_backbones.datasets import load_fashion_mnist
-from benchmarks.study.config import CROP_RESAMPLE
+from benchmarks.study.config import CROP_AREA, CROP_RESAMPLE
 
 MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training-set pixel statistics
 
@@ -35,12 +35,15 @@ def load_split(root: Path, split: str, count: int, subset_seed: int = 0):
     return (x - MEAN) / STD, torch.from_numpy(labels[idx])
 
 
-def random_boxes(batch: int, min_scale: float, gen: torch.Generator) -> torch.Tensor:
+def random_boxes(batch: int, min_scale: float, gen: torch.Generator, area: str = 'uniform') -> torch.Tensor:
     """(batch, 5) random resized crop boxes in normalised coordinates (-1..1): centre x, centre y, half-width,
-    half-height, and the horizontal flip (-1 or 1). Area ``min_scale``..1 of the image, aspect 3/4..4/3; a side
-    that would leave the image is clamped to it, so the crop always lies inside."""
+    half-height, and the horizontal flip (-1 or 1). Area ``min_scale``..1 of the image, uniform (``'uniform'``, as
+    ImageNet pipelines draw it) or log-uniform (``'log'``: every zoom factor equally likely), aspect 3/4..4/3; a
+    side that would leave the image is clamped to it, so the crop always lies inside."""
+    if area not in CROP_AREA:
+        raise ValueError(f'crop area must be one of {CROP_AREA}, got {area!r}')
     u = torch.rand(batch, 5, generator=gen)
-    area = min_scale + (1 - min_scale) * u[:, 0]
+    area = min_scale + (1 - min_scale) * u[:, 0] if area == 'uniform' else min_scale ** (1 - u[:, 0])
     log_ratio = math.log(3 / 4) + (math.log(4 / 3) - math.log(3 / 4)) * u[:, 1]
     w = (area * log_ratio.exp()).sqrt().clamp(max=1)
     h = (area / log_ratio.exp()).sqrt().clamp(max=1)
@@ -83,10 +86,10 @@ def resample_boxes(x: torch.Tensor, boxes: torch.Tensor, size: int, resample: st
 
 
 def random_resized_crop(x: torch.Tensor, size: int, min_scale: float, gen: torch.Generator,
-                        resample: str = 'antialiased') -> torch.Tensor:
+                        resample: str = 'antialiased', area: str = 'uniform') -> torch.Tensor:
     """Batched random resized crop plus horizontal flip (``random_boxes``), resampled by ``resample_boxes``.
     The boxes come from ``gen`` on the CPU, so a seed gives the same crops on every device and resampling."""
-    return resample_boxes(x, random_boxes(x.shape[0], min_scale, gen), size, resample)
+    return resample_boxes(x, random_boxes(x.shape[0], min_scale, gen, area), size, resample)
 
 
 def resize(x: torch.Tensor, size: int, mode: str = 'bilinear') -> torch.Tensor:

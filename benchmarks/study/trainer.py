@@ -10,7 +10,7 @@ import math
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -22,14 +22,21 @@ from benchmarks.study.cnn import PatchCNN
 from benchmarks.study.config import TF32, VARIANTS, StudyConfig
 from benchmarks.study.data import random_resized_crop, resize
 from benchmarks.study.specs import Placed, TestSpec, parse_key, study_tests
+from benchmarks.study.stem import ConvStem, Stemmed
 
 
-def build_model(variant: str, config: StudyConfig) -> CPVT | PatchCNN:
+def build_model(variant: str, config: StudyConfig) -> CPVT | PatchCNN | Stemmed:
+    """The variant's network; with ``config.stem`` on a shared ``ConvStem`` (the network then has patch size 1
+    over the stem's map of ``config.dim`` channels)."""
+    patch, in_chans = (1, config.dim) if config.stem else (config.patch, config.in_chans)
     if VARIANTS[variant].cnn:
-        return PatchCNN(config.dim, config.depth, config.patch, config.in_chans, config.num_classes)
-    return CPVT(embed_dim=config.dim, depth=config.depth, num_heads=config.heads, patch_size=config.patch,
-                in_chans=config.in_chans, num_classes=config.num_classes, class_token=config.head == 'cls',
-                drop_path_rate=config.drop_path, pos_encoding=VARIANTS[variant].spec(config.image_size, config.patch))
+        net = PatchCNN(config.dim, config.depth, patch, in_chans, config.num_classes)
+    else:
+        spec = VARIANTS[variant].spec(config.image_size, config.patch)
+        net = CPVT(embed_dim=config.dim, depth=config.depth, num_heads=config.heads, patch_size=patch,
+                   in_chans=in_chans, num_classes=config.num_classes, class_token=config.head == 'cls',
+                   drop_path_rate=config.drop_path, pos_encoding=spec)
+    return Stemmed(ConvStem(config.in_chans, config.dim, config.patch), net) if config.stem else net
 
 
 def make_optimizer(model: CPVT, config: StudyConfig, total_steps: int):
@@ -139,15 +146,17 @@ def position_probe(model: CPVT, x: torch.Tensor, config: StudyConfig) -> dict:
     return out
 
 
-def train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Path):
+def train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Path,
+          after_epoch: Callable[[torch.nn.Module], dict] | None = None):
     """Train one model, resuming from its last finished epoch; returns it with its training record (which
-    records the TF32 settings in force, ``fp32_precision``)."""
+    records the TF32 settings in force, ``fp32_precision``). ``after_epoch(model)``, where given, runs after
+    every epoch (the model in eval mode, no gradients) and its dict joins that epoch's entry in the log."""
     with fp32_precision(config.tf32) as in_force:
-        model, record = _train(variant, seed, config, train_data, run_dir)
+        model, record = _train(variant, seed, config, train_data, run_dir, after_epoch)
     return model, dict(record, tf32=in_force)
 
 
-def _train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Path):
+def _train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Path, after_epoch=None):
     x_train, y_train = (t.to(config.device) for t in train_data)
     torch.manual_seed(seed)
     model = build_model(variant, config).to(config.device)
@@ -174,7 +183,8 @@ def _train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Pa
         for step in range(steps_per_epoch):
             idx = order[step * config.batch_size:(step + 1) * config.batch_size]
             idx = idx.to(config.device)
-            xb = random_resized_crop(x_train[idx], config.image_size, config.crop_scale, gen, config.crop_resample)
+            xb = random_resized_crop(x_train[idx], config.image_size, config.crop_scale, gen, config.crop_resample,
+                                     config.crop_area)
             yb = y_train[idx]
             logits = model(xb)
             loss = F.cross_entropy(logits, yb, label_smoothing=0.1)
@@ -190,6 +200,10 @@ def _train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Pa
         state['log'].append(dict(epoch=epoch + 1, loss=round(loss_sum / steps_per_epoch, 4),
                                  train_top1=round(100. * correct / (steps_per_epoch * config.batch_size), 2),
                                  seconds=round(seconds, 1)))
+        if after_epoch is not None:
+            model.eval()
+            with torch.inference_mode():
+                state['log'][-1].update(after_epoch(model))
         print(f'[study] {variant} seed {seed}: {state["log"][-1]}', flush=True)
         ckpt = dict(model=model.state_dict(), optimizer=opt.state_dict(), scheduler=sched.state_dict(),
                     generator=gen.get_state(), torch_rng=torch.get_rng_state(), state=state)

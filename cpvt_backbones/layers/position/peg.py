@@ -8,6 +8,7 @@ from ..layout import map_to_tokens, tokens_to_map
 from .base import HW, Geometry, Placed, PositionEncoding, check_odd_kernel, check_positions
 
 PEG_TYPES = ('depthwise', 'separable')
+PADDING_MODES = ('zeros', 'circular', 'replicate', 'reflect')
 
 
 class PEG(nn.Module):
@@ -22,14 +23,20 @@ class PEG(nn.Module):
     "separable convolution" variant). The layers live in ``proj`` (a Sequential) so that official Twins/CPVT
     and timm weights load under their key names (``proj.0.*``). ``kernel_size`` 1 is the paper's control
     without any spatial extent (``conv1x1``); a PEG proper has k >= 3 (the ``peg`` encoding checks it).
+    ``padding_mode`` other than 'zeros' ('circular', 'replicate', 'reflect') keeps the convolution's locality but
+    gives it no zero border to read absolute position from (a control; 'circular' and 'reflect' need maps of
+    at least k // 2 + 1 tokens per side).
     """
 
-    def __init__(self, dim: int, kernel_size: int = 3, peg_type: str = 'depthwise', num_prefix_tokens: int = 0):
+    def __init__(self, dim: int, kernel_size: int = 3, peg_type: str = 'depthwise', num_prefix_tokens: int = 0,
+                 padding_mode: str = 'zeros'):
         super().__init__()
         check_odd_kernel(kernel_size, 'kernel_size')
         if peg_type not in PEG_TYPES:
             raise ValueError(f'peg_type must be one of {PEG_TYPES}, got {peg_type!r}')
-        layers = [nn.Conv2d(dim, dim, kernel_size, 1, kernel_size // 2, groups=dim)]
+        if padding_mode not in PADDING_MODES:
+            raise ValueError(f'padding_mode must be one of {PADDING_MODES}, got {padding_mode!r}')
+        layers = [nn.Conv2d(dim, dim, kernel_size, 1, kernel_size // 2, groups=dim, padding_mode=padding_mode)]
         if peg_type == 'separable':
             layers.append(nn.Conv2d(dim, dim, 1))
         self.proj = nn.Sequential(*layers)
@@ -70,23 +77,24 @@ class PEGEncoding(Placed, PositionEncoding):
     before block 0. PEGs are ``pos_block.{k}``, numbered in network order (``peg_after[(stage, block)] = k``).
 
     ``kernel_size`` (odd, >= 3), ``peg_type`` ('depthwise' or 'separable'); ``frozen=True`` keeps the PEGs at
-    their random initialisation (no gradient: the paper's "fixed random PEG" control).
+    their random initialisation (no gradient: the paper's "fixed random PEG" control); ``padding_mode``
+    ('zeros', or 'circular', 'replicate', 'reflect': locality without a zero border, a control).
     """
     attr = 'pos_block'
     name = 'peg'
     min_kernel = 3
 
     def __init__(self, geometry: Geometry, positions=None, kernel_size: int = 3, peg_type: str = 'depthwise',
-                 frozen: bool = False):
+                 frozen: bool = False, padding_mode: str = 'zeros'):
         super().__init__(geometry)
         check_odd_kernel(kernel_size, f'{self.name} kernel_size', self.min_kernel)
         if not isinstance(frozen, bool):
             raise TypeError(f'{self.name} frozen must be True or False, got {frozen!r}')
         self.positions = check_positions(positions, geometry.depths, f'{self.name} positions', self.default_positions,
                                          first=-1)
-        self.kernel_size, self.peg_type, self.frozen = kernel_size, peg_type, frozen
+        self.kernel_size, self.peg_type, self.frozen, self.padding_mode = kernel_size, peg_type, frozen, padding_mode
         places = [(s, b) for s, blocks in enumerate(self.positions) for b in blocks]
-        self._place(places, [PEG(geometry.dims[s], kernel_size, peg_type, geometry.num_prefix_tokens)
+        self._place(places, [PEG(geometry.dims[s], kernel_size, peg_type, geometry.num_prefix_tokens, padding_mode)
                              for s, _ in places])
         if frozen:
             self.requires_grad_(False)
@@ -119,8 +127,9 @@ class PEGEncoding(Placed, PositionEncoding):
     def extra_repr(self) -> str:
         where = ';'.join(','.join(map(str, p)) for p in self.positions)
         extra = (f', {self.kernel_size}x{self.kernel_size}' if self.kernel_size != 3 else '') + \
-            (', separable' if self.peg_type == 'separable' else '') + (', frozen' if self.frozen else '')
+            (', separable' if self.peg_type == 'separable' else '') + (', frozen' if self.frozen else '') + \
+            (f', {self.padding_mode} padding' if self.padding_mode != 'zeros' else '')
         return f'{self.name} after {where}{extra}'
 
 
-__all__ = ['PEG', 'PEGEncoding', 'PEG_TYPES', 'peg_responses']
+__all__ = ['PADDING_MODES', 'PEG', 'PEGEncoding', 'PEG_TYPES', 'peg_responses']

@@ -1,0 +1,47 @@
+"""A convolutional stem every variant of a study can share in place of its patch embedding.
+
+``ConvStem`` halves the image per layer with 3 x 3 convolutions of stride 2 (GELU between them), so that
+``log2(patch)`` layers give the patch embedding's stride and token grid. Its padding is circular: the stem adds
+locality to every variant without giving any of them a zero border to read absolute position from, so that what
+tells the variants apart is still only their position encoding. ``Stemmed`` runs a network on the stem's map and
+has the calls a study makes of a model (``forward``, ``forward_features``, ``num_prefix_tokens``,
+``no_weight_decay``)."""
+import math
+
+import torch
+from torch import nn
+
+
+class ConvStem(nn.Sequential):
+    """``layers = log2(patch)`` stride-2 3 x 3 convolutions (circular padding) from ``in_chans`` to ``dim``
+    channels, widths doubling up to ``dim``; the map is ceil(H / patch) x ceil(W / patch)."""
+
+    def __init__(self, in_chans: int, dim: int, patch: int):
+        layers = round(math.log2(patch))
+        if patch < 2 or 2 ** layers != patch:
+            raise ValueError(f'ConvStem needs a patch size 2, 4, 8, ..., got {patch}')
+        widths = [max(dim >> (layers - 1 - i), 1) for i in range(layers)]
+        modules: list[nn.Module] = []
+        for i, width in enumerate(widths):
+            modules.append(nn.Conv2d(widths[i - 1] if i else in_chans, width, 3, 2, 1, padding_mode='circular'))
+            if i < layers - 1:
+                modules.append(nn.GELU())
+        super().__init__(*modules)
+
+
+class Stemmed(nn.Module):
+    """``net`` (built with ``in_chans = dim`` and patch size 1) on the map of ``stem``."""
+
+    def __init__(self, stem: nn.Module, net: nn.Module):
+        super().__init__()
+        self.stem, self.net = stem, net
+        self.num_prefix_tokens = getattr(net, 'num_prefix_tokens', 0)
+
+    def no_weight_decay(self) -> set[str]:
+        return {f'net.{name}' for name in self.net.no_weight_decay()}
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net.forward_features(self.stem(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(self.stem(x))
