@@ -200,14 +200,15 @@ def object_scales(config: StudyConfig, val_fields: int, crops: int = 4000) -> di
     return dict(levels=list(levels), crops=spread(crop_radii), tests=tests)
 
 
-def run(variant: str, seed: int, config: StudyConfig, data) -> dict:
+def run(variant: str, seed: int, config: StudyConfig, data, origin: dict | None = None) -> dict:
     """One (variant, seed): trained once (resumable), with its validation top-1 and every test after each epoch
-    in its log; ``top1`` holds the last epoch's tests."""
+    in its log; ``top1`` holds the last epoch's tests and the record holds ``origin`` (``provenance``)."""
     run_dir = config.run_dir(variant, seed)
     result_path = run_dir / 'result.json'
     if result_path.is_file():
         return json.loads(result_path.read_text())
-    origin = provenance(config.device)
+    if origin is None:
+        raise ValueError(f'{variant} seed {seed} is not trained yet: training needs its provenance (origin)')
     run_dir.mkdir(parents=True, exist_ok=True)
     (x_val, y_val), tests = data[1], data[2]
 
@@ -409,8 +410,8 @@ def _load_shared(path: Path, threads: int) -> None:
     _SHARED['data'] = torch.load(str(path), mmap=True)   # torch 2.1 takes mmap only with a str
 
 
-def _run_shared(variant: str, seed: int, config: StudyConfig) -> str:
-    run(variant, seed, config, _SHARED['data'])
+def _run_shared(variant: str, seed: int, config: StudyConfig, origin: dict) -> str:
+    run(variant, seed, config, _SHARED['data'], origin)
     return f'{variant}-seed{seed}'
 
 
@@ -422,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             if not (config.run_dir(*r) / 'result.json').is_file()]
     data = None
     if mine:
-        provenance(config.device)   # refuse uncommitted code before drawing anything
+        origin = provenance(config.device)   # refuses uncommitted code before anything is drawn
         context = get_context('spawn')
         with ProcessPoolExecutor(args.jobs, mp_context=context) if args.jobs > 1 else nullcontext() as pool:
             data = load_data(config, args.val_fields, pool)
@@ -432,10 +433,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 torch.save(data, path)
                 with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_load_shared,
                                          initargs=(path, args.threads)) as pool:
-                    for done in pool.map(_run_shared, *zip(*mine, strict=True), [config] * len(mine)):
+                    for done in pool.map(_run_shared, *zip(*mine, strict=True), [config] * len(mine),
+                                         [origin] * len(mine)):
                         print(f'[native] {done} finished', flush=True)
         for variant, seed in mine:
-            run(variant, seed, config, data)
+            run(variant, seed, config, data, origin)
     pending = [f'{v}-seed{s}' for v, s in runs if not (config.run_dir(v, s) / 'result.json').is_file()]
     if pending:
         print(f'[native] this shard is done; {len(pending)} run(s) of other shards pending: {", ".join(pending)}')

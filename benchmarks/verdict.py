@@ -56,6 +56,12 @@ def load(name: str, results: Path = RESULTS) -> dict:
     return json.loads((results / f'{name}.json').read_text())
 
 
+def torch_of(name: str, results: Path = RESULTS) -> str:
+    """The torch version that the study ``name``'s invocation recorded (its runs share it where they trained in
+    that invocation)."""
+    return load(name, results)['meta'].get('torch', 'unrecorded')
+
+
 def pooled_runs(names: Sequence[str], results: Path = RESULTS) -> tuple[dict, list[dict]]:
     """The runs of the studies ``names`` (one run once: studies that share run directories list it twice), with
     the recipe they share; a ValueError where the studies' recipes differ or one run has two results."""
@@ -117,15 +123,17 @@ def cell(d: dict) -> str:
 
 
 def leader(values: dict[str, list[float]]) -> str:
-    """Which variant is highest in ``values`` (variant -> per-seed values on the same seeds), against the
-    runner-up, paired: 'X, ahead of Y by d [lo, hi]' where the interval excludes zero, else 'X and Y tied (...)'."""
+    """Which variant is highest in ``values`` (variant -> per-seed values on the same seeds), named only where its
+    paired interval against every other variant excludes zero: 'X, ahead of every other (of Y, the runner-up, by
+    d [lo, hi])', else 'no leader: X highest on average, not separated from A, B'."""
     ranked = sorted(values, key=lambda v: sum(values[v]) / len(values[v]), reverse=True)
     first, second = ranked[:2]
-    d = paired(values[first], values[second])
-    names = VARIANTS[first].label, VARIANTS[second].label
-    if d['sign'] == '+':
-        return f'{names[0]}, ahead of {names[1]} by {format_paired(d)}'
-    return f'{names[0]} and {names[1]} tied ({format_paired(d)})'
+    tied = [v for v in ranked[1:] if paired(values[first], values[v])['sign'] != '+']
+    if not tied:
+        return (f'{VARIANTS[first].label}, ahead of every other (of {VARIANTS[second].label}, the runner-up, by '
+                f'{format_paired(paired(values[first], values[second]))})')
+    return (f'no leader: {VARIANTS[first].label} highest on average, not separated from '
+            + ', '.join(VARIANTS[v].label for v in tied))
 
 
 def size_heading(size: int, base: int) -> str:
@@ -398,8 +406,11 @@ def device(results: Path = RESULTS) -> str:
     return '\n'.join(rows_out) + (
         '\n\nThe same recipe, seeds and data order trained on the CPU minus on a GPU, paired by seed: mean [95% '
         'interval], bold where the interval excludes zero. The seeds give the same initialisation, data order '
-        'and crops on both devices, not the same run: drop path draws its masks on the device, and the arithmetic '
-        'differs (TF32 is not the cause: the `tf32` table).')
+        'and crops on both devices, not the same run: drop path draws its masks on the device, the arithmetic '
+        f'differs, and so does torch: the CPU runs under torch {torch_of(RECIPES["default (GAP)"][1], results)}, '
+        'the GPU runs recorded no version (`tf32` has GPU runs under torch '
+        f'{torch_of(TF32_STUDIES["off"], results)}). TF32 had no detected effect there, but its intervals are '
+        'wider than this effect, so it is not ruled out.')
 
 
 # The default recipe's table and PEG 0-5, seeds 0-2, trained in one GPU session with TF32 in CUDA matrix
@@ -459,19 +470,20 @@ def central(results: Path = RESULTS, a: str = 'peg_0-5', b: str = 'learned') -> 
         f'differences paired by seed as mean [95% interval], bold where the interval excludes zero. `{CENTRAL}.json`.')
 
 
-def native(results: Path = RESULTS, name: str = 'native_detail') -> str:
+def native(results: Path = RESULTS, name: str = 'native_matched') -> str:
     """The task whose larger test sizes carry real detail by construction (``benchmarks.native_detail``): its own
-    report, rendered again from its runs (one device: a ValueError otherwise)."""
+    report, rendered again from its runs (one accelerator: a ValueError otherwise)."""
     from benchmarks import native_detail
     data = load(name, results)
     meta, runs = data['meta'], data['runs']
-    devices = {r['device'] for r in runs}
+    devices = {r['accelerator'] for r in runs}
     if len(devices) != 1:
         raise ValueError(f'{name}: runs trained on {sorted(devices)}; a table compares one device')
     variants = list(dict.fromkeys(r['variant'] for r in runs))
     config, _ = native_detail.parse_args(
-        ['--variants', *variants, '--seeds', *map(str, meta['seeds']), '--train-images', str(meta['train_images']),
-         '--test-images', str(meta['test_images']), '--epochs', str(meta['epochs']), '--device', devices.pop()])
+        ['--variants', *variants, '--seeds', *map(str, meta['seeds']),
+         '--fields', str(meta['train_images'] + meta['val_fields']), '--val-fields', str(meta['val_fields']),
+         '--test-images', str(meta['test_images']), '--epochs', str(meta['epochs']), '--device', meta['device']])
     return native_detail.render_markdown(native_detail.summarise(runs, config), config, meta).rstrip('\n')
 
 

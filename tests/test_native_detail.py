@@ -2,6 +2,7 @@
 detail at larger sizes, the paired statistics every study reports, and a tiny run end to end."""
 import json
 import math
+import subprocess
 import tempfile
 
 import pytest
@@ -9,8 +10,9 @@ import torch
 
 from cpvt_backbones.datasets import CLASSES, class_scenes
 from benchmarks import native_detail
-from benchmarks.study.data import resize
-from benchmarks.study.common import format_paired, paired
+from benchmarks.study.common import STUDIED_CODE, format_paired, paired, provenance, source_digest
+from benchmarks.study.data import random_boxes, resize
+from benchmarks.study.stem import ConvStem
 
 
 def test_class_scenes_hold_shapes_of_their_class_only_and_are_deterministic():
@@ -62,26 +64,110 @@ def test_paired_differences_and_their_interval():
         paired([1.0, 2.0], [1.0])
 
 
-def test_a_tiny_native_detail_study_end_to_end(tmp_path):
-    argv = ['--train-images', '128', '--test-images', '12', '--epochs', '1', '--variants', 'none', 'cnn',
-            '--seeds', '0', '1', '--work-dir', str(tmp_path / 'runs'), '--out', str(tmp_path / 'out')]
+ORIGIN = dict(accelerator='test CPU', torch=torch.__version__, commit='0' * 40, commit_from='git', source_digest='d')
+TINY = ['--fields', '160', '--val-fields', '16', '--test-images', '12', '--epochs', '2']
+
+
+@pytest.fixture
+def committed(monkeypatch):
+    """The study's provenance as a clean commit would give it (the suite may run in a tree being edited)."""
+    monkeypatch.setattr(native_detail, 'provenance', lambda device: dict(ORIGIN))
+
+
+def test_a_tiny_native_detail_study_end_to_end(tmp_path, committed):
+    argv = TINY + ['--variants', 'none', 'peg_0-5_circular', 'cnn', '--seeds', '0', '1',
+                   '--work-dir', str(tmp_path / 'runs'), '--out', str(tmp_path / 'out')]
     summary = native_detail.main(argv)
     keys = native_detail.test_keys()
-    assert [(r['variant'], r['test']) for r in summary['rows']] == [(v, k) for v in ('none', 'cnn') for k in keys]
-    assert [(p['a'], p['b']) for p in summary['pairs']] == [('none', 'cnn')] * len(keys)
-    saved = json.loads((tmp_path / 'out' / 'native_detail.json').read_text())
-    assert saved['meta']['trained_on'] == 'cpu' and len(saved['runs']) == 4
+    assert summary['headline'] in ('final', 'matched') and set(summary['analyses']) == {'final', 'matched'}
+    for analysis in summary['analyses'].values():
+        assert [(r['variant'], r['test']) for r in analysis['rows']] == [
+            (v, k) for v in ('none', 'peg_0-5_circular', 'cnn') for k in keys]
+        assert {(p['a'], p['b']) for p in analysis['pairs']} == {
+            ('none', 'peg_0-5_circular'), ('none', 'cnn'), ('peg_0-5_circular', 'cnn')}
+        assert set(analysis['leaders']) == set(native_detail.claimed_keys())
+    saved = json.loads((tmp_path / 'out' / 'native_matched.json').read_text())
+    assert saved['meta']['trained_on'] == 'test CPU' and len(saved['runs']) == 6
     for run in saved['runs']:
-        assert set(run['top1']) == set(keys) and all(0 <= v <= 100 for v in run['top1'].values())
-    text = (tmp_path / 'out' / 'native_detail.md').read_text()
-    assert '| CNN, no position encoding (control) |' in text and '| none − cnn |' in text
-    assert (tmp_path / 'out' / 'native_detail.png').stat().st_size > 0
+        assert {k: run[k] for k in ORIGIN} == ORIGIN
+        assert [e['epoch'] for e in run['log']] == [1, 2] and all(0 <= e['val'] <= 100 for e in run['log'])
+        assert run['top1'] == run['log'][-1]['top1'] and set(run['top1']) == set(keys)
+    scales = saved['meta']['object_scales']
+    assert len(scales['crops']) == 5 and set(scales['tests']) == {f'native{s}' for s in native_detail.TEST_SIZES}
+    text = (tmp_path / 'out' / 'native_matched.md').read_text()
+    assert '| PEG after blocks 0-5, circular padding (no border) |' in text and '| none − cnn |' in text
+    assert '(no claim)' in text and 'Apparent object radius' in text
+    assert (tmp_path / 'out' / 'native_matched.png').stat().st_size > 0
     # a second invocation trains nothing again: it reads every run's result
     before = {r['variant'] + str(r['seed']): r['train_seconds'] for r in saved['runs']}
     native_detail.main(argv)
-    again = json.loads((tmp_path / 'out' / 'native_detail.json').read_text())
+    again = json.loads((tmp_path / 'out' / 'native_matched.json').read_text())
     assert {r['variant'] + str(r['seed']): r['train_seconds'] for r in again['runs']} == before
-    assert torch.load(tmp_path / 'runs' / 'native_detail' / 'cnn-seed0' / 'final.pth')
+
+
+def _run(variant, seed, vals, tops):
+    return dict(variant=variant, seed=seed, log=[dict(epoch=i + 1, val=v, top1=t) for i, (v, t)
+                                                 in enumerate(zip(vals, tops, strict=True))])
+
+
+def test_matched_checkpoints_are_chosen_on_validation_alone():
+    """L is the lowest position variant's mean best validation top-1; each run takes its first epoch at or above
+    L (its best where it never gets there); the test top-1 plays no part."""
+    keys = native_detail.test_keys()
+
+    def tops(*levels):
+        return [dict.fromkeys(keys, level) for level in levels]
+    results = [_run('learned', 0, [40, 50, 55], tops(1, 2, 3)), _run('learned', 1, [45, 57, 56], tops(1, 2, 3)),
+               _run('peg_0-5', 0, [50, 60, 80], tops(9, 9, 9)), _run('peg_0-5', 1, [55, 58, 85], tops(9, 9, 9)),
+               _run('cnn', 0, [90, 95, 96], tops(5, 5, 5)), _run('cnn', 1, [20, 30, 40], tops(5, 5, 5))]
+    chosen = native_detail.select(results, ['learned', 'peg_0-5', 'cnn'])
+    assert chosen['level'] == 56.   # learned: mean of best 55 and 57; peg: 82.5; the CNN takes no part
+    assert chosen['epochs']['matched'] == {('learned', 0): 3, ('learned', 1): 2, ('peg_0-5', 0): 2,
+                                           ('peg_0-5', 1): 2, ('cnn', 0): 1, ('cnn', 1): 3}
+    assert chosen['epochs']['final'] == dict.fromkeys(chosen['epochs']['final'], 3)
+    assert chosen['final_val_spread'] == 27. and chosen['headline'] == 'matched'
+    close = [_run('learned', s, [80, 81], tops(1, 1)) for s in (0, 1)] + \
+        [_run('peg_0-5', s, [80, 83], tops(1, 1)) for s in (0, 1)]
+    assert native_detail.select(close, ['learned', 'peg_0-5'])['headline'] == 'final'
+
+
+def test_a_leader_is_named_only_when_separated_from_every_other_variant():
+    keys = native_detail.test_keys()
+
+    def runs(variant, gains):
+        return [_run(variant, s, [50], [dict({k: 50. + g for k in keys}, native56=50.)]) for s, g in enumerate(gains)]
+    results = runs('learned', [1, 2, 1.5]) + runs('none', [0, 0.5, 0.2]) + runs('peg_0-5', [9, 10, 11])
+    epochs = dict.fromkeys([(r['variant'], r['seed']) for r in results], 1)
+    leaders = native_detail.summarise_analysis(results, ['learned', 'none', 'peg_0-5'], epochs)['leaders']
+    assert leaders['native112'] == dict(variant='peg_0-5', separated=True, tied_with=[])
+    results += runs('peg_0-5_circular', [12, 8, 10.5])
+    epochs = dict.fromkeys([(r['variant'], r['seed']) for r in results], 1)
+    leaders = native_detail.summarise_analysis(
+        results, ['learned', 'none', 'peg_0-5', 'peg_0-5_circular'], epochs)['leaders']
+    assert leaders['native112']['separated'] is False and leaders['native112']['tied_with'] == ['peg_0-5']
+
+
+def test_training_crops_hold_the_1x_test_inside_their_scale_range():
+    config, args = native_detail.parse_args(['--fields', '400', '--val-fields', '40', '--test-images', '200'])
+    scales = native_detail.object_scales(config, args.val_fields, crops=1500)
+    below = {k: t['crop_share_below'] for k, t in scales['tests'].items()}
+    assert 0.2 < below['native56'] < 0.6 and below['native112'] < 0.99   # measured: 0.36 and 0.92 (2000 scenes)
+    assert below['native56'] < below['native80'] < below['native96'] < below['native112']
+
+
+def test_validation_images_are_the_fields_central_test_scene_window():
+    fields = torch.arange(native_detail.FIELD_PX ** 2, dtype=torch.float32).reshape(1, 1, *[native_detail.FIELD_PX] * 2)
+    val = native_detail.central_window(fields)
+    inner = round(native_detail.FIELD_PX * native_detail.TEST_SIDE / native_detail.FIELD_SIDE)
+    start = (native_detail.FIELD_PX - inner) // 2
+    assert val.shape[-2:] == (native_detail.TRAIN_SIZE,) * 2
+    assert torch.allclose(val, resize(fields[..., start:start + inner, start:start + inner], native_detail.TRAIN_SIZE))
+
+
+def test_training_refuses_a_run_without_provenance(tmp_path):
+    config, _ = native_detail.parse_args(TINY + ['--work-dir', str(tmp_path)])
+    with pytest.raises(ValueError, match='provenance'):
+        native_detail.run('none', 0, config, data=None)
 
 
 def test_drawing_in_chunks_gives_the_same_images(monkeypatch):
@@ -93,18 +179,79 @@ def test_drawing_in_chunks_gives_the_same_images(monkeypatch):
     assert torch.equal(native_detail.draw(scenes, 56, 20), whole)
 
 
-def test_runs_spread_over_processes_equal_runs_in_one(tmp_path, monkeypatch):
+def test_runs_spread_over_processes_equal_runs_in_one(tmp_path, monkeypatch, committed):
     """``--jobs 2``: the drawing spread over two processes and two runs trained at once from one memory-mapped
     copy of the drawn images give the results of one process; a GPU's TF32 is off by default and recorded."""
-    argv = ['--train-images', '128', '--test-images', '12', '--epochs', '1', '--variants', 'cnn', '--seeds', '0', '1',
-            '--out', str(tmp_path / 'out')]
+    argv = TINY + ['--variants', 'cnn', '--seeds', '0', '1', '--out', str(tmp_path / 'out')]
     (tmp_path / 'tmp').mkdir()
     monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path / 'tmp'))
     native_detail.main(argv + ['--work-dir', str(tmp_path / 'one')])
     native_detail.main(argv + ['--work-dir', str(tmp_path / 'two'), '--jobs', '2'])
     for seed in (0, 1):
-        one, two = (json.loads((tmp_path / d / 'native_detail' / f'cnn-seed{seed}' / 'result.json').read_text())
+        one, two = (json.loads((tmp_path / d / 'native_matched' / f'cnn-seed{seed}' / 'result.json').read_text())
                     for d in ('one', 'two'))
         assert two['top1'] == one['top1'] and [e['loss'] for e in two['log']] == [e['loss'] for e in one['log']]
+        assert two['commit'] == ORIGIN['commit']
         assert two['tf32'] == dict(matmul='ieee', cudnn_conv='ieee')
     assert not list((tmp_path / 'tmp').glob('native_detail-*'))   # the shared copy is removed
+
+
+def _git(root, *args):
+    subprocess.run(['git', '-C', str(root), *args], check=True, capture_output=True)
+
+
+def test_runs_are_recorded_only_from_committed_code(tmp_path, monkeypatch):
+    """``provenance`` names the accelerator, torch and the clean commit with a digest of the studied code; it
+    refuses a tree whose studied code has uncommitted changes, and without git takes the commit from
+    $CPVT_STUDY_COMMIT (the digest ties the copy to it)."""
+    for folder in STUDIED_CODE:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / 'a.py').write_text('x = 1\n')
+    _git(tmp_path, 'init', '-q')
+    _git(tmp_path, '-c', 'user.name=t', '-c', 'user.email=t@t', 'add', '.')
+    _git(tmp_path, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-q', '-m', 'c')
+    origin = provenance('cpu', tmp_path)
+    head = subprocess.run(['git', '-C', str(tmp_path), 'rev-parse', 'HEAD'], capture_output=True, text=True).stdout
+    assert origin['commit'] == head.strip() and origin['commit_from'] == 'git' and origin['torch'] == torch.__version__
+    assert origin['accelerator'] and origin['source_digest'] == source_digest(tmp_path)
+    (tmp_path / 'benchmarks' / 'a.py').write_text('x = 2\n')
+    with pytest.raises(SystemExit, match='uncommitted'):
+        provenance('cpu', tmp_path)
+    assert source_digest(tmp_path) != origin['source_digest']
+    bare = tmp_path / 'copy'
+    for folder in STUDIED_CODE:
+        (bare / folder).mkdir(parents=True)
+        (bare / folder / 'a.py').write_text('x = 1\n')
+    monkeypatch.delenv('CPVT_STUDY_COMMIT', raising=False)
+    monkeypatch.setattr(subprocess, 'run', lambda *a, **k: (_ for _ in ()).throw(OSError('no git')))
+    with pytest.raises(SystemExit, match='CPVT_STUDY_COMMIT'):
+        provenance('cpu', bare)
+    monkeypatch.setenv('CPVT_STUDY_COMMIT', origin['commit'])
+    assert provenance('cpu', bare) | dict(accelerator=origin['accelerator']) == dict(
+        origin, commit_from='CPVT_STUDY_COMMIT')
+
+
+def test_the_stem_is_translation_equivariant_and_gives_the_patch_grid():
+    """Circular padding: rolling the image by the stem's stride rolls its map by one token, border included
+    (zero padding would not), so the stem gives no variant a border to read position from."""
+    torch.manual_seed(0)
+    stem = ConvStem(3, 16, 4)
+    x = torch.randn(2, 3, 28, 36)
+    y = stem(x)
+    assert y.shape == (2, 16, 7, 9)
+    assert torch.allclose(stem(torch.roll(x, (4, 8), dims=(2, 3))), torch.roll(y, (1, 2), dims=(2, 3)), atol=1e-5)
+    with pytest.raises(ValueError, match='patch size 2, 4, 8'):
+        ConvStem(3, 16, 6)
+
+
+def test_log_uniform_crop_areas():
+    gen = torch.Generator().manual_seed(0)
+    boxes = random_boxes(20000, 0.1, gen, 'log')
+    area = (boxes[:, 2] * boxes[:, 3])
+    assert area.min() >= 0.1 * 0.99 and area.max() <= 1.0
+    # log-uniform between 0.1 and 1: a third of the log range below 0.215 (clamping moves few of them)
+    assert abs(float((area < 10 ** (-2 / 3)).float().mean()) - 1 / 3) < 0.03
+    uniform = random_boxes(20000, 0.1, torch.Generator().manual_seed(0), 'uniform')
+    assert float((uniform[:, 2] * uniform[:, 3] < 10 ** (-2 / 3)).float().mean()) < 0.15
+    with pytest.raises(ValueError, match='crop area'):
+        random_boxes(4, 0.1, gen, 'square')

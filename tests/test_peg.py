@@ -94,3 +94,27 @@ def test_model_is_permutation_sensitive_only_with_peg():
         with torch.no_grad():
             same = torch.allclose(model(x), model(shuffled), atol=1e-5)
         assert same is invariant
+
+
+def test_circular_padding_keeps_locality_without_a_border():
+    """On a constant map a zero-padded PEG marks the border ring; one that pads circularly (or by replication)
+    adds the same to every token, so it holds no absolute position, yet it still mixes neighbours; the encoding
+    passes the mode to every PEG and names it."""
+    torch.manual_seed(0)
+    x = torch.ones(1, 7 * 9, 8)
+    zero = PEG(8)
+    for mode in ('circular', 'replicate'):
+        peg = PEG(8, padding_mode=mode)
+        peg.load_state_dict(zero.state_dict())
+        out = peg(x, (7, 9))
+        assert torch.allclose(out, out[:, :1].expand_as(out), atol=1e-6)
+        assert not torch.allclose(zero(x, (7, 9)), zero(x, (7, 9))[:, :1].expand_as(x), atol=1e-3)
+        ramp = torch.arange(7 * 9, dtype=torch.float32)[None, :, None].expand(1, -1, 8)
+        assert not torch.allclose(peg(ramp, (7, 9)) - ramp, (peg(ramp, (7, 9)) - ramp)[:, :1].expand_as(ramp))
+    encoding = PEGEncoding(Geometry((8,), (2,), (1,), (4,), (1,)), padding_mode='circular')
+    assert all(conv.padding_mode == 'circular' for conv in encoding.modules() if isinstance(conv, torch.nn.Conv2d))
+    assert 'circular padding' in encoding.extra_repr()
+    with pytest.raises(ValueError, match='padding_mode'):
+        PEG(8, padding_mode='mirror')
+    model = create_model('cpvt_tiny_gap', pos_encoding=dict(type='peg', padding_mode='circular'), num_classes=3)
+    assert model(torch.randn(1, 3, 33, 47)).shape == (1, 3)

@@ -203,7 +203,8 @@ def test_variants_differ_only_in_position_encoding():
     roots = {v: {k.split('.')[0] for k in keys[v] - common} for v in keys}
     assert roots == {'none': set(), 'learned': {'pos_embed'}, 'sincos': set(), 'rpe': {'rel_pos'},
                      'peg_-1': {'pos_block'}, 'peg_-1_wide': {'pos_block'}, 'peg_0': {'pos_block'},
-                     'peg_0-5': {'pos_block'}, 'peg_frozen': {'pos_block'}, 'peg_qk': {'pos_qk'},
+                     'peg_0-5': {'pos_block'}, 'peg_0-5_circular': {'pos_block'}, 'peg_frozen': {'pos_block'},
+                     'peg_qk': {'pos_qk'},
                      'conv1x1': {'pos_block'}, 'learned+peg_0': {'pos_embed', 'pos_block'}, 'rope_axial': set(),
                      'rope_mixed': {'rope'}, 'rope_mixed+peg_0': {'rope', 'pos_block'}}
     assert len({k for k in keys['peg_0-5'] - common if k.endswith('weight')}) == 6

@@ -52,9 +52,9 @@ def test_pooling_refuses_other_recipes_and_splits_devices_and_late_seeds(tmp_pat
 
 def test_a_leader_is_named_only_where_the_interval_excludes_zero():
     assert verdict.leader({'learned': [3., 4., 5.], 'none': [1., 2., 3.2]}).startswith(
-        'learned table, resized (DeiT), ahead of no position encoding by +1.93 [')
-    assert verdict.leader({'learned': [3., 1., 5.], 'none': [1., 2., 3.]}).startswith(
-        'learned table, resized (DeiT) and no position encoding tied (')
+        'learned table, resized (DeiT), ahead of every other (of no position encoding, the runner-up, by +1.93 [')
+    assert verdict.leader({'learned': [3., 1., 5.], 'none': [1., 2., 3.]}) == (
+        'no leader: learned table, resized (DeiT) highest on average, not separated from no position encoding')
 
 
 def test_rewriting_the_documents_blocks():
@@ -85,13 +85,23 @@ def test_the_demo_keeps_every_engine_and_precision_it_ran_within_the_tolerance()
 
 
 def test_the_native_detail_table_compares_one_device(tmp_path):
-    saved = json.loads((verdict.RESULTS / 'native_detail.json').read_text())
-    (tmp_path / 'native_detail.json').write_text(json.dumps(saved))
+    saved = json.loads((verdict.RESULTS / 'native_matched.json').read_text())
+    (tmp_path / 'native_matched.json').write_text(json.dumps(saved))
     assert verdict.native(tmp_path) == verdict.native()
-    saved['runs'][0]['device'] = 'cpu'
-    (tmp_path / 'native_detail.json').write_text(json.dumps(saved))
-    with pytest.raises(ValueError, match=r"native_detail: runs trained on \['cpu', 'cuda'\]; a table compares one"):
+    assert all(r['accelerator'] == 'NVIDIA H200' and len(r['commit']) == 40 and r['torch'] for r in saved['runs'])
+    saved['runs'][0]['accelerator'] = 'AMD EPYC'
+    (tmp_path / 'native_matched.json').write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"native_matched: runs trained on \['AMD EPYC', 'NVIDIA H200'\]; a table"):
         verdict.native(tmp_path)
+
+
+def test_a_leader_is_named_only_when_separated_from_every_other():
+    """The leader's paired interval must exclude zero against every other encoding, not only the runner-up."""
+    ahead = {'learned': [5., 6., 7.], 'none': [1., 1.5, 1.2], 'peg_0-5': [0., 0.5, 0.1]}
+    assert verdict.leader(ahead).startswith('learned table, resized (DeiT), ahead of every other')
+    noisy = dict(ahead, peg_0=[9., -3., 3.])
+    assert verdict.leader(noisy) == ('no leader: learned table, resized (DeiT) highest on average, not separated '
+                                     'from PEG after block 0 (CPVT)')
 
 
 def test_the_figures_draw_the_one_device_runs(tmp_path):

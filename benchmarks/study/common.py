@@ -80,7 +80,8 @@ def source_digest(root: Path | None = None) -> str:
     checkable against any commit without git on the machine that ran it."""
     root = root or Path(__file__).resolve().parents[2]
     digest = hashlib.sha256()
-    for path in sorted(p for d in STUDIED_CODE for p in (root / d).rglob('*.py') if 'results' not in p.parts):
+    for path in sorted(p for d in STUDIED_CODE for p in (root / d).rglob('*.py')
+                       if 'results' not in p.relative_to(root).parts):
         digest.update(path.relative_to(root).as_posix().encode() + b'\0' + path.read_bytes() + b'\0')
     return digest.hexdigest()
 
