@@ -1,4 +1,4 @@
-"""CPVT and pyramid CPVT (Twins-PCPVT) backbones with conditional positional encodings.
+"""CPVT, pyramid CPVT (Twins-PCPVT) and Twins-SVT backbones with conditional positional encodings.
 
 The package root and ``layers``, ``models``, ``convert`` need only torch; ``deploy`` holds the inference engines
 (the fused CPU path, ONNX export, OpenVINO), each importing its engine's package only when used. The OpenMMLab
@@ -6,7 +6,7 @@ registrations live in
 ``cpvt_backbones.adapters.{mmdet,mmseg,mmpretrain}`` and are imported by configs through ``custom_imports``.
 """
 from .deploy import optimize, record_input_ranges
-from .models import CPVT, PyramidCPVT, create_model, list_models
+from .models import CPVT, PyramidCPVT, TwinsSVT, create_model, list_models
 
 __version__ = '0.1.0'
-__all__ = ['CPVT', 'PyramidCPVT', 'create_model', 'list_models', 'optimize', 'record_input_ranges']
+__all__ = ['CPVT', 'PyramidCPVT', 'TwinsSVT', 'create_model', 'list_models', 'optimize', 'record_input_ranges']

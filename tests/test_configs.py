@@ -2,6 +2,7 @@
 import importlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,8 +14,13 @@ from mmengine.registry import DefaultScope  # noqa: E402
 from cpvt_backbones.adapters.runner import read_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-DENSE = sorted(p for d in ('retinanet', 'sem_fpn', 'shapes') for p in (ROOT / 'configs' / d).glob('*.py')
+DENSE = sorted(p for d in ('retinanet', 'mask_rcnn', 'sem_fpn', 'upernet', 'shapes')
+               for p in (ROOT / 'configs' / d).glob('*.py')
                if not p.stem.endswith('-cls'))  # the classification config has its own test below
+# Fast: the small backbones, once per head and family where two configs build the same model (the 3x Mask R-CNN
+# recipes train the 1x models; one UperNet); the others run with the heavy tests.
+HEAVY_CONFIGS = ('-b_', '-l_', 'mask-rcnn_pcpvt-s_fpn_ms', 'mask-rcnn_svt-s_fpn_ms', 'upernet_pcpvt-s')
+FAST = [pytest.param(p, marks=pytest.mark.heavy) if any(k in p.name for k in HEAVY_CONFIGS) else p for p in DENSE]
 # Paper parameter counts less the 513,000-parameter ImageNet head left in the Twins backbones.
 EXPECTED_PARAMS = {
     'retinanet_pcpvt-s_fpn_1x_coco.py': 33.84e6, 'retinanet_pcpvt-b_fpn_1x_coco.py': 53.57e6,
@@ -37,7 +43,7 @@ def load(path):
     return cfg
 
 
-def fake_batch(scope, num_classes, sizes):
+def fake_batch(scope, num_classes, sizes, with_masks=False):
     """Raw images of odd sizes with targets, in the form the data preprocessor receives."""
     inputs, samples = [], []
     for h, w in sizes:
@@ -48,6 +54,11 @@ def fake_batch(scope, num_classes, sizes):
             s = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), scale_factor=(1., 1.)))
             s.gt_instances = InstanceData(bboxes=torch.tensor([[2., 3., w * .6, h * .7]]),
                                           labels=torch.tensor([num_classes - 1]))
+            if with_masks:
+                from mmdet.structures.mask import BitmapMasks
+                mask = np.zeros((1, h, w), dtype=np.uint8)
+                mask[:, 3:int(h * .7), 2:int(w * .6)] = 1
+                s.gt_instances.masks = BitmapMasks(mask, h, w)
         else:
             from mmengine.structures import PixelData
             from mmseg.structures import SegDataSample
@@ -58,16 +69,19 @@ def fake_batch(scope, num_classes, sizes):
 
 
 def num_classes(cfg):
-    return cfg.model.bbox_head.num_classes if cfg.default_scope == 'mmdet' else cfg.model.decode_head.num_classes
+    if cfg.default_scope == 'mmseg':
+        return cfg.model.decode_head.num_classes
+    return cfg.model.roi_head.bbox_head.num_classes if 'roi_head' in cfg.model else cfg.model.bbox_head.num_classes
 
 
-@pytest.mark.parametrize('path', DENSE, ids=lambda p: p.name)
+@pytest.mark.parametrize('path', FAST, ids=lambda p: p.name)
 def test_builds_and_runs_loss_and_predict_at_odd_sizes(path):
     cfg = load(path)
     model = build(cfg)
     model.init_weights()
     model.train()
-    data = model.data_preprocessor(fake_batch(cfg.default_scope, num_classes(cfg), [(97, 131), (75, 61)]),
+    masks = 'mask_head' in cfg.model.get('roi_head', {})
+    data = model.data_preprocessor(fake_batch(cfg.default_scope, num_classes(cfg), [(97, 131), (75, 61)], masks),
                                    training=True)
     losses = model(**data, mode='loss')
     loss, _ = model.parse_losses(losses)
@@ -81,6 +95,8 @@ def test_builds_and_runs_loss_and_predict_at_odd_sizes(path):
         (pred,) = model(**data, mode='predict')
     if cfg.default_scope == 'mmdet':
         assert pred.pred_instances.bboxes.shape[-1] == 4
+        if masks:
+            assert tuple(pred.pred_instances.masks.shape[-2:]) == (83, 117)
     else:
         assert tuple(pred.pred_sem_seg.data.shape[-2:]) == (83, 117)
 
@@ -92,7 +108,7 @@ def test_parameter_counts_match_paper(name):
     assert abs(n - EXPECTED_PARAMS[name]) / EXPECTED_PARAMS[name] < 0.01
 
 
-@pytest.mark.parametrize('path', DENSE, ids=lambda p: p.name)
+@pytest.mark.parametrize('path', FAST, ids=lambda p: p.name)
 def test_every_custom_key_matches_a_parameter(path):
     """A config's own custom_keys entries each match a parameter; the shared ones (configs/_base_/
     position_no_decay.py, one per registered position encoding, tests/test_weight_decay.py) match exactly the
@@ -117,26 +133,46 @@ OPT_INS = ['cpvt_backbones.adapters.checkpoint', 'cpvt_backbones.adapters.hooks'
 
 @pytest.mark.parametrize('path', [p for p in DENSE if 'shapes' not in str(p)], ids=lambda p: p.name)
 def test_paper_configs_follow_the_recipe(path):
+    """The Twins release's settings: RetinaNet and Mask R-CNN 1x (PVT setting: AdamW, wd 1e-4, lr 1e-4 and 2e-4)
+    and 3x multi-scale (Swin setting: lr 1e-4, wd 0.05); Semantic FPN 80k (lr 1e-4, wd 1e-4, poly to 0) and
+    UperNet 160k (mmseg's: lr 6e-5, wd 0.01, warm-up then linear decay); SVT with masked windows."""
     cfg = read_config(str(path))
     assert cfg.custom_imports.imports == [f'cpvt_backbones.adapters.{cfg.default_scope}', *OPT_INS]
     assert cfg.custom_hooks == [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
-    init = cfg.model.backbone.init_cfg
-    assert init.type == 'Pretrained' and init.checkpoint == cfg.model.backbone.arch  # the published weights' name
+    backbone = cfg.model.backbone
+    arch = backbone.arch if isinstance(backbone.arch, str) else backbone.arch.base
+    init = backbone.init_cfg
+    assert init.type == 'Pretrained' and init.checkpoint == arch  # the published weights' name
+    assert backbone.type == ('TwinsSVT' if arch.startswith('svt') else 'PyramidCPVT' if arch.startswith('pcpvt')
+                             else 'CPVT')
+    if backbone.type == 'TwinsSVT':
+        assert backbone.arch.window_mask is True
     opt = cfg.optim_wrapper.optimizer
-    assert opt.type == 'AdamW' and opt.lr == 1e-4
+    assert opt.type == 'AdamW'
     if cfg.default_scope == 'mmdet':
-        assert cfg.train_dataloader.batch_size * 8 == 16
-        # P3-P7 from strides 8/16/32 + two extra convs on the input, as the paper (start_level=1 over 4 maps)
-        assert cfg.model.neck.add_extra_convs == 'on_input' and cfg.model.neck.num_outs == 5
-        assert len(cfg.model.neck.in_channels) - cfg.model.neck.start_level == 3
+        mask_rcnn = 'roi_head' in cfg.model
+        assert cfg.train_dataloader.batch_size * 8 == 16 and cfg.model.neck.num_outs == 5
+        if not mask_rcnn:   # P3-P7 from strides 8/16/32 + two extra convs on the input (start_level=1 over 4 maps)
+            assert cfg.model.neck.add_extra_convs == 'on_input'
+            assert len(cfg.model.neck.in_channels) - cfg.model.neck.start_level == 3
         epochs = 36 if '3x' in path.name else 12
         assert cfg.train_cfg.max_epochs == epochs
         assert cfg.param_scheduler[1].milestones == ([27, 33] if epochs == 36 else [8, 11])
         assert opt.weight_decay == (0.05 if '3x' in path.name else 1e-4)
+        assert opt.lr == (2e-4 if mask_rcnn and epochs == 12 else 1e-4)
+        if epochs == 36:
+            assert 'norm' in cfg.optim_wrapper.paramwise_cfg.custom_keys
+    elif 'upernet' in path.name:
+        assert cfg.train_cfg.max_iters == 160000 and opt.lr == 6e-5 and opt.weight_decay == 0.01
+        assert cfg.train_dataloader.batch_size * 8 == (32 if 'pcpvt-s' in path.name else 16)
+        assert [s.type for s in cfg.param_scheduler] == ['LinearLR', 'PolyLR'] and cfg.param_scheduler[1].power == 1.
+        assert cfg.model.auxiliary_head.in_channels == cfg.model.decode_head.in_channels[2]
     else:
         assert cfg.train_dataloader.batch_size * 8 == 16 and cfg.train_cfg.max_iters == 80000
-        assert cfg.crop_size == (512, 512) and cfg.model.decode_head.num_classes == 150
+        assert opt.lr == 1e-4 and opt.weight_decay == 1e-4
         assert cfg.param_scheduler[0].type == 'PolyLR' and cfg.param_scheduler[0].eta_min == 0
+    if cfg.default_scope == 'mmseg':
+        assert cfg.crop_size == (512, 512) and cfg.model.decode_head.num_classes == 150
 
 
 def test_the_docs_first_config_example_opts_in_to_safe_resumable_checkpoints():

@@ -81,7 +81,7 @@ registry = importlib.import_module(framework + '.registry').MODELS
 known = set(registry.module_dict)
 importlib.import_module('cpvt_backbones.adapters.' + framework)
 assert state() == before, 'importing the adapter changed more than its registry'
-assert set(registry.module_dict) - known == {'PyramidCPVT', 'CPVT'}, set(registry.module_dict) - known
+assert set(registry.module_dict) - known == {'PyramidCPVT', 'TwinsSVT', 'CPVT'}, set(registry.module_dict) - known
 import cpvt_backbones.adapters.checkpoint, cpvt_backbones.adapters.hooks
 after = state()
 assert after[0]['local'] is not before[0]['local'] and len(after[2]) > len(before[2]) and after[4] != before[4]

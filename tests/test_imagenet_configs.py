@@ -31,12 +31,15 @@ EXPECTED = {
     'pcpvt-small_8xb128_in1k': ('PyramidCPVT', 'pcpvt_small', 512, 0.2, 24_106_216, 0),
     'pcpvt-base_8xb128_in1k': ('PyramidCPVT', 'pcpvt_base', 512, 0.3, 43_828_456, 0),
     'pcpvt-large_8xb128_in1k': ('PyramidCPVT', 'pcpvt_large', 512, 0.5, 60_989_672, 0),
+    'svt-small_8xb128_in1k': ('TwinsSVT', 'svt_small', 512, 0.2, 24_060_776, 0),
+    'svt-base_8xb128_in1k': ('TwinsSVT', 'svt_base', 768, 0.3, 56_070_952, 0),
+    'svt-large_8xb128_in1k': ('TwinsSVT', 'svt_large', 1024, 0.5, 99_271_400, 0),
 }
 HEAVY = {'cpvt-base_8xb128_in1k', 'cpvt-base-gap_8xb128_in1k', 'pcpvt-base_8xb128_in1k',
-         'pcpvt-large_8xb128_in1k'}
+         'pcpvt-large_8xb128_in1k', 'svt-base_8xb128_in1k', 'svt-large_8xb128_in1k'}
 ALL = sorted(EXPECTED)
 BY_SIZE = [pytest.param(n, marks=pytest.mark.heavy) if n in HEAVY else n for n in ALL]
-SMALL_FORWARD = ['cpvt-tiny_8xb128_in1k', 'cpvt-tiny-gap_8xb128_in1k', 'pcpvt-small_8xb128_in1k']
+SMALL_FORWARD = ['cpvt-tiny_8xb128_in1k', 'cpvt-tiny-gap_8xb128_in1k', 'pcpvt-small_8xb128_in1k', 'svt-small_8xb128_in1k']
 
 GPUS, BATCH = 8, 128
 LR = 5e-4 * GPUS * BATCH / 512
@@ -213,9 +216,10 @@ def test_model_size_and_weight_decay(name):
     assert decay['head.fc.bias'] == 0 and decay['head.fc.weight'] == WD
     patch_conv = next(n for n in decay if n.startswith('backbone.patch_embed') and n.endswith('proj.weight'))
     assert params_by_name[patch_conv].ndim == 4 and decay[patch_conv] == WD
-    first_block = 'backbone.blocks.0.0.' if kind == 'PyramidCPVT' else 'backbone.blocks.0.'
-    assert decay[first_block + 'attn.q.weight'] == decay[first_block + 'mlp.fc1.weight'] == WD
-    assert decay[first_block + 'attn.q.bias'] == decay[first_block + 'norm1.weight'] == 0
+    first_block = 'backbone.blocks.0.' if kind == 'CPVT' else 'backbone.blocks.0.0.'
+    query = 'attn.qkv' if kind == 'TwinsSVT' else 'attn.q'   # SVT's first block attends within windows
+    assert decay[first_block + f'{query}.weight'] == decay[first_block + 'mlp.fc1.weight'] == WD
+    assert decay[first_block + f'{query}.bias'] == decay[first_block + 'norm1.weight'] == 0
     if has_class_token(name):
         assert decay['backbone.cls_token'] == 0
 

@@ -9,7 +9,7 @@ import inspect
 import re
 from pathlib import Path
 
-from cpvt_backbones.models import CPVT, MODEL_SPECS, PyramidCPVT
+from cpvt_backbones.models import CPVT, MODEL_SPECS, PyramidCPVT, TwinsSVT
 from cpvt_backbones.models.base import CPVTBase
 
 PAGE = Path(__file__).resolve().parents[1] / 'docs' / 'reference.md'
@@ -60,13 +60,13 @@ def _defaults(fn) -> dict[str, object]:
 def render() -> str:
     """The page's text."""
     parts = ['# Constructor reference', '',
-             'Generated from the docstrings by `python tools/reference_docs.py`; `CPVT` and `PyramidCPVT` take '
-             'their own trunk arguments and every shared one. A named variant (`create_model(name, **overrides)`, '
+             'Generated from the docstrings by `python tools/reference_docs.py`; `CPVT`, `PyramidCPVT` and `TwinsSVT` '
+             'take their own trunk arguments and every shared one. A named variant (`create_model(name, **overrides)`, '
              "a config's `arch=dict(base=name, ...)`) is a set of these arguments:", '',
              '| name | class | settings |', '|---|---|---|']
     parts += [f'| `{name}` | `{spec.cls.__name__}` | {", ".join(f"`{k}={v}`" for k, v in spec.settings.items())} |'
               for name, spec in sorted(MODEL_SPECS.items())]
-    for cls in (PyramidCPVT, CPVT):
+    for cls in (PyramidCPVT, TwinsSVT, CPVT):
         parts += ['', f'## `{cls.__name__}`: the trunk', '', _table(documented_arguments(cls.__init__.__doc__),
                                                                     _defaults(cls.__init__))]
     parts += ['', '## Shared arguments (`CPVTBase`)', '',

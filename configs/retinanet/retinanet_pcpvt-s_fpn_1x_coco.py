@@ -2,21 +2,13 @@
 # ImageNet head that the Twins code kept in its backbone; 33.84M here without it).
 # The official ImageNet weights are named: fetched once into the cache and checked (cpvt_backbones.convert.hub);
 # init_cfg's checkpoint also takes a path or a URL.
-_base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
+_base_ = ['mmdet::retinanet/retinanet_r50_fpn_1x_coco.py', '../_base_/cpvt.py']
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet', 'cpvt_backbones.adapters.checkpoint',
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
-# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints
-custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
 
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='PyramidCPVT',
-        arch='pcpvt_small',
-        out_indices=(0, 1, 2, 3),
-        drop_path_rate=0.2,
-        init_cfg=dict(type='Pretrained', checkpoint='pcpvt_small')),
+    backbone=_base_.pcpvt_small,
     # start_level=1 and add_extra_convs='on_input' come from the base, as in the paper.
     neck=dict(in_channels=[64, 128, 320, 512]))
 

@@ -4,25 +4,18 @@
 # named: fetched once into the cache and checked (cpvt_backbones.convert.hub); a path or a URL works too.
 _base_ = [
     'mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/datasets/ade20k.py',
-    'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_80k.py'
+    'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_80k.py',
+    '../_base_/cpvt.py'
 ]
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg', 'cpvt_backbones.adapters.checkpoint',
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
-# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints
-custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
 
 crop_size = (512, 512)
 model = dict(
     data_preprocessor=dict(size=crop_size),
     pretrained=None,
-    backbone=dict(
-        _delete_=True,
-        type='PyramidCPVT',
-        arch='pcpvt_small',
-        out_indices=(0, 1, 2, 3),
-        drop_path_rate=0.2,
-        init_cfg=dict(type='Pretrained', checkpoint='pcpvt_small')),
+    backbone=_base_.pcpvt_small,
     neck=dict(in_channels=[64, 128, 320, 512], out_channels=256, num_outs=4),
     decode_head=dict(num_classes=150))
 

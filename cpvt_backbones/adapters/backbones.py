@@ -33,7 +33,7 @@ class _OpenMMLabBackbone:
                              'the other engines are applied once the checkpoint is loaded (tools/test.py and '
                              "tools/infer.py --engine fused|torch|openvino|onnxruntime, or adapters.engines."
                              'set_engine(cfg, ...) for a test loop); remove optimize from the config')
-        core_cls = next(c for c in type(self).__mro__ if c in (core.PyramidCPVT, core.CPVT))
+        core_cls = next(c for c in type(self).__mro__ if c in (core.TwinsSVT, core.PyramidCPVT, core.CPVT))
         if out_type not in OUT_TYPES:
             raise ValueError(f'out_type must be one of {OUT_TYPES}, got {out_type!r}')
         if out_type == 'pooled' and out_indices is not None:
@@ -82,6 +82,19 @@ class PyramidCPVT(_OpenMMLabBackbone, core.PyramidCPVT):
     returns the final-normed global average ``(B, C)`` as a 1-tuple. ``optimize``: refused (see the mixin)."""
 
     def __init__(self, arch: str | Mapping[str, Any] = 'pcpvt_small',
+                 out_indices: Sequence[int] | None = None, out_type: str = 'featmap',
+                 drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
+                 init_cfg: dict | None = None, optimize: None = None):
+        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, init_cfg, optimize)
+
+
+class TwinsSVT(_OpenMMLabBackbone, core.TwinsSVT):
+    """Twins-SVT for mmdet/mmseg/mmpretrain, with ``PyramidCPVT``'s outputs and arguments; ``arch`` is an
+    ``svt_*`` name or a dict of ``TwinsSVT``'s arguments (``dict(base='svt_small', window_mask=True)`` masks the
+    padded tokens out of windowed attention, as the Twins release's dense code). ``optimize``: refused (see the
+    mixin)."""
+
+    def __init__(self, arch: str | Mapping[str, Any] = 'svt_small',
                  out_indices: Sequence[int] | None = None, out_type: str = 'featmap',
                  drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
                  init_cfg: dict | None = None, optimize: None = None):

@@ -3,12 +3,13 @@
 ``timm.create_model('pcpvt_small')`` then builds our model through timm's own builder, so timm's conventions
 hold: ``num_classes``, ``in_chans``, any constructor argument (``pos_encoding=...``), ``forward_intermediates``.
 
-* Pretrained configs follow timm's tags: the PCPVT models with published weights have ``<name>.in1k`` (the
-  default tag), naming the files the weights come from (``hf_hub_id`` / ``hf_hub_filename``: timm's hub copy
-  ``timm/twins_pcpvt_{size}.in1k``; ``url``: timm's release file), so ``timm.list_models(pretrained=True)`` lists
-  them and ``timm.is_model_pretrained('pcpvt_small')`` is True. ``pretrained=True`` loads them through this
-  package's table and checked cache (``cpvt_backbones.convert.hub.fetch_weights``; offline, its error names every
-  file and URL tried), not through timm's downloader; the other models say that none are published.
+* Pretrained configs follow timm's tags: the PCPVT and SVT models with published weights have ``<name>.in1k``
+  (the default tag), naming the files the weights come from (``hf_hub_id`` / ``hf_hub_filename``: timm's hub copy
+  ``timm/twins_pcpvt_{size}.in1k`` or ``timm/twins_svt_{size}.in1k``; ``url``: timm's release file), so
+  ``timm.list_models(pretrained=True)`` lists them and ``timm.is_model_pretrained('pcpvt_small')`` is True.
+  ``pretrained=True`` loads them through this package's table and checked cache
+  (``cpvt_backbones.convert.hub.fetch_weights``; offline, its error names every file and URL tried), not through
+  timm's downloader; the other models say that none are published.
   ``pretrained_cfg_overlay=dict(file=...)`` loads a file in any weight layout ``cpvt_backbones.convert`` reads.
   ``pretrained_cfg`` states no fixed input size.
 * ``features_only=True`` builds this package's dense backbone (``features_only=True`` of the core model): the

@@ -1,11 +1,11 @@
 """Pure key-layout converters between the native layout and other frameworks'.
 
 The native layout is our models' keys, which are those of the official Twins/CPVT releases and of timm's
-``twins_pcpvt_*``: such weights need no conversion. Every other layout is a table of rules, ``(native template,
-foreign template)`` pairs read in one direction and written in the other by ``apply_rules``. Each converter maps
-every key it is given or raises ``UnknownKeysError`` naming the keys it cannot place; nothing is dropped silently
-(a rule that drops keys names them: the classifier's ``norm`` and ``head``, which mmseg's backbone has no place
-for).
+``twins_pcpvt_*`` and ``twins_svt_*``: such weights need no conversion. Every other layout is a table of rules,
+``(native template, foreign template)`` pairs read in one direction and written in the other by ``apply_rules``.
+Each converter maps every key it is given or raises ``UnknownKeysError`` naming the keys it cannot place; nothing
+is dropped silently (a rule that drops keys names them: the classifier's ``norm`` and ``head``, which mmseg's
+backbone has no place for).
 """
 import re
 from typing import NamedTuple
@@ -160,13 +160,16 @@ def apply_rules(state_dict: Mapping[str, torch.Tensor], rules: Sequence[Rule], l
     return out
 
 
-# (native, mmseg) for mmseg 1.x ``PCPVT``; q and kv are one nn.MultiheadAttention in_proj there.
+# (native, mmseg) for mmseg 1.x ``PCPVT`` and ``SVT``. A global attention's q and kv are one nn.MultiheadAttention
+# there (``in_proj``, ``out_proj``); a windowed one (SVT's, with a fused ``qkv``) keeps our names, ``proj`` included,
+# which ``native_to_mmseg`` adds per windowed block.
 _MMSEG = [
     ('patch_embeds.{i}.proj.{p}', 'patch_embeds.{i}.projection.{p}'),
     ('patch_embeds.{i}.norm.{p}', 'patch_embeds.{i}.norm.{p}'),
     ('pos_block.{i}.proj.0.{p}', 'position_encodings.{i}.proj.{p}'),
     ('blocks.{i}.{j}.norm1.{p}', 'layers.{i}.{j}.norm1.{p}'),
     ('blocks.{i}.{j}.norm2.{p}', 'layers.{i}.{j}.norm2.{p}'),
+    ('blocks.{i}.{j}.attn.qkv.{p}', 'layers.{i}.{j}.attn.qkv.{p}'),
     ('blocks.{i}.{j}.attn.{part}.{p}', 'layers.{i}.{j}.attn.attn.in_proj_{p}', QKV),
     ('blocks.{i}.{j}.attn.proj.{p}', 'layers.{i}.{j}.attn.attn.out_proj.{p}'),
     ('blocks.{i}.{j}.attn.sr.{p}', 'layers.{i}.{j}.attn.sr.{p}'),
@@ -178,20 +181,43 @@ _MMSEG = [
 _CLASSIFIER_ONLY = [('norm.{rest}', None), ('head.{rest}', None)]
 
 
+_WINDOWED = re.compile(r'blocks\.(\d+)\.(\d+)\.attn\.qkv\.(?:weight|bias)')
+_GLOBAL = re.compile(r'blocks\.(\d+)\.(\d+)\.attn\.(?:q|kv)\.(?:weight|bias)')
+
+
+def windowed_blocks(state_dict: Mapping[str, torch.Tensor]) -> list[tuple[str, str]]:
+    """(stage, block) of the native blocks whose attention is windowed (a fused ``attn.qkv``: SVT's even blocks).
+    A block with both ``qkv`` and ``q``/``kv`` is neither kind: its ``qkv`` keys raise ``UnknownKeysError``."""
+    windowed = {m.groups() for m in map(_WINDOWED.fullmatch, state_dict) if m}
+    mixed = {m.groups() for m in map(_GLOBAL.fullmatch, state_dict) if m} & windowed
+    if mixed:
+        raise UnknownKeysError('native (a block has either a windowed qkv or a global q and kv)',
+                               [k for k in state_dict if (m := _WINDOWED.fullmatch(k)) and m.groups() in mixed])
+    return sorted(windowed, key=lambda ij: (int(ij[0]), int(ij[1])))
+
+
 def mmseg_to_native(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
-    """mmseg 1.x ``PCPVT`` backbone keys -> native. ``in_proj`` (q; k; v stacked) splits into ``q`` and ``kv``;
-    a final ``norm`` is kept: mmseg's own converter (tools/model_converters/twins2mmseg.py, which made its
-    published PCPVT weights) keeps it, and mmseg's backbone, like our dense one, ignores it on load."""
-    return apply_rules(state_dict, inverted(_MMSEG) + [('norm.{p}', 'norm.{p}')], 'mmseg PCPVT')
+    """mmseg 1.x ``PCPVT`` or ``SVT`` backbone keys -> native. ``in_proj`` (q; k; v stacked) splits into ``q``
+    and ``kv``, ``out_proj`` is ``proj``; a windowed block's ``qkv`` and ``proj`` keep their names. A final
+    ``norm`` is kept: mmseg's own converter (tools/model_converters/twins2mmseg.py, which made its published
+    Twins weights) keeps it, and mmseg's backbone, like our dense one, ignores it on load. mmseg's optional
+    ``norm_list`` (``norm_after_stage=True``) has no counterpart here and raises."""
+    rules = inverted(_MMSEG) + [('layers.{i}.{j}.attn.proj.{p}', 'blocks.{i}.{j}.attn.proj.{p}'),
+                                ('norm.{p}', 'norm.{p}')]
+    return apply_rules(state_dict, rules, 'mmseg PCPVT/SVT')
 
 
 def native_to_mmseg(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
-    """Native -> mmseg 1.x ``PCPVT`` backbone keys. The classifier's final ``norm`` and ``head`` have no
-    counterpart in mmseg's backbone and are left out; any other key that does not fit raises."""
-    return apply_rules(state_dict, _CLASSIFIER_ONLY + _MMSEG, 'our (Twins/timm) PCPVT')
+    """Native -> mmseg 1.x ``PCPVT`` or ``SVT`` backbone keys (``windowed_blocks`` keep ``attn.proj``). The
+    classifier's final ``norm`` and ``head`` have no counterpart in mmseg's backbone and are left out; any other
+    key that does not fit raises."""
+    windowed = [(f'blocks.{i}.{j}.attn.proj.{{p}}', f'layers.{i}.{j}.attn.proj.{{p}}')
+                for i, j in windowed_blocks(state_dict)]
+    return apply_rules(state_dict, windowed + _CLASSIFIER_ONLY + _MMSEG, 'our (Twins/timm) PCPVT/SVT')
 
 
-# (native, mmpretrain) for mmpretrain 1.x ``PCPVT`` inside an ``ImageClassifier`` (GAP neck, LinearClsHead).
+# (native, mmpretrain) for mmpretrain 1.x ``PCPVT`` or ``SVT`` inside an ``ImageClassifier`` (GAP neck,
+# LinearClsHead): the blocks keep our names (a windowed block's fused ``qkv`` included).
 _MMPRETRAIN = [
     ('patch_embeds.{i}.proj.{p}', 'backbone.patch_embeds.{i}.projection.{p}'),
     ('patch_embeds.{i}.norm.{p}', 'backbone.patch_embeds.{i}.norm.{p}'),
@@ -199,24 +225,25 @@ _MMPRETRAIN = [
     ('blocks.{i}.{j}.mlp.fc1.{p}', 'backbone.stages.{i}.{j}.ffn.layers.0.0.{p}'),
     ('blocks.{i}.{j}.mlp.fc2.{p}', 'backbone.stages.{i}.{j}.ffn.layers.1.{p}'),
 ] + [(f'blocks.{{i}}.{{j}}.{m}.{{p}}', f'backbone.stages.{{i}}.{{j}}.{m}.{{p}}')
-     for m in ('norm1', 'norm2', 'attn.q', 'attn.kv', 'attn.sr', 'attn.norm', 'attn.proj')] + [
+     for m in ('norm1', 'norm2', 'attn.q', 'attn.kv', 'attn.qkv', 'attn.sr', 'attn.norm', 'attn.proj')] + [
     ('norm.{p}', 'backbone.norm_after_stage3.{p}'),
     ('head.{p}', 'head.fc.{p}'),
 ]
 
 
 def mmpretrain_to_native(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
-    """mmpretrain 1.x ``PCPVT`` keys -> native: a whole classifier (``backbone.*``, ``head.fc.*``) or its
-    backbone alone (keys without the ``backbone.`` prefix)."""
+    """mmpretrain 1.x ``PCPVT`` or ``SVT`` keys -> native: a whole classifier (``backbone.*``, ``head.fc.*``) or
+    its backbone alone (keys without the ``backbone.`` prefix)."""
     if not any(k.startswith(('backbone.', 'head.fc.')) for k in state_dict):
         state_dict = {f'backbone.{k}': v for k, v in state_dict.items()}
-    return apply_rules(state_dict, inverted(_MMPRETRAIN), 'mmpretrain PCPVT')
+    return apply_rules(state_dict, inverted(_MMPRETRAIN), 'mmpretrain PCPVT/SVT')
 
 
 def native_to_mmpretrain(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
-    """Native -> an mmpretrain 1.x ``ImageClassifier`` with its ``PCPVT`` backbone (``norm_after_stage`` on the
-    last stage only, as in mmpretrain's Twins configs) and a ``LinearClsHead``."""
-    return apply_rules(state_dict, _MMPRETRAIN, 'our (Twins/timm) PCPVT')
+    """Native -> an mmpretrain 1.x ``ImageClassifier`` with its ``PCPVT`` or ``SVT`` backbone
+    (``norm_after_stage`` on the last stage only, as in mmpretrain's Twins configs) and a ``LinearClsHead``."""
+    windowed_blocks(state_dict)  # a block of both attention kinds raises
+    return apply_rules(state_dict, _MMPRETRAIN, 'our (Twins/timm) PCPVT/SVT')
 
 
 # (native, timm) for what timm's ViTs (DeiT, the RoPE ViTs) share with our columnar model; q and kv are one qkv.
@@ -288,9 +315,10 @@ def _is_our_classifier(keys: Sequence[str], roots: tuple[str, ...]) -> bool:
 
 
 def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
-    """The layout of a state dict: 'native' (our models', official Twins/CPVT, timm ``twins_pcpvt_*``; any
-    registered position encoding's keys included), 'classifier' (native inside an mmpretrain classifier),
-    'mmseg', 'mmpretrain' (its own ``PCPVT``), 'deit' or 'rope_vit' (timm's RoPE ViTs)."""
+    """The layout of a state dict: 'native' (our models', official Twins/CPVT, timm ``twins_pcpvt_*`` and
+    ``twins_svt_*``; any registered position encoding's keys included), 'classifier' (native inside an
+    mmpretrain classifier), 'mmseg', 'mmpretrain' (its own ``PCPVT`` or ``SVT``), 'deit' or 'rope_vit' (timm's
+    RoPE ViTs)."""
     keys = list(state_dict)
     roots = native_roots()
     if any(_ROPE_VIT_ONLY.fullmatch(k) for k in keys):

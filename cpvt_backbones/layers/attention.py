@@ -1,11 +1,12 @@
-"""Multi-head attention with optional spatial reduction of keys and values (PVT's SRA, Twins' GSA)."""
+"""Multi-head attention: global with optional spatial reduction of keys and values (PVT's SRA, Twins' GSA), and
+within windows of the token map (Twins' LSA)."""
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layout import map_to_tokens, pad_to_multiple, tokens_to_map
+from .layout import map_to_tokens, pad_to_multiple, symbolic_shapes, tokens_to_map
 from .position.base import AttentionPosition, rotate
 
 
@@ -74,3 +75,105 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None
                 ) -> torch.Tensor:
         return self.proj_drop(self.proj(self.attend(x, hw, pos)))
+
+
+class LocallyGroupedAttention(nn.Module):
+    """Multi-head self-attention within non-overlapping ``window_size`` x ``window_size`` windows of the token
+    map (Twins' locally-grouped self-attention, LSA).
+
+    The map is zero-padded bottom/right to whole windows, so any H x W works; the outputs of padded tokens are
+    dropped. ``window_mask=False``: padded tokens take part as keys and values (their input is zero, so they are
+    the projection's biases), as timm's ``twins_svt_*``. ``window_mask=True``: they are masked out as keys, so a
+    token attends only to the real tokens of its window, as the Twins release's dense code and mmseg's and
+    mmpretrain's SVT mean to (theirs masks only where both H and W are padded: with one side unpadded, a
+    ``[-0:]`` slice marks every token as padding, which masks nothing).
+
+    Takes ``layers.Block``'s ``attn_layer`` arguments: windows reduce nothing, so ``sr_ratio`` must be 1 and
+    ``norm_layer`` builds nothing. Of a position encoding's ``AttentionPosition`` it takes the query/key input and
+    rotary angles (keys are the query tokens, so both turn by the queries' angles; padded tokens by 0); a bias on
+    global attention logits has no place in windows and raises. Keys ``qkv`` (queries, keys, values stacked)
+    and ``proj``, as the official weights.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.,
+                 proj_drop: float = 0., sr_ratio: int = 1, norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
+                 window_size: int = 7, window_mask: bool = False):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'dim {dim} must be divisible by num_heads {num_heads}')
+        if sr_ratio != 1:
+            raise ValueError(f'locally-grouped attention reduces no keys: sr_ratio must be 1, got {sr_ratio}')
+        if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 1:
+            raise ValueError(f'window_size must be an int >= 1, got {window_size!r}')
+        if not isinstance(window_mask, bool):
+            raise TypeError(f'window_mask must be True or False, got {window_mask!r}')
+        self.num_heads = num_heads
+        self.window_size = window_size
+        self.window_mask = window_mask
+        self.attn_drop = attn_drop
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def partition(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """(B, C, H, W) map -> (B, windows, window_size ** 2, C), zero-padded bottom/right to whole windows,
+        and the (rows, columns) of windows; windows and the tokens in each are in row-major order."""
+        ws = self.window_size
+        x = pad_to_multiple(x, ws)
+        B, C, Hp, Wp = x.shape
+        rows, cols = Hp // ws, Wp // ws
+        x = x.reshape(B, C, rows, ws, cols, ws).permute(0, 2, 4, 3, 5, 1)
+        return x.reshape(B, rows * cols, ws * ws, C), (rows, cols)
+
+    def merge(self, x: torch.Tensor, grid: tuple[int, int], hw: tuple[int, int]) -> torch.Tensor:
+        """``partition``'s inverse on (B, windows, window_size ** 2, C) windows in a ``grid`` of (rows,
+        columns): the (B, H * W, C) tokens of the ``hw`` map, padding dropped."""
+        ws = self.window_size
+        B, C = x.shape[0], x.shape[-1]
+        x = x.reshape(B, grid[0], grid[1], ws, ws, C).transpose(2, 3).reshape(B, grid[0] * ws, grid[1] * ws, C)
+        return x[:, :hw[0], :hw[1]].reshape(B, hw[0] * hw[1], C)
+
+    def _split_heads(self, t: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
+        """(B, windows, T, parts * C) -> ``parts`` tensors (B, windows, heads, T, C / heads)."""
+        B, num_windows, T, width = t.shape
+        head_dim = width // parts // self.num_heads
+        return t.reshape(B, num_windows, T, parts, self.num_heads, head_dim).permute(3, 0, 1, 4, 2, 5).unbind(0)
+
+    def _key_mask(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor | None:
+        """(B * windows, 1, 1, window_size ** 2) True for the real tokens of each window, or None where there
+        is nothing to mask (no mask asked for, or no padding in an eager call)."""
+        ws = self.window_size
+        if not self.window_mask or not (symbolic_shapes() or hw[0] % ws or hw[1] % ws):
+            return None
+        real = self.partition(x.new_ones(1, 1, hw[0], hw[1]))[0][..., 0] > 0
+        return real[:, :, None, None, :].expand(x.shape[0], -1, -1, -1, -1).flatten(0, 1)
+
+    def attend(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None
+               ) -> torch.Tensor:
+        """Attention output before the output projection, (B, N, C)."""
+        B, N, C = x.shape
+        heads, head_dim = self.num_heads, C // self.num_heads
+        if pos is not None and pos.bias is not None:
+            raise ValueError('an attention-logit bias (rpe) is sized for global attention and has no place in '
+                             'locally-grouped (windowed) attention')
+        windows, grid = self.partition(tokens_to_map(x, hw))
+        num_windows, T = windows.shape[1], windows.shape[2]
+        q, k, v = self._split_heads(self.qkv(windows), 3)
+        if pos is not None and pos.qk_input is not None:
+            qk_windows = self.partition(tokens_to_map(pos.qk_input(x, hw), hw))[0]
+            q, k = self._split_heads(self.qkv(qk_windows)[..., :2 * C], 2)
+        if pos is not None and pos.rotary is not None:
+            angles = self.partition(tokens_to_map(pos.rotary.query, hw))[0].transpose(0, 1)  # (windows, heads, T, .)
+            q, k = rotate(q, angles), rotate(k, angles)
+        out = F.scaled_dot_product_attention(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
+                                             attn_mask=self._key_mask(x, hw),
+                                             dropout_p=self.attn_drop if self.training else 0.)
+        out = out.reshape(B, num_windows, heads, T, head_dim).transpose(2, 3).reshape(B, num_windows, T, C)
+        return self.merge(out, grid, hw)
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None
+                ) -> torch.Tensor:
+        return self.proj_drop(self.proj(self.attend(x, hw, pos)))
+
+    def extra_repr(self) -> str:
+        return f'window_size={self.window_size}, window_mask={self.window_mask}'

@@ -2,5 +2,7 @@
 from .cpvt import CPVT
 from .factory import MODEL_SPECS, ModelSpec, create_model, list_models, model_settings
 from .pcpvt import PyramidCPVT
+from .svt import TwinsSVT
 
-__all__ = ['CPVT', 'MODEL_SPECS', 'ModelSpec', 'PyramidCPVT', 'create_model', 'list_models', 'model_settings']
+__all__ = ['CPVT', 'MODEL_SPECS', 'ModelSpec', 'PyramidCPVT', 'TwinsSVT', 'create_model', 'list_models',
+           'model_settings']

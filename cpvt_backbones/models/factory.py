@@ -9,6 +9,7 @@ from ..convert import fetch_weights, load_pretrained, resolve_checkpoint
 from .base import CPVTBase
 from .cpvt import CPVT
 from .pcpvt import PyramidCPVT
+from .svt import TwinsSVT
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class ModelSpec:
 
 _PCPVT = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
               sr_ratios=(8, 4, 2, 1))
+_SVT = dict(mlp_ratios=(4, 4, 4, 4), sr_ratios=(8, 4, 2, 1), window_sizes=(7, 7, 7, 7))
 _DEIT = {'tiny': dict(embed_dim=192, num_heads=3), 'small': dict(embed_dim=384, num_heads=6),
          'base': dict(embed_dim=768, num_heads=12)}
 
@@ -32,6 +34,12 @@ MODEL_SPECS: dict[str, ModelSpec] = {
     'pcpvt_small': ModelSpec(PyramidCPVT, dict(_PCPVT, depths=(3, 4, 6, 3)), 'Twins-PCPVT-S, 24.1M'),
     'pcpvt_base': ModelSpec(PyramidCPVT, dict(_PCPVT, depths=(3, 4, 18, 3)), 'Twins-PCPVT-B, 43.8M'),
     'pcpvt_large': ModelSpec(PyramidCPVT, dict(_PCPVT, depths=(3, 8, 27, 3)), 'Twins-PCPVT-L, 61.0M'),
+    'svt_small': ModelSpec(TwinsSVT, dict(_SVT, embed_dims=(64, 128, 256, 512), num_heads=(2, 4, 8, 16),
+                                          depths=(2, 2, 10, 4)), 'Twins-SVT-S, 24.1M'),
+    'svt_base': ModelSpec(TwinsSVT, dict(_SVT, embed_dims=(96, 192, 384, 768), num_heads=(3, 6, 12, 24),
+                                         depths=(2, 2, 18, 2)), 'Twins-SVT-B, 56.1M'),
+    'svt_large': ModelSpec(TwinsSVT, dict(_SVT, embed_dims=(128, 256, 512, 1024), num_heads=(4, 8, 16, 32),
+                                          depths=(2, 2, 18, 2)), 'Twins-SVT-L, 99.3M'),
 }
 for _size, _dims in _DEIT.items():
     MODEL_SPECS[f'cpvt_{_size}'] = ModelSpec(

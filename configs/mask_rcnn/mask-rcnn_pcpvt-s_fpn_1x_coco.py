@@ -1,0 +1,15 @@
+# Mask R-CNN + FPN with a PCPVT-S backbone, COCO 1x: the Twins release's PVT setting (AdamW lr 2e-4, wd 1e-4,
+# 12 epochs, x0.1 at epochs 8 and 11, 500-iteration linear warm-up; batch 16 = 8 GPUs x 2 images).
+# The official ImageNet weights are named: fetched once into the cache and checked (cpvt_backbones.convert.hub).
+_base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', '../_base_/cpvt.py']
+# the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
+custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet', 'cpvt_backbones.adapters.checkpoint',
+                               'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
+
+model = dict(
+    backbone=_base_.pcpvt_small,
+    neck=dict(in_channels=[64, 128, 320, 512]))
+
+optim_wrapper = dict(optimizer=dict(_delete_=True, type='AdamW', lr=2e-4, weight_decay=1e-4))
+train_dataloader = dict(batch_size=2)
+auto_scale_lr = dict(base_batch_size=16)
