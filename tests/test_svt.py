@@ -212,7 +212,9 @@ def test_plain_module_contract_hooks_fx_and_flops(window_mask):
         x = torch.randn(1, 3, *hw)
         with torch.no_grad():
             for a, b in zip(model(x), graph(x), strict=True):
-                assert torch.equal(a, b)
+                # the traced graph keeps the (all-valid) window mask where eager skips it at whole windows; torch
+                # 2.1 then picks another attention kernel (differences of 1e-6), newer torch gives the same bits
+                torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
     assert len(calls) == 2 * 2 * 8  # every block's projection, eager and traced, at both sizes
     expected = []
     for layer in (m for m in model.modules() if isinstance(m, nn.Linear)):
@@ -425,3 +427,32 @@ def test_pretrained_by_name_loads_through_the_checked_cache(tmp_path, monkeypatc
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_svt_through_the_hugging_face_smp_and_torchvision_adapters():
+    """The same maps reach transformers' AutoBackbone, an SMP decoder at any size and torchvision's detectors
+    (the ecosystems stack)."""
+    pytest.importorskip('transformers')
+    smp = pytest.importorskip('segmentation_models_pytorch')
+    import cpvt_backbones.adapters.timm  # noqa: F401  (SMP's 'tu-' encoders)
+    from torchvision.models.detection import MaskRCNN
+
+    from cpvt_backbones.adapters.hf import CPVTBackbone, CPVTBackboneConfig
+    from cpvt_backbones.adapters.smp import AnySize
+    from cpvt_backbones.adapters.torchvision import cpvt_fpn_backbone
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 97, 131)
+    hf = CPVTBackbone(CPVTBackboneConfig(arch='svt_small', out_features=['stage1', 'stage2', 'stage3', 'stage4']))
+    ours = create_model('svt_small', features_only=True).eval()
+    ours.load_state_dict(hf.model.state_dict())
+    with torch.no_grad():
+        maps = hf.eval()(x).feature_maps
+        for theirs, mine in zip(maps, ours(x), strict=True):
+            assert torch.equal(theirs, mine)
+    assert [tuple(m.shape[1:]) for m in maps] == [(64, 25, 33), (128, 13, 17), (256, 7, 9), (512, 4, 5)]
+    with torch.no_grad():
+        assert AnySize(smp.FPN('tu-svt_small', encoder_weights=None, classes=3)).eval()(x).shape == (1, 3, 97, 131)
+        detector = MaskRCNN(cpvt_fpn_backbone('svt_small', pretrained=None, out_channels=64), num_classes=3,
+                            min_size=64, max_size=96).eval()
+        (detections,) = detector([torch.rand(3, 61, 83)])
+    assert set(detections) >= {'boxes', 'labels', 'scores', 'masks'}
