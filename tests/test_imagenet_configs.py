@@ -39,7 +39,8 @@ HEAVY = {'cpvt-base_8xb128_in1k', 'cpvt-base-gap_8xb128_in1k', 'pcpvt-base_8xb12
          'pcpvt-large_8xb128_in1k', 'svt-base_8xb128_in1k', 'svt-large_8xb128_in1k'}
 ALL = sorted(EXPECTED)
 BY_SIZE = [pytest.param(n, marks=pytest.mark.heavy) if n in HEAVY else n for n in ALL]
-SMALL_FORWARD = ['cpvt-tiny_8xb128_in1k', 'cpvt-tiny-gap_8xb128_in1k', 'pcpvt-small_8xb128_in1k', 'svt-small_8xb128_in1k']
+SMALL_FORWARD = ['cpvt-tiny_8xb128_in1k', 'cpvt-tiny-gap_8xb128_in1k', 'pcpvt-small_8xb128_in1k',
+                 'svt-small_8xb128_in1k']
 
 GPUS, BATCH = 8, 128
 LR = 5e-4 * GPUS * BATCH / 512
