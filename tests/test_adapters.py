@@ -199,7 +199,17 @@ def test_runner_logs_without_the_known_repeated_lines(tmp_path):
     assert [r.getMessage() for r in records] == ['Iter(train) [ 50/1200]  lr: 1e-3']
 
 
-def test_int8_keeps_the_configs_float32_modules_unless_told_otherwise():
+def _installed(engine: str):
+    """``engine`` as a parameter, skipped by name where its packages are missing (the upstream and core stacks have
+    no OpenVINO)."""
+    from cpvt_backbones.deploy import ENGINES
+    missing = ENGINES[engine].missing()
+    return pytest.param(engine, marks=pytest.mark.skipif(bool(missing), reason=f'engine {engine!r} needs '
+                                                                               f'{", ".join(missing)}'))
+
+
+@pytest.mark.parametrize('engine', [_installed('openvino'), _installed('fused')])
+def test_int8_keeps_the_configs_float32_modules_unless_told_otherwise(engine):
     """--keep-fp32: absent, the config's int8_keep_fp32; names, those; given without names, none. Every engine is
     asked for the same way, through the test loop's hook (the fused engine, the default, keeps the backbone's
     share of the names itself); other precisions refuse it by name, and an engine refuses a precision it does
@@ -216,13 +226,12 @@ def test_int8_keeps_the_configs_float32_modules_unless_told_otherwise():
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     assert '| fused | backbone | int8 |' in parser.epilog and '| onnxruntime | model | fp32 |' in parser.epilog
-    for engine in ('openvino', 'fused'):
-        for argv, hooked in (([], ('bbox_head.retina_cls',)), (['--keep-fp32'], ()),
-                             (['--keep-fp32', 'neck', 'backbone.blocks.0'], ('neck', 'backbone.blocks.0'))):
-            int8_cfg = copy.deepcopy(cfg)
-            use_engine(int8_cfg, parser.parse_args(['--engine', engine, '--precision', 'int8', *argv]))
-            assert tuple(int8_cfg.custom_hooks[-1]['keep_fp32']) == hooked
-            assert int8_cfg.custom_hooks[-1]['calibration'] == 'val'
+    for argv, hooked in (([], ('bbox_head.retina_cls',)), (['--keep-fp32'], ()),
+                         (['--keep-fp32', 'neck', 'backbone.blocks.0'], ('neck', 'backbone.blocks.0'))):
+        int8_cfg = copy.deepcopy(cfg)
+        use_engine(int8_cfg, parser.parse_args(['--engine', engine, '--precision', 'int8', *argv]))
+        assert tuple(int8_cfg.custom_hooks[-1]['keep_fp32']) == hooked
+        assert int8_cfg.custom_hooks[-1]['calibration'] == 'val'
     torch_cfg = copy.deepcopy(cfg)
     use_engine(torch_cfg, parser.parse_args(['--engine', 'torch', '--precision', 'bf16']))
     assert 'optimize' not in torch_cfg.model.backbone  # bf16: backbone, neck and head under autocast, by the hook
@@ -242,6 +251,31 @@ def test_int8_keeps_the_configs_float32_modules_unless_told_otherwise():
         use_engine(copy.deepcopy(resnet), parser.parse_args(['--engine', 'fused']))
     use_engine(resnet, parser.parse_args([]))  # the default for another backbone: the plain model
     assert resnet.custom_hooks[-1]['engine'] == 'torch'
+
+
+def test_svt_configs_get_the_engines_of_our_backbones():
+    """Our backbones are the classes the OpenMMLab adapters register, Twins-SVT among them: an SVT config defaults
+    to the fused engine and may ask for any engine; its settings are checked as PCPVT's are."""
+    pytest.importorskip('mmengine')
+    import argparse
+
+    from mmengine.config import Config
+
+    from cpvt_backbones.adapters.engines import add_engine_args, default_engine, use_engine
+    from cpvt_backbones.adapters.runner import ConfigError, check_backbone_settings, our_backbone_types
+    assert sorted(our_backbone_types()) == ['CPVT', 'PyramidCPVT', 'TwinsSVT']
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    for kind in ('TwinsSVT', 'mmseg.TwinsSVT'):
+        cfg = Config(dict(model=dict(backbone=dict(type=kind, arch='svt_small'))))
+        assert default_engine(cfg) == 'fused'
+        use_engine(cfg, parser.parse_args(['--engine', 'fused', '--precision', 'int8']))
+        assert cfg.custom_hooks[-1]['engine'] == 'fused' and cfg.custom_hooks[-1]['precision'] == 'int8'
+    with pytest.raises(ConfigError, match=r"model\.backbone \(TwinsSVT\) has no setting\(s\) \['window_msk'\]"):
+        check_backbone_settings(Config(dict(model=dict(backbone=dict(type='TwinsSVT', window_msk=True)))))
+    resnet = Config(dict(model=dict(backbone=dict(type='ResNet'))))
+    with pytest.raises(SystemExit, match=r"engine 'fused' runs our backbones \(PyramidCPVT, TwinsSVT, CPVT\)"):
+        use_engine(resnet, parser.parse_args(['--engine', 'fused']))
 
 
 def test_engine_caches_are_named_by_everything_that_changes_them(tmp_path, monkeypatch):

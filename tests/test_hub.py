@@ -2,6 +2,7 @@
 import hashlib
 import http.server
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 class Server:
     """Serves ``files`` (name -> bytes) with Content-Length, ETag (their sha256, or ``etags[name]`` where set: a
-    validator that is not a checksum), range requests honouring If-Range, and two faults: ``cut[name] = n`` closes
-    the connection after n bytes (once), ``corrupt`` flips a byte in the named files."""
+    validator that is not a checksum), range requests honouring If-Range, and three faults: ``cut[name] = n`` closes
+    the connection after n bytes (once), ``corrupt`` flips a byte in the named files, ``pages[name] = n`` answers
+    the next n requests for ``name`` with status 200 and an HTML page (a captive portal). ``seconds[name]``: how
+    long sending the file takes (in ten pieces), for requests that overlap."""
+
+    PAGE = b'<!DOCTYPE html>\n<html><head><title>Sign in to the network</title></head><body>Wi-Fi</body></html>\n'
 
     def __init__(self):
         self.files, self.cut, self.corrupt, self.requests, self.etags = {}, {}, set(), [], {}
+        self.pages, self.seconds = {}, {}
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -30,6 +36,14 @@ class Server:
             def do_GET(self):
                 name = self.path.lstrip('/')
                 server.requests.append((name, self.headers.get('Range')))
+                if server.pages.get(name):
+                    server.pages[name] -= 1
+                    self.send_response(200)
+                    self.send_header('Content-Type', 'text/html')
+                    self.send_header('Content-Length', str(len(server.PAGE)))
+                    self.end_headers()
+                    self.wfile.write(server.PAGE)
+                    return
                 if name not in server.files:
                     self.send_error(404)
                     return
@@ -47,7 +61,11 @@ class Server:
                 self.send_header('ETag', etag)
                 self.end_headers()
                 stop = server.cut.pop(name, len(data))
-                self.wfile.write(data[start:stop])
+                piece = -(-(stop - start) // 10)
+                for at in range(start, stop, max(piece, 1)):
+                    self.wfile.write(data[at:min(at + piece, stop)])
+                    self.wfile.flush()
+                    time.sleep(server.seconds.get(name, 0) / 10)
 
         self.httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
         self.url = f'http://127.0.0.1:{self.httpd.server_address[1]}'
@@ -61,6 +79,11 @@ class Server:
 @pytest.fixture
 def weights(tmp_path, monkeypatch):
     """A server with pcpvt_tiny's weights in each layout and format, the table pointing at it, an empty cache."""
+    yield from published_weights(tmp_path, monkeypatch)
+
+
+def published_weights(tmp_path, monkeypatch):
+    """What the ``weights`` fixture yields (a generator: the server is closed after the test)."""
     torch.manual_seed(3)
     model = create_model('pcpvt_tiny').eval()
     sd = model.state_dict()
@@ -129,7 +152,7 @@ def test_a_corrupted_download_is_refused_and_not_kept(weights):
     with pytest.raises(hub.WeightsUnavailableError, match='does not match the published') as info:
         create_model('pcpvt_tiny', pretrained=True)
     assert 'tried, in order' in str(info.value)
-    assert not any(weights['cache'].iterdir())                   # nothing kept, under any name
+    assert not [p for p in weights['cache'].iterdir() if p.suffix != '.lock']  # nothing kept, under any name
     server.corrupt.clear()
     assert same_weights(weights['model'], create_model('pcpvt_tiny', pretrained=True))
 

@@ -1,4 +1,5 @@
 """Odd inputs, lower precision, determinism, and checkpoint writes that cannot tear."""
+import json
 import os
 
 import pytest
@@ -207,3 +208,307 @@ def test_mmengine_refuses_a_checkpoint_that_runs_code_on_every_stack(tmp_path):
     loaded = CheckpointLoader.load_checkpoint(str(good))
     assert loaded['message_hub']['lr'] == 1e-3 and loaded['message_hub']['loss'].current() == 0.5
     load_checkpoint(net, str(good))
+
+
+# --- checkpoints carried between numpy 1.x and numpy 2 -------------------------------------------------------------
+
+def numpy_payload():
+    """What mmengine checkpoints and RNG hooks hold of numpy: scalars, arrays, dtypes and numpy's generator states."""
+    import numpy as np
+    return {'state_dict': {'w': torch.arange(6.).view(2, 3)},
+            'meta': {'lr': np.float64(1e-3), 'iter': np.int64(7), 'flag': np.bool_(True), 'dtype': np.dtype('float32'),
+                     'mean': np.array([0.5, 0.25], dtype=np.float32), 'numpy_rng': np.random.RandomState(3).get_state(),
+                     'generator': np.random.default_rng(3).bit_generator.state}}
+
+
+def numpy_bytes(obj, major: int, edit=lambda data: data) -> bytes:
+    """``torch.save(obj)`` as numpy ``major`` (1 or 2) writes it, whichever numpy is installed: numpy 1.x names
+    numpy's core module ``numpy.core``, numpy 2 ``numpy._core`` (the same pickle otherwise: protocol 2 names a
+    global by a text line, so the rename is a byte edit of the pickle), in torch's zip format; ``edit`` changes
+    the pickle further."""
+    import io as bytes_io
+    import zipfile
+    buffer = bytes_io.BytesIO()
+    torch.save(obj, buffer)
+    old, new = (b'cnumpy._core.', b'cnumpy.core.') if major == 1 else (b'cnumpy.core.', b'cnumpy._core.')
+    out = bytes_io.BytesIO()
+    with zipfile.ZipFile(bytes_io.BytesIO(buffer.getvalue())) as src, zipfile.ZipFile(out, 'w') as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename.endswith('data.pkl'):
+                data = data.replace(old, new)
+                assert new + b'multiarray' in data and old not in data
+                data = edit(data)
+            dst.writestr(item, data)
+    return out.getvalue()
+
+
+def numpy1_bytes(obj, edit=lambda data: data) -> bytes:
+    """``torch.save(obj)`` as numpy 1.x writes it (``numpy_bytes``)."""
+    return numpy_bytes(obj, 1, edit)
+
+
+@pytest.fixture(params=['torch weights_only', 'restricted unpickler'])
+def numpy_loader(request, monkeypatch):
+    """``safe_load`` with numpy's data types allowed (what the checkpoint opt-in registers), both ways it works."""
+    import numpy as np
+
+    from cpvt_backbones.convert import io
+    core = np._core if hasattr(getattr(np, '_core', None), 'multiarray') else np.core  # numpy 2, or numpy 1.x
+    dtypes = [type(np.dtype(t)) for t in ('float64', 'float32', 'int64', 'uint32', 'bool')]
+    monkeypatch.setattr(io, '_ALLOWED', [core.multiarray.scalar, core.multiarray._reconstruct, np.ndarray, np.dtype,
+                                         *dtypes])
+    if request.param == 'restricted unpickler':
+        monkeypatch.setattr(io, 'supports', lambda feature: False)
+    elif not io.supports('safe_globals'):
+        pytest.skip(f'torch {torch.__version__} has no torch.serialization.safe_globals (torch >= 2.5)')
+    return request.param
+
+
+def same_payload(loaded, expected) -> None:
+    import numpy as np
+    meta, want = loaded['meta'], expected['meta']
+    assert torch.equal(loaded['state_dict']['w'], expected['state_dict']['w'])
+    assert meta['lr'] == want['lr'] and type(meta['lr']) is np.float64 and meta['iter'] == 7 and meta['flag']
+    assert meta['dtype'] == np.float32 and np.array_equal(meta['mean'], want['mean'])
+    name, keys, pos, has_gauss, gauss = meta['numpy_rng']
+    assert name == 'MT19937' and np.array_equal(keys, want['numpy_rng'][1]) and keys.dtype == np.uint32
+    assert (pos, has_gauss, gauss) == tuple(want['numpy_rng'][2:]) and meta['generator'] == want['generator']
+    restored = np.random.RandomState()
+    restored.set_state(meta['numpy_rng'])
+    assert restored.rand() == np.random.RandomState(3).rand()
+
+
+def test_checkpoints_written_on_numpy_1_load_on_numpy_2_and_the_reverse(tmp_path, numpy_loader):
+    """The safe loader reads numpy's data types under numpy 1.x's names (numpy.core...) and numpy 2's
+    (numpy._core...), on both of its paths; nothing else is allowed by the mapping: a code-running global is
+    still refused, and so is a numpy function outside the data types under either spelling."""
+    from cpvt_backbones.convert import io, safe_load
+    payload = numpy_payload()
+    old, new = tmp_path / 'numpy1.pth', tmp_path / 'numpy2.pth'
+    old.write_bytes(numpy_bytes(payload, 1))
+    new.write_bytes(numpy_bytes(payload, 2))
+    for path in (old, new):
+        same_payload(safe_load(path), payload)
+    for name in ('numpy.core.multiarray.scalar', 'numpy._core.multiarray.scalar', 'numpy.core.multiarray._reconstruct',
+                 'numpy._core.multiarray._reconstruct'):
+        assert any(name in io.global_names(obj) for obj in io._ALLOWED), name
+
+    class Numpy1Function:  # how an object of numpy 1 names itself: the reverse mapping
+        __module__, __qualname__ = 'numpy.core.multiarray', 'scalar'
+    assert io.global_names(Numpy1Function) == ['numpy.core.multiarray.scalar', 'numpy._core.multiarray.scalar']
+    import pickle
+    for spelling in ('numpy.core', 'numpy._core'):
+        refused = tmp_path / 'refused.pth'
+        rename = f'c{spelling}.multiarray\nfromstring'.encode()
+        refused.write_bytes(numpy1_bytes({'x': __import__('numpy').float64(1.)},
+                                         lambda data, new=rename: data.replace(b'cnumpy.core.multiarray\nscalar', new)))
+        with pytest.raises(pickle.UnpicklingError, match=f'{spelling}.multiarray.fromstring'):
+            safe_load(refused)
+    marker = tmp_path / 'ran'
+    evil = tmp_path / 'evil.pth'
+    torch.save({'numpy': payload['meta']['lr'], 'payload': _RunsCode(marker)}, evil)
+    with pytest.raises(pickle.UnpicklingError, match='posix.system'):
+        safe_load(evil)
+    assert not marker.exists()
+
+
+def test_an_mmengine_checkpoint_written_on_numpy_1_loads_through_mmengine(tmp_path):
+    """With the checkpoint opt-in (every config here, tools/test.py): mmengine's own loader reads a checkpoint of
+    numpy 1's names with its log buffers."""
+    pytest.importorskip('mmengine')
+    from mmengine.logging import HistoryBuffer
+    from mmengine.runner import CheckpointLoader
+
+    import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the opt-in)
+    buffer = HistoryBuffer()
+    buffer.update(0.5)
+    payload = numpy_payload()
+    payload['message_hub'] = {'loss': buffer}
+    path = tmp_path / 'iter_3.pth'
+    path.write_bytes(numpy1_bytes(payload))
+    loaded = CheckpointLoader.load_checkpoint(str(path))
+    same_payload(loaded, payload)
+    assert loaded['message_hub']['loss'].current() == 0.5
+
+
+# --- errors that name the problem and the fix ----------------------------------------------------------------------
+
+def test_a_refused_pickle_never_advises_loading_it_unsafely(tmp_path, numpy_loader):
+    import pickle
+
+    from cpvt_backbones.convert import load_weights_file, safe_load
+    evil = tmp_path / 'evil.pth'
+    torch.save({'state_dict': {'w': torch.zeros(1)}, 'payload': _RunsCode(tmp_path / 'ran')}, evil)
+    for load, error in ((safe_load, pickle.UnpicklingError), (load_weights_file, ValueError)):
+        with pytest.raises(error) as info:
+            load(evil)
+        message = str(info.value)
+        assert 'posix.system' in message and 'weights_only=False' not in message, message
+        assert 'add_safe_globals' not in message and 'tools/convert_checkpoint.py' in message, message
+        assert '\n' not in message
+
+
+def test_non_finite_weights_are_refused_by_key_unless_asked_for(tmp_path):
+    from cpvt_backbones.convert import load_into, load_pretrained
+    from cpvt_backbones.convert.loading import NonFiniteWeightsError
+    torch.manual_seed(0)
+    model = create_model('pcpvt_tiny')
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state['blocks.0.0.attn.q.weight'][0, 0] = float('nan')
+    state['head.bias'][3] = float('inf')
+    path = tmp_path / 'diverged.pth'
+    torch.save(state, path)
+    fresh = create_model('pcpvt_tiny')
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    says = r'NaN or Inf values in 2 tensor\(s\) \(nothing was loaded\): blocks\.0\.0\.attn\.q\.weight, head\.bias\.'
+    with pytest.raises(NonFiniteWeightsError, match=says + '.*allow_nonfinite=True'):
+        load_pretrained(fresh, path)
+    assert all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items())
+    load_into(fresh, state, allow_nonfinite=True)
+    assert torch.isnan(fresh.blocks[0][0].attn.q.weight[0, 0])
+    with pytest.raises(NonFiniteWeightsError):
+        create_model('pcpvt_tiny', pretrained=str(path))
+    pytest.importorskip('mmengine')
+    from cpvt_backbones.adapters.runner import refuse_unfit
+    with pytest.raises(NonFiniteWeightsError, match='checkpoint c.pth holds NaN or Inf'):
+        refuse_unfit(model, {'state_dict': state}, 'checkpoint c.pth')
+    refuse_unfit(model, {'state_dict': state}, 'checkpoint c.pth', allow_nonfinite=True)
+
+
+def test_an_unknown_backbone_setting_in_a_config_lists_the_valid_ones():
+    pytest.importorskip('mmengine')
+    from mmengine.config import Config
+
+    from cpvt_backbones.adapters.runner import ConfigError, check_backbone_settings
+    cfg = Config(dict(model=dict(backbone=dict(type='PyramidCPVT', arch='pcpvt_tiny', drop_path_rte=0.1))))
+    with pytest.raises(ConfigError, match=r"x\.py: model\.backbone \(PyramidCPVT\) has no setting\(s\) "
+                                          r"\['drop_path_rte'\]; valid settings: \[.*'drop_path_rate'.*\]"):
+        check_backbone_settings(cfg, 'x.py')
+    cfg = Config(dict(model=dict(backbone=dict(type='mmdet.CPVT', arch=dict(base='cpvt_tiny', dpeth=3)))))
+    with pytest.raises(ConfigError, match=r"model\.backbone\.arch: CPVT has no argument\(s\) \['dpeth'\]; "
+                                          r"valid arguments: \[.*'depth'"):
+        check_backbone_settings(cfg)
+    check_backbone_settings(Config(dict(model=dict(backbone=dict(type='PyramidCPVT', arch='pcpvt_tiny',
+                                                                 drop_path_rate=0.1)))))
+    check_backbone_settings(Config(dict(model=dict(backbone=dict(type='ResNet', depth=50, whatever=1)))))
+
+
+# --- prepare: never in place, int8 only with calibration ---------------------------------------------------------
+
+def _tiny_backbone(seed=0, **kwargs):
+    from cpvt_backbones.models import PyramidCPVT
+    torch.manual_seed(seed)
+    settings = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4), mlp_ratios=(2, 2, 2, 2),
+                    features_only=True, num_classes=0)
+    return PyramidCPVT(**{**settings, **kwargs}).eval()
+
+
+def _relative(got, ref):
+    return max(float((g - r).norm() / r.norm()) for g, r in zip(got, ref, strict=True))
+
+
+def test_prepare_never_changes_its_argument_and_refuses_a_prepared_module():
+    """``prepare(m, 'fused')`` returns a new module and leaves ``m`` plain; a prepared module is refused, naming
+    what it holds; int8 without calibration batches (None, an empty list, an iterator that yields nothing) is
+    refused; int8 on the untouched argument then is int8 indeed."""
+    from cpvt_backbones.deploy import prepare
+    from cpvt_backbones.deploy.fused import KERNELS, FusedBlock
+    model = _tiny_backbone()
+    kinds = [type(m) for m in model.modules()]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    fused = prepare(model, 'fused')
+    assert fused is not model and [type(m) for m in model.modules()] == kinds
+    assert any(isinstance(m, FusedBlock) for m in fused.modules())
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match=r"prepared for an engine already \(it holds the fused engine's FusedBlock "
+                                         r"at 'blocks\.0\.0'\); prepare the plain model"):
+        prepare(fused, 'fused', 'int8', calibration=[x])
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # bf16 on a CPU without it: float32, with a warning
+        autocast = prepare(model, 'torch', 'bf16')
+    with pytest.raises(ValueError, match="prepared for an engine already.*AutocastModule"):
+        prepare(autocast, 'fused')
+    for empty, says in ((None, 'pass calibration='), ([], 'calibration is empty'), (iter(()), 'gave no input batch')):
+        with pytest.raises(ValueError, match=says):
+            prepare(model, 'fused', 'int8', calibration=empty)
+    if not KERNELS['onednn_int8'].available():
+        pytest.skip('the int8 half: the oneDNN int8 kernel is not available on this CPU/torch')
+    int8 = prepare(model, 'fused', 'int8', calibration=[torch.randn(2, 3, 64, 64) for _ in range(2)])
+    with torch.no_grad():
+        ref, fast, low = model(x), fused(x), int8(x)
+    assert _relative(fast, ref) < 1e-4 and 1e-4 < _relative(low, ref) < 0.1  # really int8, not float32 again
+
+
+def _engine_cache_cases():
+    from cpvt_backbones.deploy import ENGINES
+    for name in ('onnxruntime', 'openvino'):
+        missing = ENGINES[name].missing()
+        marks = [pytest.mark.skipif(bool(missing), reason=f'engine {name!r} needs {", ".join(missing)}')]
+        yield pytest.param(name, marks=marks)
+
+
+def test_a_cache_records_the_model_it_was_made_from(tmp_path):
+    """What the engines' caches record and check (fast: the file written by a stand-in for the export): the model's
+    fingerprint differs with its weights and with its out_indices, not between copies; a cache written for one
+    model is written again, with a warning, when another asks for it."""
+    import copy
+
+    from cpvt_backbones.deploy import onnxruntime
+    from cpvt_backbones.deploy.check import model_fingerprint
+    first, other, fewer = _tiny_backbone(0), _tiny_backbone(1), _tiny_backbone(0, out_indices=(1, 2))
+    prints = [model_fingerprint(m) for m in (first, other, fewer, copy.deepcopy(first))]
+    assert len(set(prints[:3])) == 3 and prints[3] == prints[0]
+    written = []
+
+    def write(path):
+        written.append(path)
+        path.write_bytes(f'export {len(written)}'.encode())
+    cache = tmp_path / 'm.onnx'
+    onnxruntime._saved(cache, write, 'exporting', prints[0])
+    onnxruntime._saved(cache, write, 'exporting', prints[0])
+    assert len(written) == 1  # its own cache: read back
+    for source in prints[1:3]:
+        with pytest.warns(RuntimeWarning, match=f'onnxruntime cache {cache}: it was made from another model.*exporting '
+                                                'again'):
+            onnxruntime._saved(cache, write, 'exporting', source)
+    assert len(written) == 3 and json.loads(onnxruntime.record_path(cache).read_text())['source'] == prints[2]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('engine', list(_engine_cache_cases()))
+def test_an_engine_cache_made_from_another_model_is_never_run(engine, tmp_path):
+    """A cache written for one model and asked for with another (other weights; other out_indices) is detected by
+    what its record says it was made from, converted again with a warning, and the outputs are this model's."""
+    from cpvt_backbones.compat import supports
+    from cpvt_backbones.deploy import prepare
+    if not supports('export'):
+        pytest.skip('the converting engines export with torch.export (torch >= 2.6)')
+    cache, again = str(tmp_path / 'cache'), 'exporting again' if engine == 'onnxruntime' else 'converting again'
+    first, other, fewer = _tiny_backbone(0), _tiny_backbone(1), _tiny_backbone(0, out_indices=(1, 2))
+    x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(2))
+    prepare(first, engine, cache=cache)
+    for model in (other, fewer):
+        with pytest.warns(RuntimeWarning, match=f'(?i){engine} cache .*made from another model.*{again}'):
+            prepared = prepare(model, engine, cache=cache)
+        with torch.no_grad():
+            ref = model(x)
+            got = prepared(x)
+        assert len(got) == len(ref) and _relative(got, ref) < 1e-3
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # the cache now holds this model's conversion: read back without a word
+        prepare(fewer, engine, cache=cache)
+
+
+def test_fused_int8_ranges_saved_for_another_model_are_calibrated_again(tmp_path):
+    from cpvt_backbones.deploy.optimize import calibrated_ranges
+    batches = [torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    cache = str(tmp_path / 'ranges.json')
+    first = calibrated_ranges(_tiny_backbone(0), batches, cache=cache)
+    assert calibrated_ranges(_tiny_backbone(0), None, cache=cache) == {k: list(v) for k, v in first.items()}
+    with pytest.warns(RuntimeWarning, match='ranges.json: recorded for another model; calibrating again'):
+        second = calibrated_ranges(_tiny_backbone(1), batches, cache=cache)
+    assert second != first

@@ -174,3 +174,126 @@ def test_check_image(tmp_path):
                          ('absent.png', 'cannot be read')]:
         with pytest.raises(ImageError, match=f'^{reason}'):
             check_image(tmp_path / name)
+
+
+@pytest.fixture(scope='module')
+def shapes_dir(tmp_path_factory):
+    """A folder holding the shapes data set (1 training, 2 validation images), where the tools run."""
+    folder = tmp_path_factory.mktemp('shapes_run')
+    generate_shapes(folder / 'data' / 'shapes', ShapesSpec(num_train=1, num_val=2, seed=1))
+    return folder
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f'touch {self.marker}',))
+
+
+def one_line(res, tool: str) -> str:
+    """The tool's failure as its last stderr line, after checking it failed without a traceback."""
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert 'Traceback' not in res.stderr, res.stderr[-3000:]
+    line = res.stderr.strip().splitlines()[-1]
+    assert line.startswith(f'{tool}: '), res.stderr[-3000:]
+    return line
+
+
+def test_user_errors_become_one_line_and_an_unwritable_output_folder_is_named(tmp_path, capsys):
+    """In process (fast): what the tools wrap their loading in turns the errors a user can fix into one line
+    headed by the tool's name; tools/infer.py's output check names the folder it cannot write."""
+    import importlib.util
+    import pickle
+
+    from cpvt_backbones.convert.io import RefusedPickleError
+    from cpvt_backbones.convert.loading import NonFiniteWeightsError, one_line_errors
+    for error in (RefusedPickleError('w.pth: refused ... (posix.system)'), NonFiniteWeightsError('c.pth holds NaN'),
+                  pickle.UnpicklingError('bad'), FileNotFoundError('weight file not found: x')):
+        with pytest.raises(SystemExit) as info, one_line_errors('tool.py'):
+            raise error
+        assert str(info.value) == f'tool.py: {error}'
+    with pytest.raises(KeyError), one_line_errors('tool.py'):  # a bug stays a traceback
+        raise KeyError('x')
+    spec = importlib.util.spec_from_file_location('infer_tool', INFER)
+    infer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(infer)
+    blocker = tmp_path / 'a_file'
+    blocker.write_text('')
+    with pytest.raises(SystemExit, match=f'^infer.py: cannot write the outputs under {blocker / "out"} .*{blocker}'):
+        infer.writable_output(str(blocker / 'out'))
+    infer.writable_output(str(tmp_path / 'fine' / 'out'))
+    assert (tmp_path / 'fine' / 'out').is_dir()
+
+
+@pytest.mark.heavy
+def test_tools_name_the_problem_and_the_fix_in_one_line(checkpoint, shapes_dir, tmp_path):
+    """A pickle that would run code (tools/test.py, tools/convert_checkpoint.py): one line naming the global,
+    without torch's advice to load it with weights_only=False; a backbone setting the model does not take
+    (drop_path_rte): the valid ones listed; NaN weights: refused by key (tools/infer.py); an output folder that
+    cannot be written: its path named."""
+    marker, evil = tmp_path / 'ran', tmp_path / 'evil.pth'
+    torch.save({'state_dict': shapes_model(SEG.name).state_dict(), 'meta': _RunsCode(marker)}, evil)
+    for tool, args in (('test.py', [TEST, SEG, evil, '--work-dir', tmp_path / 'w']),
+                       ('convert_checkpoint.py', [ROOT / 'tools/convert_checkpoint.py', evil, tmp_path / 'c.pth'])):
+        line = one_line(run(args, shapes_dir), tool)
+        assert 'posix.system' in line and 'weights_only=False' not in line and str(evil) in line, line
+    assert not marker.exists()
+    line = one_line(run([TEST, SEG, checkpoint(SEG), '--work-dir', tmp_path / 'w', '--cfg-options',
+                         'model.backbone.drop_path_rte=0.1'], shapes_dir), 'test.py')
+    assert "has no setting(s) ['drop_path_rte']; valid settings: [" in line and "'drop_path_rate'" in line, line
+    nan = tmp_path / 'nan.pth'
+    state = shapes_model(SEG.name).state_dict()
+    state['backbone.blocks.1.0.mlp.fc1.weight'][0, 0] = float('nan')
+    torch.save({'state_dict': state, 'meta': {}}, nan)
+    save_image(tmp_path / 'images' / 'x.png', 40, 30)
+    line = one_line(run([INFER, SEG, nan, tmp_path / 'images', '--out-dir', tmp_path / 'out'], shapes_dir),
+                    'infer.py')
+    assert f'checkpoint {nan}' in line and 'backbone.blocks.1.0.mlp.fc1.weight' in line, line
+    assert '--allow-nonfinite' in line
+    blocker = tmp_path / 'a_file'
+    blocker.write_text('')
+    line = one_line(run([INFER, SEG, checkpoint(SEG), tmp_path / 'images', '--out-dir', blocker / 'out'], shapes_dir),
+                    'infer.py')
+    assert f'cannot write the outputs under {blocker / "out"}' in line and str(blocker) in line, line
+
+
+@pytest.mark.heavy
+def test_test_tool_evaluates_a_checkpoint_written_on_numpy_1(checkpoint, shapes_dir, tmp_path):
+    """An mmengine checkpoint as the numpy 1.x stacks write it (numpy.core names: numpy scalars, arrays, numpy's
+    generator state, mmengine's log buffers) is evaluated by tools/test.py on this stack's numpy."""
+    from mmengine.logging import HistoryBuffer
+
+    import cpvt_backbones.adapters.checkpoint  # noqa: F401  (how mmengine checkpoints pickle their log buffers)
+    from test_reliability import numpy1_bytes, numpy_payload
+    payload = numpy_payload()
+    buffer = HistoryBuffer()
+    buffer.update(0.25)
+    payload.update(state_dict=safe_load(checkpoint(SEG))['state_dict'], message_hub={'loss': buffer})
+    old = tmp_path / 'numpy1.pth'
+    old.write_bytes(numpy1_bytes(payload))
+    res = run([TEST, SEG, old, '--work-dir', tmp_path / 'w'], shapes_dir)
+    assert res.returncode == 0 and 'mIoU: ' in res.stdout + res.stderr, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+def test_an_engine_cache_hit_says_loaded_not_saved(checkpoint, tmp_path, monkeypatch, capsys):
+    """The [engine] line names what was written as saved and what was read back as loaded: the fused engine's
+    int8 ranges, calibrated on a folder, are saved by the first run and loaded by the second."""
+    from cpvt_backbones.adapters.engines import engine_model
+    from cpvt_backbones.adapters.runner import read_config
+    from cpvt_backbones.deploy.fused import KERNELS, unavailable_reason
+    if not KERNELS['onednn_int8'].available():
+        pytest.skip(f"the fused engine's int8: {unavailable_reason('onednn_int8')}")
+    monkeypatch.setenv('CPVT_WEIGHTS_DIR', str(tmp_path / 'cache'))
+    for i in range(2):
+        save_image(tmp_path / 'calib' / f'{i}.png', 40, 30)
+    cfg = read_config(str(SEG))
+    lines = []
+    for _ in range(2):
+        engine_model(shapes_model(SEG.name), cfg, str(checkpoint(SEG)), 'fused', 'int8', str(tmp_path / 'calib'), 2)
+        lines.append([x for x in capsys.readouterr().out.splitlines() if x.startswith('[engine] ')][-1])
+    first, second = lines
+    assert '; saved: ' in first and 'loaded' not in first and '.ranges.json' in first, first
+    assert '; loaded: ' in second and 'saved' not in second and '.ranges.json' in second, second

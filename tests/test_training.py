@@ -288,6 +288,12 @@ def test_infer_on_a_folder_at_any_resolution(cfg, package, workdir, trained):
     assert all(line.startswith('[infer] 1x1.png: not drawn (') for line in not_drawn), not_drawn
 
 
+def engine_files(line: str) -> list[str]:
+    """The files an ``[engine]`` line names: those it saved, then those it loaded (each in the order printed)."""
+    parts = dict(part.partition(': ')[::2] for part in line.split('; ')[1:])
+    return [p for kind in ('saved', 'loaded') if parts.get(kind) for p in parts[kind].split(', ')]
+
+
 @needs_torch('int8_kernel')
 @on_one_worker(SEG)
 def test_static_int8_is_calibrated_once_and_reused(workdir, trained, tmp_path):
@@ -302,7 +308,7 @@ def test_static_int8_is_calibrated_once_and_reused(workdir, trained, tmp_path):
                    '--calibrate', source, '--calibrate-images', '3'], workdir, env)
         assert res.returncode == 0 and 'mIoU' in res.stdout + res.stderr, res.stdout[-3000:] + res.stderr[-3000:]
         (line,) = [x for x in res.stdout.splitlines() if x.startswith('[engine] ')]
-        (path,) = [Path(p) for p in line.split('; saved: ', 1)[1].split(', ') if p.endswith('.ranges.json')]
+        (path,) = [Path(p) for p in engine_files(line) if p.endswith('.ranges.json')]
         runs.setdefault(str(source), []).append((path, path.stat().st_mtime_ns))
     (folder,), (val_first, val_again) = [v for k, v in runs.items() if k != 'val'], runs['val']
     assert folder[0] != val_first[0] and val_first == val_again  # same file, not written again
@@ -326,6 +332,7 @@ def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, work
     torch's predictions. On the segmentor only (these do not depend on the task; the detector's bf16 outputs are
     checked in test_autocast.py): the torch engine's bf16 (autocast) is close, int8 is calibrated once and the
     quantized model reused, and --keep-fp32 leaves the neck in float32 and saves that model under its own name."""
+    pytest.importorskip('openvino', reason="engine 'openvino' needs openvino (not on the upstream and core stacks)")
     checkpoint, wd = trained(cfg), workdir / f'openvino_{package}'
     env = dict(CPVT_WEIGHTS_DIR=str(tmp_path))
     keep_all = ['--cfg-options', 'model.test_cfg.score_thr=0.0'] if package == 'mmdet' else []
@@ -339,7 +346,7 @@ def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, work
         res = run([ROOT / 'tools/test.py', cfg, checkpoint, '--work-dir', wd, *engine, *keep_all], workdir, env)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         scores.setdefault(' '.join(engine), []).append(float(metric.findall(res.stdout + res.stderr)[-1][1]))
-        saved += [[p for p in line.split('; saved: ')[1].split(', ') if p.endswith('.xml')][0]
+        saved += [[p for p in engine_files(line) if p.endswith('.xml')][0]
                   for line in res.stdout.splitlines() if line.startswith('[engine]') and 'on openvino' in line]
     assert scores['--engine openvino'] == scores['--engine torch'], scores
     assert Path(saved[1]).is_file() and Path(saved[1]).with_suffix('.bin').is_file() and saved[0] != saved[1]

@@ -4,18 +4,23 @@
                                        [--drop-pos-embed] [--check MODEL_NAME]
 
 SRC may be wrapped (``state_dict``/``model``/``module``) and may be ``.safetensors``; it is read with
-``weights_only=True``. ``--prefix`` keeps only the keys under it (a detector's or classifier's backbone).
+``weights_only=True`` (``convert.safe_load``; where mmengine is installed, an mmengine checkpoint's log buffers and
+numpy values, written on numpy 1.x or 2, are allowed: the checkpoint opt-in). A file that cannot be read, a pickle
+that would run code and weights that do not fit ``--check`` are one line naming the file (exit status 1).
+``--prefix`` keeps only the keys under it (a detector's or classifier's backbone).
 ``--to backbone`` writes the native layout without the classifier head, for a dense config's ``init_cfg``.
 ``--check`` loads the result strictly into ``create_model(MODEL_NAME)`` first (in the native layout, before
 writing another). DST is ``.safetensors`` or a ``torch.save`` file holding ``{'state_dict': ...}``.
 """
 import argparse
+import importlib.util
 from pathlib import Path
 
 import torch
 
 from cpvt_backbones import create_model
 from cpvt_backbones.convert import detect_layout, from_native, load_into, load_weights_file, to_native
+from cpvt_backbones.convert.loading import one_line_errors
 from cpvt_backbones.utils import strip_prefix
 
 
@@ -40,7 +45,10 @@ def main() -> None:
     parser.add_argument('--check', metavar='MODEL_NAME', help='strictly load into this model before writing')
     args = parser.parse_args()
 
-    state = load_weights_file(args.src)
+    if importlib.util.find_spec('mmengine') is not None:
+        import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the opt-in that reads mmengine checkpoints)
+    with one_line_errors('convert_checkpoint.py'):
+        state = load_weights_file(args.src)
     if args.prefix:
         try:
             state = strip_prefix(state, args.prefix, args.src)
@@ -49,7 +57,8 @@ def main() -> None:
     layout = detect_layout(state)
     ours = to_native(state, drop_pos_embed=args.drop_pos_embed)
     if args.check:
-        load_into(checking_model(args.check, ours), ours, strict=True, source=args.src)
+        with one_line_errors('convert_checkpoint.py'):
+            load_into(checking_model(args.check, ours), ours, strict=True, source=args.src)
     out = from_native(ours, args.to)
     dst = Path(args.dst)
     dst.parent.mkdir(parents=True, exist_ok=True)

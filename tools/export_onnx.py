@@ -12,6 +12,7 @@ their padding path at every size, so one graph serves every size (``layers.layou
 ``--verify`` runs the file with onnxruntime at the given sizes and prints the largest difference from PyTorch.
 """
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from cpvt_backbones import create_model, list_models
+from cpvt_backbones.convert.loading import one_line_errors
 from cpvt_backbones.deploy.onnx import export, verify
 
 def _flat(item) -> list[torch.Tensor]:
@@ -53,6 +55,7 @@ def framework_model(config: str, checkpoint: str, cfg_options=None):
     from mmengine.registry import MODELS, init_default_scope
     from mmengine.runner import load_checkpoint
 
+    import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the opt-in: mmengine reads checkpoints with safe_load)
     from cpvt_backbones.adapters.runner import load_config
     cfg = load_config(config, cfg_options)
     init_default_scope(cfg.get('default_scope', 'mmengine'))
@@ -87,6 +90,23 @@ def main() -> None:
     parser.add_argument('--verify', type=_size, nargs='*', default=[], metavar='HxW')
     parser.add_argument('--cfg-options', nargs='+', default=None, help='configs only: key=value overrides')
     args = parser.parse_args()
+    with one_line_errors('export_onnx.py', *_config_errors()):
+        model, names = _model(parser, args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    export(model, args.out, names)
+    print(f'[onnx] wrote {args.out} (outputs {", ".join(names)}; dynamic batch, height, width)')
+    if args.verify:
+        verify(model, args.out, args.verify)
+
+
+def _config_errors() -> tuple:
+    if importlib.util.find_spec('mmengine') is None:
+        return ()
+    from cpvt_backbones.adapters.runner import ConfigError
+    return (ConfigError,)
+
+
+def _model(parser, args):
     if args.model.endswith('.py'):
         from mmengine.config import DictAction
         options = argparse.Namespace(cfg_options=None)
@@ -97,11 +117,7 @@ def main() -> None:
         model, names = backbone(args.model, args.checkpoint, args.out_indices)
     else:
         sys.exit(f'{args.model!r} is neither a config (.py) nor a model name ({", ".join(list_models())})')
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    export(model, args.out, names)
-    print(f'[onnx] wrote {args.out} (outputs {", ".join(names)}; dynamic batch, height, width)')
-    if args.verify:
-        verify(model, args.out, args.verify)
+    return model, names
 
 
 if __name__ == '__main__':

@@ -18,13 +18,16 @@ its prediction is written and it does not count as failed.
 
 CHECKPOINT must fit the config's model exactly: a checkpoint with missing, unexpected or mis-shaped keys (another
 model's) is refused before its weights are loaded, with every such key listed, and nothing runs (exit status 1).
-It is read through ``cpvt_backbones.convert.safe_load`` (a pickle that would run code is refused).
+It is read through ``cpvt_backbones.convert.safe_load`` (a pickle that would run code is refused); one with NaN or
+Inf weights is refused by key unless ``--allow-nonfinite``. These refusals, a setting our backbone does not take
+and an output folder that cannot be written are one line on stderr naming the file, key or path (exit status 1).
 
 Once the weights are loaded the model goes to ``--engine`` at ``--precision`` as in tools/test.py (default: our
 backbone on the fused CPU kernels; the table at the end of ``--help``), the same predictions and drawings
 otherwise.
 """
 import argparse
+import tempfile
 from pathlib import Path
 
 from mmengine.config import DictAction
@@ -32,8 +35,9 @@ from mmengine.config import DictAction
 from cpvt_backbones.adapters.engines import IMAGE_SUFFIXES, add_engine_args, engine_model, engine_request
 from cpvt_backbones.adapters.evaluation import set_test_scale
 from cpvt_backbones.adapters.inference import failing_as, run_each, unique_names
-from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings, refuse_unfit
-from cpvt_backbones.convert import CheckpointMismatchError
+from cpvt_backbones.adapters.inference import OUTPUT_KINDS
+from cpvt_backbones.adapters.runner import ConfigError, load_config, quiet_known_warnings, refuse_unfit
+from cpvt_backbones.convert.loading import one_line_errors
 
 
 def collect_images(inputs):
@@ -60,13 +64,16 @@ class StrictWeights:
     (``adapters.runner.refuse_unfit``, naming the checkpoint and the config) before its weights are loaded; the
     inferencers themselves load what fits and warn."""
 
+    allow_nonfinite = False
+
     def __init__(self, *args, weights=None, **kwargs):
         self.checkpoint_file = weights
         super().__init__(*args, weights=weights, **kwargs)
 
     def _load_weights_to_model(self, model, checkpoint, cfg):
         if checkpoint is not None:
-            refuse_unfit(model, checkpoint, f'checkpoint {self.checkpoint_file} (config {cfg.filename})')
+            refuse_unfit(model, checkpoint, f'checkpoint {self.checkpoint_file} (config {cfg.filename})',
+                         self.allow_nonfinite)
         super()._load_weights_to_model(model, checkpoint, cfg)
 
 
@@ -87,6 +94,22 @@ class DrawOrSay:
         return images if kwargs.get('return_vis') else None
 
 
+def writable_output(out_dir: str) -> None:
+    """Make ``out_dir`` and check that a file can be written there, else exit naming the path and why (before any
+    model is built)."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for kind in OUTPUT_KINDS:
+            if (out / kind).exists() and not (out / kind).is_dir():
+                raise NotADirectoryError(20, 'Not a directory', str(out / kind))
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise SystemExit(f'infer.py: cannot write the outputs under {out} ({e.strerror or e}: '
+                         f'{e.filename or out}); choose another --out-dir') from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('config')
@@ -99,25 +122,30 @@ def main() -> None:
     parser.add_argument('--score-thr', type=float, default=0.3, help='boxes drawn above this score')
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    parser.add_argument('--allow-nonfinite', action='store_true',
+                        help='run a checkpoint with NaN or Inf weights (refused by default)')
     add_engine_args(parser)
     args = parser.parse_args()
     quiet_known_warnings()
     import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the opt-in: mmengine reads checkpoints with safe_load)
 
-    cfg = load_config(args.config, args.cfg_options)
+    with one_line_errors('infer.py', ConfigError):
+        cfg = load_config(args.config, args.cfg_options)
     if cfg.default_scope not in ('mmdet', 'mmseg'):
         raise SystemExit(f'infer.py handles mmdet and mmseg configs; {args.config} is for {cfg.default_scope}')
     engine = engine_request(cfg, args)
     if args.scale or args.native:
         set_test_scale(cfg, None if args.native else args.scale)
     images = collect_images(args.inputs)
+    writable_output(args.out_dir)
+    StrictWeights.allow_nonfinite = args.allow_nonfinite
     names = unique_names(images)
     renamed = [(image, name) for image, name in zip(images, names, strict=False) if name != Path(image).stem]
     if renamed:
         print(f'[infer] {len(renamed)} image(s) share a name with another; their outputs are named:')
         for image, name in renamed:
             print(f'[infer]   {image} -> {name}')
-    try:
+    with one_line_errors('infer.py'):
         if cfg.default_scope == 'mmdet':
             from mmdet.apis import DetInferencer
             inferencer = type('DetInferencer', (StrictWeights, DrawOrSay, DetInferencer), {})(
@@ -133,11 +161,13 @@ def main() -> None:
 
             def run(image, out_dir):
                 inferencer([image], out_dir=out_dir, img_out_dir='vis', pred_out_dir='preds')
-    except CheckpointMismatchError as e:
-        raise SystemExit(f'infer.py: {e}') from e
     inferencer.pipeline = failing_as('the test pipeline', inferencer.pipeline)
     engine_model(inferencer.model, cfg, args.checkpoint, **engine)
-    failed = run_each(run, images, names, args.out_dir)
+    try:
+        failed = run_each(run, images, names, args.out_dir)
+    except OSError as e:
+        raise SystemExit(f'infer.py: cannot write the outputs under {args.out_dir} ({e.strerror or e}: '
+                         f'{e.filename or args.out_dir})') from None
     print(f'{len(images) - len(failed)} image(s) -> {args.out_dir}/vis, {args.out_dir}/preds')
     if failed:
         raise SystemExit(f'{len(failed)} of {len(images)} image(s) failed: {", ".join(failed)}')

@@ -8,8 +8,11 @@ published weights by name (``pcpvt_small``: fetched once, checked), a URL or a w
 ``cpvt_backbones.convert`` reads, which is written once as that classifier's checkpoint. It must fit the model
 exactly: a checkpoint with missing, unexpected or mis-shaped keys (another model's) is refused before its weights
 are loaded, with every such key listed and the checkpoint and config named, and nothing is evaluated (exit
-status 1; ``adapters.hooks.StrictLoadHook``). Checkpoint files are read through ``cpvt_backbones.convert.
-safe_load`` (a pickle that would run code is refused).
+status 1; ``adapters.hooks.StrictLoadHook``), and so is one with NaN or Inf weights (named by key) unless
+``--allow-nonfinite``. Checkpoint files are read through ``cpvt_backbones.convert.safe_load`` (a pickle that would
+run code is refused; numpy 1.x's and numpy 2's names for numpy's data types are both read). Such a refusal, a
+setting our backbone does not take (the valid ones listed) and a weight file that cannot be fetched or read are
+one line on stderr (exit status 1), not a traceback.
 
 Once the checkpoint is loaded the model goes to ``--engine`` at ``--precision`` (``adapters.engines``; the table
 at the end of ``--help`` says which engine runs which precision, covering what): by default ``fused``, our
@@ -23,9 +26,9 @@ import argparse
 import os
 
 from cpvt_backbones.adapters.engines import add_engine_args, use_engine
-from cpvt_backbones.adapters.runner import (add_common_args, build_runner, launched, load_config, quiet_known_warnings,
-                                            runner_checkpoint, strict_loading)
-from cpvt_backbones.convert import CheckpointMismatchError
+from cpvt_backbones.adapters.runner import (ConfigError, add_common_args, build_runner, launched, load_config,
+                                            quiet_known_warnings, runner_checkpoint, strict_loading)
+from cpvt_backbones.convert.loading import one_line_errors
 
 
 def main() -> None:
@@ -33,21 +36,21 @@ def main() -> None:
     parser.add_argument('config')
     parser.add_argument('checkpoint')
     add_common_args(parser)
+    parser.add_argument('--allow-nonfinite', action='store_true',
+                        help='evaluate a checkpoint with NaN or Inf weights (refused by default)')
     add_engine_args(parser)
     args = parser.parse_args()
     quiet_known_warnings()
     import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the opt-in: mmengine reads checkpoints with safe_load)
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
 
-    cfg = load_config(args.config, args.cfg_options, args.work_dir)
-    cfg.load_from = runner_checkpoint(cfg, args.checkpoint)
-    use_engine(cfg, args)
-    strict_loading(cfg)
-    try:
+    with one_line_errors('test.py', ConfigError):
+        cfg = load_config(args.config, args.cfg_options, args.work_dir)
+        cfg.load_from = runner_checkpoint(cfg, args.checkpoint)
+        use_engine(cfg, args)
+        strict_loading(cfg, args.allow_nonfinite)
         with launched(cfg, args.launcher):
             build_runner(cfg).test()
-    except CheckpointMismatchError as e:
-        raise SystemExit(f'test.py: {e}') from e
 
 
 if __name__ == '__main__':

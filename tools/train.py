@@ -7,8 +7,9 @@ import argparse
 import os
 
 
-from cpvt_backbones.adapters.runner import (add_common_args, build_runner, enable_amp, launched, load_config,
-                                            quiet_known_warnings)
+from cpvt_backbones.adapters.runner import (ConfigError, add_common_args, build_runner, enable_amp, launched,
+                                            load_config, quiet_known_warnings)
+from cpvt_backbones.convert.loading import one_line_errors
 
 
 def main() -> None:
@@ -22,7 +23,8 @@ def main() -> None:
     quiet_known_warnings()
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
 
-    cfg = load_config(args.config, args.cfg_options, args.work_dir)
+    with one_line_errors('train.py', ConfigError):
+        cfg = load_config(args.config, args.cfg_options, args.work_dir)
     if args.amp:
         enable_amp(cfg)
     if args.resume:

@@ -30,7 +30,7 @@ import torch
 from cpvt_backbones import list_models
 from cpvt_backbones.convert import built_weights, load_weights_file, to_native
 from cpvt_backbones.utils import pyplot, strip_prefix
-from cpvt_backbones.convert.loading import compare
+from cpvt_backbones.convert.loading import compare, one_line_errors
 from cpvt_backbones.models import CPVT, create_model
 
 MEAN = torch.tensor([123.675, 116.28, 103.53]).view(1, 3, 1, 1)
@@ -230,7 +230,8 @@ def main(argv=None) -> Path:
     args = parser.parse_args(argv)
     if importlib.util.find_spec('mmengine') is not None:
         import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the opt-in that reads mmengine checkpoints)
-    state, dense = backbone_weights(args.checkpoint)
+    with one_line_errors('visualize.py'):
+        state, dense = backbone_weights(args.checkpoint)
     name, model = build(state, dense, args.model)
     rgb, x = read_image(args.image, args.size)
     out = Path(args.out) if args.out else Path(args.image).with_name(Path(args.image).stem + '_cpvt.png')

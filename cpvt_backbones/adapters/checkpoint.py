@@ -10,7 +10,8 @@ constructor call on its numbers; (2) that class and numpy's data-only types are 
 ``cpvt_backbones.convert.safe_load``; (3) mmengine's loader of local checkpoint files (``--resume``,
 ``load_from``, ``tools/test.py``'s checkpoint, ``init_detector``) is ``safe_load``, so a file that would run
 code is refused on every stack, with the message naming the global. Files written without (1) fail the same
-way.
+way. numpy's types are allowed under numpy 1.x's names and numpy 2's (``convert.io.global_names``), so a
+checkpoint written on one stack's numpy loads on another's.
 
 It also makes local checkpoint writes atomic: mmengine's ``LocalBackend.put`` opens the target path and
 writes into it, so a crash or SIGKILL part-way leaves a truncated ``iter_N.pth`` that ``--resume`` then picks.
@@ -22,24 +23,17 @@ import copyreg
 import os
 from pathlib import Path
 
-import numpy as np
 from mmengine.fileio import LocalBackend, register_backend
 from mmengine.logging import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 
 from ..convert import allow_globals, safe_load
+from ..convert.io import numpy_data_types
 from ..utils import atomic_write
 
 
 def _reduce_history_buffer(buffer: HistoryBuffer):
     return HistoryBuffer, (buffer._log_history.tolist(), buffer._count_history.tolist(), buffer.max_length)
-
-
-def _numpy_data_types() -> list:
-    core = getattr(np, '_core', None)  # numpy 2; numpy 1.26 has a stub _core without multiarray
-    multiarray = core.multiarray if hasattr(core, 'multiarray') else np.core.multiarray
-    dtypes = [type(np.dtype(t)) for t in ('float64', 'float32', 'float16', 'int64', 'int32', 'uint8', 'bool')]
-    return [multiarray.scalar, multiarray._reconstruct, np.ndarray, np.dtype] + dtypes
 
 
 class AtomicLocalBackend(LocalBackend):
@@ -62,7 +56,7 @@ def load_from_local(filename: str, map_location=None):
 
 def install() -> None:
     copyreg.pickle(HistoryBuffer, _reduce_history_buffer)
-    allow_globals([HistoryBuffer] + _numpy_data_types())
+    allow_globals([HistoryBuffer] + numpy_data_types())
     CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
     register_backend('local', AtomicLocalBackend, force=True, prefixes='')
 

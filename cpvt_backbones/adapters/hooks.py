@@ -115,7 +115,7 @@ class NonFiniteLossHook(Hook):
     priority = 'ABOVE_NORMAL'  # before CheckpointHook (VERY_LOW) in after_train_iter
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        terms = {k: float(v) for k, v in (outputs or {}).items()
+        terms = {k: float(v.detach()) for k, v in (outputs or {}).items()
                  if isinstance(v, torch.Tensor) and v.numel() == 1 and 'loss' in k}
         bad = {k: v for k, v in terms.items() if not np.isfinite(v)}
         if bad:
@@ -158,9 +158,14 @@ class StrictLoadHook(Hook):
     that do not fit are logged, the layers they miss keep their initial weights, and the run goes on); this hook
     sees the checkpoint as the runner hands it over, before it is loaded, and raises ``CheckpointMismatchError``
     (``adapters.runner.refuse_unfit``) naming the checkpoint and the config. ``tools/test.py`` adds it
-    (``adapters.runner.strict_loading``)."""
+    (``adapters.runner.strict_loading``). A checkpoint with NaN or Inf weights is refused by key too, unless
+    ``allow_nonfinite``."""
     priority = 'VERY_HIGH'
+
+    def __init__(self, allow_nonfinite: bool = False):
+        self.allow_nonfinite = allow_nonfinite
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         model = getattr(runner.model, 'module', runner.model)
-        refuse_unfit(model, checkpoint, f'checkpoint {runner.cfg.get("load_from")} (config {runner.cfg.filename})')
+        refuse_unfit(model, checkpoint, f'checkpoint {runner.cfg.get("load_from")} (config {runner.cfg.filename})',
+                     self.allow_nonfinite)

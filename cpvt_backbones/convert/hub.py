@@ -16,6 +16,13 @@ every load, not only after a download:
   record and the published prefix where there is one; a cached file without a record is used only where a
   published prefix vouches for it. A file that fails is replaced by a new download (or, offline, named in the
   error with what to do), so a damaged or substituted file is never loaded.
+* A download is checked for being a weight file before it is recorded: by its content (torch's zip or pickle
+  format, or safetensors; ``io.weight_file_problem``) and by reading it with the package's safe loader, so an
+  HTML page that a captive portal or a proxy answered with status 200 is refused, never recorded. A cached file
+  whose content is not a weight file (one recorded by an older version of this package) is fetched again once;
+  offline, the error names the file to delete.
+* Concurrent fetches of one file (threads, processes, the ranks of a distributed run) serialize on a lock file
+  beside it (``<file>.lock``, ``fcntl.flock``): one downloads, the others wait and then find the checked file.
 * An interrupted download resumes from ``<file>.partial`` (HTTP range requests) only with the validator the
   server gave for those bytes (ETag or Last-Modified, kept in ``<file>.partial.json``) sent as ``If-Range``: a
   file that changed on the server since, or a partial file without a validator, starts over, so bytes of two
@@ -24,12 +31,14 @@ every load, not only after a download:
 Offline, the error lists every URL and what to do with a copy fetched by hand. Columnar CPVT has no published
 weights (the authors never released them); asking for them says so and how to train them.
 """
+import contextlib
 import hashlib
 import http.client
 import json
 import os
 import re
 import sys
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -38,6 +47,7 @@ from pathlib import Path
 import torch
 
 from ..utils import CHUNK, atomic_write, file_sha256
+from .io import RefusedPickleError, read_weights, weight_file_problem
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,20 @@ PRETRAINED: dict[str, tuple[WeightSource, ...]] = {
         WeightSource(_MMSEG.format(file=mmseg_file), mmseg_file, 'mmseg', _hash_in_name(mmseg_file), classifier=False,
                      note="mmseg's converted file (backbone only: no classifier head)"),
     ) for size, (timm_file, mmseg_file) in _RELEASES.items()}
+
+_SVT_HUB = 'https://huggingface.co/timm/twins_svt_{size}.in1k/resolve/main/model.safetensors'
+_SVT_RELEASES = {'small': ('twins_svt_small-42e5f78c.pth', 'alt_gvt_small_20220308-7e1c3695.pth'),
+                 'base': ('twins_svt_base-c2265010.pth', 'alt_gvt_base_20220308-1b7eb711.pth'),
+                 'large': ('twins_svt_large-90f6aaa9.pth', 'alt_gvt_large_20220308-fb5936f3.pth')}
+PRETRAINED.update({
+    f'svt_{size}': (
+        WeightSource(_SVT_HUB.format(size=size), f'twins_svt_{size}.in1k.safetensors', 'native',
+                     note="timm's hub file"),
+        WeightSource(_TIMM_RELEASE.format(file=timm_file), timm_file, 'native', _hash_in_name(timm_file),
+                     note="timm's release file (the official Twins alt_gvt weights)"),
+        WeightSource(_MMSEG.format(file=mmseg_file), mmseg_file, 'mmseg', _hash_in_name(mmseg_file), classifier=False,
+                     note="mmseg's converted file (backbone only: no classifier head)"),
+    ) for size, (timm_file, mmseg_file) in _SVT_RELEASES.items()})
 
 UNPUBLISHED = ('cpvt_tiny', 'cpvt_small', 'cpvt_base', 'cpvt_tiny_gap', 'cpvt_small_gap', 'cpvt_base_gap',
                'pcpvt_tiny')
@@ -121,8 +145,10 @@ def check_file(path: Path, source: WeightSource, etag: str | None = None) -> str
 
 def cached(path: Path, source: WeightSource) -> str | None:
     """Why the cached ``path`` cannot be used for ``source`` (its sha256 differs from its record or from the
-    published prefix, its record names another URL, or it has neither record nor published prefix to be checked
-    by), or None when it is the checked file. Reads the whole file: the check holds on every load."""
+    published prefix, its record names another URL, it has neither record nor published prefix to be checked
+    by, or its content is not a weight file: ``io.weight_file_problem``, and a full read for a file recorded
+    before downloads were read), or None when it is the checked file. Reads the whole file: the check holds on
+    every load."""
     record = record_path(path)
     try:
         recorded = json.loads(record.read_text()) if record.is_file() else None
@@ -138,6 +164,27 @@ def cached(path: Path, source: WeightSource) -> str | None:
                 'download')
     if source.sha256_prefix and not digest.startswith(source.sha256_prefix):
         return f'its sha256 {digest[:16]}... does not match the published {source.sha256_prefix}'
+    problem = weight_file_problem(path)
+    if problem is None and recorded is not None and recorded.get('content') != 'weights':
+        problem = read_problem(path)  # recorded before downloads were read: read once, then so recorded
+        if problem is None:
+            with contextlib.suppress(OSError):
+                atomic_write(record, json.dumps(dict(recorded, content='weights')).encode())
+    return problem
+
+
+def read_problem(path: Path) -> str | None:
+    """Why ``path`` is not a weight file that the package's safe loader reads (its content, then a full read), or
+    None."""
+    problem = weight_file_problem(path)
+    if problem is not None:
+        return problem
+    try:
+        read_weights(path)
+    except RefusedPickleError as e:
+        return str(e)
+    except Exception as e:  # whatever a damaged file makes the readers raise
+        return f'it cannot be read as a weight file ({type(e).__name__}: {e})'
     return None
 
 
@@ -212,9 +259,44 @@ def download(source: WeightSource, path: Path, timeout: float = 60.) -> Path:
                                       'server gives no validator to resume by: the next attempt starts over)')
     meta.unlink(missing_ok=True)
     digest = check_file(partial, source, etag)
-    atomic_write(record_path(path), json.dumps(dict(url=source.url, sha256=digest)).encode())
+    problem = read_problem(partial)
+    if problem is not None:
+        partial.unlink()
+        raise WeightsUnavailableError(f'{source.url}: the download is not a weight file that this package reads '
+                                      f'({problem}); it was not kept. Check the URL and the network (a captive '
+                                      'portal or a proxy may answer in the server\'s place), then try again')
+    atomic_write(record_path(path), json.dumps(dict(url=source.url, sha256=digest, content='weights')).encode())
     os.replace(partial, path)
     return path
+
+
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def file_lock(path: Path):
+    """Hold the lock of ``path`` (a ``<file>.lock`` beside it) while the block runs: ``fcntl.flock`` between
+    processes, a lock per path between this process's threads; it waits for any other holder (a download that
+    lasts as long as it lasts: no timeout). Where fcntl is missing (Windows), torch's dependency ``filelock``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_file = path.with_name(path.name + '.lock')
+    with _THREAD_LOCKS_GUARD:
+        thread_lock = _THREAD_LOCKS.setdefault(str(lock_file), threading.Lock())
+    with thread_lock:
+        try:
+            import fcntl
+        except ImportError:
+            from filelock import FileLock
+            with FileLock(str(lock_file)):
+                yield
+            return
+        with open(lock_file, 'a+b') as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _from_cache(path: Path, source: WeightSource) -> tuple[Path | None, str | None]:
@@ -227,7 +309,16 @@ def _from_cache(path: Path, source: WeightSource) -> tuple[Path | None, str | No
 
 
 def _fetch(source: WeightSource, path: Path) -> Path:
-    """The checked cached ``path``, else a new download of ``source`` that replaces whatever was there."""
+    """The checked cached ``path``, else a new download of ``source`` that replaces whatever was there, under the
+    file's lock (``file_lock``): a fetch that waited for another finds its checked file."""
+    found, _ = _from_cache(path, source)
+    if found is not None:
+        return found
+    with file_lock(path):
+        return _fetch_locked(source, path)
+
+
+def _fetch_locked(source: WeightSource, path: Path) -> Path:
     found, problem = _from_cache(path, source)
     if found is not None:
         return found
@@ -297,5 +388,5 @@ def resolve_checkpoint(spec: str, classifier: bool = False) -> Path:
 
 
 __all__ = ['PRETRAINED', 'UNPUBLISHED', 'WeightSource', 'WeightsUnavailableError', 'cached', 'check_file',
-           'download', 'fetch_url', 'fetch_weights', 'file_sha256', 'is_url', 'record_path', 'resolve_checkpoint',
-           'sources', 'url_path', 'weights_dir']
+           'download', 'fetch_url', 'fetch_weights', 'file_lock', 'file_sha256', 'is_url', 'read_problem',
+           'record_path', 'resolve_checkpoint', 'sources', 'url_path', 'weights_dir']

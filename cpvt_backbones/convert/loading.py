@@ -1,4 +1,6 @@
 """Strict loading of any known layout into a model, with errors that list what does not fit."""
+import contextlib
+import pickle
 from pathlib import Path
 from typing import NamedTuple
 from collections.abc import Mapping, Sequence
@@ -6,7 +8,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from .io import load_weights_file
+from .hub import WeightsUnavailableError
+from .io import WeightFileError, load_weights_file
 from .layouts import to_native
 
 
@@ -71,6 +74,46 @@ def compare(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> LoadRep
                                   if not _castable(state_dict[k], own[k])), key=lambda item: item[0])))
 
 
+class NonFiniteWeightsError(ValueError):
+    """The checkpoint holds NaN or Inf weights; nothing was loaded."""
+
+
+def non_finite_keys(state_dict: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> list[str]:
+    """The keys of ``state_dict`` whose floating values are not all finite (NaN or Inf), less those whose tensor in
+    ``model`` is not finite either (a buffer the model itself fills with -inf, say)."""
+    own = model.state_dict() if model is not None else {}
+    bad = []
+    for k, v in state_dict.items():
+        if isinstance(v, torch.Tensor) and not _finite(v):
+            mine = own.get(k)
+            if mine is None or _finite(mine):
+                bad.append(k)
+    return sorted(bad)
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds no NaN or Inf (any tensor that is not floating or complex does not)."""
+    if not (t.is_floating_point() or t.is_complex()):
+        return True
+    try:
+        return bool(torch.isfinite(t).all())
+    except (NotImplementedError, RuntimeError):  # 8-bit floats: no isfinite kernel
+        return bool(torch.isfinite(t.float()).all())
+
+
+def refuse_non_finite(state_dict: Mapping[str, torch.Tensor], model: nn.Module | None = None,
+                      source: str = 'checkpoint') -> None:
+    """Raise ``NonFiniteWeightsError`` naming every key of ``state_dict`` with NaN or Inf values
+    (``non_finite_keys``) and how to load it anyway."""
+    bad = non_finite_keys(state_dict, model)
+    if bad:
+        shown = ', '.join(bad[:20]) + (f', ... ({len(bad) - 20} more)' if len(bad) > 20 else '')
+        raise NonFiniteWeightsError(
+            f'{source} holds NaN or Inf values in {len(bad)} tensor(s) (nothing was loaded): {shown}. A training '
+            'run diverged before it was saved? Use an earlier checkpoint; to load it anyway, pass '
+            'allow_nonfinite=True (tools: --allow-nonfinite)')
+
+
 def built_weights(model: nn.Module, state_dict: Mapping[str, torch.Tensor],
                   skip: Sequence[str] = ()) -> dict[str, torch.Tensor]:
     """``state_dict`` (any known layout) in ours, without the parts the model deliberately does not build
@@ -80,7 +123,7 @@ def built_weights(model: nn.Module, state_dict: Mapping[str, torch.Tensor],
 
 
 def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True,
-              source: str = 'checkpoint', skip: Sequence[str] = ()) -> LoadReport:
+              source: str = 'checkpoint', skip: Sequence[str] = (), allow_nonfinite: bool = False) -> LoadReport:
     """Convert ``state_dict`` from any known layout to ours, drop the parts the model deliberately does not
     build (``model.unbuilt_prefixes``: a classifier head for a dense backbone, ...) and those under ``skip``
     (a head to be trained afresh), and load it.
@@ -88,9 +131,12 @@ def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: 
     ``strict=True`` (default) raises ``CheckpointMismatchError`` listing missing, unexpected, shape-mismatched
     keys and values of a kind the model cannot take (``LoadReport``) before anything is copied.
     ``strict=False`` copies only the keys whose names, shapes and kinds fit and returns the report of the
-    rest.
+    rest. Values that are not finite (NaN, Inf) are refused by key (``NonFiniteWeightsError``) before anything is
+    copied, unless ``allow_nonfinite``.
     """
     sd = built_weights(model, state_dict, skip)
+    if not allow_nonfinite:
+        refuse_non_finite(sd, model, source)
     report = compare(model, sd)
     if skip:
         report = report._replace(missing=[k for k in report.missing if not k.startswith(tuple(skip))])
@@ -102,6 +148,23 @@ def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: 
 
 
 def load_pretrained(model: nn.Module, path: str | Path, strict: bool = True,
-                    skip: Sequence[str] = ()) -> LoadReport:
+                    skip: Sequence[str] = (), allow_nonfinite: bool = False) -> LoadReport:
     """Read ``path`` safely and ``load_into`` the model."""
-    return load_into(model, load_weights_file(path), strict, source=str(path), skip=skip)
+    return load_into(model, load_weights_file(path), strict, source=str(path), skip=skip,
+                     allow_nonfinite=allow_nonfinite)
+
+
+# What a user's input can be wrong with when weights are read and loaded: each error's message names the file or
+# key and what to do, so a tool prints it as one line (``one_line_errors``) instead of a traceback.
+USER_ERRORS = (CheckpointMismatchError, NonFiniteWeightsError, WeightFileError, WeightsUnavailableError,
+               pickle.UnpicklingError, FileNotFoundError)
+
+
+@contextlib.contextmanager
+def one_line_errors(tool: str, *more: type[BaseException]):
+    """Turn ``USER_ERRORS`` (and ``more``) raised in the block into ``SystemExit('<tool>: <message>')``: the message
+    on stderr, exit status 1, no traceback."""
+    try:
+        yield
+    except (*USER_ERRORS, *more) as e:
+        raise SystemExit(f'{tool}: {e}') from None

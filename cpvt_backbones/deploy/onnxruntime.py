@@ -6,8 +6,9 @@ tensors out, float32 on the CPU); int8 through onnxruntime's static quantization
 The model may be a backbone, a classifier, or an OpenMMLab model's backbone + neck + head in tensor mode
 (``deploy.openmmlab.TensorForward``). Precisions: float32, and int8 (``quantize``: the linear layers, static,
 calibrated). ``cache``: an ``.onnx`` path where the result is saved and read instead of made again when it is
-there and its record (the file's sha256, written beside it) matches; one that does not is made again with a
-warning saying why. The engine is optional (``pip install onnxruntime``, which ``make env`` installs).
+there and its record (the file's sha256 and the ``check.model_fingerprint`` of the model it was made from,
+written beside it) matches; one that does not, or that was made from another model, is made again with a warning
+saying why, never run. The engine is optional (``pip install onnxruntime``, which ``make env`` installs).
 """
 import ast
 import json
@@ -22,7 +23,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..utils import atomic_write, checksum_problem, file_sha256
-from .check import check_against_torch
+from .check import check_against_torch, model_fingerprint, source_problem
 from .onnx import export
 from .precision import check_precision
 
@@ -67,10 +68,13 @@ def record_path(path) -> Path:
     return Path(str(path) + '.sha256')
 
 
-def _saved(path: Path, write: Callable[[Path], None], what: str) -> Path:
-    """``path`` where it matches its record, else ``write`` it (to a temporary name, then renamed) and record it;
-    a file that fails its record is written again with a warning naming it and why."""
+def _saved(path: Path, write: Callable[[Path], None], what: str, source: str | None = None) -> Path:
+    """``path`` where it matches its record (and, given ``source``, the record says it was made from the model of
+    that fingerprint), else ``write`` it (to a temporary name, then renamed) and record it; a file that fails its
+    record is written again with a warning naming it and why."""
     problem = checksum_problem(record_path(path), dict(onnx=path)) if path.is_file() else None
+    if path.is_file() and problem is None and source is not None:
+        problem = source_problem(record_path(path), source)
     if problem:
         warnings.warn(f'onnxruntime cache {path}: {problem}; {what} again', RuntimeWarning, stacklevel=3)
     if problem or not path.is_file():
@@ -79,7 +83,7 @@ def _saved(path: Path, write: Callable[[Path], None], what: str) -> Path:
         write(tmp)
         record_path(path).unlink(missing_ok=True)
         tmp.replace(path)
-        atomic_write(record_path(path), json.dumps(dict(onnx=file_sha256(path))).encode())
+        atomic_write(record_path(path), json.dumps(dict(onnx=file_sha256(path), source=source)).encode())
     return path
 
 
@@ -171,15 +175,17 @@ def to_onnxruntime(model: nn.Module, precision: str = 'fp32', calibration: Itera
     names = [f'out{i}' for i in range(spec.num_leaves)]
     folder = tempfile.TemporaryDirectory(prefix='cpvt_onnxruntime-')
     exported = float_cache if precision == 'int8' else cache
+    source = model_fingerprint(model) if exported or cache else None
 
     def write_export(path: Path) -> None:
         export(model, str(path), names, example_size, in_chans=in_chans)
-    source = _saved(Path(exported) if exported else Path(folder.name) / 'model.onnx', write_export, 'exporting')
-    engine = OnnxRuntimeModule(str(source), spec, in_chans, threads)
+    onnx_file = _saved(Path(exported) if exported else Path(folder.name) / 'model.onnx', write_export, 'exporting',
+                       source)
+    engine = OnnxRuntimeModule(str(onnx_file), spec, in_chans, threads)
     check_against_torch(engine, model, in_chans, 'onnxruntime export')
     if precision == 'int8':
         path = _saved(Path(cache) if cache else Path(folder.name) / 'model.int8.onnx',
-                      lambda target: quantize(source, target, calibration, keep_fp32), 'quantizing')
+                      lambda target: quantize(onnx_file, target, calibration, keep_fp32), 'quantizing', source)
         engine = OnnxRuntimeModule(str(path), spec, in_chans, threads)
     engine.folder = folder  # removed with the module
     return engine

@@ -43,7 +43,7 @@ from torch.utils import _pytree as pytree
 
 from ..compat import require
 from ..utils import atomic_write, checksum_problem, file_sha256
-from .check import check_against_torch
+from .check import check_against_torch, model_fingerprint, source_problem
 from .precision import PRECISIONS, check_precision
 
 SHAPES = ('dynamic', 'static', 'auto')
@@ -161,6 +161,8 @@ def _torch_half_pixel(ov_model) -> None:
 # saved model keeps them all (``save``, ``_read``).
 MODULE_KEY = 'torch_module'
 MODULES_KEY = 'cpvt_backbones_torch_modules'
+# Where a conversion records the model it was made from (``check.model_fingerprint``), and ``save`` in its record.
+SOURCE_KEY = 'cpvt_backbones_source'
 
 
 def _record_modules(ov_model, graph) -> None:
@@ -205,6 +207,7 @@ def convert(model: nn.Module, example: torch.Tensor):
     ov_model = ov.convert_model(decoder)
     _record_modules(ov_model, decoder.pt_module.graph)
     _torch_half_pixel(ov_model)
+    ov_model.set_rt_info(model_fingerprint(model), SOURCE_KEY)
     return ov_model, spec
 
 
@@ -367,15 +370,17 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
     under the name prefixes ``keep_fp32`` stay float32), compiled for the CPU at ``precision``.
 
     ``cache``: an ``.xml`` path where the converted (and quantized) model is saved (``save``), and read instead of
-    converting when it is there and checks (``saved_problem``); its name must tell what it holds (the tools derive
-    it from everything that changes the converted model, ``adapters.engines.openvino_model``). A saved model that
-    does not check is converted again (with a warning saying why); a cache that cannot be written is skipped with
-    a warning. ``float_cache``: the same for the float32 conversion that int8 quantizes (for fp32 and bf16 it is
-    ``cache`` where that is not given), so that int8 with other calibration or ``keep_fp32`` quantizes a saved
-    conversion instead of converting again (one saved without the module names that ``keep_fp32`` needs is
-    converted again and saved anew). ``in_chans``: input channels (default: the model's ``in_chans`` attribute,
-    else 3). ``shapes``, ``cache_size``, ``specialise_after``, ``threads``: as ``OpenVINOModule`` takes them
-    (checked before anything is converted)."""
+    converting when it is there and checks (``saved_problem``: its files match their record, and the record says
+    it was made from this model, ``check.model_fingerprint``: the same structure, settings and weights); its name
+    should tell the rest of what it holds (calibration: the tools derive it from everything that changes the
+    converted model, ``adapters.engines.cache_name``). A saved model that does not check, or that was made from
+    another model, is converted again (with a warning saying why), never run; a cache that cannot be written is
+    skipped with a warning. ``float_cache``: the same for the float32 conversion that int8 quantizes (for fp32
+    and bf16 it is ``cache`` where that is not given), so that int8 with other calibration or ``keep_fp32``
+    quantizes a saved conversion instead of converting again (one saved without the module names that
+    ``keep_fp32`` needs is converted again and saved anew). ``in_chans``: input channels (default: the model's
+    ``in_chans`` attribute, else 3). ``shapes``, ``cache_size``, ``specialise_after``, ``threads``: as
+    ``OpenVINOModule`` takes them (checked before anything is converted)."""
     check_precision(precision)
     check_shapes(shapes, cache_size, specialise_after)
     if precision != 'int8' and (calibration is not None or keep_fp32):
@@ -384,24 +389,25 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
     in_chans = in_chans or getattr(model, 'in_chans', 3)
     if precision != 'int8':
         cache = cache or float_cache
-    loaded = _load(cache, model, in_chans)
+    source = model_fingerprint(model) if cache or float_cache else None
+    loaded = _load(cache, model, in_chans, source)
     if loaded is not None:
         ov_model, spec = loaded
     else:
         if precision == 'int8' and calibration is None:
             raise ValueError("precision='int8' quantizes with NNCF: pass calibration=<an iterable of input batches>")
-        saved = _load(float_cache, model, in_chans) if precision == 'int8' else None
+        saved = _load(float_cache, model, in_chans, source) if precision == 'int8' else None
         if saved is not None and (not keep_fp32 or saved[0].has_rt_info(MODULES_KEY)):
             ov_model, spec = saved
         else:  # nothing saved, or saved without the module names that keep_fp32 selects by: convert
             ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size))
             check_conversion(ov_model, spec, model, in_chans)
             if precision == 'int8' and float_cache:
-                _save_or_warn(ov_model, float_cache)
+                _save_or_warn(ov_model, float_cache, source)
         if precision == 'int8':
             ov_model = quantize(ov_model, calibration, keep_fp32)
         if cache:
-            _save_or_warn(ov_model, cache)
+            _save_or_warn(ov_model, cache, source)
     return OpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads, specialise_after)
 
 
@@ -410,20 +416,24 @@ def record_path(path) -> Path:
     return Path(path).with_suffix('.sha256')
 
 
-def saved_problem(path) -> str | None:
+def saved_problem(path, source: str | None = None) -> str | None:
     """Why the model saved at ``path`` (.xml, .bin and their record) cannot be used, or None: a file is missing,
-    there is no record (not written by ``save``, or its write was cut short), or a file's sha256 differs from the
-    record (truncated, damaged, or replaced since)."""
+    there is no record (not written by ``save``, or its write was cut short), a file's sha256 differs from the
+    record (truncated, damaged, or replaced since), or, given ``source`` (the ``check.model_fingerprint`` of the
+    model it should hold), the record names another model or none."""
     path = Path(path)
-    return checksum_problem(record_path(path), dict(xml=path, bin=path.with_suffix('.bin')))
+    problem = checksum_problem(record_path(path), dict(xml=path, bin=path.with_suffix('.bin')))
+    if problem is None and source is not None:
+        problem = source_problem(record_path(path), source)
+    return problem
 
 
-def _load(path: str | None, model: nn.Module, in_chans: int):
-    """The model saved at ``path`` (``_read``) where there is one and it checks, else None (with a warning saying
-    why, where something was there)."""
+def _load(path: str | None, model: nn.Module, in_chans: int, source: str | None = None):
+    """The model saved at ``path`` (``_read``) where there is one and it checks (made from the model of
+    fingerprint ``source``, where given), else None (with a warning saying why, where something was there)."""
     if not path or not (Path(path).is_file() or record_path(path).is_file()):
         return None
-    problem = saved_problem(path)
+    problem = saved_problem(path, source)
     if problem is None:
         try:
             return _read(path, model, in_chans)
@@ -433,9 +443,9 @@ def _load(path: str | None, model: nn.Module, in_chans: int):
     return None
 
 
-def _save_or_warn(ov_model, path: str) -> None:
+def _save_or_warn(ov_model, path: str, source: str | None = None) -> None:
     try:
-        save(ov_model, path)
+        save(ov_model, path, source)
     except OSError as e:
         warnings.warn(f'OpenVINO cache {path} not written ({type(e).__name__}: {e}); running without it',
                       RuntimeWarning, stacklevel=3)
@@ -468,12 +478,14 @@ def _remove_abandoned(folder: Path) -> None:
             continue
 
 
-def save(ov_model, path: str) -> None:
+def save(ov_model, path: str, source: str | None = None) -> None:
     """``openvino.save_model`` to ``path`` (.xml, with its .bin beside it and their record, ``record_path``):
     written in a temporary folder and renamed into place, the record last, so that a crash never leaves a model
     that ``to_openvino(cache=...)`` would take as whole; folders that killed saves left behind are removed. The IR
     keeps no custom per-operation data, so the module each operation came from (``MODULE_KEY``, what
-    ``keep_fp32`` selects by) is recorded in the model's own runtime info (``MODULES_KEY``, by operation name)."""
+    ``keep_fp32`` selects by) is recorded in the model's own runtime info (``MODULES_KEY``, by operation name).
+    ``source``: the ``check.model_fingerprint`` of the model it was made from (default: what ``convert`` recorded
+    in the model, ``SOURCE_KEY``), kept in the record for ``to_openvino`` to check."""
     ov = _openvino()
     path = Path(path)
     if path.suffix != '.xml':
@@ -487,7 +499,9 @@ def save(ov_model, path: str) -> None:
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f'{SAVING}{os.getpid()}-') as tmp:
         xml, weights = Path(tmp) / path.name, Path(tmp) / path.with_suffix('.bin').name
         ov.save_model(ov_model, str(xml), compress_to_fp16=False)
-        record = dict(xml=file_sha256(xml), bin=file_sha256(weights), openvino=ov.get_version())
+        if source is None and ov_model.has_rt_info(SOURCE_KEY):
+            source = ov_model.get_rt_info(SOURCE_KEY).astype(str)
+        record = dict(xml=file_sha256(xml), bin=file_sha256(weights), openvino=ov.get_version(), source=source)
         record_path(path).unlink(missing_ok=True)  # the old record goes first: a half-renamed pair never checks
         os.replace(weights, path.with_suffix('.bin'))
         os.replace(xml, path)
@@ -496,4 +510,4 @@ def save(ov_model, path: str) -> None:
 
 __all__ = ['EXTRA', 'MODULE_KEY', 'MODULES_KEY', 'PRECISIONS', 'SHAPES', 'OpenVINOModule', 'available',
            'check_conversion', 'check_shapes', 'compile_config', 'convert', 'native_bf16', 'ops_under', 'quantize',
-           'record_path', 'save', 'saved_problem', 'to_openvino']
+           'record_path', 'save', 'saved_problem', 'source_problem', 'to_openvino']

@@ -12,7 +12,7 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 
 import torch
 from torch import nn
@@ -81,17 +81,65 @@ def check_engine(name: str, precision: str) -> Engine:
     return spec
 
 
+def prepared_as(module: nn.Module) -> str | None:
+    """What engine already prepared ``module`` (or a submodule of it), in words, or None for a plain module: the
+    fused engine's modules, an OpenVINO or onnxruntime module, an autocast wrapper."""
+    from .autocast import AutocastModule
+    from .fused import FusedBlock, FusedLinear
+    kinds = {FusedBlock: "the fused engine's FusedBlock", FusedLinear: "the fused engine's FusedLinear",
+             AutocastModule: "the torch engine's AutocastModule (bf16)"}
+    for name, sub in module.named_modules():
+        where = f' at {name!r}' if name else ''
+        for cls, what in kinds.items():
+            if isinstance(sub, cls):
+                return f'{what}{where}'
+        if type(sub).__name__ in ('OpenVINOModule', 'OnnxRuntimeModule'):
+            return f'an {type(sub).__name__}{where} (the {type(sub).__name__[:-6].lower()} engine)'
+    return None
+
+
+class _Calibration:
+    """``calibration`` iterated as given, refusing (at its first iteration) one that yields no batch."""
+
+    def __init__(self, batches: Iterable[torch.Tensor]):
+        self.batches = batches
+
+    def __iter__(self):
+        count = 0
+        for batch in self.batches:
+            count += 1
+            yield batch
+        if not count:
+            raise ValueError('int8 calibration gave no input batch: pass a non-empty iterable of input batches '
+                             '(NCHW float tensors, representative of what will be run)')
+
+
 def prepare(module: nn.Module, name: str, precision: str = 'fp32',
             calibration: Iterable[torch.Tensor] | None = None, keep_fp32: Sequence[str] = (),
             **options) -> nn.Module:
     """``module`` (evaluation mode, float32; what the engine covers) on engine ``name`` at ``precision``:
-    ``calibration`` (an iterable of input batches) and ``keep_fp32`` configure int8 and are refused elsewhere;
-    ``options`` go to the engine's transform."""
+    ``calibration`` (an iterable of input batches, required and non-empty for int8) and ``keep_fp32`` configure
+    int8 and are refused elsewhere; ``options`` go to the engine's transform. ``module`` itself is never changed
+    (an engine that transforms modules works on a copy; one that runs the module as it is returns it), and a
+    module an engine has prepared already is refused, naming what it holds: prepare the plain model."""
     spec = check_engine(name, precision)
     if precision != 'int8' and (calibration is not None or keep_fp32):
         raise ValueError(f'calibration and keep_fp32 configure int8; precision={precision!r} does not use them')
+    if precision == 'int8' and not options.get('input_ranges'):
+        if calibration is None:
+            raise ValueError(f'engine {name!r}: int8 quantizes activations at calibrated ranges: pass '
+                             'calibration=<an iterable of input batches> (NCHW float tensors, representative of what '
+                             'will be run)')
+        if isinstance(calibration, Sized) and len(calibration) == 0:
+            raise ValueError('int8 calibration is empty: pass at least one input batch (NCHW float tensors, '
+                             'representative of what will be run)')
+        calibration = _Calibration(calibration)
     if module.training:
         raise ValueError(f'engine {name!r} prepares a model in evaluation mode: call model.eval() first')
+    done = prepared_as(module)
+    if done is not None:
+        raise ValueError(f'engine {name!r}: this module was prepared for an engine already (it holds {done}); '
+                         'prepare the plain model instead (prepare leaves its argument as it was)')
     return spec.transform(module, precision, calibration, tuple(keep_fp32), **options)
 
 
@@ -123,7 +171,7 @@ def _fused(module, precision, calibration, keep_fp32, cache=None, conversion_cac
     elif isinstance(input_ranges, (str, Path)):
         input_ranges = json.loads(Path(input_ranges).read_text())['input_ranges']
     return optimize(module, precision=precision, keep_fp32=keep_fp32,
-                    input_ranges=input_ranges if precision == 'int8' else None)
+                    input_ranges=input_ranges if precision == 'int8' else None, inplace=False)
 
 
 def _openvino(module, precision, calibration, keep_fp32, cache=None, conversion_cache=None, **options):
@@ -170,4 +218,5 @@ register(Engine(
     "int8: onnxruntime's static quantization, activations at ranges calibrated on input batches"))
 
 
-__all__ = ['COVERS', 'ENGINES', 'Engine', 'check_engine', 'engine', 'engine_table', 'prepare', 'register']
+__all__ = ['COVERS', 'ENGINES', 'Engine', 'check_engine', 'engine', 'engine_table', 'prepare', 'prepared_as',
+           'register']
