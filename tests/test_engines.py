@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cpvt_backbones import PyramidCPVT, create_model
+from cpvt_backbones import PyramidCPVT, TwinsSVT, create_model
 from cpvt_backbones.deploy import ENGINES, engine_table, prepare
 from cpvt_backbones.deploy.registry import Engine, check_engine, register
 from torch_features import supports
@@ -24,6 +24,14 @@ def small() -> torch.nn.Module:
     torch.manual_seed(0)
     return PyramidCPVT(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4),
                        mlp_ratios=(2, 2, 2, 2), features_only=True, num_classes=0).eval()
+
+
+def small_svt(window_mask: bool = True) -> torch.nn.Module:
+    """A one-stage Twins-SVT (quick to export: about a fifth of two stages' time): a windowed block, the
+    PEG, a global block with spatially reduced keys; at 97 x 131 and 1 x 1 its windows are padded."""
+    torch.manual_seed(0)
+    return TwinsSVT(embed_dims=(16,), depths=(2,), num_heads=(1,), mlp_ratios=(2,), sr_ratios=(2,), patch_sizes=(4,),
+                    window_sizes=(7,), window_mask=window_mask, features_only=True, num_classes=0).eval()
 
 
 def runnable(engine: str, precision: str) -> None:
@@ -68,6 +76,33 @@ def test_every_engine_runs_every_precision_it_declares(engine, precision, tmp_pa
     x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(99))
     with torch.no_grad():
         assert relative(prepared(x), model(x)) < TOLERANCE[precision]
+
+
+SVT_SIZES = ((64, 96), (97, 131), (1, 1))
+
+
+@pytest.mark.parametrize('engine, precision', [
+    pytest.param(e, p, marks=pytest.mark.heavy) if e in ('openvino', 'onnxruntime') and p != 'fp32' else (e, p)
+    for e, spec in ENGINES.items() for p in spec.precisions])   # a converting engine: 20 s a precision
+def test_svt_on_every_engine_at_every_precision_at_odd_sizes(engine, precision, tmp_path):
+    """Twins-SVT (windowed blocks with padded, masked windows beside global ones) on every engine at every
+    precision it declares, within the registry's tolerance of torch float32 on the same weights at sizes whose
+    windows need padding and at 1 x 1 (int8: calibrated on batches of the sizes run)."""
+    runnable(engine, precision)
+    model = small_svt()
+    calibration = [torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(i))
+                   for i, hw in enumerate(SVT_SIZES * 2)]
+    options = dict(cache=str(tmp_path / 'm')) if engine in ('openvino', 'onnxruntime') else {}
+    with quiet_bf16():
+        prepared = prepare(copy.deepcopy(model), engine, precision,
+                           calibration if precision == 'int8' else None, **options)
+    for hw in SVT_SIZES:
+        x = torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(99 + hw[1]))
+        with torch.no_grad():
+            ref = model(x)
+            got = prepared(x)
+        assert [g.shape for g in got] == [r.shape for r in ref]
+        assert relative(got, ref) < TOLERANCE[precision], hw
 
 
 def test_an_engine_refuses_what_it_does_not_declare_naming_those_that_do():

@@ -32,6 +32,20 @@ def reference_of(bb):
     return ref
 
 
+def test_svt_has_one_level_per_stage():
+    """A Twins-SVT (a PyramidCPVT subclass) gives one feature map per stage, as many as its depths name."""
+    from cpvt_backbones.adapters.hf import _num_levels
+    assert _num_levels('svt_small', {}) == 4
+    assert _num_levels('svt_small', dict(depths=(2, 2), embed_dims=(16, 32))) == 2
+    torch.manual_seed(0)
+    bb = backbone('svt_small', out_features=STAGES, model_args=dict(embed_dims=(16, 32, 64, 128),
+                                                                    num_heads=(1, 2, 4, 8), depths=(2, 2, 2, 2)))
+    ref = reference_of(bb)
+    x = torch.randn(1, 3, 53, 75)
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(bb(x).feature_maps, ref(x), strict=True))
+
+
 @pytest.mark.parametrize('arch', ['pcpvt_tiny', 'cpvt_tiny'])
 def test_stage_maps_are_create_models_outputs(arch):
     bb = backbone(arch, out_features=STAGES)

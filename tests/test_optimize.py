@@ -320,3 +320,74 @@ def test_static_int8_quantizer_gives_torchs_codes(monkeypatch, qmax):
     codes = fused.OneDNNInt8.quantize(x, scale, zero)
     assert codes.dtype == torch.uint8 and torch.equal(codes, expected)
     assert codes.max() == qmax and codes.min() == 0
+
+
+def small_svt(window_mask: bool = False, **kwargs) -> nn.Module:
+    """A narrow Twins-SVT whose stages hold a windowed and a global block each: at 97 x 131 every stage's map
+    needs window padding (25 x 33, 13 x 17, 7 x 9, 4 x 5 tokens), at 1 x 1 all but one token of each window is
+    padding."""
+    torch.manual_seed(0)
+    return create_model('svt_small', embed_dims=(16, 32, 64, 128), depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8),
+                        window_mask=window_mask, **kwargs).eval()
+
+
+@pytest.mark.parametrize('mode', ['fp32', 'int8'])
+@pytest.mark.parametrize('window_mask', [False, True])
+def test_svt_windowed_and_global_blocks_are_fused_at_odd_sizes(window_mask, mode, monkeypatch):
+    """Both kinds of Twins-SVT block are fused (the windowed ones' attn.qkv becomes a FusedLinear, with the
+    window padding and ``window_mask`` of the plain model): float32 to rounding, int8 within its tolerance, at
+    sizes that pad every stage's windows and at 1 x 1; the state dict and the plain model stay as they were."""
+    from cpvt_backbones.layers import LocallyGroupedAttention
+    if mode == 'int8':
+        _precision_or_skip(mode)
+    plain = small_svt(window_mask, features_only=True)
+    state = copy.deepcopy(plain.state_dict())
+    fast = lowered(plain, mode, inplace=False) if mode == 'int8' else optimize(plain, inplace=False)
+    windowed = [m for m in fast.modules()
+                if isinstance(m, FusedBlock) and isinstance(m.attn, LocallyGroupedAttention)]
+    assert len(windowed) == 4 and sum(isinstance(m, FusedBlock) for m in fast.modules()) == 8
+    assert all(type(b.attn.qkv) is FusedLinear and b.attn.window_mask is window_mask for b in windowed)
+    assert not any(type(m) is nn.Linear for m in fast.modules())
+    kernels = {m.kernel for m in fast.modules() if isinstance(m, FusedLinear)}
+    assert len(kernels) == 1 and (mode == 'fp32' or kernels == {'onednn_int8'}), kernels
+    calls = []
+    kernel = fused.KERNELS[kernels.pop()]
+    original = kernel.residual
+    monkeypatch.setattr(kernel, 'residual', lambda *a: calls.append(1) or original(*a))
+    tolerance = 1e-5 if mode == 'fp32' else TOLERANCE[mode]
+    for hw in ((97, 131), (1, 1), (56, 84)):   # 56 x 84: the first stage's 14 x 21 tokens need no padding
+        x = torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(hw[1]))
+        with torch.no_grad():
+            for a, b in zip(fast(x), plain(x), strict=True):
+                assert a.shape == b.shape and float((a - b).norm() / b.norm()) < tolerance, hw
+    assert len(calls) == 8 * 3, 'the fused path was not taken in every block'
+    assert all(torch.equal(v, state[k]) for k, v in plain.state_dict().items())
+    assert fast.state_dict().keys() == state.keys()
+    assert any(type(m) is Block for m in plain.modules()), 'the plain model was changed'
+
+
+def test_svt_fused_keeps_the_window_mask_semantics():
+    """The fused model computes what its plain model computes with the mask it was built with: masked and unmasked
+    windows differ where windows are padded (so the comparison sees the mask) and agree where none is."""
+    unmasked, masked = small_svt(False), small_svt(True)
+    masked.load_state_dict(unmasked.state_dict())
+    fast = {m: optimize(copy.deepcopy(model)) for m, model in ((False, unmasked), (True, masked))}
+    with torch.no_grad():
+        x = torch.randn(1, 3, 97, 131)
+        assert float((masked(x) - unmasked(x)).norm() / unmasked(x).norm()) > 1e-3
+        for flag, model in ((False, unmasked), (True, masked)):
+            assert torch.allclose(fast[flag](x), model(x), atol=1e-5, rtol=1e-4), flag
+        x = torch.randn(1, 3, 224, 224)  # 56, 28, 14, 7 tokens a side: no window is padded
+        assert torch.allclose(fast[True](x), fast[False](x), atol=1e-5, rtol=1e-4)
+
+
+def test_svt_refuses_a_wrapped_or_hooked_windowed_projection():
+    model = small_svt()
+    model.blocks[0][0].attn.qkv = Wrapper(model.blocks[0][0].attn.qkv)
+    with pytest.raises(ValueError, match=r'blocks\.0\.0\.attn\.qkv is a Wrapper'):
+        optimize(model)
+    assert not any(isinstance(m, (FusedBlock, FusedLinear)) for m in model.modules()), 'left half-optimized'
+    hooked = small_svt()
+    hooked.blocks[2][0].attn.qkv.register_forward_hook(lambda *a: None)
+    with pytest.raises(ValueError, match=r'blocks\.2\.0\.attn\.qkv has forward hooks'):
+        optimize(hooked)

@@ -24,7 +24,7 @@ from mmengine.config import Config
 from ..deploy import PRECISIONS
 from ..deploy.registry import ENGINES, check_engine, engine_table
 from ..utils import file_sha256
-from .runner import add_hook, build_runner, evaluation_datasets, our_backbone
+from .runner import add_hook, build_runner, evaluation_datasets, our_backbone, our_backbone_types
 
 DEFAULT_ENGINE = 'fused'
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
@@ -72,8 +72,8 @@ def default_engine(cfg: Config) -> str:
 def _check(cfg: Config, engine: str, precision: str) -> None:
     """``check_engine``, and for an engine that covers the backbone, that the config's backbone is ours."""
     if check_engine(engine, precision).covers == 'backbone' and our_backbone(cfg) is None:
-        raise ValueError(f'engine {engine!r} runs our backbones (PyramidCPVT, CPVT); this config\'s backbone is '
-                         f'{cfg.model.get("backbone", {}).get("type")!r}: use --engine torch')
+        raise ValueError(f'engine {engine!r} runs our backbones ({", ".join(our_backbone_types())}); this config\'s '
+                         f'backbone is {cfg.model.get("backbone", {}).get("type")!r}: use --engine torch')
 
 
 def use_engine(cfg: Config, args: argparse.Namespace) -> None:
@@ -205,7 +205,7 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
     from ..convert import weights_dir
     from ..deploy.optimize import calibrated_ranges
     if our_backbone(cfg) is None:
-        raise ValueError('calibrate: the config\'s backbone is not one of ours (PyramidCPVT or CPVT)')
+        raise ValueError(f'calibrate: the config\'s backbone is not one of ours ({", ".join(our_backbone_types())})')
     ckpt = Path(checkpoint).resolve()
     if not ckpt.is_file():
         raise FileNotFoundError(f'calibrate: no checkpoint file {checkpoint}')
@@ -223,6 +223,18 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
     return out
 
 
+def _cache_files(prefixes: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """The files under the cache name ``prefixes`` (``PREFIX.*``), in order, each with its (mtime, size): what tells
+    a file read back from one written anew."""
+    files = {}
+    for prefix in prefixes:
+        for p in sorted(Path(prefix).parent.glob(Path(prefix).name + '.*')):
+            if str(p) not in files and p.is_file():
+                stat = p.stat()
+                files[str(p)] = (stat.st_mtime_ns, stat.st_size)
+    return files
+
+
 def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: str | None, engine: str = DEFAULT_ENGINE,
                  precision: str = 'fp32', calibration: str | None = None, calibration_images: int = 32,
                  keep_fp32: Sequence[str] = (), **options) -> torch.nn.Module:
@@ -232,7 +244,8 @@ def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: str | None, en
     of ``calibration`` (``calibration_batches``: 'val' or a folder), each batch through the model's own data
     preprocessor, with the modules named in ``keep_fp32`` (names in ``model``) left in float32. With a checkpoint
     file, what the engine derives (a conversion, calibrated ranges) is saved under ``weights_dir()/<engine>``,
-    named by ``cache_name``, and read back next time."""
+    named by ``cache_name``, and read back next time; the line printed names the files read back ("loaded") and
+    those written ("saved")."""
     from ..convert import weights_dir
     from ..deploy.openmmlab import on_engine
     spec = check_engine(engine, precision)
@@ -249,13 +262,15 @@ def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: str | None, en
         options.setdefault('cache', str(folder / cache_name(cfg, ckpt, precision, calibrated, *sorted(keep_fp32),
                                                             checkpoint_sha256=digest)))
         options.setdefault('conversion_cache', str(folder / cache_name(cfg, ckpt, 'float', checkpoint_sha256=digest)))
+    prefixes = [p for p in (options.get('cache'), options.get('conversion_cache')) if p]
+    before = _cache_files(prefixes)
     on_engine(model, engine, precision, batches, keep_fp32, **options)
-    saved = []
-    for prefix in (options.get('cache'), options.get('conversion_cache')):  # what this engine kept, its own first
-        if prefix:
-            saved += [str(p) for p in sorted(Path(prefix).parent.glob(Path(prefix).name + '.*')) if str(p) not in saved]
+    after = _cache_files(prefixes)  # what this engine kept, its own first
+    loaded = [p for p, stamp in after.items() if before.get(p) == stamp]
+    saved = [p for p in after if p not in loaded]
     print(f'[engine] {type(model).__name__}: {spec.covers} on {engine} at {precision}'
           + (f', float32: {", ".join(keep_fp32)}' if keep_fp32 else '')
+          + (f'; loaded: {", ".join(loaded)}' if loaded else '')
           + (f'; saved: {", ".join(saved)}' if saved else ''))
     return model
 

@@ -46,7 +46,7 @@ def _num_levels(arch: str, model_args: dict[str, Any]) -> int:
     """Feature maps ``create_model(arch, features_only=True, **model_args)`` returns: one per stage of a pyramid
     model, the simple feature pyramid's four for a columnar one."""
     spec = MODEL_SPECS[arch]
-    if spec.cls is PyramidCPVT:
+    if issubclass(spec.cls, PyramidCPVT):
         return len(model_args.get('depths', spec.settings['depths']))
     return len(PYRAMID_STRIDES)
 

@@ -15,10 +15,11 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
 
-from ..convert.loading import CheckpointMismatchError, compare
+from ..convert.loading import CheckpointMismatchError, compare, refuse_non_finite
 from ..utils import atomic_write, file_sha256
 
-__all__ = ['KNOWN_LOG_LINES', 'KNOWN_WARNINGS', 'add_common_args', 'add_hook', 'build_runner', 'enable_amp',
+__all__ = ['ConfigError', 'KNOWN_LOG_LINES', 'KNOWN_WARNINGS', 'add_common_args', 'add_hook', 'build_runner',
+           'check_backbone_settings', 'enable_amp',
            'checkpoint_state', 'evaluation_datasets', 'launched', 'load_config', 'our_backbone', 'prepare_launch',
            'quiet_known_warnings', 'read_config', 'refuse_unfit', 'runner_checkpoint', 'strict_loading']
 HOOKS_MODULE = 'cpvt_backbones.adapters.hooks'  # our hooks, registered when it is imported (an opt-in)
@@ -91,11 +92,12 @@ def read_config(path: str) -> Config:
 
 
 def load_config(path: str, cfg_options: dict | None = None, work_dir: str | None = None) -> Config:
-    """Read a config (``read_config``), apply ``--cfg-options`` and choose ``work_dirs/<config name>`` unless
-    given."""
+    """Read a config (``read_config``), apply ``--cfg-options``, check our backbone's settings
+    (``check_backbone_settings``) and choose ``work_dirs/<config name>`` unless given."""
     cfg = read_config(path)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
+    check_backbone_settings(cfg, path)
     if work_dir is not None:
         cfg.work_dir = work_dir
     elif cfg.get('work_dir') is None:
@@ -110,10 +112,48 @@ def add_common_args(parser, launchers: Sequence[str] = ('none', 'pytorch', 'slur
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
 
 
+def our_backbone_types() -> tuple[str, ...]:
+    """The ``type`` names of our backbones in configs: the classes of ``adapters.backbones`` (those the mmdet,
+    mmseg and mmpretrain adapters register: PyramidCPVT, TwinsSVT, CPVT)."""
+    from . import backbones
+    return tuple(name for name, cls in vars(backbones).items() if isinstance(cls, type)
+                 and issubclass(cls, backbones._OpenMMLabBackbone) and cls is not backbones._OpenMMLabBackbone)
+
+
 def our_backbone(cfg: Config) -> dict | None:
-    """The config's backbone settings if the backbone is one of ours (PyramidCPVT or CPVT), else None."""
+    """The config's backbone settings if the backbone is one of ours (``our_backbone_types``), else None."""
     backbone = cfg.model.get('backbone') or {}
-    return backbone if str(backbone.get('type', '')).rsplit('.', 1)[-1] in ('PyramidCPVT', 'CPVT') else None
+    return backbone if str(backbone.get('type', '')).rsplit('.', 1)[-1] in our_backbone_types() else None
+
+
+class ConfigError(ValueError):
+    """A config sets something our backbone does not take; the message lists what it takes."""
+
+
+def check_backbone_settings(cfg: Config, source: str = 'the config') -> None:
+    """Refuse, before anything is built, a setting of our backbone (``model.backbone``) that its constructor does
+    not take, or an ``arch`` dict setting the model does not take: a ``ValueError`` naming the unknown key(s) and
+    listing the valid ones (the framework's registry would raise a bare TypeError from deep inside the build)."""
+    import inspect
+
+    from .. import models as core
+    from ..models import model_settings
+    from . import backbones
+    settings = (cfg.get('model') or {}).get('backbone') or {}
+    kind = str(settings.get('type', '')).rsplit('.', 1)[-1]
+    if kind not in our_backbone_types() or not hasattr(core, kind):
+        return
+    cls = getattr(backbones, kind)
+    valid = sorted(p for p in inspect.signature(cls.__init__).parameters if p != 'self')
+    unknown = sorted(set(settings) - set(valid) - {'type'})
+    if unknown:
+        raise ConfigError(f'{source}: model.backbone ({kind}) has no setting(s) {unknown}; valid settings: {valid}')
+    arch = settings.get('arch')
+    if isinstance(arch, Mapping):
+        try:
+            model_settings(dict(arch), getattr(core, kind))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f'{source}: model.backbone.arch: {e}') from None
 
 
 def evaluation_datasets(cfg: Config) -> Iterator[dict]:
@@ -154,13 +194,17 @@ def checkpoint_state(checkpoint: Mapping) -> dict[str, torch.Tensor]:
     return {re.sub(r'^module\.', '', k): v for k, v in state.items()}
 
 
-def refuse_unfit(model: torch.nn.Module, checkpoint: Mapping, source: str) -> None:
+def refuse_unfit(model: torch.nn.Module, checkpoint: Mapping, source: str, allow_nonfinite: bool = False) -> None:
     """Raise ``CheckpointMismatchError`` naming ``source`` and listing every missing, unexpected and mis-shaped key
     (and value of a kind the model cannot take) where the mmengine checkpoint ``checkpoint`` (``checkpoint_state``)
-    does not fit ``model`` exactly (``convert.loading.compare``)."""
-    report = compare(model, checkpoint_state(checkpoint))
+    does not fit ``model`` exactly (``convert.loading.compare``); and, unless ``allow_nonfinite``,
+    ``NonFiniteWeightsError`` naming every key whose values are NaN or Inf."""
+    state = checkpoint_state(checkpoint)
+    report = compare(model, state)
     if report:
         raise CheckpointMismatchError(report, source, limit=None)
+    if not allow_nonfinite:
+        refuse_non_finite(state, model, source)
 
 
 def add_hook(cfg: Config, hook: dict) -> None:
@@ -173,9 +217,10 @@ def add_hook(cfg: Config, hook: dict) -> None:
     cfg.custom_hooks = [h for h in cfg.get('custom_hooks', []) if h.get('type') != hook['type']] + [hook]
 
 
-def strict_loading(cfg: Config) -> None:
-    """Have the runner of ``cfg`` refuse a checkpoint that does not fit its model (``StrictLoadHook``)."""
-    add_hook(cfg, dict(type='StrictLoadHook'))
+def strict_loading(cfg: Config, allow_nonfinite: bool = False) -> None:
+    """Have the runner of ``cfg`` refuse a checkpoint that does not fit its model, or (unless ``allow_nonfinite``)
+    holds NaN or Inf weights (``StrictLoadHook``)."""
+    add_hook(cfg, dict(type='StrictLoadHook', **(dict(allow_nonfinite=True) if allow_nonfinite else {})))
 
 
 def enable_amp(cfg: Config) -> None:

@@ -16,6 +16,7 @@ import contextlib
 import copy
 import json
 import time
+import warnings
 from pathlib import Path
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
@@ -24,17 +25,21 @@ from torch import nn
 
 from ..compat import set_submodule
 from ..utils import atomic_write
-from ..layers import Block
+from ..layers import Block, LocallyGroupedAttention
 from .precision import check_precision
 from .fused import GEMMS, KERNELS, FusedBlock, FusedLinear, check_kernel, fused_gemms, unavailable_reason
 
 _BLOCK_LAYERS = {'norm1': nn.LayerNorm, 'norm2': nn.LayerNorm, 'attn.q': nn.Linear, 'attn.kv': nn.Linear,
                  'attn.proj': nn.Linear, 'mlp.fc1': nn.Linear, 'mlp.act': nn.GELU, 'mlp.fc2': nn.Linear,
                  'ls1': nn.Identity, 'ls2': nn.Identity}
+# A windowed block (Twins-SVT's LocallyGroupedAttention) projects queries, keys and values with one layer, attn.qkv.
+_WINDOWED_BLOCK_LAYERS = {**{p: k for p, k in _BLOCK_LAYERS.items() if p not in ('attn.q', 'attn.kv')},
+                          'attn.qkv': nn.Linear}
 
 
 def _check_block(name: str, block: Block) -> None:
-    for path, kind in _BLOCK_LAYERS.items():
+    windowed = isinstance(block.attn, LocallyGroupedAttention)
+    for path, kind in (_WINDOWED_BLOCK_LAYERS if windowed else _BLOCK_LAYERS).items():
         layer = block.get_submodule(path)
         if type(layer) is not kind:
             if path.startswith('ls'):
@@ -102,17 +107,26 @@ def record_input_ranges(model: nn.Module) -> Iterator[dict[str, tuple[float, flo
 def calibrated_ranges(model: nn.Module, calibration: Iterable[torch.Tensor] | None, keep_fp32: Sequence[str] = (),
                       cache: str | None = None) -> dict[str, tuple[float, float]]:
     """The input ranges of ``model``'s linear layers over the batches of ``calibration`` (``record_input_ranges``),
-    or those saved at ``cache`` (a JSON file: ``images``, ``input_ranges``) where it holds a range for every
-    layer outside ``keep_fp32``; newly recorded ranges are saved there. No calibration and nothing saved is an
-    error saying what to pass."""
+    or those saved at ``cache`` (a JSON file: ``images``, ``input_ranges``, ``source``) where they were recorded
+    for this model (``check.model_fingerprint``) and hold a range for every layer outside ``keep_fp32``; newly
+    recorded ranges are saved there. Ranges saved for another model (or by an older version, which recorded no
+    model) are calibrated again with a warning. No calibration and nothing saved is an error saying what to
+    pass."""
+    from .check import model_fingerprint
     keep = tuple(keep_fp32)
     needed = [n for n, m in model.named_modules() if type(m) is nn.Linear and not n.startswith(keep)]
+    source = model_fingerprint(model) if cache else None
     if cache and Path(cache).is_file():
         try:
-            saved = json.loads(Path(cache).read_text())['input_ranges']
-        except (OSError, ValueError, KeyError):
-            saved = {}
-        if all(n in saved for n in needed):
+            record = json.loads(Path(cache).read_text())
+            saved = record['input_ranges']
+        except (OSError, ValueError, KeyError, TypeError):
+            record, saved = {}, {}
+        if record.get('source') != source:
+            warnings.warn(f'fused int8 ranges {cache}: '
+                          + ('recorded for another model' if record.get('source') else 'no record of the model they '
+                             'were calibrated for') + '; calibrating again', RuntimeWarning, stacklevel=3)
+        elif all(n in saved for n in needed):
             return saved
     if calibration is None:
         raise ValueError("int8 quantizes activations at calibrated ranges: pass calibration=<input batches> (or "
@@ -122,8 +136,10 @@ def calibrated_ranges(model: nn.Module, calibration: Iterable[torch.Tensor] | No
         for batch in calibration:
             model(batch)
             images += len(batch)
+    if not images:
+        raise ValueError('int8 calibration gave no input batch: pass a non-empty iterable of input batches')
     if cache:
-        atomic_write(cache, json.dumps(dict(images=images, input_ranges=ranges), indent=1).encode())
+        atomic_write(cache, json.dumps(dict(images=images, input_ranges=ranges, source=source), indent=1).encode())
     return ranges
 
 
