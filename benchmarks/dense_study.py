@@ -32,16 +32,16 @@ import argparse
 import copy
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
 
+from benchmarks.study.common import mean_std, parse_shard, run_meta, study_dir, write_csv
 from cpvt_backbones.adapters.evaluation import METRICS, headline_score
 from cpvt_backbones.adapters.runner import build_runner, quiet_known_warnings
 from cpvt_backbones.adapters.shapes_tasks import SHAPES_TASKS as TASKS
 from cpvt_backbones.convert import safe_load
 from cpvt_backbones.utils import atomic_write, pyplot, strip_prefix
-from benchmarks.study.common import mean_std, parse_shard, run_meta, study_dir, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -175,11 +175,11 @@ def use_drawn_split(cfg, factor: str, settings: DenseStudyConfig) -> None:
 def start_from_detector(cfg, detector: Path, path: Path) -> None:
     """Point the segmentor's backbone at the detector's, after checking that every key loads strictly
     (mmdet's PVT loads ``init_cfg`` weights with ``strict=False``, which would skip a mismatch silently)."""
+    import mmdet.models  # noqa: F401  (registers mmdet's PVT)
     import torch
     from mmengine.registry import DefaultScope
     from mmseg.registry import MODELS
 
-    import mmdet.models  # noqa: F401  (registers mmdet's PVT)
     import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the detector's log buffers load safely)
     import cpvt_backbones.adapters.mmseg  # noqa: F401
     if not detector.is_file():

@@ -16,8 +16,8 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 

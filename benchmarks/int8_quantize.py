@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.timing import CASES, run_case
 from cpvt_backbones import create_model, optimize, record_input_ranges
 from cpvt_backbones.deploy import fused
-from benchmarks.timing import CASES, run_case
 from cpvt_backbones.utils import cpu_info
 
 

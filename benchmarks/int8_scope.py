@@ -15,10 +15,10 @@ import json
 import time
 from pathlib import Path
 
+from benchmarks.study.common import run_meta
 from cpvt_backbones.adapters.evaluation import evaluate, headline_score, set_test_scale
 from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings
 from cpvt_backbones.adapters.shapes_tasks import CALIBRATION, SHAPES_TASKS, TEST_SIZES, scaled
-from benchmarks.study.common import run_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 

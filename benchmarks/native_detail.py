@@ -43,23 +43,23 @@ import itertools
 import json
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import nullcontext
 from multiprocessing import get_context
 from pathlib import Path
-from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from cpvt_backbones.datasets import class_scenes, render
-from cpvt_backbones.utils import atomic_write, pyplot
 from benchmarks.study.common import format_paired, mean_std, paired, parse_shard, provenance, run_meta, write_csv
 from benchmarks.study.config import TF32, VARIANTS, StudyConfig
 from benchmarks.study.data import random_boxes, resize
 from benchmarks.study.report import line_style, trained_on
 from benchmarks.study.specs import Resized
 from benchmarks.study.trainer import evaluate, train
+from cpvt_backbones.datasets import class_scenes, render
+from cpvt_backbones.utils import atomic_write, pyplot
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SIZE, PATCH = 56, 4                     # training crops (px) and the stem's stride: a 14 x 14 token grid

@@ -16,18 +16,18 @@ import contextlib
 import copy
 import re
 import time
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from torch.utils._pytree import tree_flatten
 
+from benchmarks.timing import has_fast_bf16
 from cpvt_backbones import create_model
 from cpvt_backbones.convert import native_to_mmseg
 from cpvt_backbones.deploy import ENGINES, PRECISIONS, prepare
 from cpvt_backbones.deploy.onnxruntime import OnnxRuntimeModule
 from cpvt_backbones.models import PyramidCPVT, model_settings
-from benchmarks.timing import has_fast_bf16
 from cpvt_backbones.utils import cpu_info
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,16 +28,15 @@ import argparse
 import itertools
 import json
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 from typing import NamedTuple
-from collections.abc import Mapping, Sequence
 
 import torch
 
-from cpvt_backbones.utils import pyplot
 from benchmarks.resolution_study import run_study
 from benchmarks.study.common import format_paired, mean_std, paired, run_meta, write_csv
 from benchmarks.study.config import VARIANTS, StudyConfig, parse_fields
@@ -45,6 +44,7 @@ from benchmarks.study.data import ensure_data, load_split
 from benchmarks.study.report import line_style
 from benchmarks.study.specs import size_tests
 from benchmarks.study.trainer import run
+from cpvt_backbones.utils import pyplot
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / 'benchmarks/results/recipe_runs'

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import torch
 
-from cpvt_backbones.utils import pyplot
 from benchmarks.peers import DENSE_PEERS, PEERS
+from cpvt_backbones.utils import pyplot
 
 
 def _fmt(value, spec: str) -> str:

@@ -36,8 +36,8 @@ per-seed numbers, mean and standard deviation, the paper's figure per variant, t
 
 import argparse
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 from benchmarks.study.common import parse_shard, run_meta
 from benchmarks.study.config import CROP_AREA, CROP_RESAMPLE, TEST_RESAMPLE, TF32, VARIANTS, StudyConfig, command_args

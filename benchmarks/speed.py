@@ -53,12 +53,11 @@ from pathlib import Path
 
 import torch
 
-from cpvt_backbones.deploy import ENGINES
-from cpvt_backbones.utils import cpu_info
 from benchmarks.peers import DENSE_CONFIGS, DENSE_PEERS, PEERS, build, build_dense, ours
 from benchmarks.report import breakdown_table, dense_table, plot_scaling, scaling_table, table
-from benchmarks.timing import (CASES, SCALING_SIZES, allocator_info, breakdown, retain_freed_memory,
-                               run_case, scaling)
+from benchmarks.timing import CASES, SCALING_SIZES, allocator_info, breakdown, retain_freed_memory, run_case, scaling
+from cpvt_backbones.deploy import ENGINES
+from cpvt_backbones.utils import cpu_info
 
 
 def main() -> None:

@@ -9,9 +9,9 @@ import re
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from collections.abc import Callable
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode

@@ -15,13 +15,13 @@ import argparse
 import itertools
 import json
 import re
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from cpvt_backbones.utils import pyplot
 from benchmarks.study import report
-from benchmarks.study.config import VARIANTS, StudyConfig
 from benchmarks.study.common import format_paired, mean_std, paired
+from benchmarks.study.config import VARIANTS, StudyConfig
+from cpvt_backbones.utils import pyplot
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / 'benchmarks/results'

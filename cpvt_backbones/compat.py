@@ -8,7 +8,8 @@ import sys
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree, flop_counter
+from torch.utils import _pytree as pytree
+from torch.utils import flop_counter
 
 
 def torch_at_least(release: str) -> bool:

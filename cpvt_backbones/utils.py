@@ -7,9 +7,9 @@ import os
 import platform
 import re
 import secrets
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO, TypeVar
-from collections.abc import Callable, Mapping
 
 V = TypeVar('V')
 CHUNK = 1 << 20

@@ -9,8 +9,9 @@ def shapes_model(config: str) -> torch.nn.Module:
     from pathlib import Path
     pytest.importorskip('mmdet')
     pytest.importorskip('mmseg')
-    from cpvt_backbones.adapters.runner import read_config
     from mmengine.registry import init_default_scope
+
+    from cpvt_backbones.adapters.runner import read_config
     cfg = read_config(str(Path(__file__).resolve().parents[1] / 'configs/shapes' / config))
     init_default_scope(cfg.default_scope)
     if cfg.default_scope == 'mmdet':

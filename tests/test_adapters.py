@@ -100,8 +100,8 @@ def test_pretrained_loads_strictly_through_detector(tmp_path):
 def test_pretrained_with_prefix_from_mmengine_checkpoint(tmp_path):
     """A whole detector checkpoint saved by mmengine (with its log objects in message_hub) by a run with the
     checkpoint opt-in loads safely where the opt-in is imported; elsewhere the error says what to import."""
-    from mmengine.logging import HistoryBuffer
     import numpy as np
+    from mmengine.logging import HistoryBuffer
 
     import cpvt_backbones.adapters.checkpoint  # noqa: F401
     fw = 'mmseg'

@@ -6,12 +6,12 @@ import warnings
 
 import pytest
 import torch
+from shapes_models import shapes_model
 
 from cpvt_backbones import create_model
 from cpvt_backbones.compat import torch_at_least
 from cpvt_backbones.deploy import AutocastModule, to_autocast
 from cpvt_backbones.deploy import autocast as autocast_module
-from shapes_models import shapes_model
 
 SIZES = ((1, 1), (97, 131), (7, 500))
 # Relative L2 against float32 on random weights: measured 5e-3 to 1.3e-2 on torch 2.14/2.15, and up to 4.0e-2 for a

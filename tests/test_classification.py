@@ -9,11 +9,11 @@ import pytest
 import torch
 
 pytest.importorskip('mmpretrain')
-from cpvt_backbones.adapters.runner import read_config  # noqa: E402
 from mmengine.registry import DefaultScope  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from cpvt_backbones.adapters.evaluation import set_cls_test_size  # noqa: E402
+from cpvt_backbones.adapters.runner import read_config  # noqa: E402
 from cpvt_backbones.datasets import generate_shape_crops  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,12 +7,31 @@ import torch
 from torch import nn
 
 from cpvt_backbones import create_model
-from cpvt_backbones.convert import (CheckpointMismatchError, UnknownKeysError, backbone_only, classifier_to_native,
-                                    deit_to_native, detect_layout, from_native, load_into, load_pretrained,
-                                    load_weights_file, mmpretrain_to_native, mmseg_to_native, to_native,
-                                    native_to_mmpretrain, native_to_mmseg, unwrap_state_dict)
-from cpvt_backbones.layers.position import (ENCODINGS, PositionEncoding, register_encoding, registered_encoding,
-                                            state_dict_roots)
+from cpvt_backbones.convert import (
+    CheckpointMismatchError,
+    UnknownKeysError,
+    backbone_only,
+    classifier_to_native,
+    deit_to_native,
+    detect_layout,
+    from_native,
+    load_into,
+    load_pretrained,
+    load_weights_file,
+    mmpretrain_to_native,
+    mmseg_to_native,
+    native_to_mmpretrain,
+    native_to_mmseg,
+    to_native,
+    unwrap_state_dict,
+)
+from cpvt_backbones.layers.position import (
+    ENCODINGS,
+    PositionEncoding,
+    register_encoding,
+    registered_encoding,
+    state_dict_roots,
+)
 
 
 @pytest.fixture(scope='module')

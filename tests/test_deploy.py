@@ -32,6 +32,7 @@ def test_onnx_backbone_at_three_sizes(name, tmp_path):
     pytest.importorskip('onnxruntime')
     pytest.importorskip('onnxscript')
     import onnx
+
     from cpvt_backbones.deploy.onnx import export, verify
 
     model, names = shallow(name)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_hub import Server, published_weights, same_weights
 
 from cpvt_backbones import create_model
 from cpvt_backbones.convert import hub, load_weights_file
-from test_hub import Server, published_weights, same_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch_features import supports
 
 from cpvt_backbones import PyramidCPVT, TwinsSVT, create_model
 from cpvt_backbones.deploy import ENGINES, engine_table, prepare
 from cpvt_backbones.deploy.registry import Engine, check_engine, register
-from torch_features import supports
 
 ROOT = Path(__file__).resolve().parents[1]
 # How far each precision may move a feature map (relative L2 against torch float32 on the same weights), as the

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 pytest.importorskip('mmpretrain')
-from cpvt_backbones.adapters.runner import read_config  # noqa: E402
 from mmengine.optim import OptimWrapper, build_optim_wrapper  # noqa: E402
 from mmengine.registry import PARAM_SCHEDULERS, DefaultScope  # noqa: E402
 from mmpretrain.registry import DATA_SAMPLERS, MODELS, TRANSFORMS  # noqa: E402
 from mmpretrain.structures import DataSample  # noqa: E402
 
+from cpvt_backbones.adapters.runner import read_config  # noqa: E402
 from cpvt_backbones.layers.position import state_dict_roots  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

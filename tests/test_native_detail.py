@@ -8,11 +8,11 @@ import tempfile
 import pytest
 import torch
 
-from cpvt_backbones.datasets import CLASSES, class_scenes
 from benchmarks import native_detail
 from benchmarks.study.common import STUDIED_CODE, format_paired, paired, provenance, source_digest
 from benchmarks.study.data import random_boxes, resize
 from benchmarks.study.stem import ConvStem
+from cpvt_backbones.datasets import CLASSES, class_scenes
 
 
 def test_class_scenes_hold_shapes_of_their_class_only_and_are_deterministic():

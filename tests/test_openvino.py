@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch_features import skip_module_without
 
 from cpvt_backbones import CPVT, PyramidCPVT, TwinsSVT
 from cpvt_backbones.layers import ENCODINGS
-from torch_features import skip_module_without
 
 skip_module_without('export')
 from shapes_models import shapes_model  # noqa: E402

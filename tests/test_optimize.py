@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from cpvt_backbones import create_model, optimize, record_input_ranges
-from cpvt_backbones.deploy.optimize import pick_gemm
 from cpvt_backbones.deploy import fused
 from cpvt_backbones.deploy.fused import FusedBlock, FusedLinear
+from cpvt_backbones.deploy.optimize import pick_gemm
 from cpvt_backbones.layers import Block
 
 CASES = [('pcpvt_tiny', False), ('pcpvt_tiny', True), ('cpvt_tiny', False), ('cpvt_tiny_gap', False),

@@ -7,7 +7,7 @@ import torch
 
 from cpvt_backbones import create_model, optimize
 from cpvt_backbones.compat import supports
-from cpvt_backbones.convert import detect_layout, load_into, rope_vit_to_native, native_to_rope_vit
+from cpvt_backbones.convert import detect_layout, load_into, native_to_rope_vit, rope_vit_to_native
 from cpvt_backbones.layers.position import ENCODINGS, Geometry, build_position_encodings, resize_table, rotate
 from cpvt_backbones.layers.position.rope import mixed_frequencies, rotary_angles
 from cpvt_backbones.layers.position.rpe import relative_index

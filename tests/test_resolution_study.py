@@ -1,16 +1,17 @@
 """The Fashion-MNIST loader and the classification resolution study, end to end on a tiny configuration."""
-import re
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from fake_fmnist import write_idx
 
 from benchmarks import resolution_study as study
-from benchmarks.study import config as cfg, data, report, specs, trainer
+from benchmarks.study import config as cfg
+from benchmarks.study import data, report, specs, trainer
 from cpvt_backbones.datasets import load_fashion_mnist, read_idx
-from fake_fmnist import write_idx
 
 VARIANTS = ['none', 'learned', 'peg_0-5']  # the paths: no encoding, a table (probe), PEGs (their response)
 TINY = ['--train-images', '96', '--test-images', '40', '--epochs', '2', '--batch-size', '32', '--dim', '16',

@@ -8,9 +8,17 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from cpvt_backbones import TwinsSVT, create_model
-from cpvt_backbones.convert import (UnknownKeysError, detect_layout, load_into, mmpretrain_to_native,
-                                    mmseg_to_native, native_to_mmpretrain, native_to_mmseg, to_native)
-from cpvt_backbones.convert import hub
+from cpvt_backbones.convert import (
+    UnknownKeysError,
+    detect_layout,
+    hub,
+    load_into,
+    mmpretrain_to_native,
+    mmseg_to_native,
+    native_to_mmpretrain,
+    native_to_mmseg,
+    to_native,
+)
 from cpvt_backbones.layers import Attention, Block, LocallyGroupedAttention
 from cpvt_backbones.layers.position import ENCODINGS
 
@@ -229,6 +237,7 @@ def test_plain_module_contract_hooks_fx_and_flops(window_mask):
 def test_every_constructor_argument_is_documented():
     import importlib.util
     from pathlib import Path
+
     from cpvt_backbones.models.base import CPVTBase
     path = Path(__file__).resolve().parents[1] / 'tools' / 'reference_docs.py'
     spec = importlib.util.spec_from_file_location('reference_docs', path)
@@ -373,6 +382,7 @@ def test_logits_equal_mmpretrain_svt_classifier():
 def test_openmmlab_registration(framework):
     pytest.importorskip(framework)
     import importlib
+
     from mmengine.registry import DefaultScope
     importlib.import_module(f'cpvt_backbones.adapters.{framework}')
     importlib.import_module(f'{framework}.models')  # their own SVT registration must not clash
@@ -405,6 +415,7 @@ def test_pretrained_by_name_loads_through_the_checked_cache(tmp_path, monkeypatc
     import threading
     from functools import partial
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
     from safetensors.torch import save_file
     served = tmp_path / 'served'
     served.mkdir()
@@ -434,9 +445,9 @@ def test_svt_through_the_hugging_face_smp_and_torchvision_adapters():
     (the ecosystems stack)."""
     pytest.importorskip('transformers')
     smp = pytest.importorskip('segmentation_models_pytorch')
-    import cpvt_backbones.adapters.timm  # noqa: F401  (SMP's 'tu-' encoders)
     from torchvision.models.detection import MaskRCNN
 
+    import cpvt_backbones.adapters.timm  # noqa: F401  (SMP's 'tu-' encoders)
     from cpvt_backbones.adapters.hf import CPVTBackbone, CPVTBackboneConfig
     from cpvt_backbones.adapters.smp import AnySize
     from cpvt_backbones.adapters.torchvision import cpvt_fpn_backbone

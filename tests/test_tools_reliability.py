@@ -10,10 +10,11 @@ from PIL import Image
 
 for _framework in ('mmengine', 'mmdet', 'mmseg'):
     pytest.importorskip(_framework)
-from cpvt_backbones.convert import safe_load  # noqa: E402
-from cpvt_backbones.datasets import ShapesSpec, generate_shapes  # noqa: E402
 from shapes_models import shapes_model  # noqa: E402
 from test_training import DET, ROOT, SEG, run  # noqa: E402
+
+from cpvt_backbones.convert import safe_load  # noqa: E402
+from cpvt_backbones.datasets import ShapesSpec, generate_shapes  # noqa: E402
 
 INFER, TEST = ROOT / 'tools/infer.py', ROOT / 'tools/test.py'
 CONFIGS = [pytest.param(DET, id='mmdet'), pytest.param(SEG, id='mmseg')]
@@ -265,9 +266,9 @@ def test_test_tool_evaluates_a_checkpoint_written_on_numpy_1(checkpoint, shapes_
     """An mmengine checkpoint as the numpy 1.x stacks write it (numpy.core names: numpy scalars, arrays, numpy's
     generator state, mmengine's log buffers) is evaluated by tools/test.py on this stack's numpy."""
     from mmengine.logging import HistoryBuffer
+    from test_reliability import numpy1_bytes, numpy_payload
 
     import cpvt_backbones.adapters.checkpoint  # noqa: F401  (how mmengine checkpoints pickle their log buffers)
-    from test_reliability import numpy1_bytes, numpy_payload
     payload = numpy_payload()
     buffer = HistoryBuffer()
     buffer.update(0.25)

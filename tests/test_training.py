@@ -15,8 +15,9 @@ from PIL import Image
 
 for _framework in ('mmengine', 'mmdet', 'mmseg'):
     pytest.importorskip(_framework)
-from cpvt_backbones.datasets import ShapesSpec, generate_shapes  # noqa: E402
 from torch_features import needs_torch  # noqa: E402
+
+from cpvt_backbones.datasets import ShapesSpec, generate_shapes  # noqa: E402
 
 pytestmark = pytest.mark.heavy
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,14 +23,13 @@ import torch
 from matplotlib.patches import Patch, Rectangle
 
 from cpvt_backbones.adapters.engines import DEFAULT_ENGINE, calibrate
-from cpvt_backbones.deploy.registry import ENGINES, engine_table
 from cpvt_backbones.adapters.evaluation import evaluate, headline_score, set_test_scale
 from cpvt_backbones.adapters.runner import build_runner, load_config, quiet_known_warnings
 from cpvt_backbones.adapters.shapes_tasks import CALIBRATION, LABELS, PRETRAINING, SHAPES_TASKS, TEST_SIZES, scaled
 from cpvt_backbones.datasets import generate_shape_crops, generate_shapes
 from cpvt_backbones.deploy import PRECISIONS
+from cpvt_backbones.deploy.registry import ENGINES, engine_table
 from cpvt_backbones.utils import cpu_info, pyplot
-
 
 VIS_SIZES = [('0.7x', (.7, .7)), ('1x', (1., 1.)), ('native', None), ('2x', (2., 2.))]
 SCORE_THR = 0.5  # boxes drawn: confident ones only (RetinaNet returns up to 100 low-score candidates per image)

@@ -14,8 +14,8 @@ their padding path at every size, so one graph serves every size (``layers.layou
 import argparse
 import importlib.util
 import sys
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -23,6 +23,7 @@ from torch import nn
 from cpvt_backbones import create_model, list_models
 from cpvt_backbones.convert.loading import one_line_errors
 from cpvt_backbones.deploy.onnx import export, verify
+
 
 def _flat(item) -> list[torch.Tensor]:
     if isinstance(item, torch.Tensor):

@@ -34,8 +34,7 @@ from mmengine.config import DictAction
 
 from cpvt_backbones.adapters.engines import IMAGE_SUFFIXES, add_engine_args, engine_model, engine_request
 from cpvt_backbones.adapters.evaluation import set_test_scale
-from cpvt_backbones.adapters.inference import failing_as, run_each, unique_names
-from cpvt_backbones.adapters.inference import OUTPUT_KINDS
+from cpvt_backbones.adapters.inference import OUTPUT_KINDS, failing_as, run_each, unique_names
 from cpvt_backbones.adapters.runner import ConfigError, load_config, quiet_known_warnings, refuse_unfit
 from cpvt_backbones.convert.loading import one_line_errors
 

@@ -20,7 +20,6 @@ from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings
 from cpvt_backbones.utils import pyplot
 
 
-
 def sweep(config: str, checkpoint: str, sizes, work_dir: Path, name: str, cfg_options=None):
     """[{'size': s, 'metric': value}] for each size."""
     rows = []

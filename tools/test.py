@@ -26,8 +26,16 @@ import argparse
 import os
 
 from cpvt_backbones.adapters.engines import add_engine_args, use_engine
-from cpvt_backbones.adapters.runner import (ConfigError, add_common_args, build_runner, launched, load_config,
-                                            quiet_known_warnings, runner_checkpoint, strict_loading)
+from cpvt_backbones.adapters.runner import (
+    ConfigError,
+    add_common_args,
+    build_runner,
+    launched,
+    load_config,
+    quiet_known_warnings,
+    runner_checkpoint,
+    strict_loading,
+)
 from cpvt_backbones.convert.loading import one_line_errors
 
 

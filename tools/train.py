@@ -6,9 +6,15 @@
 import argparse
 import os
 
-
-from cpvt_backbones.adapters.runner import (ConfigError, add_common_args, build_runner, enable_amp, launched,
-                                            load_config, quiet_known_warnings)
+from cpvt_backbones.adapters.runner import (
+    ConfigError,
+    add_common_args,
+    build_runner,
+    enable_amp,
+    launched,
+    load_config,
+    quiet_known_warnings,
+)
 from cpvt_backbones.convert.loading import one_line_errors
 
 

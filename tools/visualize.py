@@ -21,17 +21,17 @@ on the tokens, not inside attention); a model built with RoPE or a relative bias
 import argparse
 import importlib.util
 import math
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from cpvt_backbones import list_models
 from cpvt_backbones.convert import built_weights, load_weights_file, to_native
-from cpvt_backbones.utils import pyplot, strip_prefix
 from cpvt_backbones.convert.loading import compare, one_line_errors
 from cpvt_backbones.models import CPVT, create_model
+from cpvt_backbones.utils import pyplot, strip_prefix
 
 MEAN = torch.tensor([123.675, 116.28, 103.53]).view(1, 3, 1, 1)
 STD = torch.tensor([58.395, 57.12, 57.375]).view(1, 3, 1, 1)

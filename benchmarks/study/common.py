@@ -10,8 +10,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 

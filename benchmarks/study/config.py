@@ -7,13 +7,13 @@ reproduces it.
 """
 import dataclasses
 import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
-from collections.abc import Callable, Sequence
 
-from cpvt_backbones.datasets.fashion_mnist import DEFAULT_ROOT
 from benchmarks.study.common import study_dir
+from cpvt_backbones.datasets.fashion_mnist import DEFAULT_ROOT
 
 ROOT = Path(__file__).resolve().parents[2]
 CROP_RESAMPLE = ('antialiased', 'aliased')

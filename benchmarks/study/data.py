@@ -7,8 +7,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cpvt_backbones.datasets import load_fashion_mnist
 from benchmarks.study.config import CROP_AREA, CROP_RESAMPLE
+from cpvt_backbones.datasets import load_fashion_mnist
 
 MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST training-set pixel statistics
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cpvt_backbones.utils import pyplot
 from benchmarks.study.common import mean_std, write_csv
 from benchmarks.study.config import VARIANTS, StudyConfig
 from benchmarks.study.data import MEAN, STD, resize
 from benchmarks.study.specs import OnCanvas, Resized, placements, size_tests
 from benchmarks.study.trainer import build_model, peg_response
+from cpvt_backbones.utils import pyplot
 
 
 def summarise(results: list[dict], config: StudyConfig) -> list[dict]:

@@ -8,21 +8,21 @@ the config (``specs``) its ``result.json`` lacks, and fits the position probe. T
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from cpvt_backbones import CPVT
-from cpvt_backbones.layers.position import peg_responses
-from cpvt_backbones.utils import atomic_write
 from benchmarks.study.cnn import PatchCNN
 from benchmarks.study.config import TF32, VARIANTS, StudyConfig
 from benchmarks.study.data import random_resized_crop, resize
 from benchmarks.study.specs import Placed, TestSpec, parse_key, study_tests
 from benchmarks.study.stem import ConvStem, Stemmed
+from cpvt_backbones import CPVT
+from cpvt_backbones.layers.position import peg_responses
+from cpvt_backbones.utils import atomic_write
 
 
 def build_model(variant: str, config: StudyConfig) -> CPVT | PatchCNN | Stemmed:

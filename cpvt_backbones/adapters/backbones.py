@@ -4,15 +4,15 @@ The classes here subclass the torch-only core, so a detector's state dict reads 
 the official key names. Registration into a framework's registry happens in the ``mmdet``, ``mmseg`` and
 ``mmpretrain`` modules beside this one.
 """
-from typing import Any
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 from .. import models as core
 from ..convert import load_into, load_weights_file, resolve_checkpoint
-from ..utils import strip_prefix
 from ..models import model_settings
+from ..utils import strip_prefix
 
 OUT_TYPES = ('featmap', 'pooled')
 _PRETRAINED_KEYS = {'type', 'checkpoint', 'prefix', 'map_location'}

@@ -15,8 +15,8 @@ import importlib.metadata
 import importlib.util
 import json
 import warnings
-from pathlib import Path
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
 from mmengine.config import Config

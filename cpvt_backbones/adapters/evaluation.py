@@ -1,8 +1,8 @@
 """Evaluating a config's model for our tools and studies: each framework's headline metric, the test pipeline
 resized to a test size, and the config's test loop on a checkpoint, on either inference engine."""
 import copy
-from typing import NamedTuple
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from mmengine.config import Config
 

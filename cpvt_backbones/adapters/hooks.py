@@ -17,8 +17,8 @@ process restores the state of rank 0, the one that wrote the checkpoint; with mm
 workers' own seeded generators, which this does not touch.
 """
 import random
-from functools import partial
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 import torch

@@ -3,8 +3,8 @@ output names that keep every input apart, and a run that goes on past an image t
 import os
 import tempfile
 from collections import Counter
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 SEPARATOR = '__'  # stands for a folder separator in an output name: a/x.png -> a__x
 OUTPUT_KINDS = ('vis', 'preds')

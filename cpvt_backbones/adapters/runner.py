@@ -8,8 +8,8 @@ import logging
 import os
 import re
 import warnings
-from pathlib import Path
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 import torch
 import torch.distributed as dist

@@ -22,8 +22,8 @@ hold: ``num_classes``, ``in_chans``, any constructor argument (``pos_encoding=..
   extractors (``'hook'``, ``'dict'``) are refused: the maps are not outputs of a submodule.
 """
 import re
-from functools import partial
 from collections.abc import Mapping
+from functools import partial
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD

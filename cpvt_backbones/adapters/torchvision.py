@@ -2,8 +2,8 @@
 ``KeypointRCNN``, ``RetinaNet``, ``FCOS``): ``cpvt_fpn_backbone``, the counterpart of torchvision's
 ``resnet_fpn_backbone``."""
 from collections import OrderedDict
-from typing import Any
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn

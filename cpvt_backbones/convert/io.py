@@ -15,9 +15,9 @@ import pickle
 import struct
 import types
 import zipfile
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
-from collections.abc import Callable, Iterable, Mapping
 
 import torch
 

@@ -8,9 +8,9 @@ is dropped silently (a rule that drops keys names them: the classifier's ``norm`
 backbone has no place for).
 """
 import re
-from typing import NamedTuple
-from re import Pattern
 from collections.abc import Callable, Mapping, Sequence
+from re import Pattern
+from typing import NamedTuple
 
 import torch
 

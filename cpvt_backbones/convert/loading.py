@@ -1,9 +1,9 @@
 """Strict loading of any known layout into a model, with errors that list what does not fit."""
 import contextlib
 import pickle
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
-from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn

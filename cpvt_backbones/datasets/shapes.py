@@ -12,9 +12,9 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Callable, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw

@@ -17,7 +17,6 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..compat import tree_leaves
-
 from .precision import check_precision
 
 _DTYPES = {'bf16': torch.bfloat16}

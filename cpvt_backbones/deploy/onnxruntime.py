@@ -14,8 +14,8 @@ import ast
 import json
 import tempfile
 import warnings
-from pathlib import Path
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch

@@ -32,9 +32,9 @@ import shutil
 import tempfile
 import threading
 import warnings
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch

@@ -17,17 +17,17 @@ import copy
 import json
 import time
 import warnings
-from pathlib import Path
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..compat import set_submodule
-from ..utils import atomic_write
 from ..layers import Block, LocallyGroupedAttention
-from .precision import check_precision
+from ..utils import atomic_write
 from .fused import GEMMS, KERNELS, FusedBlock, FusedLinear, check_kernel, fused_gemms, unavailable_reason
+from .precision import check_precision
 
 _BLOCK_LAYERS = {'norm1': nn.LayerNorm, 'norm2': nn.LayerNorm, 'attn.q': nn.Linear, 'attn.kv': nn.Linear,
                  'attn.proj': nn.Linear, 'mlp.fc1': nn.Linear, 'mlp.act': nn.GELU, 'mlp.fc2': nn.Linear,

@@ -10,9 +10,9 @@ at the end of this file.
 """
 import importlib.util
 import json
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 
 import torch
 from torch import nn

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from ..compat import is_compiling, is_fx_tracing, is_in_onnx_export
 
 
-
 def symbolic_shapes() -> bool:
     """True while torch.compile, torch.export, ONNX export, TorchScript tracing or torch.fx symbolic tracing
     records the model: then shape-dependent Python branches would be baked into (or guard) the recorded graph, or

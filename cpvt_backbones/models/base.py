@@ -2,10 +2,10 @@
 (trunk, position encodings, outputs, freezing), weight init, running the blocks, checkpointing."""
 import inspect
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
-from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn

@@ -1,7 +1,7 @@
 """Columnar (DeiT-style) CPVT: a plain ViT whose position encoding is a part of its own, by default PEGs."""
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any
-from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F

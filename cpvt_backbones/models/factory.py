@@ -1,7 +1,7 @@
 """Named size variants (data, not classes), ``create_model`` and ``list_models``."""
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Mapping
 
 from torch import nn
 

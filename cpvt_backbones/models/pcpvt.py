@@ -1,6 +1,6 @@
 """Pyramid CPVT (Twins-PCPVT): PVT's four stages with spatial-reduction attention, a PEG, and GAP."""
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn

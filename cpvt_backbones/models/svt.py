@@ -1,7 +1,7 @@
 """Twins-SVT: the PCPVT pyramid with blocks that alternate windowed and global sub-sampled attention."""
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
-from collections.abc import Sequence
 
 from ..layers import LocallyGroupedAttention
 from .pcpvt import PyramidCPVT

@@ -12,8 +12,8 @@ under ``attr + '.'`` in a model's state dict; ``state_dict_roots()`` lists these
 encoding, so the checkpoint converters (``cpvt_backbones.convert``) recognise a new encoding's keys as native.
 """
 import inspect
-from contextlib import contextmanager
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from .base import AttentionPosition, Geometry, PositionEncoding, Rotary, merge_attention, rotate

@@ -15,9 +15,9 @@ official Twins/timm keys ``pos_block.{k}.proj.0.*`` are unchanged; ``pos_embed``
 initialisation, and says which of its parts belong to which blocks (``parts_of``, for freezing) and how to
 drop the parts of blocks a model does not build (``cut``).
 """
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
-from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
