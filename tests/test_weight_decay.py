@@ -23,7 +23,11 @@ CONFIGS = sorted(p for p in (ROOT / 'configs').rglob('*.py') if '_base_' not in 
 # The paper's 1x detection and ADE20K segmentation recipes (Twins' settings) decay every parameter.
 DECAY_ALL = {'retinanet_pcpvt-s_fpn_1x_coco.py', 'retinanet_pcpvt-b_fpn_1x_coco.py', 'retinanet_pcpvt-l_fpn_1x_coco.py',
              'retinanet_cpvt-s-gap_fpn_1x_coco.py', 'fpn_pcpvt-s_8xb2-80k_ade20k-512x512.py',
-             'fpn_pcpvt-b_8xb2-80k_ade20k-512x512.py', 'fpn_pcpvt-l_8xb2-80k_ade20k-512x512.py'}
+             'fpn_pcpvt-b_8xb2-80k_ade20k-512x512.py', 'fpn_pcpvt-l_8xb2-80k_ade20k-512x512.py',
+             # the Twins release's 1x recipes (PVT setting) and the SVT Semantic FPN decay every parameter too
+             *(f'{head}_{b}-{s}_fpn_1x_coco.py' for head in ('retinanet', 'mask-rcnn') for b in ('pcpvt', 'svt')
+               for s in 'sbl' if (head, b) != ('retinanet', 'pcpvt')),
+             *(f'fpn_svt-{s}_8xb2-80k_ade20k-512x512.py' for s in 'sbl')}
 EXEMPTING = [p for p in CONFIGS if p.name not in DECAY_ALL]
 # Both families at tiny sizes; the columnar one with its class token.
 SMALL = {'pcpvt_tiny': dict(depths=(2, 1, 1, 1)), 'cpvt_tiny': dict(depth=3)}
