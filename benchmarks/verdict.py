@@ -413,7 +413,7 @@ def device(results: Path = RESULTS) -> str:
         'wider than this effect, so it is not ruled out.')
 
 
-# The default recipe's table and PEG 0-5, seeds 0-2, trained in one GPU session with TF32 in CUDA matrix
+# The default recipe's table and PEG 0-5, seeds 0-2, trained on one GPU with TF32 in CUDA matrix
 # products and cuDNN convolutions off, on, and at PyTorch's default (resolution_study --tf32).
 TF32_STUDIES = {'off': 'tf32/recipe_sweep_tf32_off', 'on': 'tf32/recipe_sweep_tf32_on',
                 'default': 'tf32/recipe_sweep_tf32_default'}
@@ -431,14 +431,14 @@ def tf32(results: Path = RESULTS) -> str:
     rows = [(v, labels[m], labels['off']) for m in ('on', 'default') for v in gpu[m]]
     rows += [(v, 'cpu', labels['off']) for v in gpu['off']]
     return '\n'.join(_pairs_table(first, first, base, sizes, rows)) + (
-        '\n\nPaired by seed: mean [95% interval], bold where the interval excludes zero. The GPU runs trained in one '
-        "session (`tf32/recipe_sweep_tf32_*.json`: TF32 in CUDA matrix products and cuDNN convolutions off, on, "
+        '\n\nPaired by seed: mean [95% interval], bold where the interval excludes zero. The GPU runs trained on one '
+        "GPU (`tf32/recipe_sweep_tf32_*.json`: TF32 in CUDA matrix products and cuDNN convolutions off, on, "
         "and PyTorch's default, cuDNN's on and the matrix products' off, which the sweep's GPU runs used); the "
         'CPU runs are the default cell\'s (`recipe_sweep_default_cpu`). Seeds 0-2, the default recipe.')
 
 
 # The central comparison with five seeds, fixed before they ran: the default recipe's table and PEGs after blocks
-# 0-5, one GPU, TF32 off (the TF32 question's "off" study, seeds 3 and 4 added in a second session of the same GPU).
+# 0-5, one GPU, TF32 off (the TF32 question's "off" study, seeds 3 and 4 added later on the same kind of GPU).
 CENTRAL = 'tf32/recipe_sweep_tf32_off'
 CENTRAL_SEEDS = (0, 1, 2, 3, 4)
 
