@@ -1,32 +1,36 @@
 """Resolution with real detail by construction, from matched starts: shapes drawn natively at every test size.
 
     python -m benchmarks.native_detail [--variants learned none peg_0-5 peg_0-5_circular cnn] [--seeds 0 1 2 3 4]
-        [--shard K/N] [--fields 8000] [--val-fields 800] [--test-images 2000] [--epochs 12] [--device cpu|cuda]
-        [--tf32 off] [--jobs N] [--work-dir DIR] [--out DIR] [--name native_matched]
+        [--shard K/N] [--fields 8000] [--val-fields 800] [--test-images 1000] [--epochs 12]
+        [--checks-per-epoch 4] [--smooth 3] [--device cpu|cuda] [--tf32 off] [--jobs N] [--threads T]
+        [--work-dir DIR] [--out DIR] [--name native_checked]
 
 The task: which of four shapes (circle, square, triangle, star) a scene shows, 2-4 of one class at random
 positions, sizes and rotations on a textured background (``cpvt_backbones.datasets.class_scenes``). Every image
 is drawn from its resolution-free scene at the size it is used at (rendered at twice the size and shrunk), so a
 larger test image carries real extra detail, as ImageNet's 384 px tests of a 224 px model do.
 
-The design, fixed before any test was looked at:
+The design, fixed before any of its runs:
 
-* Tests: 2000 held-out scenes (``TEST_SIDE`` units square) drawn natively at 56 (1x), 80, 96 (1.71x: the
-  paper's 384 / 224) and 112 px, and the 56 px drawings upsampled to 96 px. Training never shows an upsampled
-  image, so that column is reported and no claim is drawn from it.
+* Tests: held-out scenes (``TEST_SIDE`` units square) drawn natively at 56 (1x), 80, 96 (1.71x: the paper's
+  384 / 224) and 112 px, and the 56 px drawings upsampled to 96 px. Training never shows an upsampled image, so
+  that column is reported and no claim is drawn from it.
 * Scale: training crops come from wider fields (``FIELD_SIDE`` = 1.25 test scenes per side, objects of the same
   sizes at the same density) drawn at ``FIELD_PX``; crops take a log-uniform area 0.1225-1 of a field
   (aspect 3/4-4/3, flips) resized to 56 px, so objects appear at 0.4-1.14 px per scene unit, a range that holds
   both the 1x test (0.5) and the 2x test (1.0) inside it. ``object_scales`` measures the apparent object radii
   of crops and tests; the report prints them.
 * Matched starts: every variant shares a convolutional stem (``benchmarks.study.stem``: circular padding, so it
-  gives locality without a border) in place of the patch embedding, so that the learned table and no encoding
-  can learn the task. A validation split is carved from the training fields (the last ``--val-fields``; their
-  central test-scene window resized to 56 px); after every epoch each run records its validation top-1 and its
-  tests. Two analyses: 'final' (the last epoch) and 'matched' (per run the earliest epoch whose validation top-1
-  reaches L, the lowest of the position variants' mean best validation top-1; its best epoch where it never does).
-  The headline is 'final' where the position variants' mean final validation top-1 lie within 3 points of each
-  other, else 'matched'. Selection reads validation only.
+  gives locality without a border) in place of the patch embedding. A validation split is carved from the
+  training fields (the last ``--val-fields``; their central test-scene window resized to 56 px). Every run is
+  checked ``--checks-per-epoch`` times an epoch: its validation top-1 is recorded and its weights kept. Selection
+  reads validation only, smoothed over ``--smooth`` consecutive checks (a centred mean, shortened at the ends):
+  the level L is the lowest of the position variants' mean (over seeds) best smoothed validation top-1, and
+  per run the 'matched' check is the first whose smoothed validation top-1 reaches L (its best where it never
+  does); the 'final' check is the run's last. The tests run only once every run is trained and then only at
+  these two checks. The headline is 'final' where the position variants' mean final smoothed validation
+  top-1 lie within 3 points of each other, else 'matched'; both are reported, with the test top-1 at 56 px
+  (the start) beside every change.
 * Variants: the learned table (resized), no position encoding, PEGs after blocks 0-5 (zero padding: the
   paper's mechanism), the same PEGs padding circularly (the locality-matched arm: a PEG's locality without a
   zero border to read absolute position from), and the CNN control (the same stem, no position encoding).
@@ -34,9 +38,13 @@ The design, fixed before any test was looked at:
 * Statistics: paired by seed with 95% t intervals; a leader ("gains most") is named only where its paired
   interval against every other variant excludes zero; gains also as a share of the remaining error at 56 px.
 
-Resumable and sharded (runs under WORK_DIR/NAME/VARIANT-seedS, result.json kept in git; each records the
-accelerator, torch's version and the clean commit it ran from, ``benchmarks.study.common.provenance``); the
-outputs (NAME.{json,csv,md,png}) are written by whichever invocation finds every run finished.
+The earlier form of this study (``native_matched``: one check per epoch, every test at every check, no
+smoothing, 2000 test images) is rendered by the same code with ``--checks-per-epoch 1 --smooth 1``.
+
+Resumable and sharded (runs under WORK_DIR/NAME/VARIANT-seedS, result.json kept in git, the checks' weights
+under checks/ not; each run records the accelerator, torch's version and the clean commit it trained from, and
+its tests the same for the invocation that ran them, ``benchmarks.study.common.provenance``); the outputs
+(NAME.{json,csv,md,png}) are written by whichever invocation finds every run trained and tested.
 """
 import argparse
 import itertools
@@ -57,7 +65,7 @@ from benchmarks.study.config import TF32, VARIANTS, StudyConfig
 from benchmarks.study.data import random_boxes, resize
 from benchmarks.study.report import line_style, trained_on
 from benchmarks.study.specs import Resized
-from benchmarks.study.trainer import evaluate, train
+from benchmarks.study.trainer import build_model, evaluate, train
 from cpvt_backbones.datasets import class_scenes, render
 from cpvt_backbones.utils import atomic_write, pyplot
 
@@ -94,8 +102,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[StudyConfig, argparse
     p.add_argument('--shard', default='0/1', help='K/N: run every N-th (variant, seed) from the K-th (0-based)')
     p.add_argument('--fields', type=int, default=8000, help='training fields drawn, the validation split included')
     p.add_argument('--val-fields', type=int, default=800, help='the last fields, held out for validation')
-    p.add_argument('--test-images', type=int, default=2000)
+    p.add_argument('--test-images', type=int, default=1000)
     p.add_argument('--epochs', type=int, default=12)
+    p.add_argument('--checks-per-epoch', type=int, default=4,
+                   help='validation checks an epoch, the weights of each kept for the selected checks\' tests')
+    p.add_argument('--smooth', type=int, default=3,
+                   help='consecutive checks whose mean validation top-1 selection reads (odd)')
     p.add_argument('--device', default='cpu', help='torch device to train and test on (one per comparison)')
     p.add_argument('--tf32', choices=TF32, default='off',
                    help='TF32 on a CUDA device (resolution_study --tf32); off: full float32, as on a CPU')
@@ -106,11 +118,14 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[StudyConfig, argparse
     p.add_argument('--work-dir', type=Path, default=ROOT / 'benchmarks/results/recipe_runs',
                    help='runs go to WORK_DIR/NAME/')
     p.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results')
-    p.add_argument('--name', default='native_matched')
+    p.add_argument('--name', default='native_checked')
     args = p.parse_args(argv)
     shard_index, num_shards = parse_shard(p, args.shard)
     if args.fields - args.val_fields < 128 or args.val_fields < 1 or args.test_images < 1:
         p.error('need --fields - --val-fields >= 128 (one batch), --val-fields >= 1 and --test-images >= 1')
+    if args.checks_per_epoch < 1 or args.smooth < 1 or args.smooth % 2 != 1:
+        p.error(f'need --checks-per-epoch >= 1 and an odd --smooth >= 1, got {args.checks_per_epoch} and '
+                f'{args.smooth}')
     if args.jobs < 1 or args.threads < 1:
         p.error(f'--jobs and --threads must be >= 1, got {args.jobs} and {args.threads}')
     config = StudyConfig().replace(
@@ -154,19 +169,22 @@ def central_window(fields: torch.Tensor) -> torch.Tensor:
     return resize(fields[..., start:start + inner, start:start + inner], TRAIN_SIZE).contiguous()
 
 
-def load_data(config: StudyConfig, val_fields: int, pool: Executor | None = None):
+def load_training(config: StudyConfig, val_fields: int, pool: Executor | None = None):
     """((training fields at FIELD_PX, labels), (validation images: the last ``val_fields`` fields' central
-    windows, labels), {test key: (images, labels)})."""
+    windows, labels))."""
     num_train = config.train_images
     scenes, labels = field_scenes(num_train + val_fields)
     fields, y = draw(scenes, FIELD_SIDE, FIELD_PX, pool), torch.from_numpy(labels)
-    train = fields[:num_train].contiguous(), y[:num_train]
-    val = central_window(fields[num_train:]), y[num_train:]
+    return (fields[:num_train].contiguous(), y[:num_train]), (central_window(fields[num_train:]), y[num_train:])
+
+
+def load_tests(config: StudyConfig, pool: Executor | None = None) -> dict:
+    """{test key: (images, labels)} (``test_keys``)."""
     scenes, labels = test_scenes(config.test_images)
     y = torch.from_numpy(labels)
     tests = {f'native{s}': (draw(scenes, TEST_SIDE, s, pool), y) for s in TEST_SIZES}
     tests[f'upsampled{UPSAMPLED}'] = (resize(tests[BASE][0], UPSAMPLED), y)
-    return train, val, tests
+    return tests
 
 
 def object_scales(config: StudyConfig, val_fields: int, crops: int = 4000) -> dict:
@@ -200,69 +218,125 @@ def object_scales(config: StudyConfig, val_fields: int, crops: int = 4000) -> di
     return dict(levels=list(levels), crops=spread(crop_radii), tests=tests)
 
 
-def run(variant: str, seed: int, config: StudyConfig, data, origin: dict | None = None) -> dict:
-    """One (variant, seed): trained once (resumable), with its validation top-1 and every test after each epoch
-    in its log; ``top1`` holds the last epoch's tests and the record holds ``origin`` (``provenance``)."""
+def check_path(config: StudyConfig, variant: str, seed: int, check: int) -> Path:
+    return config.run_dir(variant, seed) / 'checks' / f'{check:03d}.pth'
+
+
+def run(variant: str, seed: int, config: StudyConfig, data, origin: dict | None = None,
+        checks_per_epoch: int = 4) -> dict:
+    """One (variant, seed) trained once (resumable): its validation top-1 at every check in the record's
+    ``checks``, each check's weights under its run's checks/, no tests yet (``test_run``); the record holds
+    ``origin`` (``provenance``)."""
     run_dir = config.run_dir(variant, seed)
     result_path = run_dir / 'result.json'
     if result_path.is_file():
         return json.loads(result_path.read_text())
     if origin is None:
         raise ValueError(f'{variant} seed {seed} is not trained yet: training needs its provenance (origin)')
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (x_val, y_val), tests = data[1], data[2]
+    (run_dir / 'checks').mkdir(parents=True, exist_ok=True)
+    x_val, y_val = data[1]
 
-    def after_epoch(model) -> dict:
+    def after_check(model, check: int) -> dict:
+        atomic_write(check_path(config, variant, seed, check), lambda f: torch.save(model.state_dict(), f))
         val = evaluate(model, x_val, y_val, [Resized(TRAIN_SIZE)], config)[str(TRAIN_SIZE)]
-        top1 = {key: evaluate(model, x, y, [Resized(x.shape[-1])], config)[str(x.shape[-1])]
-                for key, (x, y) in tests.items()}
-        print(f'[native] {variant} seed {seed}: validation {val:.2f}', flush=True)
-        return dict(val=round(val, 2), top1={k: round(v, 2) for k, v in top1.items()})
+        print(f'[native] {variant} seed {seed} check {check}: validation {val:.2f}', flush=True)
+        return dict(val=round(val, 2))
 
     start = time.perf_counter()
-    _, result = train(variant, seed, config, data[0], run_dir, after_epoch)
+    _, result = train(variant, seed, config, data[0], run_dir, after_check, checks_per_epoch)
     seconds = time.perf_counter() - start - result['train_seconds']
-    result.update(top1=result['log'][-1]['top1'], eval_seconds=round(max(seconds, 0.), 1), **origin)
+    result.update(tests={}, eval_seconds=round(max(seconds, 0.), 1), **origin)
     atomic_write(result_path, json.dumps(result, indent=2).encode())
     return result
 
 
-def select(results: list[dict], variants: Sequence[str]) -> dict:
-    """The two analyses' epoch per run (``{(variant, seed): epoch}``), the matched level L and the headline's
-    analysis, from validation top-1 alone (module docstring)."""
+def test_run(result: dict, checks: Sequence[int], config: StudyConfig, tests: dict, origin: dict) -> dict:
+    """``result`` with every test at each of ``checks`` it lacks, from the check's kept weights; the tests'
+    ``origin`` is recorded beside the training's and must name the training's accelerator (one device)."""
+    missing = sorted({c for c in checks if str(c) not in result['tests']})
+    if not missing:
+        return result
+    variant, seed = result['variant'], result['seed']
+    if origin['accelerator'] != result['accelerator']:
+        raise ValueError(f'{variant} seed {seed} trained on {result["accelerator"]}: its tests must run there too, '
+                         f'not on {origin["accelerator"]}')
+    start = time.perf_counter()
+    for check in missing:
+        path = check_path(config, variant, seed, check)
+        if not path.is_file():
+            raise FileNotFoundError(f'{path}: the weights of {variant} seed {seed} at check {check} are gone (they '
+                                    'are not kept in git); train the run again (remove its result.json)')
+        model = build_model(variant, config)
+        model.load_state_dict(torch.load(path, map_location='cpu'))
+        model = model.to(config.device)
+        top1 = {key: evaluate(model, x, y, [Resized(x.shape[-1])], config)[str(x.shape[-1])]
+                for key, (x, y) in tests.items()}
+        result['tests'][str(check)] = {k: round(v, 2) for k, v in top1.items()}
+        print(f'[native] {variant} seed {seed} check {check}: ' + ', '.join(f'{k} {v:.2f}' for k, v in top1.items()),
+              flush=True)
+    result['eval_seconds'] = round(result['eval_seconds'] + time.perf_counter() - start, 1)
+    result['tests_origin'] = origin
+    atomic_write(config.run_dir(variant, seed) / 'result.json', json.dumps(result, indent=2).encode())
+    return result
+
+
+def checks_of(result: dict) -> tuple[list[dict], dict[str, dict]]:
+    """A run's checks (``[{check, epoch, val}]``) and tests (``{str(check): {test key: top-1}}``); a run of the
+    per-epoch form (``native_matched``: validation and every test after each epoch, in its log) reads as one
+    check per epoch."""
+    if 'checks' in result:
+        return result['checks'], result['tests']
+    return ([dict(check=e['epoch'], epoch=e['epoch'], val=e['val']) for e in result['log']],
+            {str(e['epoch']): e['top1'] for e in result['log']})
+
+
+def smoothed(values: Sequence[float], width: int) -> list[float]:
+    """The centred mean over ``width`` (odd) consecutive values, over fewer at the ends."""
+    half = width // 2
+    return [float(np.mean(values[max(0, i - half):i + half + 1])) for i in range(len(values))]
+
+
+def select(results: list[dict], variants: Sequence[str], smooth: int) -> dict:
+    """The two analyses' check per run (``{(variant, seed): check}``), the matched level L and the headline's
+    analysis, from validation top-1 alone, smoothed over ``smooth`` checks (module docstring)."""
     position = [v for v in variants if not VARIANTS[v].cnn]
-    final = {(r['variant'], r['seed']): len(r['log']) for r in results}
-    best = {v: float(np.mean([max(e['val'] for e in r['log']) for r in results if r['variant'] == v]))
+    curves = {}
+    for r in results:
+        checks, _ = checks_of(r)
+        curves[(r['variant'], r['seed'])] = ([c['check'] for c in checks], smoothed([c['val'] for c in checks], smooth))
+    final = {key: numbers[-1] for key, (numbers, _) in curves.items()}
+    best = {v: float(np.mean([max(vals) for (variant, _), (_, vals) in curves.items() if variant == v]))
             for v in position}
     level = min(best.values()) if best else 0.
     matched = {}
-    for r in results:
-        vals = [e['val'] for e in r['log']]
-        reached = [i for i, v in enumerate(vals) if v >= level]
-        matched[(r['variant'], r['seed'])] = (reached[0] if reached else int(np.argmax(vals))) + 1
-    final_val = [float(np.mean([r['log'][-1]['val'] for r in results if r['variant'] == v])) for v in position]
+    for key, (numbers, vals) in curves.items():
+        reached = [i for i, v in enumerate(vals) if v >= level - 1e-9]
+        matched[key] = numbers[reached[0] if reached else int(np.argmax(vals))]
+    final_val = [float(np.mean([vals[-1] for (variant, _), (_, vals) in curves.items() if variant == v]))
+                 for v in position]
     spread = max(final_val) - min(final_val) if final_val else 0.
-    return dict(epochs=dict(final=final, matched=matched), level=round(level, 2),
+    return dict(checks=dict(final=final, matched=matched), level=round(level, 2),
                 final_val_spread=round(spread, 2), headline='final' if spread <= MATCH_WITHIN else 'matched')
 
 
-def summarise_analysis(results: list[dict], variants: Sequence[str], epochs: dict) -> dict:
-    """Per variant and test: validation and test top-1 (mean ± sd) at the chosen epochs, the paired change from
-    56 px and that change as a share of the remaining error at 56 px (%); per pair of variants and test the
-    paired difference in top-1 at 56 px and in the change; per larger test the leader (the largest mean change)
-    and whether its interval against every other variant excludes zero."""
+def summarise_analysis(results: list[dict], variants: Sequence[str], chosen: dict) -> dict:
+    """Per variant and test: validation and test top-1 (mean ± sd) at the chosen checks (``{(variant, seed):
+    check}``), the paired change from 56 px and that change as a share of the remaining error at 56 px (%); per
+    pair of variants and test the paired difference in top-1 at 56 px and in the change; per larger test the
+    leader (the largest mean change) and whether its interval against every other variant excludes zero."""
     by_variant = {v: sorted((r for r in results if r['variant'] == v), key=lambda r: r['seed']) for v in variants}
-    top1 = {v: [r['log'][epochs[(v, r['seed'])] - 1]['top1'] for r in runs] for v, runs in by_variant.items()}
+    at = {v: [next(c for c in checks_of(r)[0] if c['check'] == chosen[(v, r['seed'])]) for r in runs]
+          for v, runs in by_variant.items()}
+    top1 = {v: [checks_of(r)[1][str(chosen[(v, r['seed'])])] for r in runs] for v, runs in by_variant.items()}
     rows = []
     for v, tops in top1.items():
         runs = by_variant[v]
         base = [t[BASE] for t in tops]
-        val = [r['log'][epochs[(v, r['seed'])] - 1]['val'] for r in runs]
         for key in test_keys():
             acc = [t[key] for t in tops]
             m, s = mean_std(acc)
             row = dict(variant=v, test=key, top1_mean=m, top1_std=s, top1_per_seed=acc, seeds=[r['seed'] for r in runs],
-                       epochs=[epochs[(v, r['seed'])] for r in runs], val_mean=mean_std(val)[0])
+                       epochs=[c['epoch'] for c in at[v]], val_mean=mean_std([c['val'] for c in at[v]])[0])
             if key != BASE:
                 row['change'] = paired(acc, base)
                 share = [100 * (a - b) / max(100 - b, 1e-9) for a, b in zip(acc, base, strict=True)]
@@ -290,13 +364,16 @@ def summarise_analysis(results: list[dict], variants: Sequence[str], epochs: dic
                 start_spread=round(max(starts) - min(starts), 2) if starts else 0.)
 
 
-def summarise(results: list[dict], config: StudyConfig) -> dict:
-    chosen = select(results, config.variants)
-    analyses = {name: summarise_analysis(results, config.variants, epochs)
-                for name, epochs in chosen['epochs'].items()}
-    epochs = {name: {f'{v}-seed{s}': e for (v, s), e in per_run.items()} for name, per_run in chosen['epochs'].items()}
-    return dict(analyses=analyses, epochs=epochs, level=chosen['level'], final_val_spread=chosen['final_val_spread'],
-                headline=chosen['headline'])
+def summarise(results: list[dict], config: StudyConfig, smooth: int) -> dict:
+    chosen = select(results, config.variants, smooth)
+    analyses = {name: summarise_analysis(results, config.variants, checks)
+                for name, checks in chosen['checks'].items()}
+    epochs = {name: {f'{r["variant"]}-seed{r["seed"]}': next(c['epoch'] for c in checks_of(r)[0]
+                                                             if c['check'] == checks[(r['variant'], r['seed'])])
+                     for r in results} for name, checks in chosen['checks'].items()}
+    checks = {name: {f'{v}-seed{s}': c for (v, s), c in per_run.items()} for name, per_run in chosen['checks'].items()}
+    return dict(analyses=analyses, checks=checks, epochs=epochs, level=chosen['level'],
+                final_val_spread=chosen['final_val_spread'], headline=chosen['headline'], smooth=smooth)
 
 
 def heading(key: str) -> str:
@@ -307,8 +384,9 @@ def heading(key: str) -> str:
 
 def _levels_table(analysis: dict, variants: Sequence[str]) -> list[str]:
     keys = test_keys()
-    lines = ['| model | validation | ' + ' | '.join(heading(k) + (' (no claim)' if k.startswith('upsampled') else '')
-                                                   for k in keys) + ' |', '|---|---|' + '---|' * len(keys)]
+    lines = ['| model | epoch | validation | ' + ' | '.join(
+        heading(k) + (' (no claim)' if k.startswith('upsampled') else '') for k in keys) + ' |',
+        '|---|---|---|' + '---|' * len(keys)]
     for variant in variants:
         rows = [r for r in analysis['rows'] if r['variant'] == variant]
         cells = []
@@ -317,7 +395,8 @@ def _levels_table(analysis: dict, variants: Sequence[str]) -> list[str]:
             if 'change' in row:
                 cell += f' ({format_paired(row["change"])}; {row["error_share"]["mean"]:+.0f}% of the error)'
             cells.append(cell)
-        lines.append(f'| {VARIANTS[variant].label} | {rows[0]["val_mean"]:.2f} | ' + ' | '.join(cells) + ' |')
+        lines.append(f'| {VARIANTS[variant].label} | {np.mean(rows[0]["epochs"]):.2f} | {rows[0]["val_mean"]:.2f} | '
+                     + ' | '.join(cells) + ' |')
     return lines
 
 
@@ -346,11 +425,15 @@ def _leaders(analysis: dict) -> str:
 
 def render_markdown(summary: dict, config: StudyConfig, meta: dict) -> str:
     headline = summary['headline']
+    per_epoch = meta.get('checks_per_epoch', 1)
+    smooth = summary['smooth']
+    reading = 'validation top-1' + (f' (mean of {smooth} consecutive checks)' if smooth > 1 else '')
     lines = []
     for name in (headline, 'matched' if headline == 'final' else 'final'):
         analysis = summary['analyses'][name]
         title = ('Final epoch' if name == 'final' else
-                 f'Matched checkpoints (per run the first epoch whose validation top-1 reaches {summary["level"]:.2f})')
+                 f'Matched checkpoints (per run the first check whose {reading} reaches {summary["level"]:.2f}; '
+                 f'{per_epoch} check{"s" if per_epoch > 1 else ""} an epoch)')
         lines += [f'**{title}**{" (the headline)" if name == headline else ""}: the position variants start '
                   f'{analysis["start_spread"]:.2f} points apart at {TRAIN_SIZE} px.', '',
                   *_levels_table(analysis, config.variants), '', *_pairs_table(analysis), '',
@@ -367,7 +450,8 @@ def render_markdown(summary: dict, config: StudyConfig, meta: dict) -> str:
         f'and the change as a share of the remaining error at {TRAIN_SIZE} px. A − B: paired differences in the '
         f'change (in top-1 for the first column); `=`: the interval includes zero. The headline analysis is '
         f'"final" where the position variants\' mean final validation top-1 lie within {MATCH_WITHIN:.0f} points '
-        f'(here {summary["final_val_spread"]:.2f} apart). Trained on {config.train_images} fields '
+        f'(here {summary["final_val_spread"]:.2f} apart); "epoch": the epochs done at the chosen checks (mean over '
+        f'seeds); "validation": the {reading} there. Trained on {config.train_images} fields '
         f'({meta["val_fields"]} more held out for validation), log-uniform crops (area {config.crop_scale}-1) to '
         f'{TRAIN_SIZE} px, a shared convolutional stem of stride {config.patch} ({TRAIN_SIZE // config.patch} x '
         f'{TRAIN_SIZE // config.patch} tokens), global average pooling, {config.dim} wide, depth {config.depth}, '
@@ -410,43 +494,64 @@ def _load_shared(path: Path, threads: int) -> None:
     _SHARED['data'] = torch.load(str(path), mmap=True)   # torch 2.1 takes mmap only with a str
 
 
-def _run_shared(variant: str, seed: int, config: StudyConfig, origin: dict) -> str:
-    run(variant, seed, config, _SHARED['data'], origin)
+def _run_shared(variant: str, seed: int, config: StudyConfig, origin: dict, checks_per_epoch: int) -> str:
+    run(variant, seed, config, _SHARED['data'], origin, checks_per_epoch)
     return f'{variant}-seed{seed}'
 
 
+def train_runs(runs: list[tuple[str, int]], config: StudyConfig, args: argparse.Namespace) -> None:
+    """Train ``runs`` (in ``args.jobs`` processes sharing one memory-mapped copy of the drawn images where > 1)."""
+    origin = provenance(config.device)   # refuses uncommitted code before anything is drawn
+    context = get_context('spawn')
+    with ProcessPoolExecutor(args.jobs, mp_context=context) if args.jobs > 1 else nullcontext() as pool:
+        data = load_training(config, args.val_fields, pool)
+    if args.jobs > 1:
+        with tempfile.TemporaryDirectory(prefix='native_detail-') as tmp:
+            path = Path(tmp) / 'drawn.pt'
+            torch.save(data, path)
+            with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_load_shared,
+                                     initargs=(path, args.threads)) as pool:
+                for done in pool.map(_run_shared, *zip(*runs, strict=True), [config] * len(runs),
+                                     [origin] * len(runs), [args.checks_per_epoch] * len(runs)):
+                    print(f'[native] {done} finished', flush=True)
+    for variant, seed in runs:
+        run(variant, seed, config, data, origin, args.checks_per_epoch)
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
+    """Train this shard's runs, then (once every run is trained) test this shard's runs at their selected
+    checks, then (once every run is tested) write the study's outputs."""
     config, args = parse_args(argv)
     start = time.perf_counter()
     runs = [(v, seed) for seed in config.seeds for v in config.variants]
-    mine = [r for r in runs[config.shard_index::config.num_shards]
-            if not (config.run_dir(*r) / 'result.json').is_file()]
-    data = None
-    if mine:
-        origin = provenance(config.device)   # refuses uncommitted code before anything is drawn
-        context = get_context('spawn')
-        with ProcessPoolExecutor(args.jobs, mp_context=context) if args.jobs > 1 else nullcontext() as pool:
-            data = load_data(config, args.val_fields, pool)
-        if args.jobs > 1:
-            with tempfile.TemporaryDirectory(prefix='native_detail-') as tmp:
-                path = Path(tmp) / 'drawn.pt'
-                torch.save(data, path)
-                with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_load_shared,
-                                         initargs=(path, args.threads)) as pool:
-                    for done in pool.map(_run_shared, *zip(*mine, strict=True), [config] * len(mine),
-                                         [origin] * len(mine)):
-                        print(f'[native] {done} finished', flush=True)
-        for variant, seed in mine:
-            run(variant, seed, config, data, origin)
+    shard = runs[config.shard_index::config.num_shards]
+    untrained = [r for r in shard if not (config.run_dir(*r) / 'result.json').is_file()]
+    if untrained:
+        train_runs(untrained, config, args)
     pending = [f'{v}-seed{s}' for v, s in runs if not (config.run_dir(v, s) / 'result.json').is_file()]
     if pending:
-        print(f'[native] this shard is done; {len(pending)} run(s) of other shards pending: {", ".join(pending)}')
+        print(f'[native] this shard is trained; {len(pending)} run(s) of other shards pending: {", ".join(pending)}')
         return {}
-    results = [run(v, seed, config, data) for v, seed in runs]
-    summary = summarise(results, config)
+    results = {(v, seed): run(v, seed, config, None) for v, seed in runs}
+    chosen = select(list(results.values()), config.variants, args.smooth)['checks']
+    needed = {key: {chosen['final'][key], chosen['matched'][key]} for key in results}
+
+    def untested(key) -> bool:
+        return not all(str(c) in checks_of(results[key])[1] for c in needed[key])
+    if any(untested(key) for key in shard):
+        origin, tests = provenance(config.device), load_tests(config)
+        for key in shard:
+            results[key] = test_run(results[key], sorted(needed[key]), config, tests, origin)
+    pending = [f'{v}-seed{s}' for v, s in runs if untested((v, s))]
+    if pending:
+        print(f'[native] this shard is tested; {len(pending)} run(s) of other shards untested: {", ".join(pending)}')
+        return {}
+    results = list(results.values())
+    summary = summarise(results, config, args.smooth)
     meta = dict(run_meta('benchmarks.native_detail', argv, start), train_images=config.train_images,
                 val_fields=args.val_fields, test_images=config.test_images, seeds=list(config.seeds),
-                epochs=config.epochs, iterations=results[0]['iterations'], device=config.device, tf32=config.tf32,
+                epochs=config.epochs, checks_per_epoch=args.checks_per_epoch, smooth=args.smooth,
+                iterations=results[0]['iterations'], device=config.device, tf32=config.tf32,
                 trained_on=trained_on([dict(r, device=r['accelerator']) for r in results]),
                 torch=sorted({r['torch'] for r in results}), commits=sorted({r['commit'] for r in results}),
                 params={r['variant']: r['params'] for r in results},

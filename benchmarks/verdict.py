@@ -484,7 +484,10 @@ def native(results: Path = RESULTS, name: str = 'native_matched') -> str:
         ['--variants', *variants, '--seeds', *map(str, meta['seeds']),
          '--fields', str(meta['train_images'] + meta['val_fields']), '--val-fields', str(meta['val_fields']),
          '--test-images', str(meta['test_images']), '--epochs', str(meta['epochs']), '--device', meta['device']])
-    return native_detail.render_markdown(native_detail.summarise(runs, config), config, meta).rstrip('\n')
+    # the per-epoch form (native_matched) predates these two settings: one check an epoch, no smoothing
+    meta = dict(meta, checks_per_epoch=meta.get('checks_per_epoch', 1))
+    summary = native_detail.summarise(runs, config, meta.get('smooth', 1))
+    return native_detail.render_markdown(summary, config, meta).rstrip('\n')
 
 
 DENSE_BACKBONES = {'peg': 'pcpvt_tiny (PEG)', 'pvt': 'mmdet PVT v1 (learned, resized)',

@@ -65,7 +65,7 @@ def test_paired_differences_and_their_interval():
 
 
 ORIGIN = dict(accelerator='test CPU', torch=torch.__version__, commit='0' * 40, commit_from='git', source_digest='d')
-TINY = ['--fields', '160', '--val-fields', '16', '--test-images', '12', '--epochs', '2']
+TINY = ['--fields', '160', '--val-fields', '16', '--test-images', '12', '--epochs', '2', '--checks-per-epoch', '1']
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def committed(monkeypatch):
 
 
 def test_a_tiny_native_detail_study_end_to_end(tmp_path, committed):
-    argv = TINY + ['--variants', 'none', 'cnn', '--seeds', '0', '1',
+    argv = TINY + ['--variants', 'none', 'cnn', '--seeds', '0', '1', '--fields', '272', '--checks-per-epoch', '2',
                    '--work-dir', str(tmp_path / 'runs'), '--out', str(tmp_path / 'out')]
     summary = native_detail.main(argv)
     keys = native_detail.test_keys()
@@ -84,22 +84,29 @@ def test_a_tiny_native_detail_study_end_to_end(tmp_path, committed):
         assert [(r['variant'], r['test']) for r in analysis['rows']] == [(v, k) for v in ('none', 'cnn') for k in keys]
         assert {(p['a'], p['b']) for p in analysis['pairs']} == {('none', 'cnn')}
         assert set(analysis['leaders']) == set(native_detail.claimed_keys())
-    saved = json.loads((tmp_path / 'out' / 'native_matched.json').read_text())
+    saved = json.loads((tmp_path / 'out' / 'native_checked.json').read_text())
     assert saved['meta']['trained_on'] == 'test CPU' and len(saved['runs']) == 4
     for run in saved['runs']:
-        assert {k: run[k] for k in ORIGIN} == ORIGIN
-        assert [e['epoch'] for e in run['log']] == [1, 2] and all(0 <= e['val'] <= 100 for e in run['log'])
-        assert run['top1'] == run['log'][-1]['top1'] and set(run['top1']) == set(keys)
+        assert {k: run[k] for k in ORIGIN} == ORIGIN and run['tests_origin'] == ORIGIN
+        # 256 training fields, batches of 128: two steps an epoch, a check after each
+        assert [e['epoch'] for e in run['log']] == [1, 2] and all(0 <= c['val'] <= 100 for c in run['checks'])
+        assert [(c['check'], c['epoch']) for c in run['checks']] == [(1, 0.5), (2, 1.0), (3, 1.5), (4, 2.0)]
+        tested = {saved['checks'][name][f'{run["variant"]}-seed{run["seed"]}'] for name in ('final', 'matched')}
+        assert set(run['tests']) == {str(c) for c in tested} and run['checks'][-1]['check'] in tested
+        assert all(set(top1) == set(keys) for top1 in run['tests'].values())
+        kept = sorted(p.name for p in (tmp_path / 'runs' / 'native_checked' / f'{run["variant"]}-seed{run["seed"]}'
+                                       / 'checks').iterdir())
+        assert kept == [f'{c["check"]:03d}.pth' for c in run['checks']]
     scales = saved['meta']['object_scales']
     assert len(scales['crops']) == 5 and set(scales['tests']) == {f'native{s}' for s in native_detail.TEST_SIZES}
-    text = (tmp_path / 'out' / 'native_matched.md').read_text()
+    text = (tmp_path / 'out' / 'native_checked.md').read_text()
     assert '| CNN, no position encoding (control) |' in text and '| none − cnn |' in text
     assert '(no claim)' in text and 'Apparent object radius' in text
-    assert (tmp_path / 'out' / 'native_matched.png').stat().st_size > 0
+    assert (tmp_path / 'out' / 'native_checked.png').stat().st_size > 0
     # a second invocation trains nothing again: it reads every run's result
     before = {r['variant'] + str(r['seed']): r['train_seconds'] for r in saved['runs']}
     native_detail.main(argv)
-    again = json.loads((tmp_path / 'out' / 'native_matched.json').read_text())
+    again = json.loads((tmp_path / 'out' / 'native_checked.json').read_text())
     assert {r['variant'] + str(r['seed']): r['train_seconds'] for r in again['runs']} == before
 
 
@@ -109,8 +116,9 @@ def _run(variant, seed, vals, tops):
 
 
 def test_matched_checkpoints_are_chosen_on_validation_alone():
-    """L is the lowest position variant's mean best validation top-1; each run takes its first epoch at or above
-    L (its best where it never gets there); the test top-1 plays no part."""
+    """L is the lowest position variant's mean best validation top-1; each run takes its first check at or above
+    L (its best where it never gets there); the test top-1 plays no part. Runs of the per-epoch form read as one
+    check per epoch."""
     keys = native_detail.test_keys()
 
     def tops(*levels):
@@ -118,15 +126,53 @@ def test_matched_checkpoints_are_chosen_on_validation_alone():
     results = [_run('learned', 0, [40, 50, 55], tops(1, 2, 3)), _run('learned', 1, [45, 57, 56], tops(1, 2, 3)),
                _run('peg_0-5', 0, [50, 60, 80], tops(9, 9, 9)), _run('peg_0-5', 1, [55, 58, 85], tops(9, 9, 9)),
                _run('cnn', 0, [90, 95, 96], tops(5, 5, 5)), _run('cnn', 1, [20, 30, 40], tops(5, 5, 5))]
-    chosen = native_detail.select(results, ['learned', 'peg_0-5', 'cnn'])
+    chosen = native_detail.select(results, ['learned', 'peg_0-5', 'cnn'], smooth=1)
     assert chosen['level'] == 56.   # learned: mean of best 55 and 57; peg: 82.5; the CNN takes no part
-    assert chosen['epochs']['matched'] == {('learned', 0): 3, ('learned', 1): 2, ('peg_0-5', 0): 2,
+    assert chosen['checks']['matched'] == {('learned', 0): 3, ('learned', 1): 2, ('peg_0-5', 0): 2,
                                            ('peg_0-5', 1): 2, ('cnn', 0): 1, ('cnn', 1): 3}
-    assert chosen['epochs']['final'] == dict.fromkeys(chosen['epochs']['final'], 3)
+    assert chosen['checks']['final'] == dict.fromkeys(chosen['checks']['final'], 3)
     assert chosen['final_val_spread'] == 27. and chosen['headline'] == 'matched'
     close = [_run('learned', s, [80, 81], tops(1, 1)) for s in (0, 1)] + \
         [_run('peg_0-5', s, [80, 83], tops(1, 1)) for s in (0, 1)]
-    assert native_detail.select(close, ['learned', 'peg_0-5'])['headline'] == 'final'
+    assert native_detail.select(close, ['learned', 'peg_0-5'], smooth=1)['headline'] == 'final'
+
+
+def _checked(variant, seed, vals):
+    return dict(variant=variant, seed=seed, tests={},
+                checks=[dict(check=i + 1, epoch=(i + 1) / 4, val=v) for i, v in enumerate(vals)])
+
+
+def test_selection_reads_validation_smoothed_over_consecutive_checks():
+    """Smoothed over three checks (a centred mean, two at the ends), a lone high reading neither sets L nor
+    marks a run's crossing."""
+    assert native_detail.smoothed([1, 2, 6, 3], 3) == [1.5, 3., 11 / 3, 4.5]
+    assert native_detail.smoothed([1, 2, 6], 1) == [1., 2., 6.]
+    results = [_checked('none', 0, [40, 46, 48, 50, 52, 54]), _checked('none', 1, [40, 44, 75, 44, 50, 56]),
+               _checked('peg_0-5', 0, [40, 45, 50, 55, 60, 65]), _checked('peg_0-5', 1, [40, 50, 65, 60, 70, 80])]
+    chosen = native_detail.select(results, ['none', 'peg_0-5'], smooth=3)
+    # none: best smoothed 53 (seed 0) and 56.33 (seed 1: the 75 lifts its neighbours only by a third): L = 54.67
+    assert chosen['level'] == 54.67
+    assert chosen['checks']['matched'] == {('none', 0): 6, ('none', 1): 4, ('peg_0-5', 0): 4, ('peg_0-5', 1): 3}
+    assert chosen['checks']['final'] == dict.fromkeys(chosen['checks']['final'], 6)
+    unsmoothed = native_detail.select(results, ['none', 'peg_0-5'], smooth=1)
+    assert unsmoothed['level'] == 64.5 and unsmoothed['checks']['matched'] == {
+        ('none', 0): 6, ('none', 1): 3, ('peg_0-5', 0): 6, ('peg_0-5', 1): 3}
+
+
+def test_checks_are_spread_evenly_over_an_epoch():
+    from benchmarks.study.trainer import check_steps
+    assert check_steps(56, 4) == [14, 28, 42, 56] and check_steps(7, 3) == [2, 5, 7] and check_steps(5, 1) == [5]
+    with pytest.raises(ValueError, match='checks_per_epoch'):
+        check_steps(3, 4)
+
+
+def test_tests_run_on_the_training_device_from_kept_weights(tmp_path):
+    config, _ = native_detail.parse_args(TINY + ['--work-dir', str(tmp_path)])
+    result = dict(_checked('none', 0, [50, 60]), accelerator='test CPU', eval_seconds=0.)
+    with pytest.raises(ValueError, match='trained on test CPU: its tests must run there too, not on other CPU'):
+        native_detail.test_run(result, [2], config, {}, dict(ORIGIN, accelerator='other CPU'))
+    with pytest.raises(FileNotFoundError, match='none seed 0 at check 2 are gone'):
+        native_detail.test_run(result, [2], config, {}, dict(ORIGIN))
 
 
 def test_a_leader_is_named_only_when_separated_from_every_other_variant():
@@ -135,13 +181,13 @@ def test_a_leader_is_named_only_when_separated_from_every_other_variant():
     def runs(variant, gains):
         return [_run(variant, s, [50], [dict({k: 50. + g for k in keys}, native56=50.)]) for s, g in enumerate(gains)]
     results = runs('learned', [1, 2, 1.5]) + runs('none', [0, 0.5, 0.2]) + runs('peg_0-5', [9, 10, 11])
-    epochs = dict.fromkeys([(r['variant'], r['seed']) for r in results], 1)
-    leaders = native_detail.summarise_analysis(results, ['learned', 'none', 'peg_0-5'], epochs)['leaders']
+    checks = dict.fromkeys([(r['variant'], r['seed']) for r in results], 1)
+    leaders = native_detail.summarise_analysis(results, ['learned', 'none', 'peg_0-5'], checks)['leaders']
     assert leaders['native112'] == dict(variant='peg_0-5', separated=True, tied_with=[])
     results += runs('peg_0-5_circular', [12, 8, 10.5])
-    epochs = dict.fromkeys([(r['variant'], r['seed']) for r in results], 1)
+    checks = dict.fromkeys([(r['variant'], r['seed']) for r in results], 1)
     leaders = native_detail.summarise_analysis(
-        results, ['learned', 'none', 'peg_0-5', 'peg_0-5_circular'], epochs)['leaders']
+        results, ['learned', 'none', 'peg_0-5', 'peg_0-5_circular'], checks)['leaders']
     assert leaders['native112']['separated'] is False and leaders['native112']['tied_with'] == ['peg_0-5']
 
 
@@ -186,9 +232,10 @@ def test_runs_spread_over_processes_equal_runs_in_one(tmp_path, monkeypatch, com
     native_detail.main(argv + ['--work-dir', str(tmp_path / 'one')])
     native_detail.main(argv + ['--work-dir', str(tmp_path / 'two'), '--jobs', '2'])
     for seed in (0, 1):
-        one, two = (json.loads((tmp_path / d / 'native_matched' / f'cnn-seed{seed}' / 'result.json').read_text())
+        one, two = (json.loads((tmp_path / d / 'native_checked' / f'cnn-seed{seed}' / 'result.json').read_text())
                     for d in ('one', 'two'))
-        assert two['top1'] == one['top1'] and [e['loss'] for e in two['log']] == [e['loss'] for e in one['log']]
+        assert two['tests'] == one['tests'] and two['checks'] == one['checks']
+        assert [e['loss'] for e in two['log']] == [e['loss'] for e in one['log']]
         assert two['commit'] == ORIGIN['commit']
         assert two['tf32'] == dict(matmul='ieee', cudnn_conv='ieee')
     assert not list((tmp_path / 'tmp').glob('native_detail-*'))   # the shared copy is removed

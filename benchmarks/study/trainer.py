@@ -146,17 +146,29 @@ def position_probe(model: CPVT, x: torch.Tensor, config: StudyConfig) -> dict:
     return out
 
 
+def check_steps(steps_per_epoch: int, checks_per_epoch: int) -> list[int]:
+    """The steps of an epoch (1-based) after which a check runs: ``checks_per_epoch`` of them, evenly spread,
+    the last at the epoch's end."""
+    if not 1 <= checks_per_epoch <= steps_per_epoch:
+        raise ValueError(f'checks_per_epoch must lie in 1..{steps_per_epoch} (the steps of an epoch), '
+                         f'got {checks_per_epoch}')
+    return [round(steps_per_epoch * (j + 1) / checks_per_epoch) for j in range(checks_per_epoch)]
+
+
 def train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Path,
-          after_epoch: Callable[[torch.nn.Module], dict] | None = None):
+          after_check: Callable[[torch.nn.Module, int], dict] | None = None, checks_per_epoch: int = 1):
     """Train one model, resuming from its last finished epoch; returns it with its training record (which
-    records the TF32 settings in force, ``fp32_precision``). ``after_epoch(model)``, where given, runs after
-    every epoch (the model in eval mode, no gradients) and its dict joins that epoch's entry in the log."""
+    records the TF32 settings in force, ``fp32_precision``). ``after_check(model, check)``, where given, runs
+    ``checks_per_epoch`` times an epoch (``check_steps``; the model in eval mode, no gradients; ``check`` counts
+    from 1 over the run) and its dict joins the check's entry (``check``, ``epoch``: epochs done, fractional) in
+    the record's ``checks``. Checks read no random state, so they leave the training itself unchanged."""
     with fp32_precision(config.tf32) as in_force:
-        model, record = _train(variant, seed, config, train_data, run_dir, after_epoch)
+        model, record = _train(variant, seed, config, train_data, run_dir, after_check, checks_per_epoch)
     return model, dict(record, tf32=in_force)
 
 
-def _train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Path, after_epoch=None):
+def _train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Path, after_check=None,
+           checks_per_epoch: int = 1):
     x_train, y_train = (t.to(config.device) for t in train_data)
     torch.manual_seed(seed)
     model = build_model(variant, config).to(config.device)
@@ -164,8 +176,9 @@ def _train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Pa
     if steps_per_epoch < 1:
         raise SystemExit(f'[study] --batch-size {config.batch_size} is larger than --train-images {len(x_train)}')
     opt, sched = make_optimizer(model, config, steps_per_epoch * config.epochs)
+    checks_at = check_steps(steps_per_epoch, checks_per_epoch) if after_check is not None else []
     gen = torch.Generator().manual_seed(seed)
-    state = dict(epoch=0, log=[], train_seconds=0.)
+    state = dict(epoch=0, log=[], checks=[], train_seconds=0.)
     ckpt_path = run_dir / 'checkpoint.pth'
     if ckpt_path.is_file():
         ckpt = torch.load(ckpt_path, weights_only=False, map_location=config.device)
@@ -174,11 +187,11 @@ def _train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Pa
         sched.load_state_dict(ckpt['scheduler'])
         gen.set_state(ckpt['generator'].cpu())
         torch.set_rng_state(ckpt['torch_rng'].cpu())
-        state = ckpt['state']
+        state = dict(ckpt['state'], checks=ckpt['state'].get('checks', []))
         print(f'[study] {variant} seed {seed}: resuming after epoch {state["epoch"]}', flush=True)
     for epoch in range(state['epoch'], config.epochs):
         model.train()
-        start, loss_sum, correct = time.perf_counter(), 0., 0
+        start, loss_sum, correct, check_seconds = time.perf_counter(), 0., 0, 0.
         order = torch.randperm(len(x_train), generator=gen)
         for step in range(steps_per_epoch):
             idx = order[step * config.batch_size:(step + 1) * config.batch_size]
@@ -194,16 +207,21 @@ def _train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Pa
             sched.step()
             loss_sum += loss.item()
             correct += (logits.argmax(-1) == yb).sum().item()
-        seconds = time.perf_counter() - start
+            if step + 1 in checks_at:
+                check_start = time.perf_counter()
+                model.eval()
+                with torch.inference_mode():
+                    check = len(state['checks']) + 1
+                    state['checks'].append(dict(check=check, epoch=round(epoch + (step + 1) / steps_per_epoch, 4),
+                                                **after_check(model, check)))
+                model.train()
+                check_seconds += time.perf_counter() - check_start
+        seconds = time.perf_counter() - start - check_seconds
         state['epoch'] = epoch + 1
         state['train_seconds'] += seconds
         state['log'].append(dict(epoch=epoch + 1, loss=round(loss_sum / steps_per_epoch, 4),
                                  train_top1=round(100. * correct / (steps_per_epoch * config.batch_size), 2),
                                  seconds=round(seconds, 1)))
-        if after_epoch is not None:
-            model.eval()
-            with torch.inference_mode():
-                state['log'][-1].update(after_epoch(model))
         print(f'[study] {variant} seed {seed}: {state["log"][-1]}', flush=True)
         ckpt = dict(model=model.state_dict(), optimizer=opt.state_dict(), scheduler=sched.state_dict(),
                     generator=gen.get_state(), torch_rng=torch.get_rng_state(), state=state)
@@ -213,6 +231,8 @@ def _train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Pa
                   iterations=steps_per_epoch * config.epochs,
                   params=sum(p.numel() for p in model.parameters()), train_seconds=round(state['train_seconds'], 1),
                   eval_seconds=0., log=state['log'])
+    if after_check is not None:
+        record['checks'] = state['checks']
     return model, record
 
 
