@@ -34,7 +34,15 @@ def check_against_torch(engine: nn.Module, model: nn.Module, in_chans: int, name
     return worst
 
 
-__all__ = ['check_against_torch']
+def trace_size(model: nn.Module, size: tuple[int, int]) -> tuple[int, int]:
+    """The input size an export traces ``model`` at: ``size`` with each side raised to the largest
+    ``min_trace_side`` among its modules (``TwinsSVT``'s), below which the recorded graph holds only for the
+    traced size's window grid."""
+    side = max((getattr(m, 'min_trace_side', 0) for m in model.modules()), default=0)
+    return max(size[0], side), max(size[1], side)
+
+
+__all__ = ['check_against_torch', 'trace_size']
 
 
 _SIMPLE = (bool, int, float, str, type(None))

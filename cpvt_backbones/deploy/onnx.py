@@ -7,6 +7,7 @@ from torch import nn
 
 from ..compat import FEATURES, supports
 from ..utils import atomic_write
+from .check import trace_size
 
 OPSET = 18
 OPSET_TORCHSCRIPT = 17  # the newest opset torch 2.1's TorchScript exporter writes
@@ -16,8 +17,9 @@ def export(model: nn.Module, path: str, names: Sequence[str], size=(224, 224), i
     """Write ``path`` (input ``image``: ``in_chans`` channels; outputs ``names``) with dynamic batch, height and
     width: through ``torch.export`` (``torch.onnx.export(..., dynamo=True)``, opset 18) where this torch has
     ``torch.export.Dim.DYNAMIC`` (2.6 and newer), else through the TorchScript exporter with ``dynamic_axes``
-    (opset 17), which gives the same outputs."""
-    x = torch.randn(2, in_chans, *size)
+    (opset 17), which gives the same outputs. Traced at ``size`` raised to the model's ``min_trace_side``
+    (``deploy.check.trace_size``)."""
+    x = torch.randn(2, in_chans, *trace_size(model, size))
     with torch.no_grad():
         if supports('export'):
             dynamic = torch.export.Dim.DYNAMIC

@@ -153,13 +153,13 @@ def to_onnxruntime(model: nn.Module, precision: str = 'fp32', calibration: Itera
                    threads: int | None = None, example_size: tuple[int, int] = (224, 224),
                    in_chans: int | None = None) -> OnnxRuntimeModule:
     """``model`` (evaluation mode, float32; left as it is) as an ``OnnxRuntimeModule``: exported at ``example_size``
-    (any size works afterwards), for 'int8' then quantized (``quantize``: ``calibration``, an iterable of input
-    batches, is required; ``keep_fp32``: module name prefixes left in float32). The float32 export is checked against
-    torch at another size (``deploy.check.check_against_torch``); how far int8 may move the outputs is the engine's
-    contract (docs/performance.md, the engine room). ``cache``: the ``.onnx`` path of the result; ``float_cache``:
-    that of the float32 export int8 starts from (default: a temporary file); both are read instead of made again when
-    their record matches. ``threads``: onnxruntime's intra-op threads (default: torch's). ``in_chans``: input
-    channels (default: the model's ``in_chans`` attribute, else 3)."""
+    (``deploy.onnx.export``: any size works afterwards), for 'int8' then quantized (``quantize``: ``calibration``, an
+    iterable of input batches, is required; ``keep_fp32``: module name prefixes left in float32). The float32 export is
+    checked against torch at another size (``deploy.check.check_against_torch``); how far int8 may move the outputs is
+    the engine's contract (docs/performance.md, the engine room). ``cache``: the ``.onnx`` path of the result;
+    ``float_cache``: that of the float32 export int8 starts from (default: a temporary file); both are read instead of
+    made again when their record matches. ``threads``: onnxruntime's intra-op threads (default: torch's). ``in_chans``:
+    input channels (default: the model's ``in_chans`` attribute, else 3)."""
     check_precision(precision)
     if precision not in ('fp32', 'int8'):
         raise ValueError(f'the onnxruntime engine runs fp32 and int8, not {precision!r} (deploy.ENGINES lists which '

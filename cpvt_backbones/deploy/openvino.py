@@ -43,7 +43,7 @@ from torch.utils import _pytree as pytree
 
 from ..compat import require
 from ..utils import atomic_write, checksum_problem, file_sha256
-from .check import check_against_torch, model_fingerprint, source_problem
+from .check import check_against_torch, model_fingerprint, source_problem, trace_size
 from .precision import PRECISIONS, check_precision
 
 SHAPES = ('dynamic', 'static', 'auto')
@@ -365,7 +365,8 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
                 in_chans: int | None = None, cache: str | None = None, float_cache: str | None = None,
                 specialise_after: int = 64) -> OpenVINOModule:
     """``model`` (left as it is) as an ``OpenVINOModule``: converted through ``torch.export`` at an example input
-    of ``example_size`` (any size works afterwards) and checked against torch at another size
+    of ``example_size`` (raised to the model's ``min_trace_side``, ``deploy.check.trace_size``; any size works
+    afterwards) and checked against torch at another size
     (``check_conversion``), quantized to int8 with NNCF when ``precision='int8'`` (on ``calibration``; the modules
     under the name prefixes ``keep_fp32`` stay float32), compiled for the CPU at ``precision``.
 
@@ -400,7 +401,7 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
         if saved is not None and (not keep_fp32 or saved[0].has_rt_info(MODULES_KEY)):
             ov_model, spec = saved
         else:  # nothing saved, or saved without the module names that keep_fp32 selects by: convert
-            ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size))
+            ov_model, spec = convert(model, torch.randn(2, in_chans, *trace_size(model, example_size)))
             check_conversion(ov_model, spec, model, in_chans)
             if precision == 'int8' and float_cache:
                 _save_or_warn(ov_model, float_cache, source)

@@ -1,4 +1,5 @@
 """Twins-SVT: the PCPVT pyramid with blocks that alternate windowed and global sub-sampled attention."""
+import math
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -16,6 +17,11 @@ class TwinsSVT(PyramidCPVT):
     ``layers.Attention``: ``attn.q``, ``attn.kv``, ``attn.sr``, ``attn.norm``, ``attn.proj``). The default PEG
     follows block 0 of every stage. State-dict keys are those of the official ``alt_gvt`` weights and of timm's
     ``twins_svt_*``.
+
+    ``min_trace_side``: the smallest input side at which every stage's map spans two windows or more; exports
+    (``deploy``) trace at least that large, since a graph traced where a map is one window is recorded for one
+    window only (torch.export specialises the partition's reshape to it and the converted graph is wrong at
+    other sizes).
 
     Every position encoding applies except ``rpe``, whose bias is sized for global attention (refused here);
     RoPE turns the windowed blocks' keys by their own tokens' angles.
@@ -53,6 +59,8 @@ class TwinsSVT(PyramidCPVT):
         self.window_sizes, self.window_mask = window_sizes, window_mask  # read by _build_trunk (super().__init__)
         super().__init__(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
                          sr_ratios=sr_ratios, patch_sizes=patch_sizes, **kwargs)
+        strides = [math.prod(tuple(patch_sizes)[:i + 1]) for i in range(len(depths))]
+        self.min_trace_side = max(2 * ws * stride for ws, stride in zip(window_sizes, strides, strict=True))
         biased = [enc.name for enc in self.pos_encodings
                   if any(p is not None and p.bias is not None for p in enc.attention(0, (1, 1)) or ())]
         if biased:
