@@ -1,11 +1,12 @@
-"""The implementations the speed benchmark times, all on the same weights: every registered engine
-(``deploy.ENGINES``) at float32 and at each lower precision asked for that it runs, listed from the registry
-and prepared through ``deploy.prepare`` (bf16 only on CPUs with native bf16; int8 calibrated on random images,
-which decides accuracy, not speed); mmseg's ``PCPVT`` and timm's ``twins_pcpvt_*``; onnxruntime's own dynamic
-int8 quantization of our export (what a deployer would try instead of a calibrated int8); with ``engines``,
-OpenVINO compiled per shape, OpenVINO used by hand and torch.compile (inductor with freezing, dynamic shapes).
-Each maps a batch to its tuple of four NCHW maps. Registered engines are named ``<engine>`` (float32) or
-``<engine>_<precision>``, except those of ``BACKBONE_NAMES``.
+"""The implementations the speed benchmark times, all on the same weights: every registered engine (``deploy.ENGINES``)
+at float32 and at each lower precision asked for that it runs, listed from the registry and prepared through
+``deploy.prepare`` (bf16 only on CPUs with native bf16; int8 calibrated on random images, which decides accuracy, not
+speed); mmseg's ``PCPVT``/``SVT`` and timm's ``twins_pcpvt_*``/``twins_svt_*`` (``PEER_NAMES``; SVT ours and mmseg's
+with the padding of windows masked out, as the dense configs run it, timm's without, so its maps differ where windows
+are padded); onnxruntime's own dynamic int8 quantization of our export (what a deployer would try instead of a
+calibrated int8); with ``engines``, OpenVINO compiled per shape, OpenVINO used by hand and torch.compile (inductor
+with freezing, dynamic shapes). Each maps a batch to its tuple of four NCHW maps. Registered engines are named
+``<engine>`` (float32) or ``<engine>_<precision>``, except those of ``BACKBONE_NAMES``.
 
 ``build_dense`` gives the end-to-end implementations: a whole RetinaNet or Semantic FPN with ``pcpvt_small``
 (the COCO and ADE20K configs, random weights) in tensor mode (backbone + neck + head; preprocessing and
@@ -27,7 +28,7 @@ from cpvt_backbones import create_model
 from cpvt_backbones.convert import native_to_mmseg
 from cpvt_backbones.deploy import ENGINES, PRECISIONS, prepare
 from cpvt_backbones.deploy.onnxruntime import OnnxRuntimeModule
-from cpvt_backbones.models import PyramidCPVT, model_settings
+from cpvt_backbones.models import PyramidCPVT, TwinsSVT, model_settings
 from cpvt_backbones.utils import cpu_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +48,7 @@ def registered(names: dict[tuple[str, str], str]) -> tuple[str, ...]:
     return tuple(impl_name(e, p, names) for e, spec in ENGINES.items() for p in PRECISIONS if p in spec.precisions)
 
 
+PEER_NAMES = ('pcpvt_small', 'pcpvt_base', 'pcpvt_large', 'svt_small', 'svt_base', 'svt_large')
 PEERS = tuple(n for n in registered(BACKBONE_NAMES) if n != 'ours') + (
     'mmseg', 'timm', 'onnxruntime_int8', 'openvino_static', 'openvino_by_hand', 'torch_compile')
 
@@ -94,7 +96,7 @@ def build(name: str, peers: bool = True, onnx_dir: str = 'work_dirs/bench_onnx',
     impls = engine_impls(prepare_one, BACKBONE_NAMES, precisions, skip)
     if 'onnxruntime' in impls and 'int8' in precisions:
         impls['onnxruntime_int8'] = _onnxruntime_dynamic_int8(impls['onnxruntime'])
-    if peers and name in ('pcpvt_small', 'pcpvt_base', 'pcpvt_large'):
+    if peers and name in PEER_NAMES:
         impls['mmseg'] = _mmseg(name, weights)
         impls['timm'] = _timm(name, weights)
     if engines:
@@ -103,10 +105,12 @@ def build(name: str, peers: bool = True, onnx_dir: str = 'work_dirs/bench_onnx',
 
 
 def backbone(name: str) -> tuple[dict[str, torch.Tensor], torch.nn.Module]:
-    """Random weights of the classifier ``name`` (seed 0) and its feature pyramid with them, in evaluation mode."""
+    """Random weights of the classifier ``name`` (seed 0) and its feature pyramid with them, in evaluation mode
+    (Twins-SVT's with masked windows, the dense configs' form)."""
     torch.manual_seed(0)
     weights = create_model(name).state_dict()
-    plain = create_model(name, features_only=True).eval()
+    dense = dict(window_mask=True) if name.startswith('svt_') else {}
+    plain = create_model(name, features_only=True, **dense).eval()
     plain.load_state_dict({k: v for k, v in weights.items() if not k.startswith(('norm.', 'head.'))})
     return weights, plain
 
@@ -244,12 +248,15 @@ class _Calling(torch.nn.Module):
 
 
 def _mmseg(name: str, weights) -> torch.nn.Module:
-    from mmseg.models.backbones import PCPVT
-    s = model_settings(name, PyramidCPVT)
-    model = PCPVT(embed_dims=list(s['embed_dims']), patch_sizes=[4, 2, 2, 2], strides=[4, 2, 2, 2],
+    from mmseg.models.backbones import PCPVT, SVT
+    svt = name.startswith('svt_')
+    s = model_settings(name, TwinsSVT if svt else PyramidCPVT)
+    common = dict(embed_dims=list(s['embed_dims']), patch_sizes=[4, 2, 2, 2], strides=[4, 2, 2, 2],
                   num_heads=list(s['num_heads']), mlp_ratios=list(s['mlp_ratios']), depths=list(s['depths']),
                   sr_ratios=list(s['sr_ratios']), out_indices=(0, 1, 2, 3), qkv_bias=True, norm_cfg=dict(type='LN'),
                   norm_after_stage=False, drop_path_rate=0.)
+    # mmseg spells SVT's window sizes 'windiow_sizes'
+    model = SVT(windiow_sizes=list(s.get('window_sizes', (7, 7, 7, 7))), **common) if svt else PCPVT(**common)
     model.load_state_dict(native_to_mmseg(weights), strict=True)
     for layer_name, module in model.named_modules():
         if re.fullmatch(r'layers\.\d+\.\d+\.norm[12]', layer_name):

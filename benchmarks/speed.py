@@ -1,10 +1,9 @@
-"""Speed and memory of our pyramid CPVT backbone on every registered engine (``deploy.ENGINES``: ``ours`` is the
-fused engine, ``plain`` torch eager, then OpenVINO, onnxruntime and any engine registered since), against
-mmseg's ``PCPVT`` and timm's ``twins_pcpvt_*`` (what a CPU deployer would pick instead); with ``--precision
-bf16 int8`` also every engine at those precisions it runs (bf16 on CPUs with AVX512-BF16 or AMX) and
-onnxruntime's dynamic int8 quantization of our export; with ``--engines`` also OpenVINO compiled per shape,
-OpenVINO by hand and torch.compile (inductor, freezing), each with its first call at every case (where it
-compiles) reported.
+"""Speed and memory of our pyramid CPVT backbone on every registered engine (``deploy.ENGINES``: ``ours`` is the fused
+engine, ``plain`` torch eager, then OpenVINO, onnxruntime and any engine registered since), against mmseg's
+``PCPVT``/``SVT`` and timm's ``twins_pcpvt_*``/``twins_svt_*`` (what a CPU deployer would pick instead); with
+``--precision bf16 int8`` also every engine at those precisions it runs (bf16 on CPUs with AVX512-BF16 or AMX) and
+onnxruntime's dynamic int8 quantization of our export; with ``--engines`` also OpenVINO compiled per shape, OpenVINO
+by hand and torch.compile (inductor, freezing), each with its first call at every case (where it compiles) reported.
 
     python -m benchmarks.speed [NAME ...] [--json PATH] [--repeats 5] [--cases infer224 infer512 ...]
                                [--precision bf16 int8] [--engines] [--retain-freed-memory]
