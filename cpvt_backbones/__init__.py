@@ -1,12 +1,14 @@
 """CPVT, pyramid CPVT (Twins-PCPVT) and Twins-SVT backbones with conditional positional encodings.
 
 The package root and ``layers``, ``models``, ``convert`` need only torch; ``deploy`` holds the inference engines
-(the fused CPU path, ONNX export, OpenVINO), each importing its engine's package only when used. The OpenMMLab
+(``deploy.ENGINES``: torch, the fused CPU path, OpenVINO, onnxruntime on the ONNX export), reached through
+``prepare(model, engine, precision)``, each importing its engine's package only when used. The OpenMMLab
 registrations live in
 ``cpvt_backbones.adapters.{mmdet,mmseg,mmpretrain}`` and are imported by configs through ``custom_imports``.
 """
-from .deploy import optimize, record_input_ranges
+from .deploy import optimize, prepare, record_input_ranges
 from .models import CPVT, PyramidCPVT, TwinsSVT, create_model, list_models
 
 __version__ = '0.1.0'
-__all__ = ['CPVT', 'PyramidCPVT', 'TwinsSVT', 'create_model', 'list_models', 'optimize', 'record_input_ranges']
+__all__ = ['CPVT', 'PyramidCPVT', 'TwinsSVT', 'create_model', 'list_models', 'optimize', 'prepare',
+           'record_input_ranges']

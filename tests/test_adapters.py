@@ -316,6 +316,35 @@ def test_engine_caches_are_named_by_everything_that_changes_them(tmp_path, monke
     assert len({name, *others}) == len(others) + 1
 
 
+def test_every_engine_cache_misses_when_a_package_it_requires_is_upgraded(tmp_path, monkeypatch):
+    """Each engine's cache names are keyed by this package's, torch's and its own required packages' versions
+    (the registry's ``requires``): reporting another version of any of them renames every cache of that engine;
+    another engine's package leaves it alone."""
+    import importlib.metadata
+    from pathlib import Path
+
+    from cpvt_backbones.adapters import engines
+    from cpvt_backbones.adapters.runner import read_config
+    from cpvt_backbones.deploy import ENGINES
+    det = read_config(str(Path(__file__).resolve().parents[1] / 'configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py'))
+    ckpt = tmp_path / 'epoch_1.pth'
+    ckpt.write_bytes(b'a' * 1000)
+    installed = importlib.metadata.version
+    assert set(engines.cache_versions('onnxruntime')) >= {'cpvt_backbones', 'torch', 'onnxruntime', 'onnxscript'}
+    for name, spec in ENGINES.items():
+        before = engines.cache_name(det, ckpt, 'float', engine=name)
+        for package in ('cpvt_backbones', 'torch', *spec.requires):
+            monkeypatch.setattr(importlib.metadata, 'version',
+                                lambda p, package=package: 'upgraded' if p == package else installed(p))
+            assert engines.cache_name(det, ckpt, 'float', engine=name) != before, (name, package)
+        others = {p for e in ENGINES.values() for p in e.requires} - set(spec.requires)
+        for package in others:
+            monkeypatch.setattr(importlib.metadata, 'version',
+                                lambda p, package=package: 'upgraded' if p == package else installed(p))
+            assert engines.cache_name(det, ckpt, 'float', engine=name) == before, (name, package)
+        monkeypatch.setattr(importlib.metadata, 'version', installed)
+
+
 def test_calibration_skips_an_unreadable_image_by_name(tmp_path):
     from pathlib import Path
 

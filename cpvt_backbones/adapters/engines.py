@@ -155,19 +155,27 @@ def _versions(*packages: str) -> dict:
     return {name: importlib.metadata.version(name) for name in packages}
 
 
+def cache_versions(engine: str | None = None) -> dict[str, str]:
+    """The installed versions that key an engine's caches: this package's, torch's and those of the packages
+    ``engine`` requires (its registry entry's ``requires``); of every registered engine's where ``engine`` is
+    None."""
+    from ..deploy import ENGINES
+    engines = [ENGINES[engine]] if engine is not None else list(ENGINES.values())
+    packages = dict.fromkeys(['cpvt_backbones', 'torch', *(p for e in engines for p in e.requires)])
+    return _versions(*(name for name in packages if importlib.util.find_spec(name) is not None))
+
+
 def cache_name(cfg: Config, checkpoint: Path, kind: str, calibration: tuple[str, int] | None = None,
-               *extra: str, checkpoint_sha256: str | None = None) -> str:
+               *extra: str, checkpoint_sha256: str | None = None, engine: str | None = None) -> str:
     """A file name for what is derived from the model of ``cfg`` with ``checkpoint``: the checkpoint's stem,
     ``kind`` and a hash of everything that changes the result: the config's model section (after overrides), the
-    checkpoint's content (sha256), ``extra``, the versions of this package, torch, OpenVINO and NNCF where
-    installed, and for ``calibration`` (source, number of images) the config's test dataloader with its
-    pipeline and, for a folder, the content of its images. The same inputs give the same name, any change
-    another. ``checkpoint_sha256``: the checkpoint's sha256 where the caller has it already (names for several
-    kinds of one checkpoint read the file once)."""
+    checkpoint's content (sha256), ``extra``, the versions of ``cache_versions(engine)`` (this package, torch and
+    the packages ``engine`` requires), and for ``calibration`` (source, number of images) the config's test
+    dataloader with its pipeline and, for a folder, the content of its images. The same inputs give the same
+    name, any change another. ``checkpoint_sha256``: the checkpoint's sha256 where the caller has it already
+    (names for several kinds of one checkpoint read the file once)."""
     key = dict(model=cfg.model.to_dict(), checkpoint=checkpoint_sha256 or file_sha256(checkpoint), kind=kind,
-               extra=list(extra),
-               versions=_versions(*(name for name in ('cpvt_backbones', 'torch', 'openvino', 'nncf')
-                                    if importlib.util.find_spec(name) is not None)))
+               extra=list(extra), versions=cache_versions(engine))
     if calibration is not None:
         source, num_images = calibration
         images = _calibration_source(source)[1]
@@ -210,7 +218,7 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
     if not ckpt.is_file():
         raise FileNotFoundError(f'calibrate: no checkpoint file {checkpoint}')
     source, images = _calibration_source(source)
-    out = weights_dir() / 'fused' / f'{cache_name(cfg, ckpt, "int8", (source, num_images))}.ranges.json'
+    out = weights_dir() / 'fused' / f'{cache_name(cfg, ckpt, "int8", (source, num_images), engine="fused")}.ranges.json'
     if not out.is_file():
         cfg = copy.deepcopy(cfg)
         cfg.work_dir = str(out.parent / 'work_dir')
@@ -260,8 +268,9 @@ def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: str | None, en
         calibrated = (source, calibration_images) if precision == 'int8' else None
         digest = file_sha256(ckpt)
         options.setdefault('cache', str(folder / cache_name(cfg, ckpt, precision, calibrated, *sorted(keep_fp32),
-                                                            checkpoint_sha256=digest)))
-        options.setdefault('conversion_cache', str(folder / cache_name(cfg, ckpt, 'float', checkpoint_sha256=digest)))
+                                                            checkpoint_sha256=digest, engine=engine)))
+        options.setdefault('conversion_cache', str(folder / cache_name(cfg, ckpt, 'float', checkpoint_sha256=digest,
+                                                                       engine=engine)))
     prefixes = [p for p in (options.get('cache'), options.get('conversion_cache')) if p]
     before = _cache_files(prefixes)
     on_engine(model, engine, precision, batches, keep_fp32, **options)
@@ -275,6 +284,6 @@ def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: str | None, en
     return model
 
 
-__all__ = ['DEFAULT_ENGINE', 'IMAGE_SUFFIXES', 'add_engine_args', 'cache_name', 'calibrate', 'calibration_batches',
-           'default_engine', 'engine_request',
-           'engine_model', 'kept_in_fp32', 'set_engine', 'use_engine']
+__all__ = ['DEFAULT_ENGINE', 'IMAGE_SUFFIXES', 'add_engine_args', 'cache_name', 'cache_versions', 'calibrate',
+           'calibration_batches', 'default_engine', 'engine_request', 'engine_model', 'kept_in_fp32', 'set_engine',
+           'use_engine']

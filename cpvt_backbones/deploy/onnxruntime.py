@@ -8,7 +8,7 @@ The model may be a backbone, a classifier, or an OpenMMLab model's backbone + ne
 calibrated). ``cache``: an ``.onnx`` path where the result is saved and read instead of made again when it is
 there and its record (the file's sha256 and the ``check.model_fingerprint`` of the model it was made from,
 written beside it) matches; one that does not, or that was made from another model, is made again with a warning
-saying why, never run. The engine is optional (``pip install onnxruntime``, which ``make env`` installs).
+saying why, never run. The engine is optional (``pip install onnxruntime onnxscript``, which ``make env`` installs).
 """
 import ast
 import json
@@ -27,7 +27,7 @@ from .check import check_against_torch, model_fingerprint, source_problem
 from .onnx import export
 from .precision import check_precision
 
-INSTALL = 'pip install onnxruntime'
+INSTALL = 'pip install onnxruntime onnxscript'
 
 
 def _onnxruntime():
