@@ -41,6 +41,7 @@ bench: env
 	$(PY) -m benchmarks.speed pcpvt_small --precision bf16 int8 --engines \
 		--json benchmarks/results/bench_pcpvt_small.json
 	$(PY) -m benchmarks.speed svt_small --json benchmarks/results/bench_svt_small.json
+	$(PY) -m benchmarks.window_mask svt_small --json benchmarks/results/window_mask_svt_small.json
 	$(PY) -m benchmarks.speed pcpvt_small --retain-freed-memory \
 		--json benchmarks/results/bench_pcpvt_small_retained.json
 	$(PY) -m benchmarks.speed pcpvt_small --scaling --json benchmarks/results/scaling_pcpvt_small.json \

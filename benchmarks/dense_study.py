@@ -13,6 +13,12 @@ RetinaNet and Semantic FPN as in the demo (configs/shapes), with five backbones 
   learned     pcpvt_tiny with our learned table per stage for the training scale, resized bicubically
   rope_mixed  pcpvt_tiny with RoPE-Mixed (Heo et al.) in every block's attention
 
+and, asked for by name (``--variants svt svt_unmasked --name dense_svt_window_mask``: which windows the SVT
+dense configs should use), two Twins-SVTs of the same widths, depths, heads and ratios, windows of 7 x 7 tokens:
+
+  svt           the padding of every window masked out of its attention (the Twins release's dense code)
+  svt_unmasked  the padded tokens taking part as keys (timm's behaviour)
+
 The detector is trained from scratch; the segmentor starts from the backbone of the detector with the same
 backbone and seed (the demo's stand-in for ImageNet pretraining; ``--seg-init scratch`` trains it from scratch
 too). PVT's table is made for the detector's training scale in both tasks, so it carries over whole and is
@@ -57,7 +63,12 @@ VARIANTS = {
     'none': 'pcpvt_tiny without PEG',
     'learned': 'pcpvt_tiny, learned table (ours, resized)',
     'rope_mixed': 'pcpvt_tiny, RoPE-Mixed',
+    'svt': 'Twins-SVT (tiny), masked windows',
+    'svt_unmasked': 'Twins-SVT (tiny), unmasked windows',
 }
+STUDIED = ('peg', 'pvt', 'none', 'learned', 'rope_mixed')   # the default study; the SVTs are asked for by name
+TINY = dict(embed_dims=(32, 64, 160, 256), num_heads=(1, 2, 5, 8), mlp_ratios=(4, 4, 4, 4), sr_ratios=(8, 4, 2, 1),
+            depths=(2, 2, 2, 2))   # pcpvt_tiny's stage settings
 SCALES = ('0.5', '0.7', '1', '1.5', '2', '3')
 FACTORS = SCALES + ('native',) + tuple(f'drawn{f}' for f in SCALES)
 # drawn at 1x is the control (resizing artefacts only); 2x and 3x are where a resize interpolates most
@@ -88,7 +99,7 @@ class DenseStudyConfig:
 def parse_args(argv: Sequence[str] | None = None) -> DenseStudyConfig:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--tasks', nargs='+', default=list(TASKS), choices=list(TASKS))
-    p.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument('--variants', nargs='+', default=list(STUDIED), choices=list(VARIANTS))
     p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     p.add_argument('--det-iters', type=int, default=300)
     p.add_argument('--seg-iters', type=int, default=350)
@@ -116,6 +127,9 @@ def backbone(variant: str, task: str, table_size: int) -> dict:
     if variant in encodings:
         return dict(type='PyramidCPVT', drop_path_rate=0.0,
                     arch=dict(base='pcpvt_tiny', pos_encoding=encodings[variant]))
+    if variant in ('svt', 'svt_unmasked'):
+        return dict(type='TwinsSVT', drop_path_rate=0.0,
+                    arch=dict(TINY, window_sizes=(7, 7, 7, 7), window_mask=variant == 'svt'))
     return dict(type='PyramidVisionTransformer' if task == 'detection' else
                 'mmdet.PyramidVisionTransformer', pretrain_img_size=table_size, embed_dims=32,
                 num_layers=[2, 2, 2, 2], num_heads=[1, 2, 5, 8], mlp_ratios=[4, 4, 4, 4], sr_ratios=[8, 4, 2, 1],

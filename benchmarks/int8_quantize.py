@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.timing import CASES, run_case
-from cpvt_backbones import create_model, optimize, record_input_ranges
+from cpvt_backbones import create_model, prepare, record_input_ranges
 from cpvt_backbones.deploy import fused
 from cpvt_backbones.utils import cpu_info
 
@@ -58,7 +58,7 @@ def main() -> None:
     plain = create_model(args.name, features_only=True).eval()
     with record_input_ranges(plain) as ranges:
         plain(torch.randn(2, 3, 224, 224))
-    ours = optimize(plain, precision='int8', input_ranges=ranges, inplace=False)
+    ours = prepare(plain, 'fused', 'int8', input_ranges=ranges)
     ours.inference_only = True
     x = torch.randn(20000, 64) * 3
     same = torch.equal(fused.OneDNNInt8.quantize(x, 6 / 255, 128), deprecated_quantize(x, 6 / 255, 128))

@@ -184,10 +184,8 @@ def _engines(plain: torch.nn.Module) -> dict[str, torch.nn.Module]:
     registered engine runs ``'auto'``, which stays on the dynamic model through a case's few calls;
     ``benchmarks/openvino_shapes.py`` measures it on streams), OpenVINO used by hand, without this package,
     and torch.compile, each timed from its first call."""
-    from cpvt_backbones.deploy.openvino import OpenVINOModule, convert
     plain = plain.eval()
-    ov_model, spec = convert(plain, torch.randn(2, 3, 224, 224))
-    out = {'openvino_static': OpenVINOModule(ov_model, spec, 3, shapes='static'),
+    out = {'openvino_static': prepare(plain, 'openvino', shapes='static'),
            'openvino_by_hand': _OpenVINOByHand(plain), 'torch_compile': _Compiled(plain)}
     for model in out.values():
         model.inference_only = True

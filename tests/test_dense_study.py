@@ -36,6 +36,11 @@ def test_variants_build_the_backbones_they_name(tmp_path):
     assert n_peg - n_none == 9 * (32 + 64 + 160 + 256) + (32 + 64 + 160 + 256)  # 3x3 depthwise + bias
     assert built['learned'].pos_embed.table(0).shape == (1, 48 * 48, 32)  # ours, for the same 192 px scale
     assert built['rope_mixed'].pos_encoding_attrs == ('rope',) and len(built['rope_mixed'].rope.freqs) == 8
+    assert study.parse_args([]).variants == study.STUDIED   # the SVTs only when asked for
+    assert type(built['svt']).__name__ == 'TwinsSVT' and built['svt'].embed_dims == built['peg'].embed_dims
+    masks = {v: {m.window_mask for m in built[v].modules() if hasattr(m, 'window_mask')}
+             for v in ('svt', 'svt_unmasked')}
+    assert masks == {'svt': {True}, 'svt_unmasked': {False}}
 
 
 def test_segmentor_starts_from_the_detector_backbone_strictly(tmp_path):
