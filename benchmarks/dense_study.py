@@ -19,6 +19,10 @@ dense configs should use), two Twins-SVTs of the same widths, depths, heads and 
   svt           the padding of every window masked out of its attention (the Twins release's dense code)
   svt_unmasked  the padded tokens taking part as keys (timm's behaviour)
 
+The rule for the configs, fixed before those runs: they keep masked windows unless the unmasked SVT is ahead,
+paired by seed with a 95% interval excluding zero, in bbox mAP or mIoU at 1x or on the mean over the resized
+sizes; masking is also what keeps an image's windowed attention independent of how far its map is padded.
+
 The detector is trained from scratch; the segmentor starts from the backbone of the detector with the same
 backbone and seed (the demo's stand-in for ImageNet pretraining; ``--seg-init scratch`` trains it from scratch
 too). PVT's table is made for the detector's training scale in both tasks, so it carries over whole and is
