@@ -369,6 +369,8 @@ def test_non_finite_weights_are_refused_by_key_unless_asked_for(tmp_path):
     assert torch.isnan(fresh.blocks[0][0].attn.q.weight[0, 0])
     with pytest.raises(NonFiniteWeightsError):
         create_model('pcpvt_tiny', pretrained=str(path))
+    asked = create_model('pcpvt_tiny', pretrained=str(path), allow_nonfinite=True)
+    assert torch.isnan(asked.blocks[0][0].attn.q.weight[0, 0]) and torch.isinf(asked.head.bias[3])
     pytest.importorskip('mmengine')
     from cpvt_backbones.adapters.runner import refuse_unfit
     with pytest.raises(NonFiniteWeightsError, match='checkpoint c.pth holds NaN or Inf'):

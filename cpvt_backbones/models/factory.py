@@ -85,7 +85,8 @@ def _check_kwargs(cls: type[CPVTBase], kwargs: Mapping[str, Any]) -> None:
         raise TypeError(f'{cls.__name__} has no argument(s) {unknown}; valid arguments: {valid}')
 
 
-def create_model(name: str, pretrained: None | bool | str = None, **overrides: Any) -> nn.Module:
+def create_model(name: str, pretrained: None | bool | str = None, *, allow_nonfinite: bool = False,
+                 **overrides: Any) -> nn.Module:
     """Build a named model. ``overrides`` are constructor arguments (``pos_encoding``, ``drop_path_rate``,
     ``features_only``, ``out_indices``, ``frozen_stages``, ...); ``pos_encoding`` takes a name (``'rope_mixed'``,
     ``'learned+peg'``), a dict (``dict(type='peg', positions=(0,), kernel_size=5)``) or a list of those
@@ -95,7 +96,8 @@ def create_model(name: str, pretrained: None | bool | str = None, **overrides: A
     ``pretrained=True`` loads the model's published ImageNet weights (``convert.hub``: fetched once into the
     cache, checked); a string is a weight file, a URL or a model name. Weights in any layout that
     ``cpvt_backbones.convert`` reads are loaded strictly into what the model builds; with published weights a
-    classifier head of another size than ImageNet's 1000 classes is left freshly initialised (as timm does)."""
+    classifier head of another size than ImageNet's 1000 classes is left freshly initialised (as timm does).
+    Weights with NaN or Inf values are refused by key unless ``allow_nonfinite`` (``convert.load_into``)."""
     spec = _spec(name)
     _check_kwargs(spec.cls, overrides)
     kwargs = {**spec.settings, **overrides}
@@ -105,7 +107,7 @@ def create_model(name: str, pretrained: None | bool | str = None, **overrides: A
     if pretrained is True:
         fresh_head = bool(model.num_classes) and model.num_classes != 1000
         path, _ = fetch_weights(name, classifier=bool(model.num_classes) and not fresh_head)
-        load_pretrained(model, path, skip=('head.',) if fresh_head else ())
+        load_pretrained(model, path, skip=('head.',) if fresh_head else (), allow_nonfinite=allow_nonfinite)
     elif pretrained:
-        load_pretrained(model, resolve_checkpoint(str(pretrained)))
+        load_pretrained(model, resolve_checkpoint(str(pretrained)), allow_nonfinite=allow_nonfinite)
     return model
