@@ -51,6 +51,7 @@ from cpvt_backbones.adapters.evaluation import METRICS, headline_score
 from cpvt_backbones.adapters.runner import build_runner, quiet_known_warnings
 from cpvt_backbones.adapters.shapes_tasks import SHAPES_TASKS as TASKS
 from cpvt_backbones.convert import safe_load
+from cpvt_backbones.models import PyramidCPVT, model_settings
 from cpvt_backbones.utils import atomic_write, pyplot, strip_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,8 +72,6 @@ VARIANTS = {
     'svt_unmasked': 'Twins-SVT (tiny), unmasked windows',
 }
 STUDIED = ('peg', 'pvt', 'none', 'learned', 'rope_mixed')   # the default study; the SVTs are asked for by name
-TINY = dict(embed_dims=(32, 64, 160, 256), num_heads=(1, 2, 5, 8), mlp_ratios=(4, 4, 4, 4), sr_ratios=(8, 4, 2, 1),
-            depths=(2, 2, 2, 2))   # pcpvt_tiny's stage settings
 SCALES = ('0.5', '0.7', '1', '1.5', '2', '3')
 FACTORS = SCALES + ('native',) + tuple(f'drawn{f}' for f in SCALES)
 # drawn at 1x is the control (resizing artefacts only); 2x and 3x are where a resize interpolates most
@@ -133,7 +132,8 @@ def backbone(variant: str, task: str, table_size: int) -> dict:
                     arch=dict(base='pcpvt_tiny', pos_encoding=encodings[variant]))
     if variant in ('svt', 'svt_unmasked'):
         return dict(type='TwinsSVT', drop_path_rate=0.0,
-                    arch=dict(TINY, window_sizes=(7, 7, 7, 7), window_mask=variant == 'svt'))
+                    arch=dict(model_settings('pcpvt_tiny', PyramidCPVT), window_sizes=(7, 7, 7, 7),
+                              window_mask=variant == 'svt'))
     return dict(type='PyramidVisionTransformer' if task == 'detection' else
                 'mmdet.PyramidVisionTransformer', pretrain_img_size=table_size, embed_dims=32,
                 num_layers=[2, 2, 2, 2], num_heads=[1, 2, 5, 8], mlp_ratios=[4, 4, 4, 4], sr_ratios=[8, 4, 2, 1],

@@ -368,11 +368,8 @@ def summarise(results: list[dict], config: StudyConfig, smooth: int) -> dict:
     chosen = select(results, config.variants, smooth)
     analyses = {name: summarise_analysis(results, config.variants, checks)
                 for name, checks in chosen['checks'].items()}
-    epochs = {name: {f'{r["variant"]}-seed{r["seed"]}': next(c['epoch'] for c in checks_of(r)[0]
-                                                             if c['check'] == checks[(r['variant'], r['seed'])])
-                     for r in results} for name, checks in chosen['checks'].items()}
     checks = {name: {f'{v}-seed{s}': c for (v, s), c in per_run.items()} for name, per_run in chosen['checks'].items()}
-    return dict(analyses=analyses, checks=checks, epochs=epochs, level=chosen['level'],
+    return dict(analyses=analyses, checks=checks, level=chosen['level'],
                 final_val_spread=chosen['final_val_spread'], headline=chosen['headline'], smooth=smooth)
 
 

@@ -254,7 +254,7 @@ def _mmseg(name: str, weights) -> torch.nn.Module:
                   sr_ratios=list(s['sr_ratios']), out_indices=(0, 1, 2, 3), qkv_bias=True, norm_cfg=dict(type='LN'),
                   norm_after_stage=False, drop_path_rate=0.)
     # mmseg spells SVT's window sizes 'windiow_sizes'
-    model = SVT(windiow_sizes=list(s.get('window_sizes', (7, 7, 7, 7))), **common) if svt else PCPVT(**common)
+    model = SVT(windiow_sizes=list(s['window_sizes']), **common) if svt else PCPVT(**common)
     model.load_state_dict(native_to_mmseg(weights), strict=True)
     for layer_name, module in model.named_modules():
         if re.fullmatch(r'layers\.\d+\.\d+\.norm[12]', layer_name):

@@ -192,11 +192,16 @@ def _require_eval(model: nn.Module) -> None:
 
 def convert(model: nn.Module, example: torch.Tensor):
     """``model`` (evaluation mode, float32) as an ``openvino.Model`` with dynamic batch, height and width, through
-    ``torch.export``, plus the pytree spec of its outputs. Every operation records the module it came from."""
+    ``torch.export``, plus the pytree spec of its outputs. Every operation records the module it came from.
+    Traced at ``example``'s batch and channels, at its size raised to the model's ``min_trace_side``
+    (``deploy.check.trace_size``; a random input of that size where it is raised)."""
     require('export', 'converting a model to OpenVINO (deploy.to_openvino)')
     ov = _openvino()
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
     _require_eval(model)
+    size = trace_size(model, tuple(example.shape[-2:]))
+    if size != tuple(example.shape[-2:]):
+        example = torch.randn(*example.shape[:-2], *size, dtype=example.dtype)
     dynamic = torch.export.Dim.DYNAMIC
     with torch.no_grad():
         program = torch.export.export(model, (example,), dynamic_shapes=({0: dynamic, 2: dynamic, 3: dynamic},))
@@ -365,10 +370,10 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
                 in_chans: int | None = None, cache: str | None = None, float_cache: str | None = None,
                 specialise_after: int = 64) -> OpenVINOModule:
     """``model`` (left as it is) as an ``OpenVINOModule``: converted through ``torch.export`` at an example input
-    of ``example_size`` (raised to the model's ``min_trace_side``, ``deploy.check.trace_size``; any size works
-    afterwards) and checked against torch at another size
-    (``check_conversion``), quantized to int8 with NNCF when ``precision='int8'`` (on ``calibration``; the modules
-    under the name prefixes ``keep_fp32`` stay float32), compiled for the CPU at ``precision``.
+    of ``example_size`` (raised to the model's ``min_trace_side``, ``convert``; any size works afterwards) and
+    checked against torch at another size (``check_conversion``), quantized to int8 with NNCF when
+    ``precision='int8'`` (on ``calibration``; the modules under the name prefixes ``keep_fp32`` stay float32),
+    compiled for the CPU at ``precision``.
 
     ``cache``: an ``.xml`` path where the converted (and quantized) model is saved (``save``), and read instead of
     converting when it is there and checks (``saved_problem``: its files match their record, and the record says
@@ -401,7 +406,7 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
         if saved is not None and (not keep_fp32 or saved[0].has_rt_info(MODULES_KEY)):
             ov_model, spec = saved
         else:  # nothing saved, or saved without the module names that keep_fp32 selects by: convert
-            ov_model, spec = convert(model, torch.randn(2, in_chans, *trace_size(model, example_size)))
+            ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size))
             check_conversion(ov_model, spec, model, in_chans)
             if precision == 'int8' and float_cache:
                 _save_or_warn(ov_model, float_cache, source)
