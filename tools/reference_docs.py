@@ -35,6 +35,20 @@ def documented_arguments(doc: str) -> dict[str, str]:
     return args
 
 
+def documented(cls) -> dict[str, str]:
+    """Every argument ``cls.argument_names()`` lists, with its text from the ``__init__`` docstring of the class
+    that takes it (the class's own first, then its parents' that ``**kwargs`` passes on)."""
+    args: dict[str, str] = {}
+    for klass in cls.__mro__:
+        if '__init__' not in vars(klass):
+            continue
+        own = documented_arguments(klass.__init__.__doc__)
+        args |= {name: text for name, text in own.items() if name not in args}
+        if '**kwargs' not in own:
+            break
+    return args
+
+
 def _table(args: dict[str, str], defaults: dict[str, object]) -> str:
     rows = ['| argument | default | meaning |', '|---|---|---|']
     for name, text in args.items():
@@ -61,7 +75,8 @@ def render() -> str:
     """The page's text."""
     parts = ['# Constructor reference', '',
              'Generated from the docstrings by `python tools/reference_docs.py`; `CPVT`, `PyramidCPVT` and `TwinsSVT` '
-             'take their own trunk arguments and every shared one. A named variant (`create_model(name, **overrides)`, '
+             "take their own trunk arguments (`TwinsSVT` also `PyramidCPVT`'s) and every shared one. A named variant "
+             '(`create_model(name, **overrides)`, '
              "a config's `arch=dict(base=name, ...)`) is a set of these arguments:", '',
              '| name | class | settings |', '|---|---|---|']
     parts += [f'| `{name}` | `{spec.cls.__name__}` | {", ".join(f"`{k}={v}`" for k, v in spec.settings.items())} |'
@@ -70,7 +85,7 @@ def render() -> str:
         parts += ['', f'## `{cls.__name__}`: the trunk', '', _table(documented_arguments(cls.__init__.__doc__),
                                                                     _defaults(cls.__init__))]
     parts += ['', '## Shared arguments (`CPVTBase`)', '',
-              _table(documented_arguments(CPVTBase.__doc__), _defaults(CPVTBase.__init__)), '']
+              _table(documented_arguments(CPVTBase.__init__.__doc__), _defaults(CPVTBase.__init__)), '']
     return '\n'.join(parts)
 
 

@@ -4,15 +4,13 @@ import inspect
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import partial
-from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..compat import autocast_enabled, is_fx_tracing
-from ..layers import Attention, Block, Mlp
+from ..layers import Attention, Mlp
 from ..layers.layout import symbolic_shapes
 from ..layers.position import Geometry, PositionEncoding, build_position_encodings, merge_attention
 
@@ -87,63 +85,30 @@ def init_weights(m: nn.Module) -> None:
 class Stage:
     """One stage of a model's trunk: a patch embedding of stride ``patch_size`` over the previous map (the
     image for the first stage), then ``depth`` blocks of width ``dim`` with ``num_heads`` heads, MLP hidden
-    width ``dim * mlp_ratio`` and keys/values reduced ``sr_ratio`` times per side."""
+    width ``dim * mlp_ratio`` and keys/values reduced ``sr_ratio`` times per side; with a ``window_size``, the
+    even blocks attend within windows of that many tokens per side instead (Twins-SVT)."""
     dim: int
     depth: int
     num_heads: int
     mlp_ratio: float
     patch_size: int
     sr_ratio: int = 1
+    window_size: int | None = None
 
 
-# CPVTBase's arguments that a model derives from its own (its trunk), not for users.
-_TRUNK_ARGUMENTS = ('stages', 'num_levels', 'num_prefix_tokens')
+def stage_strides(stages: Sequence[Stage]) -> tuple[int, ...]:
+    """Each stage's token stride in input pixels."""
+    return tuple(math.prod(s.patch_size for s in stages[:i + 1]) for i in range(len(stages)))
 
 
 class CPVTBase(nn.Module):
-    """What the columnar and the pyramid CPVT share: the arguments below, the build order, and the behaviour
-    that follows from them. A model passes its trunk as a list of ``Stage`` and implements four steps that
-    ``__init__`` runs in this order: ``_build_trunk`` (patch embeddings, blocks and whatever else sits before
-    the position encodings; the blocks come from ``make_block``, which carries the shared arguments), then
-    the position encodings are built for the whole trunk and mounted under their ``attr`` names,
-    ``_build_outputs`` (final norm and head, or a dense backbone's extra layers; ``feature_info``), and
-    ``_frozen_parts`` (what ``frozen_stages`` freezes). A stage runs as ``_embed_position`` (after its patch
-    embedding) then ``_run_blocks``.
+    """What the columnar and the pyramid CPVT share: the arguments below (kept for the family's build loop:
+    ``block_args``, ``drop_rate``, ``norm_layer``, ``act_layer``), the helpers that loop calls
+    (``drop_path_rates``, ``check_frozen_stages``, ``mount_position_encodings``, ``freeze``), and what runs a
+    built model: input checks, the blocks with their position encodings, checkpointing, the classifier
+    methods and timm's pruning.
 
-    Args:
-        in_chans: channels of the input image.
-        num_classes: classes of the linear head; 0 builds no head (``forward`` returns the pooled features).
-            Must be 0 with ``features_only``.
-        qkv_bias: bias on the query, key and value projections.
-        drop_rate: dropout after the position encoding, in the attention's output projection and in the MLP.
-        attn_drop_rate: dropout on the attention weights.
-        drop_path_rate: stochastic depth of the last block; it rises linearly from 0 at the first block over
-            all blocks of all stages (built or not). This and the two dropout rates must be in [0, 1).
-        norm_eps: eps of the blocks' two norms and the final norm (1e-6, as Twins and DeiT); the patch
-            embedding's and the attention's reduction norm keep ``norm_layer``'s default (1e-5 for
-            ``nn.LayerNorm``, as the official weights were trained).
-        pos_encoding: the position encodings (``cpvt_backbones.layers.position``): a name (``'peg'``,
-            ``'rope_mixed'``, ``'learned+peg'``, ``'none'``), a dict with ``type`` and the encoding's options
-            (``dict(type='peg', positions=(0,), kernel_size=5)``) or a list of those.
-        layer_scale_init: CaiT's layer scale on both residual branches of every block, initialised to this
-            value (timm's RoPE ViTs use 1e-5); None for none.
-        attn_layer: the blocks' attention, called ``attn_layer(dim, num_heads, qkv_bias=, attn_drop=,
-            proj_drop=, sr_ratio=, norm_layer=)`` (``layers.Attention``).
-        mlp_layer: the blocks' MLP, called ``mlp_layer(dim, hidden_dim, act_layer=, drop=)`` (``layers.Mlp``).
-        norm_layer: every token norm, called ``norm_layer(dim, eps=)`` or ``norm_layer(dim)``: the blocks'
-            two, the final norm, the patch embeddings' and the attention's reduction norm.
-        act_layer: the activation of every MLP (``act_layer()``) and of the simple feature pyramid.
-        features_only: build a dense backbone returning NCHW feature maps (``out_indices``) instead of a
-            classifier: no head, and nothing the last returned map does not need.
-        out_indices: with ``features_only``, the levels ``forward`` returns (increasing; an int is one level;
-            default all).
-        frozen_stages: -1 freezes nothing; 0 the first patch embedding (and class token, position table);
-            k >= 1 also the first k stages (pyramid) or blocks (columnar) with their position-encoding parts.
-            Frozen parts have ``requires_grad=False`` and stay in eval mode while the model trains.
-        grad_checkpointing: recompute each block's activations in the backward pass (less memory, more time).
-        check_finite: make ``forward`` raise a ValueError on NaN or Inf inputs (a pass over the input).
-
-    Attributes, with the same meaning in both models:
+    Attributes, with the same meaning in every family:
 
     * ``out_indices``, ``out_channels``, ``strides``: for a dense backbone, the levels it returns, their
       channels and strides (aligned; all empty for a classifier);
@@ -172,91 +137,114 @@ class CPVTBase(nn.Module):
     feature_info: list[dict[str, object]]
     unbuilt_prefixes: tuple[str, ...]
 
-    def __init__(self, stages: Sequence[Stage], *, num_levels: int, num_prefix_tokens: int = 0,
-                 in_chans: int = 3, num_classes: int = 1000, qkv_bias: bool = True, drop_rate: float = 0.,
-                 attn_drop_rate: float = 0., drop_path_rate: float = 0., norm_eps: float = 1e-6,
-                 pos_encoding: Any = 'peg', layer_scale_init: float | None = None,
+    def __init__(self, *, num_levels: int, in_chans: int = 3, num_classes: int = 1000, qkv_bias: bool = True,
+                 drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.,
+                 norm_eps: float = 1e-6, layer_scale_init: float | None = None,
                  attn_layer: Callable[..., nn.Module] = Attention, mlp_layer: Callable[..., nn.Module] = Mlp,
                  norm_layer: Callable[..., nn.Module] = nn.LayerNorm, act_layer: Callable[..., nn.Module] = nn.GELU,
-                 features_only: bool = False, out_indices: Sequence[int] | None = None, frozen_stages: int = -1,
+                 features_only: bool = False, out_indices: Sequence[int] | None = None,
                  grad_checkpointing: bool = False, check_finite: bool = False):
-        """``stages``: the trunk; ``num_levels``: how many feature maps a dense backbone can return;
-        ``num_prefix_tokens``: class tokens. The rest are the shared arguments above."""
-        super().__init__()
-        self.stage_specs = tuple(stages)
-        stages = self.stage_specs
-        self.in_chans = in_chans
-        self.check_finite = check_finite
-        self.num_prefix_tokens = num_prefix_tokens
-        self._setup_outputs(features_only, num_classes, out_indices, num_levels)
-        built = stages[:self._num_built_stages(len(stages))]
-        limit, unit = self._frozen_limit(built)
-        if not -1 <= frozen_stages <= limit:
-            raise ValueError(f'frozen_stages must be within -1..{limit} ({unit}), got {frozen_stages}')
+        """Check and keep the shared arguments; ``num_levels``: how many feature maps a dense backbone of this
+        family can return (set by the family, not a user).
 
+        Args:
+            in_chans: channels of the input image.
+            num_classes: classes of the linear head; 0 builds no head (``forward`` returns the pooled features).
+                Must be 0 with ``features_only``.
+            qkv_bias: bias on the query, key and value projections.
+            drop_rate: dropout after the position encoding, in the attention's output projection and in the MLP.
+            attn_drop_rate: dropout on the attention weights.
+            drop_path_rate: stochastic depth of the last block; it rises linearly from 0 at the first block over
+                all blocks of all stages (built or not). This and the two dropout rates must be in [0, 1).
+            norm_eps: eps of the blocks' two norms and the final norm (1e-6, as Twins and DeiT); the patch
+                embedding's and the attention's reduction norm keep ``norm_layer``'s default (1e-5 for
+                ``nn.LayerNorm``, as the official weights were trained).
+            layer_scale_init: CaiT's layer scale on both residual branches of every block, initialised to this
+                value (timm's RoPE ViTs use 1e-5); None for none.
+            attn_layer: the blocks' attention, called ``attn_layer(dim, num_heads, qkv_bias=, attn_drop=,
+                proj_drop=, sr_ratio=, norm_layer=)`` (``layers.Attention``).
+            mlp_layer: the blocks' MLP, called ``mlp_layer(dim, hidden_dim, act_layer=, drop=)`` (``layers.Mlp``).
+            norm_layer: every token norm, called ``norm_layer(dim, eps=)`` or ``norm_layer(dim)``: the blocks'
+                two, the final norm, the patch embeddings' and the attention's reduction norm.
+            act_layer: the activation of every MLP (``act_layer()``) and of the simple feature pyramid.
+            features_only: build a dense backbone returning NCHW feature maps (``out_indices``) instead of a
+                classifier: no head, and nothing the last returned map does not need.
+            out_indices: with ``features_only``, the levels ``forward`` returns (increasing; an int is one level;
+                default all).
+            grad_checkpointing: recompute each block's activations in the backward pass (less memory, more time).
+            check_finite: make ``forward`` raise a ValueError on NaN or Inf inputs (a pass over the input).
+        """
+        super().__init__()
         for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
                            ('drop_path_rate', drop_path_rate)):
             if not 0 <= rate < 1:
                 raise ValueError(f'{name} must be in [0, 1) (the probability of dropping), got {rate!r}')
-        drop_paths = torch.linspace(0, drop_path_rate, sum(s.depth for s in stages), device='cpu').tolist()
-        make_block = partial(Block, qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate, norm_eps=norm_eps,
-                             layer_scale_init=layer_scale_init, attn_layer=attn_layer, mlp_layer=mlp_layer,
-                             norm_layer=norm_layer, act_layer=act_layer)
-        starts = [sum(s.depth for s in stages[:i]) for i in range(len(stages))]
-        stage_blocks = [[partial(make_block, s.dim, s.num_heads, mlp_ratio=s.mlp_ratio, sr_ratio=s.sr_ratio,
-                                 drop_path=drop_paths[start + j]) for j in range(s.depth)]
-                        for s, start in zip(built, starts)]
-        self._build_trunk(built, stage_blocks, norm_layer=norm_layer, drop_rate=drop_rate)
-
-        strides = [math.prod(s.patch_size for s in stages[:i + 1]) for i in range(len(stages))]
-        geometry = Geometry(dims=tuple(s.dim for s in stages), depths=tuple(s.depth for s in stages),
-                            heads=tuple(s.num_heads for s in stages), strides=tuple(strides),
-                            sr_ratios=tuple(s.sr_ratio for s in stages), num_prefix_tokens=num_prefix_tokens)
-        unbuilt = self._setup_position(geometry, pos_encoding, [s.depth for s in built])
-        self._build_outputs(built, strides, unbuilt, norm_layer=partial(norm_layer, eps=norm_eps),
-                            act_layer=act_layer, num_classes=num_classes)
-        self._finish_init(self._frozen_parts(built, frozen_stages), grad_checkpointing)
+        self.in_chans = in_chans
+        self.check_finite = check_finite
+        self.grad_checkpointing = grad_checkpointing
+        self._setup_outputs(features_only, num_classes, out_indices, num_levels)
+        self.drop_rate = drop_rate
+        self.drop_path_rate = drop_path_rate
+        self.norm_eps = norm_eps
+        self.norm_layer = norm_layer
+        self.act_layer = act_layer
+        self.attn_layer = attn_layer
+        # What every Block takes besides its stage's settings, its drop path and its attention.
+        self.block_args = dict(qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate, norm_eps=norm_eps,
+                               layer_scale_init=layer_scale_init, mlp_layer=mlp_layer, norm_layer=norm_layer,
+                               act_layer=act_layer)
+        self._frozen: list = []
 
     @classmethod
     def argument_names(cls) -> list[str]:
-        """The constructor's arguments a user passes: the model's own, then the shared ones above."""
+        """The constructor's arguments a user passes: the class's own, then its parents' down to these."""
         names: list[str] = []
         for klass in cls.__mro__:
             if '__init__' not in vars(klass):
                 continue
             params = inspect.signature(klass.__init__).parameters.values()
             names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                      and p.name not in ('self', *_TRUNK_ARGUMENTS) and p.name not in names]
+                      and p.name not in ('self', 'num_levels') and p.name not in names]
             if not any(p.kind is p.VAR_KEYWORD for p in params):
                 break
         return names
 
-    def _num_built_stages(self, num_stages: int) -> int:
-        """How many of the trunk's stages this instance builds (all, unless a subclass cuts a dense backbone
-        after its last output)."""
-        return num_stages
+    def drop_path_rates(self, stages: Sequence[Stage]) -> list[list[float]]:
+        """Per stage, each block's stochastic-depth rate: linear from 0 to ``drop_path_rate`` over all blocks
+        of ``stages`` (the whole trunk, built or not)."""
+        rates = torch.linspace(0, self.drop_path_rate, sum(s.depth for s in stages), device='cpu').tolist()
+        starts = [sum(s.depth for s in stages[:i]) for i in range(len(stages))]
+        return [rates[start:start + s.depth] for s, start in zip(stages, starts)]
 
-    def _frozen_limit(self, built: Sequence[Stage]) -> tuple[int, str]:
-        """The largest ``frozen_stages`` and what it counts."""
-        raise NotImplementedError
+    @staticmethod
+    def check_frozen_stages(frozen_stages: int, limit: int, unit: str) -> None:
+        if not -1 <= frozen_stages <= limit:
+            raise ValueError(f'frozen_stages must be within -1..{limit} ({unit}), got {frozen_stages}')
 
-    def _build_trunk(self, stages: Sequence[Stage], blocks: Sequence[Sequence[Callable[[], nn.Module]]], *,
-                     norm_layer: Callable[..., nn.Module], drop_rate: float) -> None:
-        """Mount the patch embeddings and blocks of the built ``stages``; ``blocks[i][j]()`` makes block j of
-        stage i."""
-        raise NotImplementedError
+    def mount_position_encodings(self, pos_encoding, stages: Sequence[Stage], built_depths: Sequence[int]
+                                 ) -> list[str]:
+        """Build the encodings ``pos_encoding`` names for the whole trunk ``stages``, mount each under its
+        ``attr``, and keep only the parts of the first ``built_depths[i]`` blocks of every stage (a dense
+        backbone builds no stage beyond its last output); returns the dropped key prefixes."""
+        geometry = Geometry(dims=tuple(s.dim for s in stages), depths=tuple(s.depth for s in stages),
+                            heads=tuple(s.num_heads for s in stages), strides=stage_strides(stages),
+                            sr_ratios=tuple(s.sr_ratio for s in stages), num_prefix_tokens=self.num_prefix_tokens)
+        encodings = build_position_encodings(pos_encoding, geometry)
+        for enc in encodings:
+            if hasattr(self, enc.attr):
+                raise ValueError(f'position encoding {enc.name!r} would replace the model\'s {enc.attr!r}')
+            setattr(self, enc.attr, enc)
+        self.pos_encoding_attrs = tuple(enc.attr for enc in encodings)
+        return self._cut_position(built_depths) if tuple(built_depths) != geometry.depths else []
 
-    def _build_outputs(self, stages: Sequence[Stage], strides: Sequence[int], unbuilt: list[str], *,
-                       norm_layer: Callable[..., nn.Module], act_layer: Callable[..., nn.Module],
-                       num_classes: int) -> None:
-        """Set ``out_channels``, ``strides``, ``num_features``, ``feature_info`` and ``unbuilt_prefixes``
-        (``unbuilt``: the position encodings' dropped prefixes) and mount the final norm and head or a dense
-        backbone's layers; ``norm_layer(dim)`` is the final norm at ``norm_eps``."""
-        raise NotImplementedError
-
-    def _frozen_parts(self, stages: Sequence[Stage], frozen_stages: int) -> list:
-        """The modules and parameters ``frozen_stages`` freezes."""
-        raise NotImplementedError
+    def freeze(self, parts: list) -> None:
+        """``requires_grad=False`` on these modules and parameters; the modules stay in eval mode while the
+        model trains (``train``)."""
+        self._frozen = parts
+        for item in parts:
+            params = [item] if isinstance(item, nn.Parameter) else item.parameters()
+            for p in params:
+                p.requires_grad_(False)
 
     def _setup_outputs(self, features_only: bool, num_classes: int, out_indices: Sequence[int] | None,
                        num_levels: int) -> None:
@@ -273,18 +261,6 @@ class CPVTBase(nn.Module):
             self.out_indices = ()
         self.features_only = features_only
         self.num_classes = num_classes
-
-    def _setup_position(self, geometry: Geometry, pos_encoding, built_depths: Sequence[int]) -> list[str]:
-        """Build the encodings ``pos_encoding`` names for the whole ``geometry``, mount each under its
-        ``attr``, and keep only the parts of the first ``built_depths[i]`` blocks of every stage (a dense
-        backbone builds no stage beyond its last output); returns the dropped key prefixes."""
-        encodings = build_position_encodings(pos_encoding, geometry)
-        for enc in encodings:
-            if hasattr(self, enc.attr):
-                raise ValueError(f'position encoding {enc.name!r} would replace the model\'s {enc.attr!r}')
-            setattr(self, enc.attr, enc)
-        self.pos_encoding_attrs = tuple(enc.attr for enc in encodings)
-        return self._cut_position(built_depths) if tuple(built_depths) != geometry.depths else []
 
     @property
     def pos_encodings(self) -> list[PositionEncoding]:
@@ -363,19 +339,6 @@ class CPVTBase(nn.Module):
         self.head = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
         rest = tuple(p for p in self.unbuilt_prefixes if p != 'head.')
         self.unbuilt_prefixes = rest if num_classes else rest + ('head.',)
-
-    def _init_weights(self) -> None:
-        """The Twins/timm initialisation of every layer (``init_weights``)."""
-        self.apply(init_weights)
-
-    def _finish_init(self, frozen: list, grad_checkpointing: bool) -> None:
-        self._init_weights()
-        self.grad_checkpointing = grad_checkpointing
-        self._frozen = frozen
-        for item in frozen:
-            params = [item] if isinstance(item, nn.Parameter) else item.parameters()
-            for p in params:
-                p.requires_grad_(False)
 
     def train(self, mode: bool = True):
         """Frozen parts stay in eval mode (no dropout / stochastic depth) even while the rest trains."""

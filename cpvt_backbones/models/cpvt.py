@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers import LayerNorm2d, PatchEmbed, tokens_to_map
-from .base import CPVTBase, Stage, take_indices
+from ..layers import Block, LayerNorm2d, PatchEmbed, tokens_to_map
+from .base import CPVTBase, Stage, init_weights, take_indices
 
 PYRAMID_STRIDES = (4, 8, 16, 32)
 
@@ -53,9 +53,7 @@ class CPVT(CPVTBase):
     a map and a ViTDet-style simple feature pyramid makes maps at strides 4, 8, 16, 32 with dim/4, dim/2,
     dim, dim channels and spatial size ceil(H / s) x ceil(W / s) (upsampled maps are cropped to that size;
     the rows they drop come from padding). Only the levels in ``out_indices`` are built.
-    ``frozen_stages=k`` counts blocks: the patch embedding, class token and position table for k = 0, and
-    also blocks 0..k-1 and their position-encoding parts (the PEGs after them, their RoPE frequencies or
-    relative biases) for k >= 1. Every other argument is ``CPVTBase``'s (the shared reference).
+    Every other argument is ``CPVTBase``'s (the shared reference).
     """
 
     def __init__(
@@ -67,6 +65,7 @@ class CPVT(CPVTBase):
         patch_size: int = 16,
         class_token: bool = True,
         pos_encoding: Any = MappingProxyType(dict(type='peg', positions=(0, 1, 2, 3, 4, 5))),
+        frozen_stages: int = -1,
         **kwargs: Any,
     ):
         """
@@ -77,56 +76,57 @@ class CPVT(CPVTBase):
             mlp_ratio: MLP hidden width over ``embed_dim``.
             patch_size: side of the square patches, the stride of the token grid (16 for ``features_only``).
             class_token: prepend a class token and classify from it; False averages the patch tokens (GAP).
-            pos_encoding: as ``CPVTBase``'s; the default is PEGs after blocks 0-5.
+            pos_encoding: the position encodings (``cpvt_backbones.layers.position``): by default PEGs after
+                blocks 0-5 (``pos_block.{k}`` is the k-th); a name, a dict with ``type`` and the encoding's
+                options, or a list of those (see the class).
+            frozen_stages: counts blocks: -1 freezes nothing; 0 the patch embedding, class token and position
+                table; k >= 1 also blocks 0..k-1 and their position-encoding parts (the PEGs after them, their
+                RoPE frequencies or relative biases). Frozen parts have ``requires_grad=False`` and stay in eval
+                mode while the model trains.
             **kwargs: ``CPVTBase``'s arguments.
         """
         if kwargs.get('features_only') and patch_size != 16:
             raise ValueError(f'the simple feature pyramid is built on stride-16 tokens, got patch_size {patch_size}')
-        super().__init__([Stage(embed_dim, depth, num_heads, mlp_ratio, patch_size)], num_levels=len(PYRAMID_STRIDES),
-                         num_prefix_tokens=int(class_token), pos_encoding=pos_encoding, **kwargs)
+        super().__init__(num_levels=len(PYRAMID_STRIDES), **kwargs)
+        stage = Stage(embed_dim, depth, num_heads, mlp_ratio, patch_size)
+        self.num_prefix_tokens = int(class_token)
+        self.stage_specs = (stage,)
+        self.check_frozen_stages(frozen_stages, depth, 'blocks')
 
-    @property
-    def embed_dim(self) -> int:
-        return self.stage_specs[0].dim
+        self.patch_embed = PatchEmbed(self.in_chans, embed_dim, patch_size, norm_layer=None)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.pos_drop = nn.Dropout(self.drop_rate)
+        drop_paths, = self.drop_path_rates(self.stage_specs)
+        self.blocks = nn.ModuleList(Block(embed_dim, num_heads, mlp_ratio, drop_path=rate, attn_layer=self.attn_layer,
+                                          **self.block_args) for rate in drop_paths)
+        unbuilt = self.mount_position_encodings(pos_encoding, self.stage_specs, [depth])
 
-    def _frozen_limit(self, built: Sequence[Stage]) -> tuple[int, str]:
-        return built[0].depth, 'blocks'
-
-    def _build_trunk(self, stages, blocks, *, norm_layer, drop_rate) -> None:
-        stage, = stages
-        self.patch_embed = PatchEmbed(self.in_chans, stage.dim, stage.patch_size, norm_layer=None)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, stage.dim)) if self.num_prefix_tokens else None
-        self.pos_drop = nn.Dropout(drop_rate)
-        self.blocks = nn.ModuleList(make() for make in blocks[0])
-
-    def _build_outputs(self, stages, strides, unbuilt, *, norm_layer, act_layer, num_classes) -> None:
-        dim, patch_size = stages[0].dim, stages[0].patch_size
         self.strides = tuple(PYRAMID_STRIDES[i] for i in self.out_indices)
-        self.out_channels = tuple((dim // 4, dim // 2, dim, dim)[i] for i in self.out_indices)
-        self.norm = norm_layer(dim)
-        self.num_features = dim
-        self.feature_info = [dict(module=f'blocks.{j}', num_chs=dim, reduction=patch_size)
-                             for j in range(len(self.blocks))]
+        self.out_channels = tuple((embed_dim // 4, embed_dim // 2, embed_dim, embed_dim)[i] for i in self.out_indices)
+        self.norm = self.norm_layer(embed_dim, eps=self.norm_eps)
+        self.num_features = embed_dim
+        self.feature_info = [dict(module=f'blocks.{j}', num_chs=embed_dim, reduction=patch_size) for j in range(depth)]
         if self.features_only:
-            self.simple_fpn = nn.ModuleDict({str(i): _simple_pyramid_level(i, dim, act_layer)
+            self.simple_fpn = nn.ModuleDict({str(i): _simple_pyramid_level(i, embed_dim, self.act_layer)
                                              for i in self.out_indices})
             self.unbuilt_prefixes = tuple(unbuilt) + ('head.',)
         else:
             self.unbuilt_prefixes = tuple(unbuilt)
-            self.reset_classifier(num_classes)
+            self.reset_classifier(self.num_classes)
 
-    def _frozen_parts(self, stages, frozen_stages: int) -> list:
+        self.apply(init_weights)
+        if self.cls_token is not None:
+            nn.init.trunc_normal_(self.cls_token, std=.02)
         frozen: list = []
         if frozen_stages >= 0:
             frozen += [self.patch_embed] + ([self.cls_token] if self.cls_token is not None else [])
             frozen += self._position_parts(0, (), embedding=True)
         blocks = range(max(frozen_stages, 0))
-        return frozen + [self.blocks[j] for j in blocks] + self._position_parts(0, blocks)
+        self.freeze(frozen + [self.blocks[j] for j in blocks] + self._position_parts(0, blocks))
 
-    def _init_weights(self) -> None:
-        super()._init_weights()
-        if self.cls_token is not None:
-            nn.init.trunc_normal_(self.cls_token, std=.02)
+    @property
+    def embed_dim(self) -> int:
+        return self.stage_specs[0].dim
 
     def _tokens(self, x: torch.Tensor, tap=None, stop: int | None = None):
         """Tokens (B, prefix + h * w, C) after the blocks up to ``stop`` (default: all; see ``_run_blocks``),

@@ -1,33 +1,34 @@
 """Pyramid CPVT (Twins-PCPVT): PVT's four stages with spatial-reduction attention, a PEG, and GAP."""
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..layers import PatchEmbed, tokens_to_map
-from .base import CPVTBase, Stage, take_indices
+from ..layers import Block, LocallyGroupedAttention, PatchEmbed, tokens_to_map
+from .base import CPVTBase, Stage, init_weights, stage_strides, take_indices
 
 
 class PyramidCPVT(CPVTBase):
-    """Four-stage pyramid vision transformer with conditional positional encodings (Twins-PCPVT).
+    """Four-stage pyramid vision transformer with conditional positional encodings (Twins-PCPVT), and with
+    ``window_sizes`` Twins-SVT (``TwinsSVT`` gives its defaults).
 
     One implementation for every task:
 
     * ``features_only=False``: ImageNet classifier. Final LayerNorm on the last stage, global average pooling,
       linear ``head`` (``num_classes=0`` returns the pooled features). State-dict keys and shapes are those
-      of the official Twins weights and of timm's ``twins_pcpvt_*``.
+      of the official Twins weights and of timm's ``twins_pcpvt_*`` / ``twins_svt_*``.
     * ``features_only=True``: dense backbone. Returns a tuple of NCHW maps for ``out_indices`` with spatial
       size ceil(H / s) x ceil(W / s) at strides s = 4, 8, 16, 32, for any H, W >= 1. It builds no head, no
       final norm and no stage beyond ``max(out_indices)``, so every parameter it owns receives a gradient.
 
-    ``pos_encoding`` chooses how the network learns where a token is (``cpvt_backbones.layers.position``):
-    by default ``'peg'``, a PEG after the first block of every stage (Twins), numbered in network order as
-    ``pos_block.{k}`` (``pos_block.peg_after[(i, j)] = k``; with one PEG per stage, k is the stage); or e.g.
-    ``dict(type='peg', positions=((0, 1), (0,), (0,), (0,)), kernel_size=5)``, ``'rope_mixed'``,
-    ``'learned+peg'``, ``'none'``. ``frozen_stages=k`` freezes the first patch embedding for k = 0 and stages
-    0..k-1 entirely for k >= 1. Inputs in either memory format, contiguous or not, give the same result.
-    Every other argument is ``CPVTBase``'s (the shared reference).
+    Inputs in either memory format, contiguous or not, give the same result.
+
+    ``min_trace_side``: the smallest input side at which every stage's map spans two windows or more (0
+    without windows); exports (``deploy``) trace at least that large, since a graph traced where a map is one
+    window is recorded for one window only (torch.export specialises the partition's reshape to it and the
+    converted graph is wrong at other sizes).
     """
 
     def __init__(
@@ -38,6 +39,10 @@ class PyramidCPVT(CPVTBase):
         mlp_ratios: Sequence[float] = (8, 8, 4, 4),
         sr_ratios: Sequence[int] = (8, 4, 2, 1),
         patch_sizes: Sequence[int] = (4, 2, 2, 2),
+        window_sizes: Sequence[int] | None = None,
+        window_mask: bool = False,
+        pos_encoding: Any = 'peg',
+        frozen_stages: int = -1,
         **kwargs: Any,
     ):
         """
@@ -46,61 +51,98 @@ class PyramidCPVT(CPVTBase):
             depths: blocks of each stage.
             num_heads: attention heads of each stage's blocks.
             mlp_ratios: MLP hidden width over the stage's width.
-            sr_ratios: how many times each stage's attention reduces the key/value map per side (PVT's SRA).
+            sr_ratios: how many times each stage's global attention reduces the key/value map per side (PVT's
+                SRA).
             patch_sizes: each stage's patch size, its stride over the previous stage's map (the image for the
                 first), so stage strides 4, 8, 16, 32 by default.
+            window_sizes: None (PCPVT: every block attends globally), or each stage's window side in tokens
+                (Twins-SVT): blocks 0, 2, ... then attend within non-overlapping windows
+                (``layers.LocallyGroupedAttention``: keys ``attn.qkv``, ``attn.proj``), maps zero-padded
+                bottom/right to whole windows, and blocks 1, 3, ... globally (``attn_layer``).
+            window_mask: with windows, False lets the padded tokens take part in windowed attention as keys
+                (timm's behaviour, the classifiers' default); True masks them out (the Twins release's dense
+                code).
+            pos_encoding: the position encodings (``cpvt_backbones.layers.position``): by default ``'peg'``, a
+                PEG after the first block of every stage (Twins), numbered in network order as ``pos_block.{k}``;
+                or e.g. ``dict(type='peg', positions=((0, 1), (0,), (0,), (0,)), kernel_size=5)``,
+                ``'rope_mixed'``, ``'learned+peg'``, ``'none'``, or a list of those. With windows every encoding
+                applies but ``rpe`` (its bias is sized for global attention); RoPE turns the windowed blocks'
+                keys by their own tokens' angles.
+            frozen_stages: -1 freezes nothing; 0 the first patch embedding (and a position table); k >= 1 also
+                stages 0..k-1 entirely, with their position-encoding parts. Frozen parts have
+                ``requires_grad=False`` and stay in eval mode while the model trains.
             **kwargs: ``CPVTBase``'s arguments.
         """
         per_stage = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
                          sr_ratios=sr_ratios, patch_sizes=patch_sizes)
+        if window_sizes is not None:
+            per_stage['window_sizes'] = window_sizes
         lengths = {k: len(v) for k, v in per_stage.items()}
         if len(set(lengths.values())) != 1:
             raise ValueError(f'per-stage settings must all have one entry per stage, got lengths {lengths}')
-        stages = [Stage(dim=d, depth=n, num_heads=h, mlp_ratio=r, patch_size=p, sr_ratio=sr)
-                  for d, n, h, r, sr, p in zip(embed_dims, depths, num_heads, mlp_ratios, sr_ratios, patch_sizes)]
-        super().__init__(stages, num_levels=len(stages), **kwargs)
+        stages = tuple(Stage(dim=d, depth=n, num_heads=h, mlp_ratio=r, patch_size=p, sr_ratio=sr, window_size=ws)
+                       for d, n, h, r, sr, p, ws in zip(embed_dims, depths, num_heads, mlp_ratios, sr_ratios,
+                                                        patch_sizes, window_sizes or (None,) * len(depths)))
+        if window_mask and window_sizes is None:
+            raise ValueError('window_mask=True masks padded tokens out of windows: it needs window_sizes')
+        super().__init__(num_levels=len(stages), **kwargs)
+        self.num_prefix_tokens = 0
+        self.stage_specs = stages
+        self.window_sizes = None if window_sizes is None else tuple(window_sizes)
+        self.window_mask = window_mask
+        built = stages[:self.out_indices[-1] + 1] if self.features_only else stages
+        self.check_frozen_stages(frozen_stages, len(built), 'built stages')
+        strides = stage_strides(stages)
+        self.min_trace_side = max((2 * s.window_size * stride for s, stride in zip(stages, strides)
+                                   if s.window_size is not None), default=0)
 
-    @property
-    def embed_dims(self) -> tuple[int, ...]:
-        return tuple(s.dim for s in self.stage_specs)
-
-    def _num_built_stages(self, num_stages: int) -> int:
-        return self.out_indices[-1] + 1 if self.features_only else num_stages
-
-    def _frozen_limit(self, built: Sequence[Stage]) -> tuple[int, str]:
-        return len(built), 'built stages'
-
-    def _build_trunk(self, stages, blocks, *, norm_layer, drop_rate) -> None:
+        drop_paths = self.drop_path_rates(stages)
         self.patch_embeds = nn.ModuleList()
         self.pos_drops = nn.ModuleList()
         self.blocks = nn.ModuleList()
         prev = self.in_chans
-        for stage, makers in zip(stages, blocks):
-            self.patch_embeds.append(PatchEmbed(prev, stage.dim, stage.patch_size, norm_layer=norm_layer))
-            self.pos_drops.append(nn.Dropout(drop_rate))
-            self.blocks.append(nn.ModuleList(make() for make in makers))
+        for i, stage in enumerate(built):
+            self.patch_embeds.append(PatchEmbed(prev, stage.dim, stage.patch_size, norm_layer=self.norm_layer))
+            self.pos_drops.append(nn.Dropout(self.drop_rate))
+            windowed = partial(LocallyGroupedAttention, window_size=stage.window_size, window_mask=window_mask)
+            blocks = nn.ModuleList()
+            for j in range(stage.depth):
+                local = stage.window_size is not None and j % 2 == 0   # SVT: windows on blocks 0, 2, ...
+                blocks.append(Block(stage.dim, stage.num_heads, stage.mlp_ratio, drop_path=drop_paths[i][j],
+                                    attn_layer=windowed if local else self.attn_layer,
+                                    sr_ratio=1 if local else stage.sr_ratio, **self.block_args))
+            self.blocks.append(blocks)
             prev = stage.dim
 
-    def _build_outputs(self, stages, strides, unbuilt, *, norm_layer, act_layer, num_classes) -> None:
-        num_built = len(stages)
+        unbuilt = self.mount_position_encodings(pos_encoding, stages, [s.depth for s in built])
+        biased = [enc.name for enc in self.pos_encodings
+                  if any(p is not None and p.bias is not None for p in enc.attention(0, (1, 1)) or ())]
+        if biased and self.window_sizes is not None:
+            raise ValueError(f'position encoding {biased[0]!r} biases global attention logits; windowed blocks '
+                             '(window_sizes) cannot take it')
+
         self.out_channels = tuple(stages[i].dim for i in self.out_indices)
         self.strides = tuple(strides[i] for i in self.out_indices)
-        self.num_features = stages[-1].dim
+        self.num_features = built[-1].dim
         self.feature_info = [dict(module=f'blocks.{i}', num_chs=stage.dim, reduction=strides[i])
-                             for i, stage in enumerate(stages)]
-        dropped = [f'{name}.{i}.' for i in range(num_built, len(strides)) for name in ('patch_embeds', 'blocks')]
+                             for i, stage in enumerate(built)]
+        dropped = [f'{name}.{i}.' for i in range(len(built), len(stages)) for name in ('patch_embeds', 'blocks')]
         self.unbuilt_prefixes = tuple(dropped + unbuilt + (['norm.', 'head.'] if self.features_only else []))
         if not self.features_only:
-            self.norm = norm_layer(stages[-1].dim)
-            self.reset_classifier(num_classes)
+            self.norm = self.norm_layer(built[-1].dim, eps=self.norm_eps)
+            self.reset_classifier(self.num_classes)
 
-    def _frozen_parts(self, stages, frozen_stages: int) -> list:
+        self.apply(init_weights)
         frozen: list = []
         if frozen_stages >= 0:
             frozen += [self.patch_embeds[0]] + self._position_parts(0, (), embedding=True)
         for i in range(max(frozen_stages, 0)):
-            frozen += [self.patch_embeds[i], self.blocks[i]] + self._position_parts(i, range(stages[i].depth), True)
-        return frozen
+            frozen += [self.patch_embeds[i], self.blocks[i]] + self._position_parts(i, range(built[i].depth), True)
+        self.freeze(frozen)
+
+    @property
+    def embed_dims(self) -> tuple[int, ...]:
+        return tuple(s.dim for s in self.stage_specs)
 
     def _stages(self, x: torch.Tensor, take: Sequence[int] = (), stop: int | None = None,
                 norm_last: bool = False):
