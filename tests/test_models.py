@@ -281,7 +281,7 @@ def test_scenes_are_drawn_natively_at_any_scale(tmp_path):
     scene = shape_scenes(spec)['val'][0]
     (_, labels, boxes), (image2, labels2, boxes2) = render(scene, 1.), render(scene, 2.)
     assert image2.shape == (2 * scene.height, 2 * scene.width, 3) and len(boxes) == len(boxes2) > 0
-    for (c1, b1, a1), (c2, b2, a2) in zip(boxes, boxes2, strict=False):
+    for (c1, b1, a1, _), (c2, b2, a2, _) in zip(boxes, boxes2, strict=False):
         assert c1 == c2 and np.allclose(np.array(b2), 2 * np.array(b1), atol=2.5) and abs(a2 / a1 - 4) < 0.3
     assert (labels2[::2, ::2] == labels).mean() > 0.98  # the same shapes: only edge pixels may differ
     generate_shapes(tmp_path / 'shapes', spec)
@@ -294,6 +294,38 @@ def test_scenes_are_drawn_natively_at_any_scale(tmp_path):
     generate_drawn_split(root, spec, 300)
     assert json.loads((root / 'spec.json').read_text())['long_side'] == 300
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith('.')] == []  # no temporary folder left
+
+
+def test_shape_masks_are_coco_rle_of_each_shapes_pixels(tmp_path):
+    """The instance masks written for mmdet decode (pycocotools, as mmdet's LoadAnnotations and CocoMetric do) to
+    exactly the pixels the label map gives the shape, with the annotation's area; the encoder also holds at the
+    edge cases (a mask starting with a 1, an empty and a full mask)."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+    mask_utils = pytest.importorskip('pycocotools.mask')
+
+    from cpvt_backbones.datasets import ShapesSpec, generate_shapes
+    from cpvt_backbones.datasets.shapes import rle
+    for mask in (np.eye(5, 7, dtype=bool), np.zeros((3, 4), bool), np.ones((4, 3), bool), np.array([[1, 0, 1]], bool)):
+        encoded = rle(mask)
+        assert np.array_equal(mask_utils.decode(mask_utils.frPyObjects(encoded, *encoded['size'])), mask)
+    root = tmp_path / 'shapes'
+    generate_shapes(root, ShapesSpec(num_train=1, num_val=4, seed=3))
+    coco = json.loads((root / 'annotations' / 'val.json').read_text())
+    assert coco['annotations']
+    for image in coco['images']:
+        labels = np.asarray(Image.open(root / 'val' / 'masks' / image['file_name'].replace('.jpg', '.png')))
+        anns = [a for a in coco['annotations'] if a['image_id'] == image['id']]
+        union = np.zeros_like(labels, dtype=bool)
+        for ann in anns:
+            seg = ann['segmentation']
+            mask = mask_utils.decode(mask_utils.frPyObjects(seg, *seg['size'])).astype(bool)
+            assert seg['size'] == [image['height'], image['width']] and mask.sum() == ann['area']
+            assert (labels[mask] == ann['category_id']).all()
+            union |= mask
+        assert np.array_equal(union, labels > 0)
 
 
 def test_shape_datasets_are_deterministic(tmp_path):

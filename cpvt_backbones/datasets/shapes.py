@@ -5,7 +5,7 @@ four classes with random size, saturated colour, rotation and position, never ov
 ratios vary. An image is sampled as a resolution-free ``Scene`` and drawn by ``render(scene, scale)``, so the
 same scenes can be drawn natively at any size (``generate_drawn_split``). Per split it writes
 ``<split>/images/*.jpg``, ``<split>/masks/*.png`` (label maps: 0 background, 1.. classes; what mmseg reads) and
-``annotations/<split>.json`` (COCO boxes; what mmdet reads).
+``annotations/<split>.json`` (COCO boxes and instance masks as uncompressed RLE; what mmdet reads).
 """
 import json
 import math
@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 CLASSES = ('circle', 'square', 'triangle', 'star')
-FORMAT_VERSION = 4  # bump when the drawing changes, so that old data on disk is regenerated
+FORMAT_VERSION = 5  # bump when what is written changes, so that old data on disk is regenerated
 
 
 @dataclass(frozen=True)
@@ -116,15 +116,26 @@ def _mask(shape: Shape, h: int, w: int, scale: float) -> np.ndarray:
     return np.asarray(mask_img, dtype=bool)
 
 
+def rle(mask: np.ndarray) -> dict:
+    """COCO's uncompressed run-length encoding of a boolean (H, W) mask: ``{'size': [H, W], 'counts': [...]}``,
+    alternating runs of 0s and 1s in column-major order, starting with 0s (pycocotools' ``frPyObjects`` reads
+    it; mmdet's ``LoadAnnotations`` and ``CocoMetric`` take it as an instance's ``segmentation``)."""
+    flat = np.asarray(mask, dtype=bool).ravel(order='F')
+    edges = np.flatnonzero(np.diff(flat.astype(np.int8))) + 1
+    runs = np.diff(np.concatenate(([0], edges, [flat.size])))
+    counts = ([0] if flat.size and flat[0] else []) + runs.tolist()
+    return dict(size=[int(mask.shape[0]), int(mask.shape[1])], counts=[int(c) for c in counts])
+
+
 def render(scene: Scene, scale: float = 1.):
     """The scene drawn at ``scale`` (image round(height * scale) x round(width * scale)): the uint8 RGB image, the
-    label map (0 background, 1.. classes) and COCO boxes ``(class, [x, y, w, h], area)`` of shapes with >= 16
-    pixels."""
+    label map (0 background, 1.. classes) and per shape with >= 16 pixels its class, COCO box ``[x, y, w, h]``,
+    area and mask ``(class, box, area, mask)`` (the shapes never overlap, so each mask is the shape's pixels)."""
     h, w = max(1, round(scene.height * scale)), max(1, round(scene.width * scale))
     rng = np.random.default_rng(scene.seed)
     image = _background(scene, h, w, scale, rng)
     labels = np.zeros((h, w), dtype=np.uint8)
-    boxes: list[tuple[int, list[float], int]] = []
+    boxes: list[tuple[int, list[float], int, np.ndarray]] = []
     min_pixels = 16 * scale * scale
     for shape in scene.shapes:
         mask = _mask(shape, h, w, scale)
@@ -134,7 +145,8 @@ def render(scene: Scene, scale: float = 1.):
         labels[mask] = shape.cls_id + 1
         ys, xs = np.nonzero(mask)
         x0, y0 = float(xs.min()), float(ys.min())
-        boxes.append((shape.cls_id, [x0, y0, float(xs.max()) + 1 - x0, float(ys.max()) + 1 - y0], int(mask.sum())))
+        boxes.append((shape.cls_id, [x0, y0, float(xs.max()) + 1 - x0, float(ys.max()) + 1 - y0], int(mask.sum()),
+                      mask))
     return np.clip(image, 0, 255).astype(np.uint8), labels, boxes
 
 
@@ -211,9 +223,9 @@ def write_split(root, split: str, scenes: Sequence[Scene], scale=lambda scene: 1
         Image.fromarray(image).save(root / split / 'images' / f'{name}.jpg', quality=92)
         Image.fromarray(labels).save(root / split / 'masks' / f'{name}.png')
         images.append(dict(id=idx, file_name=f'{name}.jpg', height=image.shape[0], width=image.shape[1]))
-        for cls_id, bbox, area in boxes:
+        for cls_id, bbox, area, mask in boxes:
             annotations.append(dict(id=len(annotations) + 1, image_id=idx, category_id=cls_id + 1, bbox=bbox,
-                                    area=area, iscrowd=0))
+                                    area=area, segmentation=rle(mask), iscrowd=0))
     coco = dict(images=images, annotations=annotations,
                 categories=[dict(id=i + 1, name=n) for i, n in enumerate(CLASSES)])
     (root / 'annotations' / f'{split}.json').write_text(json.dumps(coco))
