@@ -26,6 +26,7 @@ CASES = {
     'infer480x640': dict(mode='infer', batch=1, size=(480, 640)),
     'infer800x1216': dict(mode='infer', batch=1, size=(800, 1216)),
     'train512': dict(mode='train', batch=2, size=(512, 512)),
+    'train224_b1': dict(mode='train', batch=1, size=(224, 224)),
 }
 SCALING_SIZES = (128, 256, 384, 512, 768, 1024, 1280, 1536)
 _FLOP_FORMULAS_REGISTERED = False

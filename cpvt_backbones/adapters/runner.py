@@ -71,11 +71,12 @@ def _config_packages() -> Iterator[None]:
 
     from mmengine.config import utils
     saved = dict(utils.MODULE2PACKAGE)
-    provided = packages_distributions()
+    provided = None   # every installed distribution's modules: a scan of seconds, made only where one is needed
     for module, package in saved.items():
         try:
             version(package)
         except PackageNotFoundError:
+            provided = packages_distributions() if provided is None else provided
             if provided.get(module):
                 utils.MODULE2PACKAGE[module] = provided[module][0]
     try:
