@@ -537,10 +537,10 @@ DEMO_TOLERANCE = 0.005   # how far an engine and precision may move the demo's m
 
 
 def demo(results: Path = RESULTS, name: str = DEMO) -> str:
-    """The demo's detector and segmentor at every test size, on torch in float32."""
+    """The demo's detectors and segmentors at every test size, on torch in float32."""
     data = load(name, results)
     tasks = list(data['results'])
-    labels = {'detection': 'bbox mAP', 'segmentation': 'mIoU'}
+    labels = data['labels']   # tools/demo.py: each column's model and metric
     sizes = list(data['results'][tasks[0]])
     lines = ['| test resolution | ' + ' | '.join(labels[t] for t in tasks) + ' |', '|---|' + '---|' * len(tasks)]
     lines += [f'| {size} | ' + ' | '.join(f'{data["results"][t][size][DEMO_REFERENCE]:.3f}' for t in tasks) + ' |'
@@ -558,7 +558,8 @@ def demo_engines(results: Path = RESULTS, name: str = DEMO) -> str:
     data = load(name, results)
     tasks = list(data['results'])
     columns = [c for c in next(iter(data['results'][tasks[0]].values())) if c != DEMO_REFERENCE]
-    lines = ['| engine, precision | ' + ' | '.join(f'{t}: largest change from {DEMO_REFERENCE}' for t in tasks) + ' |',
+    lines = ['| engine, precision | ' + ' | '.join(f'{data["labels"][t]}: largest change from {DEMO_REFERENCE}'
+                                                  for t in tasks) + ' |',
              '|---|' + '---|' * len(tasks)]
     beyond = []
     for column in columns:

@@ -3,12 +3,13 @@ test them at resolutions they never saw in training.
 
 Steps, as one would with ImageNet weights: generate data/shapes and the shape crops (data/shapes_cls);
 pretrain pcpvt_tiny as a classifier of the crops (configs/shapes/pcpvt-tiny_shapes-cls.py, our stand-in for
-ImageNet pretraining); train RetinaNet from that backbone, then Semantic FPN from the detector's backbone
-(both loaded through init_cfg=Pretrained), with mmengine's progress logs; evaluate COCO bbox mAP (mmdet's
-CocoMetric) and mIoU (mmseg's IoUMetric) on the held-out
+ImageNet pretraining); train RetinaNet from that backbone, then Semantic FPN from RetinaNet's backbone (both
+loaded through init_cfg=Pretrained; --tasks adds Mask R-CNN, from the pretrained backbone, and UperNet, from
+RetinaNet's), with mmengine's progress logs; evaluate COCO bbox (and segm) mAP (mmdet's CocoMetric) and mIoU
+(mmseg's IoUMetric) on the held-out
 split at the training scale and at smaller, larger, odd-aspect and native sizes (most not divisible by 32);
 draw confident predictions at unseen sizes under work_dirs/demo/vis (vis/sheet.png: one image at several
-sizes, both tasks); print and save a summary table
+sizes, every task); print and save a summary table
 (work_dirs/demo/summary.{md,json}). A finished training run in work_dirs/demo is reused unless --retrain.
 """
 import argparse
@@ -23,16 +24,16 @@ import torch
 from matplotlib.patches import Patch, Rectangle
 
 from cpvt_backbones.adapters.engines import DEFAULT_ENGINE, calibrate
-from cpvt_backbones.adapters.evaluation import evaluate, headline_score, set_test_scale
+from cpvt_backbones.adapters.evaluation import evaluate, set_test_scale
 from cpvt_backbones.adapters.runner import build_runner, load_config, quiet_known_warnings
-from cpvt_backbones.adapters.shapes_tasks import CALIBRATION, LABELS, PRETRAINING, SHAPES_TASKS, TEST_SIZES, scaled
+from cpvt_backbones.adapters.shapes_tasks import CALIBRATION, DEMO_TASKS, PRETRAINING, SCORES, TEST_SIZES, scaled
 from cpvt_backbones.datasets import generate_shape_crops, generate_shapes
 from cpvt_backbones.deploy import PRECISIONS
 from cpvt_backbones.deploy.registry import ENGINES, engine_table
 from cpvt_backbones.utils import cpu_info, pyplot
 
 VIS_SIZES = [('0.7x', (.7, .7)), ('1x', (1., 1.)), ('native', None), ('2x', (2., 2.))]
-SCORE_THR = 0.5  # boxes drawn: confident ones only (RetinaNet returns up to 100 low-score candidates per image)
+SCORE_THR = 0.5  # boxes and masks drawn: confident ones only (the detectors return up to 50 candidates per image)
 
 
 def train(name: str, config: str, out: Path, retrain: bool, init_from: str = None) -> str:
@@ -50,11 +51,11 @@ def train(name: str, config: str, out: Path, retrain: bool, init_from: str = Non
     return str(final)
 
 
-def predict(name: str, config: str, checkpoint: str, images: list[str], factors) -> tuple[list, dict]:
+def predict(scope: str, config: str, checkpoint: str, images: list[str], factors) -> tuple[list, dict]:
     """Data samples for ``images`` tested at ``factors`` of the training scale (None: native size)."""
     cfg = load_config(config)
     set_test_scale(cfg, scaled(cfg, factors))
-    if name == 'detection':
+    if scope == 'mmdet':
         from mmdet.apis import DetInferencer
         inferencer = DetInferencer(model=cfg, weights=checkpoint, device='cpu', show_progress=False)
     else:
@@ -65,56 +66,67 @@ def predict(name: str, config: str, checkpoint: str, images: list[str], factors)
     return samples if isinstance(samples, list) else [samples], inferencer.model.dataset_meta
 
 
-def draw(ax, image: np.ndarray, sample, meta: dict, name: str, title: str) -> None:
-    """Boxes scoring at least SCORE_THR (label and score in a fixed, legible font), or the mask over the image
-    with a legend of the classes it shows."""
+def _overlay(ax, labels: np.ndarray, palette: np.ndarray, names) -> None:
+    """``labels`` (0 background, 1.. ``palette``/``names`` rows) over the image, with a legend of those shown."""
+    overlay = np.concatenate([palette[labels], np.where(labels > 0, 0.6, 0.)[..., None]], axis=-1)
+    ax.imshow(overlay)
+    ax.legend(handles=[Patch(color=palette[c], label=names[c]) for c in np.unique(labels) if c > 0],
+              loc='lower left', fontsize=7, framealpha=0.8, handlelength=1)
+
+
+def draw(ax, image: np.ndarray, sample, meta: dict, scope: str, title: str) -> None:
+    """Boxes scoring at least SCORE_THR (label and score in a fixed, legible font) with their instance masks where
+    the detector predicts them, or the segmentation over the image with a legend of the classes it shows."""
     ax.imshow(image)
-    if name == 'detection':
+    if scope == 'mmdet':
         inst = sample.pred_instances
         keep = inst.scores >= SCORE_THR
+        palette = (np.array(meta['palette'], dtype=np.float32) / 255 if 'palette' in meta
+                   else np.tile(np.array([1., 1., 0.], dtype=np.float32), (len(meta['classes']), 1)))
+        if 'masks' in inst:   # the most confident instance on top
+            labels = np.zeros(image.shape[:2], dtype=np.int64)
+            for mask, label in reversed(list(zip(inst.masks[keep].numpy(), inst.labels[keep].tolist(), strict=True))):
+                labels[mask.astype(bool)] = label + 1
+            _overlay(ax, labels, np.concatenate([np.zeros((1, 3), np.float32), palette]), ('', *meta['classes']))
         for box, score, label in zip(inst.bboxes[keep].tolist(), inst.scores[keep].tolist(),
                                      inst.labels[keep].tolist(), strict=False):
-            colour = np.array(meta['palette'][label]) / 255 if 'palette' in meta else 'yellow'
-            ax.add_patch(Rectangle(box[:2], box[2] - box[0], box[3] - box[1], fill=False, lw=2, ec=colour))
+            ax.add_patch(Rectangle(box[:2], box[2] - box[0], box[3] - box[1], fill=False, lw=2, ec=palette[label]))
             ax.text(box[0] + 2, box[1] + 2, f'{meta["classes"][label]} {score:.2f}', fontsize=8, color='white',
-                    va='top', bbox=dict(fc=colour, ec='none', pad=1, alpha=0.85))
-        title += f'\n{int(keep.sum())} boxes >= {SCORE_THR}'
+                    va='top', bbox=dict(fc=palette[label], ec='none', pad=1, alpha=0.85))
+        title += f'\n{int(keep.sum())} instances >= {SCORE_THR}'
     else:
-        seg = sample.pred_sem_seg.data[0].numpy()
-        palette = np.array(meta['palette'], dtype=np.float32) / 255
-        overlay = np.concatenate([palette[seg], np.where(seg > 0, 0.6, 0.)[..., None]], axis=-1)
-        ax.imshow(overlay)
-        ax.legend(handles=[Patch(color=palette[c], label=meta['classes'][c]) for c in np.unique(seg) if c > 0],
-                  loc='lower left', fontsize=7, framealpha=0.8, handlelength=1)
+        _overlay(ax, sample.pred_sem_seg.data[0].numpy(), np.array(meta['palette'], dtype=np.float32) / 255,
+                 meta['classes'])
     ax.set_title(title, fontsize=9)
     ax.axis('off')
 
 
 def visualise(out: Path, checkpoints: dict) -> None:
     """Per task and size, the first four held-out images with their predictions; and one sheet with one image
-    at every drawn size, both tasks side by side (vis/sheet.png)."""
+    at every drawn size, a row per task (vis/sheet.png)."""
     plt = pyplot()
     from PIL import Image
 
     images = [str(p) for p in sorted(Path('data/shapes/val/images').glob('*.jpg'))[:4]]
     pixels = [np.asarray(Image.open(p).convert('RGB')) for p in images]
-    rows = len(SHAPES_TASKS)
+    rows = len(checkpoints)
     sheet, axes = plt.subplots(rows, len(VIS_SIZES), figsize=(3.4 * len(VIS_SIZES), 3.9 * rows),
                                squeeze=False)
-    for r, (name, task) in enumerate(SHAPES_TASKS.items()):
+    for r, (name, checkpoint) in enumerate(checkpoints.items()):
+        task = DEMO_TASKS[name]
         for c, (tag, factors) in enumerate(VIS_SIZES):
-            samples, meta = predict(name, task.config, checkpoints[name], images, factors)
+            samples, meta = predict(task.scope, task.config, checkpoint, images, factors)
             fig, row = plt.subplots(1, len(images), figsize=(3.4 * len(images), 3.9), squeeze=False)
             for ax, image, path, sample in zip(row[0], pixels, images, samples, strict=False):
                 h, w = sample.metainfo['img_shape'][:2]
-                draw(ax, image, sample, meta, name, f'{Path(path).name}, tested at {w}x{h}')
+                draw(ax, image, sample, meta, task.scope, f'{Path(path).name}, tested at {w}x{h}')
             target = out / 'vis' / name / f'{tag}.png'
             target.parent.mkdir(parents=True, exist_ok=True)
             fig.tight_layout()
             fig.savefig(target, dpi=100, bbox_inches='tight')
             plt.close(fig)
             h, w = samples[0].metainfo['img_shape'][:2]
-            draw(axes[r, c], pixels[0], samples[0], meta, name, f'{name}, {tag}: tested at {w}x{h}')
+            draw(axes[r, c], pixels[0], samples[0], meta, task.scope, f'{name}, {tag}: tested at {w}x{h}')
     sheet.suptitle(f'{Path(images[0]).name} ({pixels[0].shape[1]}x{pixels[0].shape[0]}) at several test sizes; '
                    'predictions drawn on the original image', fontsize=11)
     sheet.tight_layout(rect=(0, 0, 1, 0.95))
@@ -122,10 +134,24 @@ def visualise(out: Path, checkpoints: dict) -> None:
     plt.close(sheet)
 
 
+def _with_starts(names: list[str]) -> list[str]:
+    """``names`` and the tasks whose backbones start them, each after its start, in ``DEMO_TASKS`` order."""
+    wanted = set(names)
+    for name in names:
+        start = DEMO_TASKS[name].start
+        while start in DEMO_TASKS:
+            wanted.add(start)
+            start = DEMO_TASKS[start].start
+    return [name for name in DEMO_TASKS if name in wanted]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--out', default='work_dirs/demo')
     parser.add_argument('--retrain', action='store_true')
+    parser.add_argument('--tasks', nargs='+', default=['detection', 'segmentation'], choices=list(DEMO_TASKS),
+                        help='the dense models to train and evaluate (default RetinaNet and Semantic FPN; instances: '
+                             "Mask R-CNN, upernet: UperNet); a task's starting backbone is trained with it")
     parser.add_argument('--precisions', nargs='+', default=['fp32'], choices=PRECISIONS,
                         help='evaluate the trained models at these precisions, on every --engines engine (int8 '
                              'calibrated on 32 training images: activation ranges fixed once on the fused engine, NNCF '
@@ -143,12 +169,13 @@ def main() -> None:
     checkpoint = train('pretraining', PRETRAINING, out, args.retrain)
     accuracy = evaluate(load_config(PRETRAINING), checkpoint, str(out / 'pretraining' / 'eval'), 'crops')
     print(f'[demo] pretraining: top-1 {accuracy["accuracy/top1"]:.1f}% on the 400 held-out crops')
-    results, checkpoints = {}, {}
+    tasks = {name: DEMO_TASKS[name] for name in _with_starts(args.tasks)}
+    scores = {key: score for key, score in SCORES.items() if score.task in tasks}
+    results, checkpoints = {key: {} for key in scores}, {'pretraining': checkpoint}
     runs = [(engine, precision) for engine in args.engines for precision in args.precisions
             if precision in ENGINES[engine].precisions]
-    for name, task in SHAPES_TASKS.items():
-        checkpoint = train(name, task.config, out, args.retrain, init_from=checkpoint)
-        results[name] = {}
+    for name, task in tasks.items():
+        checkpoint = train(name, task.config, out, args.retrain, init_from=checkpoints[task.start])
         ranges = (calibrate(load_config(task.config), checkpoint, CALIBRATION, 32)
                   if 'int8' in args.precisions and 'fused' in args.engines else None)
         for label, factors, keep_ratio in TEST_SIZES:
@@ -158,26 +185,30 @@ def main() -> None:
                 column = f'{engine} {precision}'
                 metrics = evaluate(cfg, checkpoint, str(out / name / 'eval'), f'{name}-{label}-{engine}-{precision}',
                                    precision, ranges if precision == 'int8' else None, engine, CALIBRATION, 32)
-                results[name].setdefault(label, {})[column] = headline_score(task.scope, metrics) / 100
-                print(f'[demo] {name:<12} {label:<36} {column} {LABELS[name]} = {results[name][label][column]:.3f}')
+                for key, score in scores.items():
+                    if score.task == name:   # 0 where a metric is missing: no box passed the score threshold
+                        value = float(metrics.get(score.metric, 0.)) * score.scale
+                        results[key].setdefault(label, {})[column] = value
+                        print(f'[demo] {name:<12} {label:<36} {column} {score.label} = {value:.3f}')
         checkpoints[name] = checkpoint
 
-    columns = [(n, f'{e} {p}') for n in SHAPES_TASKS for e, p in runs]
-    lines = ['| test resolution | ' + ' | '.join(LABELS[n] + (f' {p}' if len(runs) > 1 else '')
-                                                for n, p in columns) + ' |', '|---|' + '---|' * len(columns)]
+    columns = [(key, f'{e} {p}') for key in scores for e, p in runs]
+    lines = ['| test resolution | ' + ' | '.join(scores[k].label + (f' {p}' if len(runs) > 1 else '')
+                                                for k, p in columns) + ' |', '|---|' + '---|' * len(columns)]
     for label, _, _ in TEST_SIZES:
-        lines.append(f'| {label} | ' + ' | '.join(f'{results[n][label][p]:.3f}' for n, p in columns) + ' |')
+        lines.append(f'| {label} | ' + ' | '.join(f'{results[k][label][p]:.3f}' for k, p in columns) + ' |')
     table = '\n'.join(lines)
     minutes = (time.perf_counter() - start) / 60
     (out / 'summary.md').write_text(table + f'\n\nPretraining: top-1 {accuracy["accuracy/top1"]:.1f}% on the held-out '
                                     f'crops. {minutes:.1f} min in total\n')
     (out / 'summary.json').write_text(json.dumps(dict(
-        results=results, pretraining_top1=accuracy['accuracy/top1'], minutes=minutes,
+        results=results, labels={key: score.label for key, score in scores.items()},
+        pretraining_top1=accuracy['accuracy/top1'], minutes=minutes,
         command=shlex.join(['python', 'tools/demo.py'] + sys.argv[1:]), torch=torch.__version__, **cpu_info()),
         indent=2))
     print('\n[demo] held-out split (150 images); training scale (long side): detection 192, segmentation 160\n'
           + table)
-    visualise(out, checkpoints)
+    visualise(out, {name: checkpoints[name] for name in tasks})
     print(f'[demo] visualisations in {out / "vis"}; summary in {out / "summary.md"}; '
           f'{(time.perf_counter() - start) / 60:.1f} min in total')
 

@@ -1,12 +1,14 @@
 # Mask R-CNN + FPN with pcpvt_tiny on the embedded shapes dataset (boxes and instance masks), on CPU: the data,
 # schedule, optimiser and backbone of the RetinaNet shapes config (the demo starts the backbone from the one
 # pretrained on the shape crops, configs/shapes/pcpvt-tiny_shapes-cls.py); mmdet's Mask R-CNN heads
-# (mask-rcnn_r50_fpn) at the FPN's width, 64 channels. No padding to a multiple of 32: the backbone takes any size.
+# (mask-rcnn_r50_fpn) at the FPN's width, 64 channels, sized for 1-3 objects an image on a CPU: 128 RoIs sampled per
+# image instead of 512 (up to 32 positives train the mask head), 1000 proposals kept before NMS and 300 after.
+# No padding to a multiple of 32: the backbone takes any size.
 _base_ = ['./retinanet_pcpvt-tiny_fpn_shapes.py']
 
 num_classes = len(_base_.classes)
 box_coder = dict(type='DeltaXYWHBBoxCoder', target_means=[0., 0., 0., 0.], target_stds=[1., 1., 1., 1.])
-roi_layer = dict(type='RoIAlign', sampling_ratio=0)
+roi_layer = dict(type='RoIAlign', sampling_ratio=2)
 nms = dict(type='nms', iou_threshold=0.7)
 model = dict(
     _delete_=True, type='MaskRCNN',
@@ -37,13 +39,13 @@ model = dict(
                  sampler=dict(type='RandomSampler', num=256, pos_fraction=0.5, neg_pos_ub=-1,
                               add_gt_as_proposals=False),
                  allowed_border=-1, pos_weight=-1, debug=False),
-        rpn_proposal=dict(nms_pre=2000, max_per_img=1000, nms=nms, min_bbox_size=0),
+        rpn_proposal=dict(nms_pre=1000, max_per_img=300, nms=nms, min_bbox_size=0),
         rcnn=dict(assigner=dict(type='MaxIoUAssigner', pos_iou_thr=0.5, neg_iou_thr=0.5, min_pos_iou=0.5,
                                 match_low_quality=True, ignore_iof_thr=-1),
-                  sampler=dict(type='RandomSampler', num=512, pos_fraction=0.25, neg_pos_ub=-1,
+                  sampler=dict(type='RandomSampler', num=128, pos_fraction=0.25, neg_pos_ub=-1,
                                add_gt_as_proposals=True),
                   mask_size=28, pos_weight=-1, debug=False)),
-    test_cfg=dict(rpn=dict(nms_pre=1000, max_per_img=1000, nms=nms, min_bbox_size=0),
+    test_cfg=dict(rpn=dict(nms_pre=1000, max_per_img=300, nms=nms, min_bbox_size=0),
                   rcnn=dict(score_thr=0.05, nms=dict(type='nms', iou_threshold=0.5), max_per_img=50,
                             mask_thr_binary=0.5)))
 # int8 (tools/test.py --precision int8): the FPN and the heads stay float32, as RetinaNet's.

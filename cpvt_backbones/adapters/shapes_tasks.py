@@ -1,18 +1,36 @@
-"""The demo's CPU-sized tasks on the shapes data (``datasets.shapes``): their configs, the test sizes, the int8
-calibration images. tools/demo.py runs them; benchmarks/dense_study.py and benchmarks/int8_scope.py study them.
-Paths are relative to the repository root."""
+"""The demo's CPU-sized tasks on the shapes data (``datasets.shapes``): their configs, the scores the demo reports,
+the test sizes, the int8 calibration images. tools/demo.py runs ``DEMO_TASKS``; benchmarks/dense_study.py and
+benchmarks/int8_scope.py study ``SHAPES_TASKS``. Paths are relative to the repository root."""
 from typing import NamedTuple
 
 
 class ShapesTask(NamedTuple):
     scope: str      # the framework, a key of adapters.evaluation.METRICS
     config: str     # relative to the repository root
+    start: str = 'pretraining'   # whose backbone the demo starts it from: the pretraining or another task
 
 
-SHAPES_TASKS = {'detection': ShapesTask('mmdet', 'configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py'),
-                'segmentation': ShapesTask('mmseg', 'configs/shapes/fpn_pcpvt-tiny_shapes.py')}
-LABELS = {'detection': 'bbox mAP', 'segmentation': 'mIoU'}  # the summary reports both as fractions (0-1)
+class Score(NamedTuple):
+    """One column of the demo's summary: a task's metric (a key of its test loop's metrics) as a fraction (0-1)."""
+    task: str
+    metric: str
+    label: str
+    scale: float    # metric value -> fraction
+
+
 PRETRAINING = 'configs/shapes/pcpvt-tiny_shapes-cls.py'
+SHAPES_TASKS = {'detection': ShapesTask('mmdet', 'configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py'),
+                'segmentation': ShapesTask('mmseg', 'configs/shapes/fpn_pcpvt-tiny_shapes.py', start='detection')}
+# The demo trains the detectors from the pretrained backbone and the segmentors from RetinaNet's.
+DEMO_TASKS = {'detection': SHAPES_TASKS['detection'],
+              'instances': ShapesTask('mmdet', 'configs/shapes/mask-rcnn_pcpvt-tiny_fpn_shapes.py'),
+              'segmentation': SHAPES_TASKS['segmentation'],
+              'upernet': ShapesTask('mmseg', 'configs/shapes/upernet_pcpvt-tiny_shapes.py', start='detection')}
+SCORES = {'detection': Score('detection', 'coco/bbox_mAP', 'RetinaNet bbox mAP', 1.),
+          'instances-bbox': Score('instances', 'coco/bbox_mAP', 'Mask R-CNN bbox mAP', 1.),
+          'instances-segm': Score('instances', 'coco/segm_mAP', 'Mask R-CNN segm mAP', 1.),
+          'segmentation': Score('segmentation', 'mIoU', 'Semantic FPN mIoU', .01),
+          'upernet': Score('upernet', 'mIoU', 'UperNet mIoU', .01)}
 # (label, resize target as multiples (W, H) of the training scale or None for the native size, keep ratio).
 # With keep_ratio, Resize fits the longer side to the target, so most sizes are not multiples of 32.
 TEST_SIZES = [
@@ -32,4 +50,5 @@ def scaled(cfg, factors):
     return None if factors is None else tuple(round(s * f) for s, f in zip(cfg.train_scale, factors, strict=True))
 
 
-__all__ = ['CALIBRATION', 'LABELS', 'PRETRAINING', 'SHAPES_TASKS', 'TEST_SIZES', 'ShapesTask', 'scaled']
+__all__ = ['CALIBRATION', 'DEMO_TASKS', 'PRETRAINING', 'SCORES', 'SHAPES_TASKS', 'TEST_SIZES', 'Score', 'ShapesTask',
+           'scaled']
