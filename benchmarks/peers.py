@@ -130,8 +130,11 @@ def _onnxruntime_dynamic_int8(engine: OnnxRuntimeModule) -> OnnxRuntimeModule:
     return out
 
 
+# The paper's detector and segmentor (timed by default), and the demo's small Semantic FPN.
 DENSE_CONFIGS = {'retinanet': 'configs/retinanet/retinanet_pcpvt-s_fpn_1x_coco.py',
-                 'semantic_fpn': 'configs/sem_fpn/fpn_pcpvt-s_8xb2-80k_ade20k-512x512.py'}
+                 'semantic_fpn': 'configs/sem_fpn/fpn_pcpvt-s_8xb2-80k_ade20k-512x512.py',
+                 'semantic_fpn_shapes': 'configs/shapes/fpn_pcpvt-tiny_shapes.py'}
+DEFAULT_DENSE = ('retinanet', 'semantic_fpn')
 DENSE_PEERS = tuple(n for n in registered(DENSE_NAMES) if n != 'eager')
 
 

@@ -9,7 +9,8 @@ by hand and torch.compile (inductor, freezing), each with its first call at ever
                                [--precision bf16 int8] [--engines] [--retain-freed-memory]
     python -m benchmarks.speed --scaling [--sizes 128 256 ...] [--json PATH] [--plot PATH]
     python -m benchmarks.speed --breakdown [--cases ...] [--json PATH]
-    python -m benchmarks.speed --end-to-end [retinanet semantic_fpn] [--precision bf16 int8] [--cases ...]
+    python -m benchmarks.speed --end-to-end [retinanet semantic_fpn semantic_fpn_shapes] [--precision bf16 int8]
+                               [--cases ...]
     make bench
 
 The implementations are in ``peers.py``, the measuring in ``timing.py``, the tables and plot in ``report.py``.
@@ -34,7 +35,8 @@ implementation in the process, which shows how much of a difference is allocatio
 Names without an mmseg/timm counterpart (``cpvt_*``, ``pcpvt_tiny``) are timed alone.
 
 ``--end-to-end`` times whole models in tensor mode (backbone + neck + head of the COCO RetinaNet and the ADE20K
-Semantic FPN configs with ``pcpvt_small``, random weights; ``peers.build_dense``) on every registered engine
+Semantic FPN configs with ``pcpvt_small`` by default, or the demo's Semantic FPN with ``pcpvt_tiny``,
+``semantic_fpn_shapes``; random weights; ``peers.build_dense``) on every registered engine
 (``eager``: torch float32, the reference; ``optimized``: the fused backbone), each at every ``--precision`` it
 runs; by default at
 800 x 1216 and 512 x 512, batch 1. Besides the medians it reports each engine's build time (export,
@@ -52,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.peers import DENSE_CONFIGS, DENSE_PEERS, PEERS, build, build_dense, ours
+from benchmarks.peers import DEFAULT_DENSE, DENSE_CONFIGS, DENSE_PEERS, PEERS, build, build_dense, ours
 from benchmarks.report import breakdown_table, dense_table, plot_scaling, scaling_table, table
 from benchmarks.timing import CASES, SCALING_SIZES, allocator_info, breakdown, retain_freed_memory, run_case, scaling
 from cpvt_backbones.deploy import ENGINES
@@ -79,7 +81,8 @@ def main() -> None:
     parser.add_argument('--engines', action='store_true',
                         help='also OpenVINO compiled per shape, OpenVINO by hand and torch.compile')
     parser.add_argument('--end-to-end', nargs='*', choices=sorted(DENSE_CONFIGS), metavar='MODEL',
-                        help=f'time whole models in tensor mode instead ({", ".join(DENSE_CONFIGS)}; default both)')
+                        help='time whole models in tensor mode instead (default: '
+                             f'{" ".join(DEFAULT_DENSE)})')
     parser.add_argument('--plot', default='benchmarks/results/scaling.png', help='for --scaling')
     parser.add_argument('--retain-freed-memory', action='store_true',
                         help='make glibc keep freed memory for reuse (see retain_freed_memory)')
@@ -104,7 +107,7 @@ def main() -> None:
         result.update(name=name, scaling=rows)
     elif args.end_to_end is not None:
         result['cases'] = []
-        for task in args.end_to_end or list(DENSE_CONFIGS):
+        for task in args.end_to_end or DEFAULT_DENSE:
             impls, setup = build_dense(task, args.precision, skip=args.skip_engines)
             print(f'[bench] {task}: built in ' + ', '.join(f'{k} {v:.1f} s' for k, v in setup.items()), flush=True)
             for case in args.cases:

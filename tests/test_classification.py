@@ -1,12 +1,11 @@
 """The classification pipeline on the embedded shape crops: configs train, test sizes are what they say, the
 resolution sweep writes its table and plot."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tool_server import run_tool
 
 pytest.importorskip('mmpretrain')
 from mmengine.registry import DefaultScope  # noqa: E402
@@ -73,9 +72,8 @@ def test_resolution_sweep_writes_table_and_plot(crops, tmp_path):
     Runner.from_cfg(cfg).train()
     cfg_file = tmp_path / 'cls.py'
     cfg.dump(str(cfg_file))
-    out = subprocess.run([sys.executable, str(ROOT / 'tools/resolution_sweep.py'), str(cfg_file),
-                          str(tmp_path / 'work' / 'iter_2.pth'), '--sizes', '48', '72', '111',
-                          '--out', str(tmp_path / 'sweep'), '--name', 'tiny'], capture_output=True, text=True)
+    out = run_tool([ROOT / 'tools/resolution_sweep.py', cfg_file, tmp_path / 'work' / 'iter_2.pth', '--sizes', '48',
+                    '72', '111', '--out', tmp_path / 'sweep', '--name', 'tiny'])
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads((tmp_path / 'sweep' / 'tiny.json').read_text())
     assert result['metric'] == 'accuracy/top1'

@@ -4,6 +4,7 @@ import pickle
 
 import pytest
 import torch
+from tool_server import run_tool
 from torch import nn
 
 from cpvt_backbones import create_model
@@ -281,23 +282,20 @@ def test_deit_weights_match_timm_vit_with_identity_pegs():
                                             ('backbone', '.pth')])
 def test_convert_checkpoint_cli(tmp_path, small_sd, target, suffix):
     """mmseg/mmpretrain files in, every layout out, and back: the weights survive unchanged."""
-    import subprocess
-    import sys
     from pathlib import Path
     tool = Path(__file__).resolve().parents[1] / 'tools/convert_checkpoint.py'
     src = tmp_path / 'mmseg.pth'
     torch.save({'state_dict': native_to_mmseg(small_sd), 'meta': {}}, src)
     mid, back = tmp_path / f'mid{suffix}', tmp_path / 'back.pth'
     for args in ([src, mid, '--to', target, '--check', 'pcpvt_small'], [mid, back, '--to', 'native']):
-        out = subprocess.run([sys.executable, tool, *map(str, args)], capture_output=True, text=True)
+        out = run_tool([tool, *args])
         assert out.returncode == 0, out.stderr
     restored = load_weights_file(back)
     dense = {k: v for k, v in small_sd.items() if not k.startswith(('head.', 'norm.'))}
     assert set(restored) == set(dense) and all(torch.equal(restored[k], dense[k]) for k in dense)
     assert detect_layout(load_weights_file(mid)) == {'mmseg': 'mmseg', 'mmpretrain': 'mmpretrain',
                                                      'backbone': 'native'}[target]
-    bad = subprocess.run([sys.executable, tool, str(src), str(tmp_path / 'x.pth'), '--prefix', 'backbone.'],
-                         capture_output=True, text=True)
+    bad = run_tool([tool, src, tmp_path / 'x.pth', '--prefix', 'backbone.'])
     assert bad.returncode != 0 and "no key of" in bad.stderr
 
 

@@ -1,10 +1,9 @@
 """Deployment at any resolution: ONNX with dynamic batch/height/width, torch.compile with dynamic shapes."""
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tool_server import run_tool
 
 from cpvt_backbones import create_model
 from cpvt_backbones.compat import supports
@@ -49,9 +48,8 @@ def test_onnx_cli_exports_a_whole_detector(tmp_path):
     pytest.importorskip('mmdet')
     pytest.importorskip('onnxruntime')
     out = tmp_path / 'retinanet.onnx'
-    res = subprocess.run([sys.executable, ROOT / 'tools/export_onnx.py',
-                          ROOT / 'configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py', out,
-                          '--verify', '97x131', '128'], capture_output=True, text=True, cwd=tmp_path)
+    res = run_tool([ROOT / 'tools/export_onnx.py', ROOT / 'configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py', out,
+                    '--verify', '97x131', '128'], tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     diffs = [float(line.rsplit(' ', 1)[1]) for line in res.stdout.splitlines() if 'max abs diff' in line]
     assert len(diffs) == 2 and max(diffs) < 1e-3, res.stdout
@@ -59,8 +57,7 @@ def test_onnx_cli_exports_a_whole_detector(tmp_path):
 
 
 def test_export_cli_rejects_unknown_model(tmp_path):
-    res = subprocess.run([sys.executable, ROOT / 'tools/export_onnx.py', 'pcpvt_huge', tmp_path / 'x.onnx'],
-                         capture_output=True, text=True)
+    res = run_tool([ROOT / 'tools/export_onnx.py', 'pcpvt_huge', tmp_path / 'x.onnx'])
     assert res.returncode != 0 and "'pcpvt_huge' is neither a config" in res.stderr
 
 

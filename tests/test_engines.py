@@ -21,9 +21,10 @@ SATURATED_INT8 = {'fused': 1.0, 'onnxruntime': 1.5}
 
 
 def small() -> torch.nn.Module:
+    """A two-stage PCPVT (quick to export): spatially reduced keys in the first stage, all tokens in the second."""
     torch.manual_seed(0)
-    return PyramidCPVT(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4),
-                       mlp_ratios=(2, 2, 2, 2), features_only=True, num_classes=0).eval()
+    return PyramidCPVT(embed_dims=(16, 32), depths=(1, 1), num_heads=(1, 2), mlp_ratios=(2, 2), sr_ratios=(2, 1),
+                       patch_sizes=(4, 2), features_only=True, num_classes=0).eval()
 
 
 def small_svt(window_mask: bool = True) -> torch.nn.Module:

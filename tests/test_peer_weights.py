@@ -6,13 +6,13 @@ installed wheel, as mmseg made its published PCPVT weights; mmpretrain's ``twins
 import pointed at mmengine's ``CheckpointLoader``.
 """
 import importlib.util
-import subprocess
 import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
+from tool_server import run_tool
 
 from cpvt_backbones import create_model
 from cpvt_backbones.convert import CheckpointMismatchError, detect_layout, load_weights_file
@@ -44,8 +44,8 @@ def source_file(tmp_path_factory, timm_small):
 
 
 def run_mmseg_converter(src: Path, dst: Path, model: str = 'pcpvt') -> None:
-    subprocess.run([sys.executable, str(MMSEG_CONVERTER), str(src), str(dst), model], check=True,
-                   capture_output=True, text=True)
+    res = run_tool([MMSEG_CONVERTER, src, dst, model])
+    assert res.returncode == 0, res.stderr[-3000:]
 
 
 def mmpretrain_convert(state_dict):

@@ -66,8 +66,10 @@ def _config_packages() -> Iterator[None]:
     """mmengine finds a ``mmseg::`` (``mmdet::`` ...) base through the distribution its map names for the module
     (``mmseg`` -> ``mmsegmentation``); the OneDL forks install the same modules from other distributions
     (``onedl-mmsegmentation``), which that map does not name, so the base "is not installed". While a config
-    loads, each module whose named distribution is absent is mapped to the distribution that provides it here."""
+    loads, each module whose named distribution is absent but which is importable is mapped to the distribution
+    that provides it here."""
     from importlib.metadata import PackageNotFoundError, packages_distributions, version
+    from importlib.util import find_spec
 
     from mmengine.config import utils
     saved = dict(utils.MODULE2PACKAGE)
@@ -76,6 +78,8 @@ def _config_packages() -> Iterator[None]:
         try:
             version(package)
         except PackageNotFoundError:
+            if find_spec(module) is None:
+                continue
             provided = packages_distributions() if provided is None else provided
             if provided.get(module):
                 utils.MODULE2PACKAGE[module] = provided[module][0]
