@@ -17,11 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DENSE = sorted(p for d in ('retinanet', 'mask_rcnn', 'sem_fpn', 'upernet', 'shapes')
                for p in (ROOT / 'configs' / d).glob('*.py')
                if not p.stem.endswith('-cls'))  # the classification config has its own test below
-# A training step and inference run once per head and backbone family, on the small backbones (the base and large
-# configs and the 3x recipes build the same code with other sizes or schedules: their recipes, keys and sizes are
+# A training step and inference run once per head and once per backbone family and task, on the small backbones
+# (the base and large configs and the 3x recipes build the same code with other sizes or schedules; UperNet runs
+# on the shapes PCPVT, Twins-SVT under RetinaNet, Mask R-CNN and Semantic FPN: their recipes, keys and sizes are
 # checked below without a training step).
 SAME_PATH = ('-b_', '-l_', 'retinanet_svt-s_fpn_ms', 'mask-rcnn_pcpvt-s_fpn_ms', 'mask-rcnn_svt-s_fpn_ms',
-             'upernet_pcpvt-s')
+             'upernet_pcpvt-s', 'upernet_svt-s')
 STEPPED = [p for p in DENSE if not any(k in p.name for k in SAME_PATH)]
 # Paper parameter counts less the 513,000-parameter ImageNet head left in the Twins backbones.
 EXPECTED_PARAMS = {

@@ -108,18 +108,20 @@ def test_svt_float32_matches_torch_at_odd_sizes(window_mask):
 
 
 def test_exports_trace_windowed_models_where_every_map_spans_several_windows():
-    """A two-stage Twins-SVT asked to convert at 56 x 56 (its stride-8 map one 7 x 7 window) is traced at its
-    ``min_trace_side`` (2 windows x 7 tokens x stride 8 = 112) and matches torch where that map spans several
-    windows; models without windows keep the size asked for."""
+    """Twins-SVT asked to convert at 28 x 28 (its stride-4 map one 7 x 7 window) is traced at its
+    ``min_trace_side`` (2 windows x 7 tokens x stride 4 = 56; with more stages, the largest stage's) and matches
+    torch where that map spans several windows; models without windows keep the size asked for."""
     torch.manual_seed(0)
-    model = TwinsSVT(embed_dims=(8, 16), depths=(2, 2), num_heads=(1, 2), mlp_ratios=(2, 2), sr_ratios=(2, 1),
-                     patch_sizes=(4, 2), window_sizes=(7, 7), window_mask=True, features_only=True,
-                     num_classes=0).eval()
-    assert trace_size(model, (56, 56)) == (112, 112) and trace_size(model, (97, 300)) == (112, 300)
+    model = TwinsSVT(embed_dims=(8,), depths=(2,), num_heads=(1,), mlp_ratios=(2,), sr_ratios=(2,), patch_sizes=(4,),
+                     window_sizes=(7,), window_mask=True, features_only=True, num_classes=0).eval()
+    assert trace_size(model, (28, 28)) == (56, 56) and trace_size(model, (41, 300)) == (56, 300)
+    two_stages = TwinsSVT(embed_dims=(8, 16), depths=(2, 2), num_heads=(1, 2), mlp_ratios=(2, 2), sr_ratios=(2, 1),
+                          patch_sizes=(4, 2), window_sizes=(7, 7))
+    assert trace_size(two_stages, (56, 56)) == (112, 112)
     pyramid = PyramidCPVT(embed_dims=(8,), depths=(1,), num_heads=(1,), mlp_ratios=(1,), sr_ratios=(1,),
                           patch_sizes=(4,))
     assert trace_size(pyramid, (56, 56)) == (56, 56)
-    engine = ov_engine.to_openvino(model, example_size=(56, 56))
+    engine = ov_engine.to_openvino(model, example_size=(28, 28))
     check_sizes(engine, model, FP32_TOLERANCE, sizes=((32, 512), (120, 130)))
 
 

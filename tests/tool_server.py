@@ -6,15 +6,15 @@ or ``-m module`` first) and returns the same ``subprocess.CompletedProcess`` (te
 status). Each test process keeps one server process that has imported torch, mmengine, mmcv, mmdet, mmseg and
 mmpretrain once; every run is a fork of it, so a run starts from that state and nothing it does (registries,
 global settings, open files) reaches the next one. In the fork the working directory, the environment,
-``sys.argv`` and ``sys.path[0]`` are those of a fresh ``python TOOL``; the script runs as ``__main__``; an
-uncaught exception prints its traceback and exits 1, ``SystemExit`` exits with its code, and the interpreter's
-exit handlers (logging's flush among them) run before the fork ends.
+``sys.argv``, ``sys.path[0]`` and the entries of ``$PYTHONPATH`` are those of a fresh ``python TOOL``; the script
+runs as ``__main__``; an uncaught exception prints its traceback and exits 1, ``SystemExit`` exits with its code,
+and the interpreter's exit handlers (logging's flush among them) run before the fork ends.
 
 What a fork cannot give stays with ``subprocess``: runs that must import from nothing (the import-boundary
 tests), that launch ranks (``torch.distributed.run``) or that the test signals while they run.
 
-The server also computes two of mmengine's pure lookups once per machine-run instead of once per tool run
-(``pure_lookups.install``): yapf's formatting of a config text is kept on disk under the server's cache folder.
+The server also computes two of mmengine's pure lookups once instead of in every run (``pure_lookups.install``):
+yapf's formatting of a config text is kept on disk under the server's folder, shared by its runs.
 """
 import atexit
 import json
@@ -80,6 +80,10 @@ def run_tool(args, cwd=None, env=None, timeout=None):
     return _server.run(args, cwd, dict(os.environ) if env is None else dict(env), timeout)
 
 
+def _python_path(env) -> list[str]:
+    return [os.path.abspath(p) for p in env.get('PYTHONPATH', '').split(os.pathsep) if p]
+
+
 def _run_child(request):
     """In the fork: become ``python ARGS`` in the request's folder and environment, and never return."""
     import atexit as exits
@@ -92,6 +96,11 @@ def _run_child(request):
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request['cwd'])
+    # the run's $PYTHONPATH in place of the server's, where a new interpreter puts it: after sys.path[0]
+    for entry in _python_path(os.environ):
+        if entry in sys.path[1:]:
+            sys.path.remove(entry)
+    sys.path[1:1] = _python_path(request['env'])
     os.environ.clear()
     os.environ.update(request['env'])
     args = request['args']
