@@ -8,8 +8,10 @@ stream of recurring sizes.
 Two streams of batch-1 images: ``mixed``, ``--stream`` images whose sizes cycle through ``--sizes`` (by default
 the native sizes of the demo's held-out scenes, ``data/shapes/val/images``, or a fixed list of eight sizes when
 those are absent), and ``recurring``, ``--recurring-calls`` images cycling through the few ``--recurring`` sizes
-(a camera's or a test loop's). All engines come from one conversion of the backbone ``NAME`` (random weights),
-at their defaults but for ``--cache-size`` and ``--specialise-after``.
+(a camera's or a test loop's). Every engine is the registry's (``prepare(model, 'openvino', precision,
+shapes=...)``) at its defaults but for ``--cache-size`` and ``--specialise-after``, all from one conversion of the
+backbone ``NAME`` (random weights) saved to a temporary cache: the first ``prepare`` converts and saves it, each
+strategy's reads it back (its build time is that read, the check of what was read, and the compile).
 
 Per stream: first every strategy alone, from a fresh engine, through the whole stream (the cold pass: its total
 includes every compile the strategy makes, the number of compiles, and the growth of the process's resident
@@ -23,13 +25,14 @@ import os
 import resource
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from cpvt_backbones import create_model
-from cpvt_backbones.deploy.openvino import SHAPES, OpenVINOModule, convert
+from cpvt_backbones import create_model, prepare
+from cpvt_backbones.deploy.openvino import SHAPES
 from cpvt_backbones.utils import cpu_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,14 +56,15 @@ def stream_sizes(spec: list[str]) -> list[tuple[int, int]]:
     return stream_sizes([str(folder)]) if folder.is_dir() else list(FALLBACK_SIZES)
 
 
-def run_stream(ov_model, spec, stream: list[tuple[int, int]], args) -> dict[str, dict]:
-    """The cold pass (each strategy alone from a fresh engine) and the warm pass (interleaved) over ``stream``."""
+def run_stream(model, cache: str, stream: list[tuple[int, int]], args) -> dict[str, dict]:
+    """The cold pass (each strategy alone from a fresh engine, read from ``cache``) and the warm pass
+    (interleaved) over ``stream``."""
     inputs = {hw: torch.randn(1, 3, *hw) for hw in set(stream)}
     engines, result = {}, {}
     for strategy in SHAPES:
         before, start = rss_mb(), time.perf_counter()
-        engine = OpenVINOModule(ov_model, spec, 3, args.precision, strategy, cache_size=args.cache_size,
-                                specialise_after=args.specialise_after)
+        engine = prepare(model, 'openvino', args.precision, shapes=strategy, cache_size=args.cache_size,
+                         specialise_after=args.specialise_after, cache=cache)
         build_s = time.perf_counter() - start
         calls, compiles = [], 0
         for hw in stream:
@@ -118,16 +122,18 @@ def main() -> dict:
                                                           for k, v in streams.items()), flush=True)
     torch.manual_seed(0)
     model = create_model(args.name, features_only=True).eval()
-    start = time.perf_counter()
-    ov_model, spec = convert(model, torch.randn(2, 3, 224, 224))
-    convert_s = time.perf_counter() - start
-    result = dict(cpu=info, name=args.name, precision=args.precision, threads=torch.get_num_threads(),
-                  cache_size=args.cache_size, specialise_after=args.specialise_after,
-                  command=' '.join(['python', '-m', 'benchmarks.openvino_shapes'] + sys.argv[1:]),
-                  convert_s=round(convert_s, 2), streams={})
-    for key, stream in streams.items():
-        result['streams'][key] = dict(images=len(stream), distinct_sizes=len(set(stream)),
-                                      strategies=run_stream(ov_model, spec, stream, args))
+    with tempfile.TemporaryDirectory(prefix='openvino_shapes-') as folder:
+        cache = str(Path(folder) / args.name)
+        start = time.perf_counter()
+        prepare(model, 'openvino', args.precision, cache=cache)
+        convert_s = time.perf_counter() - start
+        result = dict(cpu=info, name=args.name, precision=args.precision, threads=torch.get_num_threads(),
+                      cache_size=args.cache_size, specialise_after=args.specialise_after,
+                      command=' '.join(['python', '-m', 'benchmarks.openvino_shapes'] + sys.argv[1:]),
+                      convert_s=round(convert_s, 2), streams={})
+        for key, stream in streams.items():
+            result['streams'][key] = dict(images=len(stream), distinct_sizes=len(set(stream)),
+                                          strategies=run_stream(model, cache, stream, args))
     result['peak_rss_mb'] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     print(json.dumps(result['streams'], indent=1))
     print(f'[shapes] conversion {convert_s:.1f} s; peak RSS {result["peak_rss_mb"]:.0f} MB')

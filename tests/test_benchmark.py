@@ -143,3 +143,25 @@ def test_openvino_by_hand_converts_our_plain_model_at_any_size():
         assert [g.shape for g in got] == [r.shape for r in ref]
         error = max(float((g - r).norm() / r.norm()) for g, r in zip(got, ref, strict=False))
         assert error < (3e-2 if native_bf16() else 1e-4), (hw, error)
+
+
+@needs_torch('export')
+def test_openvino_shapes_streams_every_strategy_from_the_registry(tmp_path):
+    """benchmarks.openvino_shapes: every shape strategy of the registry's OpenVINO engine through a mixed and a
+    recurring stream, cold and warm; 'static' compiles each new size, 'dynamic' none."""
+    pytest.importorskip('openvino')
+    out = tmp_path / 'shapes.json'
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get('PYTHONPATH')))))
+    res = run_tool(['-m', 'benchmarks.openvino_shapes', 'pcpvt_tiny', '--sizes', '33x47', '64x40', '--stream', '3',
+                    '--recurring', '32x32', '--recurring-calls', '2', '--specialise-after', '2', '--settle', '0',
+                    '--json', out], tmp_path, env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result['cpu']['isa'] and result['name'] == 'pcpvt_tiny'
+    mixed, recurring = result['streams']['mixed'], result['streams']['recurring']
+    assert (mixed['images'], mixed['distinct_sizes'], recurring['images']) == (3, 2, 2)
+    for stream in (mixed, recurring):
+        assert set(stream['strategies']) == {'dynamic', 'static', 'auto'}
+        assert all(s['cold_total_s'] > 0 and s['warm_median_ms'] > 0 for s in stream['strategies'].values())
+        assert stream['strategies']['dynamic']['compiles'] == 0
+    assert mixed['strategies']['static']['compiles'] == 2 and result['convert_s'] > 0
