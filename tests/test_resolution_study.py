@@ -20,9 +20,9 @@ TINY = ['--train-images', '96', '--test-images', '40', '--epochs', '2', '--batch
         '--variants'] + VARIANTS
 
 
-def prepare(x: torch.Tensor, key: str, config) -> torch.Tensor:
+def render(x: torch.Tensor, key: str, config) -> torch.Tensor:
     """The input of the test a stored key names."""
-    return specs.parse_key(key).prepare(x, config)
+    return specs.parse_key(key).render(x, config)
 
 
 def test_loader_reads_gzipped_and_plain_idx(fake_fmnist):
@@ -118,9 +118,9 @@ def test_recipe_options_reach_the_optimizer_and_the_tests():
     bicubic = study.parse_args(TINY + ['--test-resample', 'bicubic', '--canvas-sizes', '40'])
     assert [t.key for t in specs.size_tests(bicubic)] == ['bicubic28', 'bicubic40', 'canvas40']
     x = torch.randn(2, 1, 28, 28)
-    torch.testing.assert_close(prepare(x, 'bicubic40', bicubic), torch.nn.functional.interpolate(
+    torch.testing.assert_close(render(x, 'bicubic40', bicubic), torch.nn.functional.interpolate(
         x, size=(40, 40), mode='bicubic', align_corners=False))
-    assert not torch.allclose(prepare(x, 'bicubic40', bicubic), prepare(x, '40', bicubic))
+    assert not torch.allclose(render(x, 'bicubic40', bicubic), render(x, '40', bicubic))
     assert study.parse_args(TINY + ['--name', 'b']).run_set == 'b'
     assert study.parse_args(TINY + ['--name', 'b', '--runs', 'a']).run_set == 'a'
 
@@ -128,18 +128,18 @@ def test_recipe_options_reach_the_optimizer_and_the_tests():
 def test_canvas_keeps_the_object_on_the_training_token_grid():
     args = study.parse_args(TINY)
     x = torch.randn(3, 1, 28, 28)
-    out = prepare(x, 'canvas56', args)
+    out = render(x, 'canvas56', args)
     assert out.shape == (3, 1, 56, 56)
     assert torch.equal(out[..., 12:40, 12:40], x)  # 14 px each side, aligned down to the patch: 12
     border = torch.ones(56, 56, dtype=torch.bool)
     border[12:40, 12:40] = False
     assert torch.allclose(out[..., border], torch.tensor(-data.MEAN / data.STD))  # a black background
-    assert prepare(x, 'place56@0,28', args)[..., :28, 28:].equal(x)
-    assert prepare(x, '56', args).shape == (3, 1, 56, 56)
-    assert prepare(x, '28', args) is x
+    assert render(x, 'place56@0,28', args)[..., :28, 28:].equal(x)
+    assert render(x, '56', args).shape == (3, 1, 56, 56)
+    assert render(x, '28', args) is x
     # a larger training size: the canvas holds the image at that size
     args = args.replace(image_size=40, test_sizes=(40,), canvas_sizes=(), placement_canvas=0)
-    assert torch.equal(prepare(x, 'canvas56', args)[..., 8:48, 8:48], data.resize(x, 40))
+    assert torch.equal(render(x, 'canvas56', args)[..., 8:48, 8:48], data.resize(x, 40))
 
 
 def test_peg_response_sees_the_zero_padded_border():
@@ -357,7 +357,7 @@ def test_a_config_is_checked_and_written_back_as_its_command_line():
 
 def test_test_specifications_round_trip_their_stored_keys():
     for key, test in (('28', specs.Resized(28)), ('bicubic28', specs.Resized(28, 'bicubic')),
-                      ('canvas40', specs.OnCanvas(40)), ('place56@0,28', specs.Placed(56, 0, 28))):
+                      ('canvas40', specs.OnCanvas(40)), ('place56@0,28', specs.OnCanvasAt(56, 0, 28))):
         assert specs.parse_key(key) == test and test.key == key
     for bad in ('x28', 'bilinear28', 'place56', ''):
         with pytest.raises(ValueError, match='not a test key'):

@@ -167,7 +167,7 @@ def plot_peg_response(config: StudyConfig, test_image: torch.Tensor, path: Path)
     blank = torch.full_like(test_image, -MEAN / STD)
     inputs = [('blank, 1x', blank), (f'blank, {big} px', resize(blank, big)), ('test image, 1x', test_image),
               (f'test image resized to {big} px', resize(test_image, big)),
-              (f'test image on a {big} px canvas', OnCanvas(big).prepare(test_image, config))]
+              (f'test image on a {big} px canvas', OnCanvas(big).render(test_image, config))]
     fig, axes = plt.subplots(len(variants), len(inputs), figsize=(3.1 * len(inputs), 3 * len(variants)),
                              squeeze=False)
     for row, variant in zip(axes, variants, strict=False):

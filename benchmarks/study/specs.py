@@ -3,7 +3,7 @@ run's ``result.json`` (the keys are the studies' stored format: '28', 'bicubic28
 
 * ``Resized(size, resample)``: the whole images resized to ``size`` px ('28'; 'bicubic28' when bicubic);
 * ``OnCanvas(size)``: the images at the training size centred on a blank ``size`` px canvas ('canvas40');
-* ``Placed(canvas, top, left)``: the same at a given top-left offset ('place56@0,28').
+* ``OnCanvasAt(canvas, top, left)``: the same at a given top-left offset ('place56@0,28').
 
 Canvas tests put the image on a black canvas (the Fashion-MNIST background) at patch-aligned offsets, so the
 object falls on the same token grid as in training.
@@ -27,7 +27,7 @@ class Resized:
     def key(self) -> str:
         return f'{"" if self.resample == "bilinear" else self.resample}{self.size}'
 
-    def prepare(self, x: torch.Tensor, config: StudyConfig) -> torch.Tensor:
+    def render(self, x: torch.Tensor, config: StudyConfig) -> torch.Tensor:
         return resize(x, self.size, self.resample)
 
 
@@ -39,14 +39,14 @@ class OnCanvas:
     def key(self) -> str:
         return f'canvas{self.size}'
 
-    def prepare(self, x: torch.Tensor, config: StudyConfig) -> torch.Tensor:
+    def render(self, x: torch.Tensor, config: StudyConfig) -> torch.Tensor:
         free = self.size - config.image_size
         offset = (free // 2) // config.patch * config.patch
         return _on_canvas(x, config, self.size, offset, offset)
 
 
 @dataclass(frozen=True)
-class Placed:
+class OnCanvasAt:
     canvas: int
     top: int
     left: int
@@ -59,11 +59,11 @@ class Placed:
     def size(self) -> int:
         return self.canvas
 
-    def prepare(self, x: torch.Tensor, config: StudyConfig) -> torch.Tensor:
+    def render(self, x: torch.Tensor, config: StudyConfig) -> torch.Tensor:
         return _on_canvas(x, config, self.canvas, self.top, self.left)
 
 
-TestSpec = Resized | OnCanvas | Placed
+TestSpec = Resized | OnCanvas | OnCanvasAt
 _KEY = re.compile(r'canvas(?P<canvas>\d+)|place(?P<place>\d+)@(?P<top>\d+),(?P<left>\d+)|'
                   r'(?P<resample>[a-z]*)(?P<size>\d+)')
 
@@ -81,7 +81,7 @@ def parse_key(key: str) -> TestSpec:
     if m['canvas']:
         return OnCanvas(int(m['canvas']))
     if m['place']:
-        return Placed(int(m['place']), int(m['top']), int(m['left']))
+        return OnCanvasAt(int(m['place']), int(m['top']), int(m['left']))
     return Resized(int(m['size']), m['resample'] or 'bilinear')
 
 
@@ -91,13 +91,13 @@ def size_tests(config: StudyConfig) -> list[TestSpec]:
         [OnCanvas(s) for s in config.canvas_sizes]
 
 
-def placements(config: StudyConfig) -> list[Placed]:
+def placements(config: StudyConfig) -> list[OnCanvasAt]:
     """The image at 3 x 3 patch-aligned top-left offsets on the placement canvas: corners, edge middles, centre."""
     if not config.placement_canvas:
         return []
     free = config.placement_canvas - config.image_size
     steps = (0, (free // 2) // config.patch * config.patch, free)
-    return [Placed(config.placement_canvas, r, c) for r in steps for c in steps]
+    return [OnCanvasAt(config.placement_canvas, r, c) for r in steps for c in steps]
 
 
 def study_tests(config: StudyConfig) -> list[TestSpec]:

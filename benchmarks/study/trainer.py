@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from benchmarks.study.cnn import PatchCNN
 from benchmarks.study.config import TF32, VARIANTS, StudyConfig
 from benchmarks.study.data import random_resized_crop, resize
-from benchmarks.study.specs import Placed, TestSpec, parse_key, study_tests
+from benchmarks.study.specs import OnCanvasAt, TestSpec, parse_key, study_tests
 from benchmarks.study.stem import ConvStem, Stemmed
 from cpvt_backbones import CPVT
 from cpvt_backbones.layers.position import peg_responses
@@ -101,9 +101,9 @@ def evaluate(model: CPVT, x: torch.Tensor, y: torch.Tensor, tests: Sequence[Test
     out = {}
     with fp32_precision(config.tf32):
         for test in tests:
-            n = min(len(x), config.placement_images) if isinstance(test, Placed) else len(x)
+            n = min(len(x), config.placement_images) if isinstance(test, OnCanvasAt) else len(x)
             xs, ys = x[:n], y[:n]
-            correct = sum((model(test.prepare(xs[i:i + batch], config).to(config.device)).argmax(-1).cpu()
+            correct = sum((model(test.render(xs[i:i + batch], config).to(config.device)).argmax(-1).cpu()
                            == ys[i:i + batch]).sum().item() for i in range(0, n, batch))
             out[test.key] = 100. * correct / n
     return out

@@ -65,7 +65,7 @@ def can_fuse(x: torch.Tensor) -> bool:
 
 
 class Kernel:
-    """How a linear layer's GEMM runs on 2-D float32 tokens: ``prepare`` derives what the kernel needs from the
+    """How a linear layer's GEMM runs on 2-D float32 tokens: ``pack`` derives what the kernel needs from the
     layer once (None: the layer's own parameters), ``linear`` returns ``layer(x)``, ``residual`` returns
     ``other + layer(x)`` and ``accumulate`` adds ``layer(x)`` to ``part`` in place. The base class states these
     through ``linear``; float32 kernels fuse them into the GEMM."""
@@ -74,7 +74,7 @@ class Kernel:
     def available(self) -> bool:
         return True
 
-    def prepare(self, layer: nn.Module):
+    def pack(self, layer: nn.Module):
         return None
 
     def linear(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
@@ -166,7 +166,7 @@ class OneDNNInt8(Kernel):
     def available(self) -> bool:
         return supports('int8_kernel') and torch.backends.mkldnn.is_available()
 
-    def prepare(self, layer):
+    def pack(self, layer):
         if getattr(layer, 'input_range', None) is None:
             raise RuntimeError(f'kernel onednn_int8 needs the range of the layer\'s input ({layer}): run '
                                'models.record_input_ranges and pass its ranges to optimize')
@@ -186,7 +186,7 @@ class OneDNNInt8(Kernel):
 
     def _input(self, x, layer):
         """``x`` quantized for ``layer`` (already uint8: quantized by the previous GEMM for this layer)."""
-        packed, w_scales, w_zeros, bias, scale, zero = layer.prepared
+        packed, w_scales, w_zeros, bias, scale, zero = layer.packed
         qx = x if x.dtype == torch.uint8 else self.quantize(x, scale, zero)
         return qx, scale, zero, packed, w_scales, w_zeros, bias
 
@@ -206,7 +206,7 @@ class OneDNNInt8(Kernel):
     def gelu_linear(self, x, layer, consumer=None):
         if consumer is None or consumer.kernel != 'onednn_int8':
             return super().gelu_linear(x, layer)
-        out_scale, out_zero = consumer.prepared[4:]
+        out_scale, out_zero = consumer.packed[4:]
         return _saturate(torch.ops.onednn.qlinear_pointwise(*self._input(x, layer), out_scale, out_zero,
                                                             torch.uint8, 'gelu', [], 'none'))
 
@@ -251,7 +251,7 @@ def fused_gemms(attended: torch.Tensor, block: nn.Module, residual: torch.Tensor
                 kernel: str | None = None) -> torch.Tensor:
     """What follows attention in a block, on 2-D tokens: ``x = residual + proj(attended)``, then
     ``x += mlp(norm2(x))`` a chunk at a time; each layer through its own kernel unless ``kernel`` names one
-    (a float32 kernel needs nothing prepared, so it runs the plain block's layers too)."""
+    (a float32 kernel needs nothing packed, so it runs the plain block's layers too)."""
     proj = block.attn.proj
     flat = KERNELS[kernel or proj.kernel].residual(attended, proj, residual)
     for start in range(0, flat.shape[0], MLP_CHUNK_TOKENS):
@@ -261,7 +261,7 @@ def fused_gemms(attended: torch.Tensor, block: nn.Module, residual: torch.Tensor
 
 class FusedLinear(nn.Module):
     """An ``nn.Linear``'s parameters (shared, same key names) applied through ``kernel`` where ``can_fuse``
-    allows, else with ``F.linear``. ``prepared`` is what the kernel derives from the weights (packed
+    allows, else with ``F.linear``. ``packed`` is what the kernel derives from the weights (packed
     packed int8 weights) and ``input_range``, not part of the state dict: derived again whenever the weight,
     bias or range changes (a checkpoint loaded after ``optimize``, as OpenMMLab's runners do)."""
 
@@ -272,24 +272,24 @@ class FusedLinear(nn.Module):
         self.weight = layer.weight
         self.bias = layer.bias
         self.input_range: tuple[float, float] | None = None  # calibrated (low, high) of the input: static int8
-        self._prepared, self._prepared_for = None, None
+        self._packed, self._packed_for = None, None
         self.train(layer.training)
 
     def __getstate__(self):
         """Copies and pickles leave out what the kernel derived (oneDNN's packed weights cannot be copied); it is
         derived again on first use."""
         state = super().__getstate__()
-        return dict(state, _prepared=None, _prepared_for=None)
+        return dict(state, _packed=None, _packed_for=None)
 
     @property
-    def prepared(self):
+    def packed(self):
         # An inference tensor (made under torch.inference_mode) has no version counter: its data pointer alone
         # tells a replaced tensor (in-place edits of one, possible only in inference mode, are not seen).
         state = tuple((t.data_ptr(), None if t.is_inference() else t._version)
                       for t in (self.weight, self.bias) if t is not None) + (self.input_range,)
-        if state != self._prepared_for:
-            self._prepared, self._prepared_for = KERNELS[self.kernel].prepare(self), state
-        return self._prepared
+        if state != self._packed_for:
+            self._packed, self._packed_for = KERNELS[self.kernel].pack(self), state
+        return self._packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not can_fuse(x):
