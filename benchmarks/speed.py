@@ -13,7 +13,7 @@ by hand and torch.compile (inductor, freezing), each with its first call at ever
                                [--cases ...]
     make bench
 
-The implementations are in ``peers.py``, the measuring in ``timing.py``, the tables and plot in ``report.py``.
+The implementations are in ``peers.py``, the measuring in ``timing.py``, the tables and plot in ``speed_tables.py``.
 
 All three get identical weights (ours -> timm unchanged, -> mmseg through ``convert.native_to_mmseg``; mmseg's
 encoder-layer LayerNorms are set to the official eps 1e-6, which it hard-codes to 1e-5), and their feature maps
@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.peers import DEFAULT_DENSE, DENSE_CONFIGS, DENSE_PEERS, PEERS, build, build_dense, ours
-from benchmarks.report import breakdown_table, dense_table, plot_scaling, scaling_table, table
+from benchmarks.speed_tables import breakdown_table, dense_table, plot_scaling, scaling_table, table
 from benchmarks.timing import CASES, SCALING_SIZES, allocator_info, breakdown, retain_freed_memory, run_case, scaling
 from cpvt_backbones.deploy import ENGINES
 from cpvt_backbones.utils import cpu_info
