@@ -17,6 +17,7 @@ The server also computes two of mmengine's pure lookups once instead of in every
 yapf's formatting of a config text is kept on disk under the server's folder, shared by its runs.
 """
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -51,7 +52,10 @@ class _Server:
         request = dict(args=[str(a) for a in args], cwd=str(Path(cwd or os.getcwd()).resolve()), env=env,
                        stdout=str(out), stderr=str(err))
         self.proc.stdin.write(json.dumps(request).encode() + b'\n')
-        pid = json.loads(self.proc.stdout.readline())['pid']
+        reply = self.proc.stdout.readline()
+        if not reply:
+            raise RuntimeError(f'the tool server exited (status {self.proc.wait()}); its traceback is in stderr')
+        pid = json.loads(reply)['pid']
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
             os.kill(pid, signal.SIGKILL)
@@ -132,11 +136,11 @@ def _run_child(request):
 
 def _serve(folder):
     import importlib
-    import importlib.util
 
     import pure_lookups  # beside this file: sys.path[0] here, the tool's own folder in each run
     for name in PRELOAD:
-        if importlib.util.find_spec(name.split('.')[0]) is not None:
+        # a module this stack lacks is left out: a run that needs it fails as it would in a new interpreter
+        with contextlib.suppress(ImportError):
             importlib.import_module(name)
     pure_lookups.install(Path(folder) / 'formatted')
     protocol = sys.stdout
