@@ -18,11 +18,16 @@ KEYS = {'name', 'shape', 'mode', 'ours_s', 'plain_s', 'mmseg_s', 'timm_s', 'onnx
 CONVERTING = ('--skip-engines', 'openvino', 'onnxruntime')  # the engines that export and convert: tested elsewhere
 
 
+def run_benchmark(tmp_path, module, *args):
+    """``python -m benchmarks.MODULE ARGS`` in tmp_path (relative output paths stay out of the clone), the
+    benchmarks package found from the root."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get('PYTHONPATH')))))
+    return run_tool(['-m', f'benchmarks.{module}', *args], tmp_path, env)
+
+
 def bench(tmp_path, *args, repeats=1):
     out = tmp_path / 'bench.json'
-    # run in tmp_path (relative output paths stay out of the clone), the benchmarks package found from the root
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get('PYTHONPATH')))))
-    res = run_tool(['-m', 'benchmarks.speed', *args, '--repeats', str(repeats), '--json', out], tmp_path, env)
+    res = run_benchmark(tmp_path, 'speed', *args, '--repeats', str(repeats), '--json', out)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return json.loads(out.read_text()), res.stdout
 
@@ -151,10 +156,9 @@ def test_openvino_shapes_streams_every_strategy_from_the_registry(tmp_path):
     recurring stream, cold and warm; 'static' compiles each new size, 'dynamic' none."""
     pytest.importorskip('openvino')
     out = tmp_path / 'shapes.json'
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get('PYTHONPATH')))))
-    res = run_tool(['-m', 'benchmarks.openvino_shapes', 'pcpvt_tiny', '--sizes', '33x47', '64x40', '--stream', '3',
-                    '--recurring', '32x32', '--recurring-calls', '2', '--specialise-after', '2', '--settle', '0',
-                    '--json', out], tmp_path, env)
+    res = run_benchmark(tmp_path, 'openvino_shapes', 'pcpvt_tiny', '--sizes', '33x47', '64x40', '--stream', '3',
+                        '--recurring', '32x32', '--recurring-calls', '2', '--specialise-after', '2', '--settle', '0',
+                        '--json', out)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result['cpu']['isa'] and result['name'] == 'pcpvt_tiny'
