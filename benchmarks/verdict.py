@@ -15,6 +15,7 @@ import argparse
 import itertools
 import json
 import re
+import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -531,31 +532,51 @@ def dense(results: Path = RESULTS, name: str = 'dense_study') -> str:
         f'the interval excludes zero); every run on the CPU. `{name}.json`.')
 
 
-DEMO = 'demo_avx2'   # the demo's committed summary (tools/demo.py's summary.json with its machine and command)
+DEMO = 'demo_run_avx2'   # `make demo` from nothing: tools/demo.py's summary.json with its machine and command
+DEMO_ENGINES = 'demo_avx2'   # the same trainings evaluated again on other engines and precisions
 DEMO_REFERENCE = 'torch fp32'
 DEMO_TOLERANCE = 0.005   # how far an engine and precision may move the demo's metrics
 
 
+def _out_dir(data: dict) -> str:
+    args = shlex.split(data['command'])
+    return args[args.index('--out') + 1] if '--out' in args else 'work_dirs/demo'
+
+
 def demo(results: Path = RESULTS, name: str = DEMO) -> str:
-    """The demo's detectors and segmentors at every test size, on torch in float32."""
+    """The demo's detectors and segmentors at every test size, as `make demo` ran them (its engine and precision),
+    from a run that trained everything, with its wall time."""
     data = load(name, results)
+    untrained = {'pretraining', *data['task_seconds']} - set(data['trained'])
+    if untrained:
+        raise ValueError(f'{name}.json does not time the demo from nothing (reused: {sorted(untrained)})')
     tasks = list(data['results'])
+    column = next(iter(data['results'][tasks[0]].values()))
+    if len(column) != 1:
+        raise ValueError(f'{name}.json holds {sorted(column)}: the timed run evaluates one engine and precision')
+    (column,) = column
     labels = data['labels']   # tools/demo.py: each column's model and metric
     sizes = list(data['results'][tasks[0]])
     lines = ['| test resolution | ' + ' | '.join(labels[t] for t in tasks) + ' |', '|---|' + '---|' * len(tasks)]
-    lines += [f'| {size} | ' + ' | '.join(f'{data["results"][t][size][DEMO_REFERENCE]:.3f}' for t in tasks) + ' |'
+    lines += [f'| {size} | ' + ' | '.join(f'{data["results"][t][size][column]:.3f}' for t in tasks) + ' |'
               for size in sizes]
+    flags = '; ' + ', '.join(data['flags']) if data['flags'] else ''
     return '\n'.join(lines) + (
-        f'\n\nPretraining: top-1 {data["pretraining_top1"]:.1f}% on the 400 held-out crops. One training on '
-        f'{data["cpu"]} ({data["isa"]}{"; " + ", ".join(data["flags"]) if data["flags"] else ""}), torch '
-        f'{data["torch"]}; `{data["command"]}` took {data["minutes"]:.1f} min (a finished training in '
-        f'work_dirs/demo is reused; `benchmarks/results/{name}.json`).')
+        f'\n\nEngine and precision: {column}. Pretraining: top-1 {data["pretraining_top1"]:.1f}% on the 400 '
+        f'held-out crops. '
+        f'`{data["command"]}` (`make demo`, into another folder) trained, evaluated and drew everything in '
+        f'{data["minutes"]:.1f} min on {data["cpu"]} ({data["isa"]}{flags}), torch {data["torch"]}, '
+        f'{data["jobs"]} tasks at a time after the pretraining (`benchmarks/results/{name}.json`).')
 
 
-def demo_engines(results: Path = RESULTS, name: str = DEMO) -> str:
-    """Every engine and precision the demo's summary holds against torch float32 on the same checkpoints: the
-    largest absolute difference in bbox mAP and mIoU over the test sizes, and where."""
-    data = load(name, results)
+def demo_engines(results: Path = RESULTS, name: str = DEMO_ENGINES, trained: str = DEMO) -> str:
+    """Every engine and precision the summary ``name`` holds against torch float32 on the checkpoints of the run
+    ``trained`` (``name`` reused them all): the largest absolute difference in bbox mAP and mIoU over the test
+    sizes, and where."""
+    data, source = load(name, results), _out_dir(load(trained, results))
+    if data['trained'] or _out_dir(data) != source:
+        raise ValueError(f'{name}.json is not an evaluation of the trainings of {trained}.json '
+                         f'(trained now: {data["trained"]}; {_out_dir(data)} against {source})')
     tasks = list(data['results'])
     columns = [c for c in next(iter(data['results'][tasks[0]].values())) if c != DEMO_REFERENCE]
     lines = ['| engine, precision | ' + ' | '.join(f'{data["labels"][t]}: largest change from {DEMO_REFERENCE}'

@@ -72,7 +72,7 @@ def test_rewriting_the_documents_blocks():
 def test_the_demo_keeps_every_engine_and_precision_it_ran_within_the_tolerance():
     """The committed demo summary: every engine and precision within DEMO_TOLERANCE of torch float32 at every
     test size (what lets the registry offer onnxruntime's int8)."""
-    data = verdict.load(verdict.DEMO)
+    data = verdict.load(verdict.DEMO_ENGINES)
     columns = set()
     for task, by_size in data['results'].items():
         for size, scores in by_size.items():
@@ -82,6 +82,27 @@ def test_the_demo_keeps_every_engine_and_precision_it_ran_within_the_tolerance()
                     (task, size, column)
     assert {'onnxruntime fp32', 'onnxruntime int8'} <= columns
     assert 'within 0.005' in verdict.demo_engines()
+
+
+def test_the_demo_is_timed_from_nothing_and_its_engines_compared_on_its_own_trainings(tmp_path):
+    """The demo block states `make demo`'s wall time only from a run that trained every task; the engines block
+    compares only an evaluation that reused that run's trainings. Each refuses otherwise, naming why."""
+    for name in (verdict.DEMO, verdict.DEMO_ENGINES):
+        (tmp_path / f'{name}.json').write_text((verdict.RESULTS / f'{name}.json').read_text())
+    assert verdict.demo(tmp_path) == verdict.demo()
+    assert verdict.demo_engines(tmp_path) == verdict.demo_engines()
+    assert 'UperNet mIoU' in verdict.demo() and 'Mask R-CNN segm mAP' in verdict.demo()
+    timed = verdict.load(verdict.DEMO)
+    timed['trained'].remove('instances')
+    (tmp_path / f'{verdict.DEMO}.json').write_text(json.dumps(timed))
+    with pytest.raises(ValueError, match=r"reused: \['instances'\]"):
+        verdict.demo(tmp_path)
+    engines = verdict.load(verdict.DEMO_ENGINES)
+    engines['command'] += ' --retrain'
+    engines['trained'] = ['detection']
+    (tmp_path / f'{verdict.DEMO_ENGINES}.json').write_text(json.dumps(engines))
+    with pytest.raises(ValueError, match=r"trained now: \['detection'\]"):
+        verdict.demo_engines(tmp_path)
 
 
 def test_the_native_detail_table_compares_one_device(tmp_path):

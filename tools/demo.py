@@ -1,23 +1,27 @@
-"""The main demo: train a detector and a segmentor with pcpvt_tiny on the embedded shapes data, on CPU, and
-test them at resolutions they never saw in training.
+"""The main demo: train detectors and segmentors with pcpvt_tiny on the embedded shapes data, on CPU, and test
+them at resolutions they never saw in training.
 
 Steps, as one would with ImageNet weights: generate data/shapes and the shape crops (data/shapes_cls);
 pretrain pcpvt_tiny as a classifier of the crops (configs/shapes/pcpvt-tiny_shapes-cls.py, our stand-in for
-ImageNet pretraining); train RetinaNet from that backbone, then Semantic FPN from RetinaNet's backbone (both
-loaded through init_cfg=Pretrained; --tasks adds Mask R-CNN, from the pretrained backbone, and UperNet, from
-RetinaNet's), with mmengine's progress logs; evaluate COCO bbox (and segm) mAP (mmdet's CocoMetric) and mIoU
-(mmseg's IoUMetric) on the held-out
-split at the training scale and at smaller, larger, odd-aspect and native sizes (most not divisible by 32);
-draw confident predictions at unseen sizes under work_dirs/demo/vis (vis/sheet.png: one image at several
-sizes, every task); print and save a summary table
-(work_dirs/demo/summary.{md,json}). A finished training run in work_dirs/demo is reused unless --retrain.
+ImageNet pretraining); train RetinaNet and Mask R-CNN from that backbone, Semantic FPN and UperNet from
+RetinaNet's (loaded through init_cfg=Pretrained; --tasks picks some), with mmengine's progress logs; evaluate
+COCO bbox and segm mAP (mmdet's CocoMetric) and mIoU (mmseg's IoUMetric) on the held-out split at the training
+scale and at smaller, larger, odd-aspect and native sizes (most not divisible by 32); draw confident predictions
+at unseen sizes under work_dirs/demo/vis (vis/sheet.png: one image at several sizes, every task); print and save
+a summary table (work_dirs/demo/summary.{md,json}). After the pretraining, the tasks run in --jobs worker
+processes that share the cores, each task trained, evaluated and drawn in one. A finished training run in
+work_dirs/demo is reused unless --retrain.
 """
 import argparse
 import json
+import multiprocessing
+import os
 import shlex
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -36,19 +40,25 @@ VIS_SIZES = [('0.7x', (.7, .7)), ('1x', (1., 1.)), ('native', None), ('2x', (2.,
 SCORE_THR = 0.5  # boxes and masks drawn: confident ones only (the detectors return up to 50 candidates per image)
 
 
-def train(name: str, config: str, out: Path, retrain: bool, init_from: str = None) -> str:
+def final_checkpoint(name: str, config: str, out: Path) -> Path:
+    """Where the training of ``config`` in out/``name`` leaves its final weights."""
+    return out / name / f'iter_{load_config(config).train_cfg.max_iters}.pth'
+
+
+def train(name: str, config: str, out: Path, retrain: bool, init_from: str = None) -> tuple[str, bool]:
+    """The final checkpoint of ``config`` trained in out/``name``, and whether it was trained now (not reused)."""
     cfg = load_config(config, work_dir=str(out / name))
     if init_from is not None:
         cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=init_from, prefix='backbone.')
     cfg.train_cfg.val_interval = cfg.train_cfg.max_iters + 1  # evaluated below, at every test size
-    final = out / name / f'iter_{cfg.train_cfg.max_iters}.pth'
+    final = final_checkpoint(name, config, out)
     if final.is_file() and not retrain:
         print(f'[demo] {name}: reusing {final} (pass --retrain to train again)')
-        return str(final)
+        return str(final), False
     start = time.perf_counter()
     build_runner(cfg).train()
     print(f'[demo] {name}: trained {cfg.train_cfg.max_iters} iterations in {time.perf_counter() - start:.0f} s')
-    return str(final)
+    return str(final), True
 
 
 def predict(scope: str, config: str, checkpoint: str, images: list[str], factors) -> tuple[list, dict]:
@@ -101,37 +111,111 @@ def draw(ax, image: np.ndarray, sample, meta: dict, scope: str, title: str) -> N
     ax.axis('off')
 
 
-def visualise(out: Path, checkpoints: dict) -> None:
-    """Per task and size, the first four held-out images with their predictions; and one sheet with one image
-    at every drawn size, a row per task (vis/sheet.png)."""
-    plt = pyplot()
+def _images() -> tuple[list[str], list[np.ndarray]]:
+    """The first four held-out images: paths and RGB pixels."""
     from PIL import Image
-
     images = [str(p) for p in sorted(Path('data/shapes/val/images').glob('*.jpg'))[:4]]
-    pixels = [np.asarray(Image.open(p).convert('RGB')) for p in images]
-    rows = len(checkpoints)
-    sheet, axes = plt.subplots(rows, len(VIS_SIZES), figsize=(3.4 * len(VIS_SIZES), 3.9 * rows),
+    return images, [np.asarray(Image.open(p).convert('RGB')) for p in images]
+
+
+def visualise(out: Path, name: str, checkpoint: str) -> list:
+    """The first four held-out images with ``name``'s predictions at every drawn size (vis/<name>/<size>.png);
+    returns, per size, the first image's (sample, dataset meta) for the sheet."""
+    plt = pyplot()
+    task, (images, pixels), cells = DEMO_TASKS[name], _images(), []
+    for tag, factors in VIS_SIZES:
+        samples, meta = predict(task.scope, task.config, checkpoint, images, factors)
+        fig, row = plt.subplots(1, len(images), figsize=(3.4 * len(images), 3.9), squeeze=False)
+        for ax, image, path, sample in zip(row[0], pixels, images, samples, strict=False):
+            h, w = sample.metainfo['img_shape'][:2]
+            draw(ax, image, sample, meta, task.scope, f'{Path(path).name}, tested at {w}x{h}')
+        target = out / 'vis' / name / f'{tag}.png'
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fig.tight_layout()
+        fig.savefig(target, dpi=100, bbox_inches='tight')
+        plt.close(fig)
+        cells.append((samples[0], meta))
+    return cells
+
+
+def draw_sheet(out: Path, cells: dict) -> None:
+    """One image at every drawn size, a row per task (vis/sheet.png), from ``visualise``'s cells per task."""
+    plt = pyplot()
+    images, pixels = _images()
+    sheet, axes = plt.subplots(len(cells), len(VIS_SIZES), figsize=(3.4 * len(VIS_SIZES), 3.9 * len(cells)),
                                squeeze=False)
-    for r, (name, checkpoint) in enumerate(checkpoints.items()):
-        task = DEMO_TASKS[name]
-        for c, (tag, factors) in enumerate(VIS_SIZES):
-            samples, meta = predict(task.scope, task.config, checkpoint, images, factors)
-            fig, row = plt.subplots(1, len(images), figsize=(3.4 * len(images), 3.9), squeeze=False)
-            for ax, image, path, sample in zip(row[0], pixels, images, samples, strict=False):
-                h, w = sample.metainfo['img_shape'][:2]
-                draw(ax, image, sample, meta, task.scope, f'{Path(path).name}, tested at {w}x{h}')
-            target = out / 'vis' / name / f'{tag}.png'
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fig.tight_layout()
-            fig.savefig(target, dpi=100, bbox_inches='tight')
-            plt.close(fig)
-            h, w = samples[0].metainfo['img_shape'][:2]
-            draw(axes[r, c], pixels[0], samples[0], meta, task.scope, f'{name}, {tag}: tested at {w}x{h}')
+    for r, (name, row) in enumerate(cells.items()):
+        for c, ((tag, _), (sample, meta)) in enumerate(zip(VIS_SIZES, row, strict=True)):
+            h, w = sample.metainfo['img_shape'][:2]
+            draw(axes[r, c], pixels[0], sample, meta, DEMO_TASKS[name].scope, f'{name}, {tag}: tested at {w}x{h}')
     sheet.suptitle(f'{Path(images[0]).name} ({pixels[0].shape[1]}x{pixels[0].shape[0]}) at several test sizes; '
                    'predictions drawn on the original image', fontsize=11)
     sheet.tight_layout(rect=(0, 0, 1, 0.95))
     sheet.savefig(out / 'vis' / 'sheet.png', dpi=100, bbox_inches='tight')
     plt.close(sheet)
+
+
+class TaskRun(NamedTuple):
+    checkpoint: str
+    trained: bool    # False where a finished training was reused
+    scores: dict     # SCORES key -> test size label -> 'engine precision' -> value
+    cells: list      # visualise's sheet cells
+    seconds: float
+
+
+def run_task(name: str, out: Path, retrain: bool, init_from: str, runs: list, int8_ranges: bool) -> TaskRun:
+    """Train DEMO_TASKS[``name``] from the backbone in ``init_from``, evaluate it at every test size on every
+    (engine, precision) of ``runs`` and draw its predictions: one lane of the demo, run in a worker process."""
+    start = time.perf_counter()
+    task = DEMO_TASKS[name]
+    checkpoint, trained = train(name, task.config, out, retrain, init_from=init_from)
+    ranges = calibrate(load_config(task.config), checkpoint, CALIBRATION, 32) if int8_ranges else None
+    scores = {key: {} for key, score in SCORES.items() if score.task == name}
+    for label, factors, keep_ratio in TEST_SIZES:
+        cfg = load_config(task.config)
+        set_test_scale(cfg, scaled(cfg, factors), keep_ratio)
+        for engine, precision in runs:
+            column = f'{engine} {precision}'
+            metrics = evaluate(cfg, checkpoint, str(out / name / 'eval'), f'{name}-{label}-{engine}-{precision}',
+                               precision, ranges if precision == 'int8' else None, engine, CALIBRATION, 32)
+            for key in scores:   # 0 where a metric is missing: no box passed the score threshold
+                value = float(metrics.get(SCORES[key].metric, 0.)) * SCORES[key].scale
+                scores[key].setdefault(label, {})[column] = value
+                print(f'[demo] {name:<12} {label:<36} {column} {SCORES[key].label} = {value:.3f}', flush=True)
+    return TaskRun(checkpoint, trained, scores, visualise(out, name, checkpoint), time.perf_counter() - start)
+
+
+def _lane(threads: int) -> None:
+    """A worker process's set-up: its share of the cores, the known warnings quiet."""
+    torch.set_num_threads(threads)
+    quiet_known_warnings()
+
+
+def run_lanes(names: list[str], jobs: int, out: Path, retrain: bool, pretrained: str, runs: list,
+              int8_ranges: bool) -> dict[str, TaskRun]:
+    """``run_task`` for each of ``names`` on ``jobs`` worker processes sharing the cores, in DEMO_TASKS order: a
+    task starts once a lane is free and the task it starts from has finished training (a finished training that
+    is reused counts from the start)."""
+    checkpoints = {'pretraining': pretrained}
+    if not retrain:
+        checkpoints.update((name, str(final)) for name in names
+                           if (final := final_checkpoint(name, DEMO_TASKS[name].config, out)).is_file())
+    done, running, waiting = {}, {}, list(names)
+    context = multiprocessing.get_context('spawn')   # a fresh interpreter: no forked OpenMP or runner state
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_lane,
+                             initargs=(max(1, (os.cpu_count() or 1) // jobs),)) as pool:
+        while waiting or running:
+            for name in [n for n in waiting if DEMO_TASKS[n].start in checkpoints][:jobs - len(running)]:
+                init_from = checkpoints[DEMO_TASKS[name].start]
+                running[pool.submit(run_task, name, out, retrain, init_from, runs, int8_ranges)] = name
+                waiting.remove(name)
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                name = running.pop(future)
+                done[name] = future.result()
+                checkpoints[name] = done[name].checkpoint
+                print(f'[demo] {name}: trained, evaluated and drawn in {done[name].seconds:.0f} s', flush=True)
+    return {name: done[name] for name in names}
 
 
 def _with_starts(names: list[str]) -> list[str]:
@@ -149,9 +233,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--out', default='work_dirs/demo')
     parser.add_argument('--retrain', action='store_true')
-    parser.add_argument('--tasks', nargs='+', default=['detection', 'segmentation'], choices=list(DEMO_TASKS),
-                        help='the dense models to train and evaluate (default RetinaNet and Semantic FPN; instances: '
-                             "Mask R-CNN, upernet: UperNet); a task's starting backbone is trained with it")
+    parser.add_argument('--tasks', nargs='+', default=list(DEMO_TASKS), choices=list(DEMO_TASKS),
+                        help='the dense models to train and evaluate (default all: detection RetinaNet, instances '
+                             "Mask R-CNN, segmentation Semantic FPN, upernet UperNet); a task's starting backbone is "
+                             'trained with it')
+    parser.add_argument('--jobs', type=int, default=2,
+                        help='tasks trained at once after the pretraining, in worker processes sharing the cores '
+                             '(default 2: on 2 cores one thread each, which trains faster in all than one task on '
+                             'both)')
     parser.add_argument('--precisions', nargs='+', default=['fp32'], choices=PRECISIONS,
                         help='evaluate the trained models at these precisions, on every --engines engine (int8 '
                              'calibrated on 32 training images: activation ranges fixed once on the fused engine, NNCF '
@@ -161,36 +250,23 @@ def main() -> None:
                              'which precision, covering what)')
     parser.epilog = 'Engines (deploy.ENGINES):\n' + engine_table()
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error(f'--jobs must be at least 1, got {args.jobs}')
     quiet_known_warnings()
     out = Path(args.out)
     start = time.perf_counter()
     print('[demo] data:', generate_shapes('data/shapes'), 'crops:', generate_shape_crops('data/shapes_cls'))
 
-    checkpoint = train('pretraining', PRETRAINING, out, args.retrain)
+    checkpoint, pretrained = train('pretraining', PRETRAINING, out, args.retrain)
     accuracy = evaluate(load_config(PRETRAINING), checkpoint, str(out / 'pretraining' / 'eval'), 'crops')
     print(f'[demo] pretraining: top-1 {accuracy["accuracy/top1"]:.1f}% on the 400 held-out crops')
-    tasks = {name: DEMO_TASKS[name] for name in _with_starts(args.tasks)}
-    scores = {key: score for key, score in SCORES.items() if score.task in tasks}
-    results, checkpoints = {key: {} for key in scores}, {'pretraining': checkpoint}
+    names = _with_starts(args.tasks)
+    scores = {key: score for key, score in SCORES.items() if score.task in names}
     runs = [(engine, precision) for engine in args.engines for precision in args.precisions
             if precision in ENGINES[engine].precisions]
-    for name, task in tasks.items():
-        checkpoint = train(name, task.config, out, args.retrain, init_from=checkpoints[task.start])
-        ranges = (calibrate(load_config(task.config), checkpoint, CALIBRATION, 32)
-                  if 'int8' in args.precisions and 'fused' in args.engines else None)
-        for label, factors, keep_ratio in TEST_SIZES:
-            cfg = load_config(task.config)
-            set_test_scale(cfg, scaled(cfg, factors), keep_ratio)
-            for engine, precision in runs:
-                column = f'{engine} {precision}'
-                metrics = evaluate(cfg, checkpoint, str(out / name / 'eval'), f'{name}-{label}-{engine}-{precision}',
-                                   precision, ranges if precision == 'int8' else None, engine, CALIBRATION, 32)
-                for key, score in scores.items():
-                    if score.task == name:   # 0 where a metric is missing: no box passed the score threshold
-                        value = float(metrics.get(score.metric, 0.)) * score.scale
-                        results[key].setdefault(label, {})[column] = value
-                        print(f'[demo] {name:<12} {label:<36} {column} {score.label} = {value:.3f}')
-        checkpoints[name] = checkpoint
+    int8_ranges = 'int8' in args.precisions and 'fused' in args.engines
+    lanes = run_lanes(names, min(args.jobs, len(names)), out, args.retrain, checkpoint, runs, int8_ranges)
+    results = {key: lanes[score.task].scores[key] for key, score in scores.items()}
 
     columns = [(key, f'{e} {p}') for key in scores for e, p in runs]
     lines = ['| test resolution | ' + ' | '.join(scores[k].label + (f' {p}' if len(runs) > 1 else '')
@@ -198,19 +274,20 @@ def main() -> None:
     for label, _, _ in TEST_SIZES:
         lines.append(f'| {label} | ' + ' | '.join(f'{results[k][label][p]:.3f}' for k, p in columns) + ' |')
     table = '\n'.join(lines)
+    print('\n[demo] held-out split (150 images); training scale (long side): detection 192, segmentation 160\n'
+          + table)
+    draw_sheet(out, {name: run.cells for name, run in lanes.items()})
     minutes = (time.perf_counter() - start) / 60
     (out / 'summary.md').write_text(table + f'\n\nPretraining: top-1 {accuracy["accuracy/top1"]:.1f}% on the held-out '
                                     f'crops. {minutes:.1f} min in total\n')
     (out / 'summary.json').write_text(json.dumps(dict(
         results=results, labels={key: score.label for key, score in scores.items()},
-        pretraining_top1=accuracy['accuracy/top1'], minutes=minutes,
+        pretraining_top1=accuracy['accuracy/top1'], minutes=minutes, jobs=args.jobs,
+        trained=['pretraining'] * pretrained + [name for name, run in lanes.items() if run.trained],
+        task_seconds={name: round(run.seconds) for name, run in lanes.items()},
         command=shlex.join(['python', 'tools/demo.py'] + sys.argv[1:]), torch=torch.__version__, **cpu_info()),
         indent=2))
-    print('\n[demo] held-out split (150 images); training scale (long side): detection 192, segmentation 160\n'
-          + table)
-    visualise(out, {name: checkpoints[name] for name in tasks})
-    print(f'[demo] visualisations in {out / "vis"}; summary in {out / "summary.md"}; '
-          f'{(time.perf_counter() - start) / 60:.1f} min in total')
+    print(f'[demo] visualisations in {out / "vis"}; summary in {out / "summary.md"}; {minutes:.1f} min in total')
 
 
 if __name__ == '__main__':

@@ -1,8 +1,9 @@
 # Mask R-CNN + FPN with pcpvt_tiny on the embedded shapes dataset (boxes and instance masks), on CPU: the data,
-# schedule, optimiser and backbone of the RetinaNet shapes config (the demo starts the backbone from the one
+# optimiser and backbone of the RetinaNet shapes config, 270 iterations (the demo starts the backbone from the one
 # pretrained on the shape crops, configs/shapes/pcpvt-tiny_shapes-cls.py); mmdet's Mask R-CNN heads
-# (mask-rcnn_r50_fpn) at the FPN's width, 64 channels, sized for 1-3 objects an image on a CPU: 128 RoIs sampled per
-# image instead of 512 (up to 32 positives train the mask head), 1000 proposals kept before NMS and 300 after.
+# (mask-rcnn_r50_fpn) at the FPN's width, 64 channels, sized for 1-3 objects an image on a CPU: 64 RoIs sampled per
+# image instead of 512 (up to 16 positives train the mask head), 1000 proposals kept before NMS and 150 after in
+# training (300 in testing).
 # No padding to a multiple of 32: the backbone takes any size.
 _base_ = ['./retinanet_pcpvt-tiny_fpn_shapes.py']
 
@@ -39,10 +40,10 @@ model = dict(
                  sampler=dict(type='RandomSampler', num=256, pos_fraction=0.5, neg_pos_ub=-1,
                               add_gt_as_proposals=False),
                  allowed_border=-1, pos_weight=-1, debug=False),
-        rpn_proposal=dict(nms_pre=1000, max_per_img=300, nms=nms, min_bbox_size=0),
+        rpn_proposal=dict(nms_pre=1000, max_per_img=150, nms=nms, min_bbox_size=0),
         rcnn=dict(assigner=dict(type='MaxIoUAssigner', pos_iou_thr=0.5, neg_iou_thr=0.5, min_pos_iou=0.5,
                                 match_low_quality=True, ignore_iof_thr=-1),
-                  sampler=dict(type='RandomSampler', num=128, pos_fraction=0.25, neg_pos_ub=-1,
+                  sampler=dict(type='RandomSampler', num=64, pos_fraction=0.25, neg_pos_ub=-1,
                                add_gt_as_proposals=True),
                   mask_size=28, pos_weight=-1, debug=False)),
     test_cfg=dict(rpn=dict(nms_pre=1000, max_per_img=300, nms=nms, min_bbox_size=0),
@@ -69,3 +70,10 @@ val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
 val_evaluator = dict(metric=['bbox', 'segm'])
 test_evaluator = val_evaluator
+
+max_iters = 270
+train_cfg = dict(max_iters=max_iters, val_interval=max_iters)
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
+    dict(type='CosineAnnealingLR', T_max=max_iters, eta_min=1e-5, by_epoch=False, begin=0, end=max_iters),
+]

@@ -21,11 +21,12 @@ class Score(NamedTuple):
 PRETRAINING = 'configs/shapes/pcpvt-tiny_shapes-cls.py'
 SHAPES_TASKS = {'detection': ShapesTask('mmdet', 'configs/shapes/retinanet_pcpvt-tiny_fpn_shapes.py'),
                 'segmentation': ShapesTask('mmseg', 'configs/shapes/fpn_pcpvt-tiny_shapes.py', start='detection')}
-# The demo trains the detectors from the pretrained backbone and the segmentors from RetinaNet's.
+# The demo trains the detectors from the pretrained backbone and the segmentors from RetinaNet's, starting them in
+# this order as lanes free up (the longer of two ready tasks first).
 DEMO_TASKS = {'detection': SHAPES_TASKS['detection'],
               'instances': ShapesTask('mmdet', 'configs/shapes/mask-rcnn_pcpvt-tiny_fpn_shapes.py'),
-              'segmentation': SHAPES_TASKS['segmentation'],
-              'upernet': ShapesTask('mmseg', 'configs/shapes/upernet_pcpvt-tiny_shapes.py', start='detection')}
+              'upernet': ShapesTask('mmseg', 'configs/shapes/upernet_pcpvt-tiny_shapes.py', start='detection'),
+              'segmentation': SHAPES_TASKS['segmentation']}
 SCORES = {'detection': Score('detection', 'coco/bbox_mAP', 'RetinaNet bbox mAP', 1.),
           'instances-bbox': Score('instances', 'coco/bbox_mAP', 'Mask R-CNN bbox mAP', 1.),
           'instances-segm': Score('instances', 'coco/segm_mAP', 'Mask R-CNN segm mAP', 1.),
