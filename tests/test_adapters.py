@@ -299,6 +299,9 @@ def test_engine_caches_are_named_by_everything_that_changes_them(tmp_path, monke
     Image.new('RGB', (9, 7), (10, 20, 30)).save(folder / 'x.png')
     name = engines.cache_name(det, ckpt, 'float')
     assert engines.cache_name(det, ckpt, 'float') == name and name.startswith('epoch_1-float-')
+    thresholds = copy.deepcopy(det)   # post-processing: no engine runs it, so the same conversion serves
+    thresholds.model.test_cfg.score_thr = 0.0
+    assert engines.cache_name(thresholds, ckpt, 'float') == name
     bilinear = copy.deepcopy(det)
     bilinear.model.neck.upsample_cfg = dict(mode='bilinear')
     others = [engines.cache_name(bilinear, ckpt, 'float'), engines.cache_name(seg, ckpt, 'float'),

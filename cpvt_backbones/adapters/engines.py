@@ -168,13 +168,15 @@ def cache_versions(engine: str | None = None) -> dict[str, str]:
 def cache_name(cfg: Config, checkpoint: Path, kind: str, calibration: tuple[str, int] | None = None,
                *extra: str, checkpoint_sha256: str | None = None, engine: str | None = None) -> str:
     """A file name for what is derived from the model of ``cfg`` with ``checkpoint``: the checkpoint's stem,
-    ``kind`` and a hash of everything that changes the result: the config's model section (after overrides), the
+    ``kind`` and a hash of everything that changes the result: the config's model section (after overrides; its
+    ``train_cfg`` and ``test_cfg`` left out: training and post-processing settings, which no engine runs), the
     checkpoint's content (sha256), ``extra``, the versions of ``cache_versions(engine)`` (this package, torch and
     the packages ``engine`` requires), and for ``calibration`` (source, number of images) the config's test
     dataloader with its pipeline and, for a folder, the content of its images. The same inputs give the same
     name, any change another. ``checkpoint_sha256``: the checkpoint's sha256 where the caller has it already
     (names for several kinds of one checkpoint read the file once)."""
-    key = dict(model=cfg.model.to_dict(), checkpoint=checkpoint_sha256 or file_sha256(checkpoint), kind=kind,
+    model = {k: v for k, v in cfg.model.to_dict().items() if k not in ('train_cfg', 'test_cfg')}
+    key = dict(model=model, checkpoint=checkpoint_sha256 or file_sha256(checkpoint), kind=kind,
                extra=list(extra), versions=cache_versions(engine))
     if calibration is not None:
         source, num_images = calibration
