@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from matplotlib.patches import Patch, Rectangle
+from mmengine.config import Config
 
 from cpvt_backbones.adapters.engines import DEFAULT_ENGINE, calibrate
 from cpvt_backbones.adapters.evaluation import evaluate, set_test_scale
@@ -40,9 +41,9 @@ VIS_SIZES = [('0.7x', (.7, .7)), ('1x', (1., 1.)), ('native', None), ('2x', (2.,
 SCORE_THR = 0.5  # boxes and masks drawn: confident ones only (the detectors return up to 50 candidates per image)
 
 
-def final_checkpoint(name: str, config: str, out: Path) -> Path:
-    """Where the training of ``config`` in out/``name`` leaves its final weights."""
-    return out / name / f'iter_{load_config(config).train_cfg.max_iters}.pth'
+def final_checkpoint(out: Path, name: str, cfg: Config) -> Path:
+    """Where the training of ``cfg`` in out/``name`` leaves its final weights."""
+    return out / name / f'iter_{cfg.train_cfg.max_iters}.pth'
 
 
 def train(name: str, config: str, out: Path, retrain: bool, init_from: str = None) -> tuple[str, bool]:
@@ -51,7 +52,7 @@ def train(name: str, config: str, out: Path, retrain: bool, init_from: str = Non
     if init_from is not None:
         cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=init_from, prefix='backbone.')
     cfg.train_cfg.val_interval = cfg.train_cfg.max_iters + 1  # evaluated below, at every test size
-    final = final_checkpoint(name, config, out)
+    final = final_checkpoint(out, name, cfg)
     if final.is_file() and not retrain:
         print(f'[demo] {name}: reusing {final} (pass --retrain to train again)')
         return str(final), False
@@ -199,7 +200,7 @@ def run_lanes(names: list[str], jobs: int, out: Path, retrain: bool, pretrained:
     checkpoints = {'pretraining': pretrained}
     if not retrain:
         checkpoints.update((name, str(final)) for name in names
-                           if (final := final_checkpoint(name, DEMO_TASKS[name].config, out)).is_file())
+                           if (final := final_checkpoint(out, name, load_config(DEMO_TASKS[name].config))).is_file())
     done, running, waiting = {}, {}, list(names)
     context = multiprocessing.get_context('spawn')   # a fresh interpreter: no forked OpenMP or runner state
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_lane,
