@@ -38,6 +38,7 @@ from ..compat import FEATURES, autocast_enabled, supports
 from ..layers.block import Block
 from ..layers.layout import symbolic_shapes
 from ..layers.position.base import AttentionPosition
+from ..layers.valid import ValidRegion
 from ..utils import cpu_flags
 
 # Tokens per chunk of the fused MLP: the chunk's hidden activation (4-16 MiB of float32) stays in cache
@@ -307,7 +308,8 @@ class FusedBlock(nn.Module):
     attention's output projection with the residual accumulated by its GEMM, then the MLP a chunk of tokens at
     a time with the residual added in place, each linear layer through its own kernel (``deploy.optimize``
     makes them ``FusedLinear``). Position encodings inside attention (``pos``) are unaffected: fusion starts
-    after attention. A block with layer scale is not fused (``deploy.optimize`` refuses it)."""
+    after attention. A ``valid`` region (a padded batch, ``layers.valid``) is taken as ``layers.Block`` takes it.
+    A block with layer scale is not fused (``deploy.optimize`` refuses it)."""
 
     def __init__(self, block: nn.Module):
         super().__init__()
@@ -315,9 +317,11 @@ class FusedBlock(nn.Module):
             block.norm1, block.attn, block.ls1, block.norm2, block.mlp, block.ls2, block.drop_path)
         self.train(block.training)
 
-    def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None,
+                valid: ValidRegion | None = None) -> torch.Tensor:
         if self.training or not can_fuse(x):
-            return Block.forward(self, x, hw, pos)
-        attended = self.attn.attend(self.norm1(x), hw, pos)
-        return fused_gemms(attended.reshape(-1, attended.shape[-1]), self, x.reshape(-1, x.shape[-1])).view(x.shape)
+            return Block.forward(self, x, hw, pos, valid)
+        attended = self.attn.attend(self.norm1(x), hw, pos) if valid is None else \
+            self.attn.attend(self.norm1(x), hw, pos, valid)
+        out = fused_gemms(attended.reshape(-1, attended.shape[-1]), self, x.reshape(-1, x.shape[-1])).view(x.shape)
+        return out if valid is None else valid.zero_tokens(out)

@@ -8,6 +8,7 @@ from torch import nn
 
 from .layout import map_to_tokens, pad_to_multiple, symbolic_shapes, tokens_to_map
 from .position.base import AttentionPosition, rotate
+from .valid import ValidRegion
 
 
 class Attention(nn.Module):
@@ -20,6 +21,10 @@ class Attention(nn.Module):
 
     A position encoding that acts inside attention passes an ``AttentionPosition``: a module that makes the
     query/key input (values keep the tokens), rotary angles for queries and keys, or a bias on the logits.
+
+    With a ``valid`` region (a padded batch, ``layers.valid``) the tokens beyond each image are zeroed before the
+    reduction and excluded as keys (a reduced key is kept where it covers the image, as the image alone has it),
+    so each image's valid queries attend as they would alone.
 
     The projections keep the official key names (``q``, ``kv``, ``sr``, ``norm``, ``proj``) and attention runs
     through ``F.scaled_dot_product_attention``. The reduction's norm is ``norm_layer(dim)`` at its default eps
@@ -52,29 +57,36 @@ class Attention(nn.Module):
         k, v = self.kv(x).reshape(B, x.shape[1], 2, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
         return k, v
 
-    def attend(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None
-               ) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None,
+               valid: ValidRegion | None = None) -> torch.Tensor:
         """Attention output before the output projection, (B, N, C)."""
         B, N, C = x.shape
         separate_qk = pos is not None and pos.qk_input is not None
+        if valid is not None:
+            x = valid.zero_tokens(x)
         qk_input = pos.qk_input(x, hw) if separate_qk else x
+        if separate_qk and valid is not None:
+            qk_input = valid.zero_tokens(qk_input)
         q = self.q(qk_input).reshape(B, N, self.num_heads, C // self.num_heads).transpose(1, 2)
         k, v = self._keys_values(x, hw)
         if separate_qk:
             k = self._keys_values(qk_input, hw)[0]
-        bias = None
+        mask = None
         if pos is not None:
             if pos.rotary is not None:
                 q, k = rotate(q, pos.rotary.query), rotate(k, pos.rotary.key)
             if pos.bias is not None:
-                bias = pos.bias.to(q.dtype)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                mask = pos.bias.to(q.dtype)
+        if valid is not None:
+            keys = valid.reduced(self.sr_ratio).key_mask() if self.sr_ratio > 1 else valid.key_mask()
+            mask = keys if mask is None else mask.masked_fill(~keys, float('-inf'))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                              dropout_p=self.attn_drop if self.training else 0.)
         return out.transpose(1, 2).reshape(B, N, C)
 
-    def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None
-                ) -> torch.Tensor:
-        return self.proj_drop(self.proj(self.attend(x, hw, pos)))
+    def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None,
+                valid: ValidRegion | None = None) -> torch.Tensor:
+        return self.proj_drop(self.proj(self.attend(x, hw, pos, valid)))
 
 
 class LocallyGroupedAttention(nn.Module):
@@ -87,6 +99,10 @@ class LocallyGroupedAttention(nn.Module):
     token attends only to the real tokens of its window, as the Twins release's dense code and mmseg's and
     mmpretrain's SVT mean to (theirs masks only where both H and W are padded: with one side unpadded, a
     ``[-0:]`` slice marks every token as padding, which masks nothing).
+
+    With a ``valid`` region (a padded batch, ``layers.valid``) the tokens beyond each image are zeroed before the
+    partition, so the windows of an image hold what they hold alone: its tokens and zeros (its own padding, and
+    with ``window_mask`` those are masked out as keys); the batch's further padding lies in windows of its own.
 
     Takes ``layers.Block``'s ``attn_layer`` arguments: windows reduce nothing, so ``sr_ratio`` must be 1 and
     ``norm_layer`` builds nothing. Of a position encoding's ``AttentionPosition`` it takes the query/key input and
@@ -139,41 +155,62 @@ class LocallyGroupedAttention(nn.Module):
         head_dim = width // parts // self.num_heads
         return t.reshape(B, num_windows, T, parts, self.num_heads, head_dim).permute(3, 0, 1, 4, 2, 5).unbind(0)
 
-    def _key_mask(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor | None:
+    def _key_mask(self, x: torch.Tensor, hw: tuple[int, int], valid: ValidRegion | None = None
+                  ) -> torch.Tensor | None:
         """(B * windows, 1, 1, window_size ** 2) True for the real tokens of each window, or None where there
-        is nothing to mask (no mask asked for, or no padding in an eager call)."""
+        is nothing to mask (no mask asked for, or no padding in an eager call without a ``valid`` region). A
+        window of a padded batch that holds no token of its image keeps every key (its outputs are dropped)."""
         ws = self.window_size
-        if not self.window_mask or not (symbolic_shapes() or hw[0] % ws or hw[1] % ws):
+        if not self.window_mask:
+            return None
+        if valid is not None:
+            real = self.partition(valid.map_mask().to(x.dtype))[0][..., 0] > 0
+            real = real | ~real.any(dim=-1, keepdim=True)
+            return real[:, :, None, None, :].flatten(0, 1)
+        if not (symbolic_shapes() or hw[0] % ws or hw[1] % ws):
             return None
         real = self.partition(x.new_ones(1, 1, hw[0], hw[1]))[0][..., 0] > 0
         return real[:, :, None, None, :].expand(x.shape[0], -1, -1, -1, -1).flatten(0, 1)
 
-    def attend(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None
-               ) -> torch.Tensor:
+    def _angles(self, angles: torch.Tensor, hw: tuple[int, int], valid: ValidRegion | None) -> torch.Tensor:
+        """Rotary angles (heads or 1, H * W, d) as windows broadcasting against (B, windows, heads, T, d)
+        queries: zero on padded tokens (those of a batch's padding beyond each image too)."""
+        if valid is None:
+            return self.partition(tokens_to_map(angles, hw))[0].transpose(0, 1)      # (windows, heads, T, d)
+        heads, _, d = angles.shape
+        per_image = (angles[None] * valid.token_mask()[:, None, :, None]).flatten(0, 1)  # (B * heads, H * W, d)
+        windows = self.partition(tokens_to_map(per_image, hw))[0]                     # (B * heads, windows, T, d)
+        return windows.unflatten(0, (-1, heads)).transpose(1, 2)                       # (B, windows, heads, T, d)
+
+    def attend(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None,
+               valid: ValidRegion | None = None) -> torch.Tensor:
         """Attention output before the output projection, (B, N, C)."""
         B, N, C = x.shape
         heads, head_dim = self.num_heads, C // self.num_heads
         if pos is not None and pos.bias is not None:
             raise ValueError('an attention-logit bias (rpe) is sized for global attention and has no place in '
                              'locally-grouped (windowed) attention')
+        if valid is not None:
+            x = valid.zero_tokens(x)
         windows, grid = self.partition(tokens_to_map(x, hw))
         num_windows, T = windows.shape[1], windows.shape[2]
         q, k, v = self._split_heads(self.qkv(windows), 3)
         if pos is not None and pos.qk_input is not None:
-            qk_windows = self.partition(tokens_to_map(pos.qk_input(x, hw), hw))[0]
+            qk = pos.qk_input(x, hw)
+            qk_windows = self.partition(tokens_to_map(qk if valid is None else valid.zero_tokens(qk), hw))[0]
             q, k = self._split_heads(self.qkv(qk_windows)[..., :2 * C], 2)
         if pos is not None and pos.rotary is not None:
-            angles = self.partition(tokens_to_map(pos.rotary.query, hw))[0].transpose(0, 1)  # (windows, heads, T, .)
+            angles = self._angles(pos.rotary.query, hw, valid)
             q, k = rotate(q, angles), rotate(k, angles)
         out = F.scaled_dot_product_attention(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
-                                             attn_mask=self._key_mask(x, hw),
+                                             attn_mask=self._key_mask(x, hw, valid),
                                              dropout_p=self.attn_drop if self.training else 0.)
         out = out.reshape(B, num_windows, heads, T, head_dim).transpose(2, 3).reshape(B, num_windows, T, C)
         return self.merge(out, grid, hw)
 
-    def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None
-                ) -> torch.Tensor:
-        return self.proj_drop(self.proj(self.attend(x, hw, pos)))
+    def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None,
+                valid: ValidRegion | None = None) -> torch.Tensor:
+        return self.proj_drop(self.proj(self.attend(x, hw, pos, valid)))
 
     def extra_repr(self) -> str:
         return f'window_size={self.window_size}, window_mask={self.window_mask}'

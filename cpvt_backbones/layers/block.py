@@ -7,6 +7,7 @@ from torch import nn
 
 from .attention import Attention
 from .position.base import AttentionPosition
+from .valid import ValidRegion
 
 
 class DropPath(nn.Module):
@@ -59,7 +60,9 @@ class Block(nn.Module):
 
     The parts are passed by keyword: ``attn_layer(dim, num_heads, qkv_bias=, attn_drop=, proj_drop=,
     sr_ratio=, norm_layer=)``, ``mlp_layer(dim, hidden_dim, drop=, act_layer=)``, ``norm_layer(dim, eps=)``.
-    ``pos`` (from the model's position encodings) goes to the attention. ``drop`` is the dropout of the
+    ``pos`` (from the model's position encodings) goes to the attention. With a ``valid`` region (a padded batch,
+    ``layers.valid``) the attention takes it too (as its fourth argument) and the tokens beyond each image leave
+    the block as zeros. ``drop`` is the dropout of the
     attention's projection and of the MLP, ``drop_path`` the stochastic depth of both branches.
     """
 
@@ -78,7 +81,10 @@ class Block(nn.Module):
         self.ls2 = nn.Identity() if layer_scale_init is None else LayerScale(dim, layer_scale_init)
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None
-                ) -> torch.Tensor:
-        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), hw, pos)))
-        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+    def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None,
+                valid: ValidRegion | None = None) -> torch.Tensor:
+        if valid is None:
+            x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), hw, pos)))
+            return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), hw, pos, valid)))
+        return valid.zero_tokens(x + self.drop_path(self.ls2(self.mlp(self.norm2(x)))))

@@ -13,6 +13,7 @@ from ..compat import autocast_enabled, is_fx_tracing
 from ..layers import Attention, Mlp
 from ..layers.layout import symbolic_shapes
 from ..layers.position import Geometry, PositionEncoding, build_position_encodings, merge_attention
+from ..layers.valid import ValidRegion, check_valid_sizes
 
 
 def check_input(x, in_chans: int, check_finite: bool = False) -> None:
@@ -277,16 +278,18 @@ class CPVTBase(nn.Module):
         dropped key prefixes (``attr.``-qualified)."""
         return [f'{enc.attr}.{key}' for enc in self.pos_encodings for key in enc.cut(kept_depths)]
 
-    def _embed_position(self, stage: int, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+    def _embed_position(self, stage: int, x: torch.Tensor, hw: tuple[int, int],
+                        valid: ValidRegion | None = None) -> torch.Tensor:
         for enc in self.pos_encodings:
-            x = enc.embed(stage, x, hw)
+            x = enc.embed(stage, x, hw) if valid is None else valid.zero_tokens(enc.embed(stage, x, hw, valid))
         return x
 
     def _run_blocks(self, blocks: nn.ModuleList, stage: int, x: torch.Tensor, hw: tuple[int, int],
                     tap: Callable[[int, torch.Tensor], None] | None = None,
-                    stop: int | None = None) -> torch.Tensor:
+                    stop: int | None = None, valid: ValidRegion | None = None) -> torch.Tensor:
         """Blocks 0..``stop`` (all by default), each given its attention's position input and followed by the
-        encodings' ``after_block`` (a PEG); ``tap(j, x)`` sees the tokens after block j and its PEG."""
+        encodings' ``after_block`` (a PEG); ``tap(j, x)`` sees the tokens after block j and its PEG. ``valid``:
+        the stage's region of each image of a padded batch (``layers.valid``), kept zero beyond it."""
         encodings = self.pos_encodings
         per_block = [enc.attention(stage, hw) for enc in encodings]
         names = [enc.name for enc in encodings]
@@ -294,9 +297,10 @@ class CPVTBase(nn.Module):
             if stop is not None and j > stop:
                 break
             pos = merge_attention([p[j] if p is not None else None for p in per_block], names)
-            x = self._block(blk, x, hw, pos)
+            x = self._block(blk, x, hw, pos, valid)
             for enc in encodings:
-                x = enc.after_block(stage, j, x, hw)
+                x = enc.after_block(stage, j, x, hw) if valid is None else \
+                    valid.zero_tokens(enc.after_block(stage, j, x, hw, valid))
             if tap is not None:
                 tap(j, x)
         return x
@@ -348,24 +352,40 @@ class CPVTBase(nn.Module):
                 item.eval()
         return self
 
-    def _check_input(self, x) -> None:
+    def _check_input(self, x, valid_sizes=None) -> torch.Tensor | None:
+        """Refuse a bad input by name (``check_input``, and a dtype the weights do not take); returns
+        ``valid_sizes`` checked against ``x`` (``layers.valid.check_valid_sizes``), or None without. torch.fx
+        traces the plain path: its graph takes ``valid_sizes`` (a placeholder, as for every argument) and ignores
+        it."""
         if is_fx_tracing():  # x is a torch.fx Proxy: there is no tensor to check, and the traced graph checks none
-            return
+            return None
         check_input(x, self.in_chans, self.check_finite)
+        sizes = None if valid_sizes is None else check_valid_sizes(valid_sizes, x)
         if symbolic_shapes():  # torch.compile/export/ONNX record the graph: the eager call checks the dtype
-            return
+            return sizes
         weight = next(self.parameters(), None)
         if weight is not None and x.dtype != weight.dtype and not autocast_enabled(x.device.type):
             raise TypeError(f'input is {x.dtype} but the model\'s weights are {weight.dtype}: convert one to the '
                             f'other (x.to({weight.dtype}) or model.to({x.dtype})), or run under torch.autocast')
+        return sizes
+
+    @staticmethod
+    def _pooled(x: torch.Tensor, sizes: torch.Tensor | None, stride: int, prefix: int = 0) -> torch.Tensor:
+        """The average of the (B, prefix + N, C) tokens ``x`` past the prefix; with ``sizes`` (pixels, a padded
+        batch) of each image's ceil(h / stride) x ceil(w / stride) valid tokens, the others being zero."""
+        if sizes is None:
+            return x[:, prefix:].mean(dim=1)
+        return x[:, prefix:].sum(dim=1) / ValidRegion.of_pixels(sizes, stride, (0, 0)).counts().to(x.dtype)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
 
-    def _block(self, blk: nn.Module, x: torch.Tensor, hw: tuple[int, int], pos) -> torch.Tensor:
+    def _block(self, blk: nn.Module, x: torch.Tensor, hw: tuple[int, int], pos,
+               valid: ValidRegion | None = None) -> torch.Tensor:
+        args = (x, hw, pos) if valid is None else (x, hw, pos, valid)
         if self.grad_checkpointing and torch.is_grad_enabled():
-            return checkpoint(blk, x, hw, pos, use_reentrant=False)
-        return blk(x, hw, pos)
+            return checkpoint(blk, *args, use_reentrant=False)
+        return blk(*args)
 
     def no_weight_decay(self) -> set[str]:
         """Names of parameters that the recipes exclude from weight decay: every position encoding's (PEG, as

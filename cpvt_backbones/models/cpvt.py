@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers import Block, LayerNorm2d, PatchEmbed, tokens_to_map
+from ..layers.valid import ValidRegion
 from .base import CPVTBase, Stage, init_weights, take_indices
 
 PYRAMID_STRIDES = (4, 8, 16, 32)
@@ -128,40 +129,63 @@ class CPVT(CPVTBase):
     def embed_dim(self) -> int:
         return self.stage_specs[0].dim
 
-    def _tokens(self, x: torch.Tensor, tap=None, stop: int | None = None):
+    def _tokens(self, x: torch.Tensor, tap=None, stop: int | None = None, sizes: torch.Tensor | None = None):
         """Tokens (B, prefix + h * w, C) after the blocks up to ``stop`` (default: all; see ``_run_blocks``),
-        not yet normed, and the token map size (h, w)."""
+        not yet normed, the token map size (h, w) and, with ``sizes`` (each image's valid (h, w) in pixels of a
+        padded batch), the tokens' ``ValidRegion`` (those beyond each image are zero), else None."""
+        if sizes is not None:
+            x = ValidRegion.of_pixels(sizes, 1, x.shape[-2:]).zero_map(x)
         x, hw = self.patch_embed(x)
+        valid = None if sizes is None else \
+            ValidRegion.of_pixels(sizes, self.patch_embed.patch_size, hw, self.num_prefix_tokens)
         if self.cls_token is not None:
             x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
-        x = self.pos_drop(self._embed_position(0, x, hw))
-        return self._run_blocks(self.blocks, 0, x, hw, tap, stop), hw
+        x = self.pos_drop(self._embed_position(0, x, hw, valid))
+        return self._run_blocks(self.blocks, 0, x, hw, tap, stop, valid), hw, valid
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Normed tokens (B, prefix + N, C)."""
-        self._check_input(x)
-        return self.norm(self._tokens(x)[0])
+    def forward_features(self, x: torch.Tensor, valid_sizes=None) -> torch.Tensor:
+        """Normed tokens (B, prefix + N, C); ``valid_sizes``: see ``forward`` (tokens beyond each image zero)."""
+        sizes = self._check_input(x, valid_sizes)
+        x, _, valid = self._tokens(x, sizes=sizes)
+        return self.norm(x) if valid is None else valid.zero_tokens(self.norm(x))
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = x[:, 0] if self.num_prefix_tokens else x.mean(dim=1)
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False, valid_sizes=None) -> torch.Tensor:
+        """The class token, or the average of the patch tokens (each image's own with ``forward_features``'
+        ``valid_sizes``), then the head."""
+        if self.num_prefix_tokens:
+            x = x[:, 0]
+        else:
+            sizes = None if valid_sizes is None else torch.as_tensor(valid_sizes, device=x.device)
+            x = self._pooled(x, sizes, self.patch_embed.patch_size)
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor):
-        self._check_input(x)
+    def forward(self, x: torch.Tensor, valid_sizes=None):
+        """Logits, or with ``features_only`` the feature maps, of ``x`` (B, C, H, W). ``valid_sizes``: for a
+        batch padded bottom/right to a common size, each image's (h, w) in pixels ((B, 2) ints, a tensor or
+        pairs): each image then gets on its valid region what it gets alone, and zeros beyond
+        (``layers.valid``)."""
+        sizes = self._check_input(x, valid_sizes)
         if not self.features_only:
-            return self.forward_head(self.norm(self._tokens(x)[0]))
+            return self.forward_head(self.forward_features(x, sizes), valid_sizes=sizes)
         H, W = x.shape[-2:]
-        tokens, hw = self._tokens(x)
+        tokens, hw, valid = self._tokens(x, sizes=sizes)
         feat = tokens_to_map(self.norm(tokens)[:, self.num_prefix_tokens:], hw)
         outs = []
         for i in self.out_indices:
             s = PYRAMID_STRIDES[i]
-            outs.append(self.simple_fpn[str(i)](feat)[..., :(H + s - 1) // s, :(W + s - 1) // s].contiguous())
+            level = feat
+            if valid is not None and i == 3:  # max pooling: alone the map ends at each image's border
+                level = level.masked_fill(~valid.map_mask(), float('-inf'))
+            out = self.simple_fpn[str(i)](level)[..., :(H + s - 1) // s, :(W + s - 1) // s]
+            if valid is not None:
+                out = ValidRegion.of_pixels(sizes, s, out.shape[-2:]).zero_map(out)
+            outs.append(out.contiguous())
         return tuple(outs)
 
     def forward_intermediates(self, x: torch.Tensor, indices: None | int | Sequence[int] = None,
                               return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
-                              output_fmt: str = 'NCHW', intermediates_only: bool = False, output_dict: bool = False):
+                              output_fmt: str = 'NCHW', intermediates_only: bool = False, output_dict: bool = False,
+                              valid_sizes=None):
         """timm's feature API, as its ViTs' ``forward_intermediates``: the patch tokens after the blocks
         ``indices`` picks (``base.take_indices``; each after its PEG), as stride-``patch_size`` NCHW maps
         (``output_fmt='NLC'``: (B, h * w, C) tokens), normed if ``norm``; unless ``intermediates_only`` also the
@@ -169,8 +193,9 @@ class CPVT(CPVTBase):
         ``return_prefix_tokens`` makes each intermediate a pair ``(map, prefix)`` with the (B, 1, C) class token,
         for a model that has one (a GAP model has no prefix token: plain maps, as timm). ``output_dict`` returns
         ``{'image_intermediates': ..., 'image_features': final}`` (without the final tokens when
-        ``intermediates_only``), with ``'image_intermediates_prefix'`` when prefix tokens are asked for and exist."""
-        self._check_input(x)
+        ``intermediates_only``), with ``'image_intermediates_prefix'`` when prefix tokens are asked for and exist.
+        ``valid_sizes``: see ``forward`` (tokens beyond each image zero)."""
+        sizes = self._check_input(x, valid_sizes)
         if output_fmt not in ('NCHW', 'NLC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take, max_index = take_indices(len(self.blocks), indices)
@@ -180,25 +205,29 @@ class CPVT(CPVTBase):
         def tap(j: int, tokens: torch.Tensor) -> None:
             if j in take:
                 tokens = self.norm(tokens) if norm else tokens
+                tokens = tokens if valid is None else valid.zero_tokens(tokens)
                 prefixes.append(tokens[:, :prefix])
                 tokens = tokens[:, prefix:]
                 maps.append(tokens_to_map(tokens, hw).contiguous() if output_fmt == 'NCHW' else tokens)
 
         p = self.patch_embed.patch_size
         hw = tuple((n + p - 1) // p for n in x.shape[-2:])
+        valid = None if sizes is None else ValidRegion.of_pixels(sizes, p, hw, prefix)
         stop = max_index if stop_early or intermediates_only else None
-        tokens, _ = self._tokens(x, tap, stop)
+        tokens, _, _ = self._tokens(x, tap, stop, sizes)
+        final = None if intermediates_only else self.norm(tokens) if valid is None else \
+            valid.zero_tokens(self.norm(tokens))
         with_prefix = return_prefix_tokens and prefix > 0
         if output_dict:
             out = dict(image_intermediates=maps)
             if with_prefix:
                 out['image_intermediates_prefix'] = prefixes
             if not intermediates_only:
-                out['image_features'] = self.norm(tokens)
+                out['image_features'] = final
             return out
         if with_prefix:
             maps = list(zip(maps, prefixes))
-        return maps if intermediates_only else (self.norm(tokens), maps)
+        return maps if intermediates_only else (final, maps)
 
     def _cut_to(self, keep: int) -> list[str]:
         dropped = [f'blocks.{j}.' for j in range(keep, len(self.blocks))]

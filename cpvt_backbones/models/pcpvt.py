@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ..layers import Block, LocallyGroupedAttention, PatchEmbed, tokens_to_map
+from ..layers.valid import ValidRegion
 from .base import CPVTBase, Stage, init_weights, stage_strides, take_indices
 
 
@@ -145,56 +146,82 @@ class PyramidCPVT(CPVTBase):
         return tuple(s.dim for s in self.stage_specs)
 
     def _stages(self, x: torch.Tensor, take: Sequence[int] = (), stop: int | None = None,
-                norm_last: bool = False):
+                norm_last: bool = False, sizes: torch.Tensor | None = None):
         """Run the built stages up to ``stop`` (default: all); return the last run stage's tokens, its (H, W)
-        and the NCHW maps of the stages in ``take`` (the last built one normed if ``norm_last``)."""
+        and the NCHW maps of the stages in ``take`` (the last built one normed if ``norm_last``). ``sizes``: each
+        image's valid (h, w) in pixels of a padded batch (``layers.valid``): every stage keeps the tokens beyond
+        each image zero, the returned ones included."""
         maps = []
         hw = (0, 0)
         last = len(self.blocks) - 1
+        stride = 1
         for i, embed in enumerate(self.patch_embeds):
             if stop is not None and i > stop:
                 break
-            x, hw = embed(x if i == 0 else tokens_to_map(x, hw))
-            x = self._run_blocks(self.blocks[i], i, self.pos_drops[i](self._embed_position(i, x, hw)), hw)
+            inputs = x if i == 0 else tokens_to_map(x, hw)
+            if sizes is not None:
+                inputs = ValidRegion.of_pixels(sizes, stride, inputs.shape[-2:]).zero_map(inputs)
+            x, hw = embed(inputs)
+            stride *= embed.patch_size
+            valid = None if sizes is None else ValidRegion.of_pixels(sizes, stride, hw)
+            x = self.pos_drops[i](self._embed_position(i, x, hw, valid))
+            x = self._run_blocks(self.blocks[i], i, x, hw, valid=valid)
             if i in take:
-                maps.append(tokens_to_map(self.norm(x) if norm_last and i == last else x, hw).contiguous())
+                out = self.norm(x) if norm_last and i == last else x
+                maps.append(tokens_to_map(out if valid is None else valid.zero_tokens(out), hw).contiguous())
         return x, hw, maps
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Normed tokens (B, N, C) of the last stage (classification models)."""
-        self._check_input(x)
+    def _final_stride(self) -> int:
+        return stage_strides(self.stage_specs)[len(self.blocks) - 1]
+
+    def forward_features(self, x: torch.Tensor, valid_sizes=None) -> torch.Tensor:
+        """Normed tokens (B, N, C) of the last stage (classification models). ``valid_sizes``: see ``forward``;
+        the tokens beyond each image are zero."""
+        sizes = self._check_input(x, valid_sizes)
         if self.features_only:
             raise RuntimeError('a features_only model has no final norm; call forward() for its feature maps')
-        return self.norm(self._stages(x)[0])
+        x, hw, _ = self._stages(x, sizes=sizes)
+        x = self.norm(x)
+        return x if sizes is None else ValidRegion.of_pixels(sizes, self._final_stride(), hw).zero_tokens(x)
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = x.mean(dim=1)
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False, valid_sizes=None) -> torch.Tensor:
+        """Global average pooling and the head on ``forward_features``' tokens; with its ``valid_sizes``, each
+        image's own tokens averaged."""
+        sizes = None if valid_sizes is None else torch.as_tensor(valid_sizes, device=x.device)
+        x = self._pooled(x, sizes, self._final_stride())
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor):
+    def forward(self, x: torch.Tensor, valid_sizes=None):
+        """Feature maps (``features_only``) or logits of ``x`` (B, C, H, W). ``valid_sizes``: for a batch padded
+        bottom/right to a common size, each image's (h, w) in pixels ((B, 2) ints, a tensor or pairs): each image
+        then gets on its valid region what it gets alone, and zeros beyond (``layers.valid``)."""
+        sizes = self._check_input(x, valid_sizes)
         if self.features_only:
-            self._check_input(x)
-            return tuple(self._stages(x, take=self.out_indices)[2])
-        return self.forward_head(self.forward_features(x))
+            return tuple(self._stages(x, take=self.out_indices, sizes=sizes)[2])
+        return self.forward_head(self.forward_features(x, sizes), valid_sizes=sizes)
 
     def forward_intermediates(self, x: torch.Tensor, indices: None | int | Sequence[int] = None,
                               return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
-                              output_fmt: str = 'NCHW', intermediates_only: bool = False, output_dict: bool = False):
+                              output_fmt: str = 'NCHW', intermediates_only: bool = False, output_dict: bool = False,
+                              valid_sizes=None):
         """timm's feature API, with the keywords of its ViTs: the NCHW maps after the stages ``indices`` picks
         (``base.take_indices``), and unless ``intermediates_only`` the normed last-stage tokens for
         ``forward_head``: ``(final, intermediates)``. ``norm`` applies the final norm to the last stage's map, the
         only one it is sized for. There are no prefix tokens, so ``return_prefix_tokens`` changes nothing (as for
         timm's models without one). ``output_dict`` returns ``{'image_intermediates': ..., 'image_features':
-        final}`` (without the final tokens when ``intermediates_only``)."""
-        self._check_input(x)
+        final}`` (without the final tokens when ``intermediates_only``). ``valid_sizes``: see ``forward``."""
+        sizes = self._check_input(x, valid_sizes)
         if output_fmt != 'NCHW':
             raise ValueError(f"PyramidCPVT returns NCHW maps; output_fmt={output_fmt!r} is not supported")
         if norm and self.features_only:
             raise ValueError('a features_only model has no final norm: pass norm=False')
         take, max_index = take_indices(len(self.blocks), indices)
         stop = max_index if stop_early or intermediates_only else None
-        x, _, maps = self._stages(x, take, stop, norm_last=norm)
+        x, hw, maps = self._stages(x, take, stop, norm_last=norm, sizes=sizes)
         final = None if intermediates_only else x if self.features_only or stop is not None else self.norm(x)
+        if final is not None and sizes is not None:
+            stride = stage_strides(self.stage_specs)[len(self.blocks) - 1 if stop is None else stop]
+            final = ValidRegion.of_pixels(sizes, stride, hw).zero_tokens(final)
         if output_dict:
             return dict(image_intermediates=maps, **({} if final is None else dict(image_features=final)))
         return maps if intermediates_only else (final, maps)

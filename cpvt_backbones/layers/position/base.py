@@ -14,6 +14,12 @@ official Twins/timm keys ``pos_block.{k}.proj.0.*`` are unchanged; ``pos_embed``
 ``pos_qk`` for the others). It is built from the model's ``Geometry`` and its own keyword options, owns its
 initialisation, and says which of its parts belong to which blocks (``parts_of``, for freezing) and how to
 drop the parts of blocks a model does not build (``cut``).
+
+On a padded batch (``layers.valid``) the model passes ``embed`` and ``after_block`` the stage's ``ValidRegion``
+as a fourth argument (and only then): the tokens beyond each image are zero on the way in, and an encoding makes
+each image's valid tokens what they are for the image alone (a table sized to each image, a convolution that
+sees each image's own border); what it leaves beyond each image is zeroed by the model. ``attention`` is not told:
+rotary angles and biases are functions of token positions from the top-left, the same in any batch.
 """
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -171,14 +177,14 @@ class PositionEncoding(nn.Module):
         super().__init__()
         self.geometry = geometry
 
-    def embed(self, stage: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
+    def embed(self, stage: int, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
         return x
 
     def attention(self, stage: int, hw: HW) -> list[AttentionPosition | None] | None:
         """One entry per block of ``stage`` (or None: nothing for any block)."""
         return None
 
-    def after_block(self, stage: int, block: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
+    def after_block(self, stage: int, block: int, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
         return x
 
     def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> list[Part]:

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layout import symbolic_shapes
+from ..layout import map_to_tokens, symbolic_shapes, tokens_to_map
 from .base import HW, Geometry, PositionEncoding
 
 INTERPOLATIONS = ('bicubic', 'bilinear')
@@ -25,7 +25,8 @@ class LearnedEncoding(PositionEncoding):
     """``learned``: a table per stage, added to the tokens after the patch embedding, learned for the token
     grid of an ``img_size`` input (int or (h, w); per stage ceil(img_size / stride)) and resized
     (``interpolation``: 'bicubic' as DeiT/timm, or 'bilinear' as PVT) to any other grid. A class token has
-    its own entry. Keys ``pos_embed.{stage}`` (1, prefix + gh * gw, C); initialised N(0, 0.02) truncated."""
+    its own entry. On a padded batch each image gets the table resized to its own grid. Keys
+    ``pos_embed.{stage}`` (1, prefix + gh * gw, C); initialised N(0, 0.02) truncated."""
     attr = 'pos_embed'
     name = 'learned'
 
@@ -48,13 +49,21 @@ class LearnedEncoding(PositionEncoding):
     def table(self, stage: int) -> nn.Parameter:
         return getattr(self, str(stage))
 
-    def embed(self, stage: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
+    def embed(self, stage: int, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
         table = self.table(stage)
         prefix = self.geometry.num_prefix_tokens if stage == 0 else 0
         grid = table[:, prefix:]
-        if symbolic_shapes() or tuple(hw) != self.grids[stage]:
+        if valid is not None:  # each image's own grid: the table resized to it, placed top-left
+            grid = torch.stack([F.pad(tokens_to_map(self._resized(stage, grid, size), size)[0],
+                                      (0, hw[1] - size[1], 0, hw[0] - size[0])) for size in valid.images()])
+            grid = map_to_tokens(grid)
+        elif symbolic_shapes() or tuple(hw) != self.grids[stage]:
             grid = resize_table(grid, self.grids[stage], hw, self.interpolation)
-        return x + (torch.cat((table[:, :prefix], grid), dim=1) if prefix else grid)
+        return x + (torch.cat((table[:, :prefix].expand(grid.shape[0], -1, -1), grid), dim=1) if prefix else grid)
+
+    def _resized(self, stage: int, grid: torch.Tensor, hw: HW) -> torch.Tensor:
+        return grid if tuple(hw) == self.grids[stage] else resize_table(grid, self.grids[stage], hw,
+                                                                         self.interpolation)
 
     def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> list[nn.Parameter]:
         return [self.table(stage)] if embedding else []

@@ -2,6 +2,7 @@
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..layout import map_to_tokens, tokens_to_map
@@ -26,6 +27,10 @@ class PEG(nn.Module):
     ``padding_mode`` other than 'zeros' ('circular', 'replicate', 'reflect') keeps the convolution's locality but
     gives it no zero border to read absolute position from (a control; 'circular' and 'reflect' need maps of
     at least k // 2 + 1 tokens per side).
+
+    On a padded batch (``valid``, a ``layers.valid.ValidRegion``) each image's convolution sees its own border:
+    zeros beyond it (the model hands over the map with its padding zeroed) or, with another ``padding_mode``,
+    the image's own map padded that way.
     """
 
     def __init__(self, dim: int, kernel_size: int = 3, peg_type: str = 'depthwise', num_prefix_tokens: int = 0,
@@ -42,10 +47,15 @@ class PEG(nn.Module):
         self.proj = nn.Sequential(*layers)
         self.num_prefix_tokens = num_prefix_tokens
 
-    def forward(self, x: torch.Tensor, hw: HW) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
         prefix = self.num_prefix_tokens
         feat = tokens_to_map(x[:, prefix:], hw)
-        out = map_to_tokens(self.proj(feat) + feat)
+        if valid is not None and self.proj[0].padding_mode != 'zeros':
+            conv = torch.stack([F.pad(self.proj(feat[b:b + 1, :, :h, :w])[0], (0, hw[1] - w, 0, hw[0] - h))
+                                for b, (h, w) in enumerate(valid.images())])
+        else:
+            conv = self.proj(feat if valid is None else valid.zero_map(feat))
+        out = map_to_tokens(conv + feat)
         return torch.cat((x[:, :prefix], out), dim=1) if prefix else out
 
     def response(self, x: torch.Tensor, out: torch.Tensor, hw: HW) -> torch.Tensor:
@@ -108,15 +118,15 @@ class PEGEncoding(Placed, PositionEncoding):
         """``{(stage, block): k}``: PEG ``pos_block.{k}`` follows that block (block -1: the patch embedding)."""
         return {place: k for k, place in enumerate(self.places)}
 
-    def _apply_at(self, stage: int, block: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
+    def _apply_at(self, stage: int, block: int, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
         peg = self.at(stage, block)
-        return x if peg is None else peg(x, hw)
+        return x if peg is None else peg(x, hw, valid)
 
-    def embed(self, stage: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
-        return self._apply_at(stage, -1, x, hw)
+    def embed(self, stage: int, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
+        return self._apply_at(stage, -1, x, hw, valid)
 
-    def after_block(self, stage: int, block: int, x: torch.Tensor, hw: HW) -> torch.Tensor:
-        return self._apply_at(stage, block, x, hw)
+    def after_block(self, stage: int, block: int, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
+        return self._apply_at(stage, block, x, hw, valid)
 
     def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> list[nn.Module]:
         return self.placed_parts(stage, list(blocks) + ([-1] if embedding else []))

@@ -1,0 +1,113 @@
+"""Padded batches computed as if each image were alone: the valid region of every image in a batch padded to a
+common size.
+
+Detection and segmentation frameworks pad the images of a batch bottom/right to the batch's largest size. A model
+that reads position from the border of its input (a PEG's zero padding) or lets every token meet every other
+(global attention) then answers differently for an image depending on its batch company. Given each image's
+valid size, a model keeps the tokens beyond it at zero before every operation that mixes positions (patch
+embedding, PEG, the key/value reduction, windows), excludes them as keys, and sets them to zero in its
+outputs: on its valid region each image gets what it gets alone, to float32 rounding.
+
+``ValidRegion`` says which tokens of one stage's (B, H, W) token map belong to their image, as sizes from the
+top-left corner; everything is computed with tensor operations, so it also runs under ``torch.compile``.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .layout import symbolic_shapes
+
+
+def check_valid_sizes(valid_sizes, x: torch.Tensor) -> torch.Tensor:
+    """``valid_sizes`` for the (B, C, H, W) batch ``x`` as a (B, 2) int64 tensor on ``x``'s device: each image's
+    (height, width) in pixels, from the top-left corner, 1 <= h <= H and 1 <= w <= W; a clear error otherwise.
+    Takes a tensor or a sequence of (h, w) pairs."""
+    if isinstance(valid_sizes, torch.Tensor):
+        sizes = valid_sizes
+        if sizes.is_floating_point() or sizes.is_complex() or sizes.dtype == torch.bool:
+            raise TypeError(f'valid_sizes must hold integers (pixels), got a {sizes.dtype} tensor')
+    else:
+        try:
+            rows = [tuple(pair) for pair in valid_sizes]
+        except TypeError as e:
+            raise TypeError(f'valid_sizes must be a (B, 2) tensor or a sequence of (h, w) pairs, got '
+                            f'{valid_sizes!r}') from e
+        if any(len(pair) != 2 or any(not isinstance(n, int) or isinstance(n, bool) for n in pair) for pair in rows):
+            raise TypeError(f'valid_sizes must be (h, w) pairs of ints (pixels), got {valid_sizes!r}')
+        sizes = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 2)
+    B, _, H, W = x.shape
+    if tuple(sizes.shape) != (B, 2):
+        raise ValueError(f'valid_sizes must give (h, w) for each of the {B} images, shape ({B}, 2); got shape '
+                         f'{tuple(sizes.shape)}')
+    sizes = sizes.to(device=x.device, dtype=torch.int64)
+    if not symbolic_shapes():
+        low, high = sizes.amin(0).tolist(), sizes.amax(0).tolist()
+        if min(low) < 1 or high[0] > H or high[1] > W:
+            raise ValueError(f'valid_sizes must lie within 1..{H} (height) and 1..{W} (width) of the padded batch '
+                             f'{tuple(x.shape)}; got {sizes.tolist()}')
+    return sizes
+
+
+class ValidRegion:
+    """The valid region of every image on one (H, W) map: image b owns rows < ``sizes[b, 0]`` and columns <
+    ``sizes[b, 1]``; ``prefix`` leading tokens (a class token) belong to every image.
+
+    Sizes divide as the models' maps do: a map of stride s over an image of h pixels has ceil(h / s) rows
+    (``at``), as a zero-padded patch embedding or key/value reduction gives it alone."""
+
+    def __init__(self, sizes: torch.Tensor, hw: Sequence[int], prefix: int = 0):
+        self.sizes = sizes
+        self.hw = (hw[0], hw[1])
+        self.prefix = prefix
+
+    @classmethod
+    def of_pixels(cls, sizes: torch.Tensor, stride: int, hw: Sequence[int], prefix: int = 0) -> ValidRegion:
+        """The region on a stride-``stride`` map of size ``hw`` of images ``sizes`` pixels large."""
+        return cls(torch.div(sizes + stride - 1, stride, rounding_mode='floor'), hw, prefix)
+
+    def reduced(self, ratio: int, hw: Sequence[int] | None = None) -> ValidRegion:
+        """The region on this map reduced ``ratio`` times per side (zero-padded to a multiple first); without
+        ``hw`` the reduced map is ceil(H / ratio) x ceil(W / ratio)."""
+        hw = tuple(-(-n // ratio) for n in self.hw) if hw is None else hw
+        return ValidRegion(torch.div(self.sizes + ratio - 1, ratio, rounding_mode='floor'), hw, self.prefix)
+
+    def map_mask(self, hw: Sequence[int] | None = None) -> torch.Tensor:
+        """(B, 1, H, W) bool, True on each image's valid region (of an ``hw`` map, default this one's)."""
+        h, w = self.hw if hw is None else hw
+        rows = torch.arange(h, device=self.sizes.device)[None, :] < self.sizes[:, :1]
+        cols = torch.arange(w, device=self.sizes.device)[None, :] < self.sizes[:, 1:]
+        return (rows[:, :, None] & cols[:, None, :])[:, None]
+
+    def token_mask(self) -> torch.Tensor:
+        """(B, prefix + H * W) bool over the tokens, prefix tokens valid."""
+        mask = self.map_mask().flatten(1)
+        if self.prefix:
+            mask = torch.cat((mask.new_ones(mask.shape[0], self.prefix), mask), dim=1)
+        return mask
+
+    def zero_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, prefix + H * W, C) tokens with those beyond each image set to zero."""
+        return x.masked_fill(~self.token_mask()[..., None], 0)
+
+    def zero_map(self, x: torch.Tensor) -> torch.Tensor:
+        """A (B, C, H', W') map (H' >= H and W' >= W: the rest is padding) with everything beyond each image set
+        to zero."""
+        return x.masked_fill(~self.map_mask(x.shape[-2:]), 0)
+
+    def key_mask(self) -> torch.Tensor:
+        """(B, 1, 1, prefix + H * W) bool: the keys an image's queries may attend to, for
+        ``F.scaled_dot_product_attention``."""
+        return self.token_mask()[:, None, None]
+
+    def counts(self) -> torch.Tensor:
+        """(B, 1) the number of valid non-prefix tokens of each image."""
+        return self.sizes.prod(dim=1, keepdim=True)
+
+    def images(self) -> list[tuple[int, int]]:
+        """Each image's (rows, columns) as Python ints (for per-image work outside a recorded graph)."""
+        return [tuple(pair) for pair in self.sizes.tolist()]
+
+
+__all__ = ['ValidRegion', 'check_valid_sizes']

@@ -1,0 +1,164 @@
+"""A batch padded to a common size, with each image's valid size, gives every image what it gets alone: every
+model family, every registered position encoding, outputs and gradients, and the fused engine."""
+import pytest
+import torch
+
+from cpvt_backbones import optimize
+from cpvt_backbones.layers.position import ENCODINGS
+from cpvt_backbones.models import CPVT, PyramidCPVT, TwinsSVT
+
+# One batch: a 1 x 1 image beside two odd sizes; the batch is padded to the largest.
+SIZES = [(1, 1), (97, 131), (224, 160)]
+PYRAMID = dict(embed_dims=(16, 32, 48, 64), num_heads=(1, 2, 3, 4), depths=(2, 2, 2, 2), mlp_ratios=(2, 2, 2, 2))
+COLUMNAR = dict(embed_dim=64, depth=6, num_heads=2)
+WINDOWED_ENCODINGS = [n for n in ENCODINGS if n != 'rpe']   # a logit bias has no place in windows
+
+
+def _images(sizes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(3, h, w, generator=g) for h, w in sizes]
+
+
+def _padded(images, fill=0.):
+    """The images top-left in one batch; the rest ``fill`` (a framework pads with zeros, any value must do)."""
+    H, W = max(i.shape[1] for i in images), max(i.shape[2] for i in images)
+    x = torch.full((len(images), 3, H, W), fill)
+    for b, image in enumerate(images):
+        x[b, :, :image.shape[1], :image.shape[2]] = image
+    return x
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+
+def _assert_as_alone(model, images, sizes):
+    """Each image's output in the padded batch equals its output alone (relative L2 < 1e-5), and every output
+    is zero beyond the image."""
+    with torch.no_grad():
+        batched = model(_padded(images, fill=3.), valid_sizes=sizes)
+        for b, image in enumerate(images):
+            alone = model(image[None])
+            if isinstance(alone, tuple):
+                for level, (out, ref) in enumerate(zip(batched, alone, strict=True)):
+                    h, w = ref.shape[-2:]
+                    assert _rel(out[b:b + 1, :, :h, :w], ref) < 1e-5, (b, level)
+                    beyond = out[b].clone()
+                    beyond[:, :h, :w] = 0
+                    assert not beyond.any(), f'image {b}, level {level}: non-zero beyond the image'
+            else:
+                assert _rel(batched[b:b + 1], alone) < 1e-5, b
+
+
+@pytest.mark.parametrize('features_only', [True, False], ids=['features', 'classifier'])
+@pytest.mark.parametrize('encoding', list(ENCODINGS))
+def test_pyramid_as_alone_for_every_encoding(encoding, features_only):
+    torch.manual_seed(0)
+    kwargs = dict(features_only=True, num_classes=0) if features_only else dict(num_classes=10)
+    model = PyramidCPVT(**PYRAMID, pos_encoding=encoding, **kwargs).eval()
+    _assert_as_alone(model, _images(SIZES), SIZES)
+
+
+@pytest.mark.parametrize('window_mask', [True, False], ids=['masked', 'unmasked'])
+@pytest.mark.parametrize('encoding', WINDOWED_ENCODINGS)
+def test_svt_as_alone_for_every_encoding(encoding, window_mask):
+    torch.manual_seed(0)
+    model = TwinsSVT(**PYRAMID, window_mask=window_mask, pos_encoding=encoding, features_only=True,
+                     num_classes=0).eval()
+    _assert_as_alone(model, _images(SIZES), SIZES)
+
+
+@pytest.mark.parametrize('class_token', [True, False], ids=['cls', 'gap'])
+@pytest.mark.parametrize('encoding', list(ENCODINGS))
+def test_columnar_as_alone_for_every_encoding(encoding, class_token):
+    torch.manual_seed(0)
+    for kwargs in (dict(features_only=True, num_classes=0), dict(num_classes=10)):
+        model = CPVT(**COLUMNAR, class_token=class_token, pos_encoding=encoding, **kwargs).eval()
+        _assert_as_alone(model, _images(SIZES), SIZES)
+
+
+@pytest.mark.parametrize('padding_mode', ['circular', 'replicate', 'reflect'])
+def test_peg_padding_modes_use_each_images_own_border(padding_mode):
+    """A PEG padded otherwise than with zeros pads each image's own map (reflect needs two tokens a side)."""
+    sizes = [(64, 64), (97, 131), (224, 160)]
+    torch.manual_seed(0)
+    model = PyramidCPVT(**PYRAMID, pos_encoding=dict(type='peg', padding_mode=padding_mode),
+                        features_only=True, num_classes=0).eval()
+    _assert_as_alone(model, _images(sizes), sizes)
+
+
+@pytest.mark.parametrize('family', ['pcpvt', 'svt', 'cpvt'])
+def test_training_gradients_of_each_image_equal_its_gradients_alone(family):
+    """In training mode (no dropout), the gradients of a loss on one image of the padded batch equal those of the
+    image alone, for every parameter (relative L2 over all of them < 1e-5; each within 1e-6 of the largest)."""
+    torch.manual_seed(0)
+    model = {'pcpvt': lambda: PyramidCPVT(**PYRAMID, pos_encoding='learned+peg', features_only=True, num_classes=0),
+             'svt': lambda: TwinsSVT(**PYRAMID, window_mask=True, pos_encoding='rope_mixed+peg', num_classes=10),
+             'cpvt': lambda: CPVT(**COLUMNAR, class_token=False, pos_encoding='rpe+peg', num_classes=10)}[family]()
+    model.train()
+    images = _images(SIZES)
+    x = _padded(images)
+
+    def gradients(inputs, b, **kwargs):
+        model.zero_grad()
+        out = model(inputs, **kwargs)
+        sum(o[b].square().sum() for o in (out if isinstance(out, tuple) else (out,))).backward()
+        return torch.cat([p.grad.flatten() if p.grad is not None else torch.zeros(p.numel())
+                          for p in model.parameters()])
+
+    for b, image in enumerate(images):
+        alone, batched = gradients(image[None], 0), gradients(x, b, valid_sizes=SIZES)
+        assert alone.norm() > 0
+        assert _rel(batched, alone) < 1e-5, b
+        assert (batched - alone).abs().max() <= 1e-6 * alone.abs().max(), b
+
+
+def test_forward_intermediates_and_features_as_alone():
+    torch.manual_seed(0)
+    images = _images(SIZES)
+    x = _padded(images)
+    for model in (PyramidCPVT(**PYRAMID, num_classes=10).eval(), CPVT(**COLUMNAR, num_classes=10).eval()):
+        with torch.no_grad():
+            final, maps = model.forward_intermediates(x, valid_sizes=SIZES)
+            tokens = model.forward_features(x, valid_sizes=SIZES)
+            head = model.forward_head(tokens, valid_sizes=SIZES)
+            assert torch.equal(final, tokens)
+            for b, image in enumerate(images):
+                _, maps_alone = model.forward_intermediates(image[None])
+                for out, ref in zip(maps, maps_alone, strict=True):
+                    assert _rel(out[b:b + 1, :, :ref.shape[-2], :ref.shape[-1]], ref) < 1e-5
+                assert _rel(head[b:b + 1], model(image[None])) < 1e-5
+
+
+def test_fused_engine_takes_valid_sizes():
+    torch.manual_seed(0)
+    images = _images(SIZES)
+    for model in (PyramidCPVT(**PYRAMID, num_classes=10).eval(), TwinsSVT(**PYRAMID, num_classes=10).eval()):
+        fused = optimize(model, inplace=False)
+        with torch.no_grad():
+            batched = fused(_padded(images), valid_sizes=SIZES)
+            for b, image in enumerate(images):
+                assert _rel(batched[b:b + 1], model(image[None])) < 1e-5
+
+
+def test_a_batch_without_valid_sizes_is_the_padded_images():
+    """Without ``valid_sizes`` a padded batch is what it is: its padding takes part (hence the argument)."""
+    torch.manual_seed(0)
+    model = PyramidCPVT(**PYRAMID, num_classes=10).eval()
+    images = _images(SIZES)
+    with torch.no_grad():
+        assert _rel(model(_padded(images))[1:2], model(images[1][None])) > 1e-3
+
+
+@pytest.mark.parametrize('sizes, error, match', [
+    ([(1, 1), (97, 131)], ValueError, r'each of the 3 images, shape \(3, 2\)'),
+    ([(0, 5), (97, 131), (224, 160)], ValueError, 'within 1..224'),
+    ([(1, 1), (97, 161), (224, 160)], ValueError, r'1..160 \(width\)'),
+    (torch.ones(3, 2), TypeError, 'integers'),
+    ([(1, 1.5), (2, 2), (3, 3)], TypeError, 'pairs of ints'),
+    (5, TypeError, r'\(B, 2\) tensor or a sequence'),
+])
+def test_bad_valid_sizes_are_refused_by_name(sizes, error, match):
+    model = PyramidCPVT(**PYRAMID, num_classes=10).eval()
+    with pytest.raises(error, match=match):
+        model(torch.zeros(3, 3, 224, 160), valid_sizes=sizes)
