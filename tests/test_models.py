@@ -59,7 +59,9 @@ def test_features_any_size(name):
 @pytest.mark.heavy
 @pytest.mark.parametrize('name', BIG)
 def test_features_any_size_big(name):
-    _check_features(name, ODD_SIZES + [(513, 769)])
+    """The odd sizes on the larger variants (the 513 x 769 input, the same code at other widths, runs on the
+    small ones above: on a base or large model it costs seconds per size)."""
+    _check_features(name, ODD_SIZES)
 
 
 @pytest.mark.parametrize('name', ALL)
