@@ -59,7 +59,8 @@ def test_adapters_are_outside_the_core():
 
 
 def test_importing_an_adapter_only_registers_the_backbones():
-    """Nothing but the registries' new entries changes: file backends, the safe loader's allowed globals, mmengine's
+    """Nothing but the registries' new entries (the backbones, and mmdet's and mmseg's valid-size data
+    preprocessors) changes: file backends, the safe loader's allowed globals, mmengine's
     checkpoint loaders, pickling rules, hooks and every other registry are as they were. The checkpoint and hook
     opt-ins do change them (torch's own allow-list never)."""
     _require_openmmlab()
@@ -81,7 +82,10 @@ registry = importlib.import_module(framework + '.registry').MODELS
 known = set(registry.module_dict)
 importlib.import_module('cpvt_backbones.adapters.' + framework)
 assert state() == before, 'importing the adapter changed more than its registry'
-assert set(registry.module_dict) - known == {'PyramidCPVT', 'TwinsSVT', 'CPVT'}, set(registry.module_dict) - known
+preprocessor = {'mmdet': {'ValidSizeDetDataPreprocessor'},
+                'mmseg': {'ValidSizeSegDataPreprocessor'}}.get(framework, set())
+assert set(registry.module_dict) - known == {'PyramidCPVT', 'TwinsSVT', 'CPVT'} | preprocessor, \
+    set(registry.module_dict) - known
 import cpvt_backbones.adapters.checkpoint, cpvt_backbones.adapters.hooks
 after = state()
 assert after[0]['local'] is not before[0]['local'] and len(after[2]) > len(before[2]) and after[4] != before[4]

@@ -162,3 +162,44 @@ def test_bad_valid_sizes_are_refused_by_name(sizes, error, match):
     model = PyramidCPVT(**PYRAMID, num_classes=10).eval()
     with pytest.raises(error, match=match):
         model(torch.zeros(3, 3, 224, 160), valid_sizes=sizes)
+
+
+@pytest.mark.parametrize('config', ['retinanet_pcpvt-tiny_fpn_shapes.py', 'fpn_pcpvt-tiny_shapes.py'])
+def test_openmmlab_preprocessors_hand_the_backbone_each_images_valid_size(config):
+    """mmdet's and mmseg's valid-size data preprocessors (registered by the adapters) pad a batch of odd sizes
+    (mmseg's own refuses one at test time), record each image's padding for the post-processing, and attach the
+    images' sizes to the batch, so that the backbone's maps of each image equal its maps alone."""
+    pytest.importorskip('mmdet')
+    pytest.importorskip('mmseg')
+    import copy
+    import importlib
+    from pathlib import Path
+
+    from mmengine.registry import DefaultScope
+
+    from cpvt_backbones.adapters.runner import read_config
+    cfg = read_config(str(Path(__file__).resolve().parents[1] / 'configs' / 'shapes' / config))
+    scope = cfg.default_scope
+    cfg.model.data_preprocessor.type = 'ValidSizeDetDataPreprocessor' if scope == 'mmdet' else \
+        'ValidSizeSegDataPreprocessor'
+    torch.manual_seed(0)
+    with DefaultScope.overwrite_default_scope(scope):
+        model = importlib.import_module(f'{scope}.registry').MODELS.build(cfg.model).eval()
+    sizes = [(61, 75), (97, 131), (160, 224)]
+    structures = importlib.import_module(f'{scope}.structures')
+    sample = structures.DetDataSample if scope == 'mmdet' else structures.SegDataSample
+    g = torch.Generator().manual_seed(1)
+    batch = dict(inputs=[torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in sizes],
+                 data_samples=[sample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), scale_factor=(1., 1.)))
+                               for h, w in sizes])
+    with torch.no_grad():
+        data = model.data_preprocessor(copy.deepcopy(batch), False)
+        assert data['inputs'].valid_sizes.tolist() == [list(s) for s in sizes]
+        if scope == 'mmseg':
+            assert [s.img_padding_size for s in data['data_samples']] == [(0, 224 - w, 0, 160 - h) for h, w in sizes]
+        maps = model.backbone(data['inputs'])
+        for b in range(len(sizes)):
+            alone = model.data_preprocessor({k: [copy.deepcopy(v[b])] for k, v in batch.items()}, False)
+            assert not hasattr(alone['inputs'], 'valid_sizes')   # nothing padded: the plain path
+            for out, ref in zip(maps, model.backbone(alone['inputs']), strict=True):
+                assert _rel(out[b:b + 1, :, :ref.shape[-2], :ref.shape[-1]], ref) < 1e-5

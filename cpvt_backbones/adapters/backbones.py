@@ -15,7 +15,26 @@ from ..models import model_settings
 from ..utils import strip_prefix
 
 OUT_TYPES = ('featmap', 'pooled')
+VALID_SIZES = 'valid_sizes'   # the attribute of a padded batch that holds each image's valid (h, w)
 _PRETRAINED_KEYS = {'type', 'checkpoint', 'prefix', 'map_location'}
+
+
+def mark_valid_sizes(inputs: torch.Tensor, data_samples: Sequence[Any] | None) -> torch.Tensor:
+    """Attach to the padded batch ``inputs`` (in place, as ``inputs.valid_sizes``: a (B, 2) int64 tensor) each
+    image's valid size, its data sample's ``img_shape`` (the image before the batch was padded), where some image
+    is smaller than the batch; otherwise, or without data samples, remove any. Returns ``inputs``. Our backbones
+    read it (the batch is computed as if each image were alone, ``layers.valid``); anything else ignores it, and
+    a new tensor made from ``inputs`` (a crop, a resize) does not carry it."""
+    sizes = None
+    if data_samples:
+        shapes = [tuple(int(n) for n in sample.metainfo['img_shape'][:2]) for sample in data_samples]
+        if any(shape != tuple(inputs.shape[-2:]) for shape in shapes):
+            sizes = torch.tensor(shapes, dtype=torch.int64, device=inputs.device)
+    if sizes is not None:
+        setattr(inputs, VALID_SIZES, sizes)
+    elif hasattr(inputs, VALID_SIZES):
+        delattr(inputs, VALID_SIZES)
+    return inputs
 
 
 class _OpenMMLabBackbone:
@@ -72,7 +91,10 @@ class _OpenMMLabBackbone:
         self.is_init = True
 
     def forward(self, x: torch.Tensor):
-        out = super().forward(x)
+        """The core model's outputs (as a 1-tuple for ``out_type='pooled'``); a batch that carries its images'
+        valid sizes (``x.valid_sizes``, set by ``mark_valid_sizes``: the data preprocessors of
+        ``adapters.mmdet`` and ``adapters.mmseg``) is computed image by image as if each were alone."""
+        out = super().forward(x, valid_sizes=getattr(x, VALID_SIZES, None))
         return out if self.features_only else (out,)
 
 

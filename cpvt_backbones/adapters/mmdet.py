@@ -1,9 +1,41 @@
 """Registers ``PyramidCPVT``, ``TwinsSVT`` and ``CPVT`` in mmdet's MODELS
-(``custom_imports=dict(imports=['cpvt_backbones.adapters.mmdet'])``)."""
+(``custom_imports=dict(imports=['cpvt_backbones.adapters.mmdet'])``), and ``ValidSizeDetDataPreprocessor``."""
+import functools
+
 from mmdet.registry import MODELS
 
-from .backbones import CPVT, PyramidCPVT, TwinsSVT
+from .backbones import CPVT, PyramidCPVT, TwinsSVT, mark_valid_sizes
 
 MODELS.register_module(module=PyramidCPVT)
 MODELS.register_module(module=TwinsSVT)
 MODELS.register_module(module=CPVT)
+
+
+@functools.cache
+def valid_size_preprocessor() -> type:
+    """The class ``ValidSizeDetDataPreprocessor`` builds, made on first use (importing mmdet's preprocessors
+    imports its whole model zoo, which a registration module must not)."""
+    from mmdet.models.data_preprocessors import DetDataPreprocessor
+
+    class ValidSizeDetDataPreprocessor(DetDataPreprocessor):
+        """mmdet's ``DetDataPreprocessor`` (same arguments) that also hands our backbones each image's valid size
+        in the padded batch (``backbones.mark_valid_sizes``), so that an image's features do not depend on the
+        images it is batched with."""
+
+        def forward(self, data: dict, training: bool = False) -> dict:
+            out = super().forward(data, training)
+            mark_valid_sizes(out['inputs'], out['data_samples'])
+            return out
+
+    return ValidSizeDetDataPreprocessor
+
+
+def build_valid_size_preprocessor(**kwargs):
+    """``ValidSizeDetDataPreprocessor`` in a config: mmdet's ``DetDataPreprocessor`` with its arguments, which also
+    hands our backbones each image's valid size in the padded batch."""
+    return valid_size_preprocessor()(**kwargs)
+
+
+MODELS.register_module(name='ValidSizeDetDataPreprocessor', module=build_valid_size_preprocessor)
+
+__all__ = ['build_valid_size_preprocessor', 'valid_size_preprocessor']
