@@ -41,12 +41,13 @@ run has finished.
 import argparse
 import copy
 import json
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.study.common import mean_std, parse_shard, run_meta, study_dir, write_csv
+from benchmarks.study.common import format_paired, mean_std, paired, parse_shard, run_meta, study_dir, write_csv
 from cpvt_backbones.adapters.evaluation import METRICS, headline_score
 from cpvt_backbones.adapters.runner import build_runner, quiet_known_warnings
 from cpvt_backbones.adapters.shapes_tasks import SHAPES_TASKS as TASKS
@@ -294,6 +295,41 @@ def plot(rows: list[dict], settings: DenseStudyConfig, path: Path) -> None:
     plt.close(fig)
 
 
+def paired_differences(rows: list[dict], task: str, settings: DenseStudyConfig) -> dict[str, dict[str, dict]]:
+    """For each variant after the first: its paired difference from the first (same seeds;
+    ``study.common.paired``: mean and 95% t interval) at 1x and on the mean over the resized test sizes."""
+    def per_seed(variant: str, factor: str) -> list[float]:
+        (row,) = [r for r in rows if r['task'] == task and r['variant'] == variant and r['factor'] == factor]
+        return row['per_seed']
+
+    scaled = [f for f in SCALES if f in settings.factors]
+    first, out = settings.variants[0], {}
+    for variant in settings.variants[1:]:
+        cells = {}
+        if '1' in settings.factors:
+            cells['1x'] = paired(per_seed(variant, '1'), per_seed(first, '1'))
+        if scaled:
+            means = [[statistics.mean(vals) for vals in zip(*(per_seed(v, f) for f in scaled), strict=True)]
+                     for v in (variant, first)]
+            cells['resized mean'] = paired(*means)
+        out[variant] = cells
+    return out
+
+
+def paired_lines(rows: list[dict], task: str, settings: DenseStudyConfig) -> list[str]:
+    """Markdown lines of ``paired_differences`` (nothing for a single variant)."""
+    differences = paired_differences(rows, task, settings)
+    if not differences:
+        return []
+    columns = list(next(iter(differences.values())))
+    lines = [f'Paired by seed, minus {VARIANTS[settings.variants[0]]} (mean [95% interval]; a claim only where the '
+             'interval excludes zero):', '', '| backbone | ' + ' | '.join(columns) + ' |',
+             '|---|' + '---|' * len(columns)]
+    lines += [f'| {VARIANTS[v]} | ' + ' | '.join(format_paired(cells[c]) for c in columns) + ' |'
+              for v, cells in differences.items()]
+    return lines + ['']
+
+
 def write_outputs(rows: list[dict], results: list[dict], settings: DenseStudyConfig, meta: dict) -> None:
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)
@@ -312,6 +348,7 @@ def write_outputs(rows: list[dict], results: list[dict], settings: DenseStudyCon
             lines.append(f'| {VARIANTS[variant]} | ' + ' | '.join(
                 f'{r[f]["mean"]:.1f} ± {r[f]["std"]:.1f}' for f in settings.factors) + ' |')
         lines.append('')
+        lines += paired_lines(rows, task, settings)
     table = '\n'.join(lines)
     init = 'at random' if settings.seg_init == 'scratch' else 'from the detector backbone of the same variant and seed'
     (out / f'{settings.name}.md').write_text(

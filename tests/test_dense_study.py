@@ -90,7 +90,8 @@ def test_dense_study_end_to_end_then_skips(tmp_path, monkeypatch):
     assert {(r['task'], r['variant']) for r in saved['runs']} == {(t, v) for t in study.TASKS for v in variants}
     assert saved['meta']['command'].startswith('python -m benchmarks.dense_study --data')
     assert (tmp_path / 'out' / 'dense_study.png').read_bytes()[:4] == b'\x89PNG'
-    assert 'native' in (tmp_path / 'out' / 'dense_study.md').read_text()
+    text = (tmp_path / 'out' / 'dense_study.md').read_text()
+    assert 'native' in text and text.count('Paired by seed, minus pcpvt_tiny (PEG)') == 2   # one table per task
     assert all((tmp_path / 'work' / f'segmentation-{v}-seed0' / 'backbone_from_detector.pth').is_file()
                for v in variants)
 
@@ -104,3 +105,16 @@ def test_dense_study_end_to_end_then_skips(tmp_path, monkeypatch):
     with DefaultScope.overwrite_default_scope('mmdet'):  # a test added later runs on the saved weights only
         rows = study.main(argv + ['--variants', 'peg', '--factors', '0.5', 'drawn1'])
     assert calls == ['drawn1x', 'drawn1x'] and len(rows) == 2 * 2
+
+
+def test_paired_differences_from_the_first_variant():
+    """Each later variant minus the first, paired by seed, at 1x and on the per-seed mean over the resized sizes."""
+    settings = study.parse_args(['--variants', 'svt', 'svt_unmasked', '--factors', '1', '2', 'native'])
+    values = {('svt', '1'): [20., 22., 24.], ('svt_unmasked', '1'): [21., 23., 25.5],
+              ('svt', '2'): [10., 10., 10.], ('svt_unmasked', '2'): [10., 12., 8.]}
+    rows = [dict(task=task, variant=v, factor=f, per_seed=values.get((v, f), [0., 0., 0.]))
+            for task in study.TASKS for v in ('svt', 'svt_unmasked') for f in ('1', '2', 'native')]
+    cells = study.paired_differences(rows, 'detection', settings)['svt_unmasked']
+    assert cells['1x']['mean'] == 1.17 and cells['1x']['sign'] == '+'   # +1, +1, +1.5: the interval excludes 0
+    assert cells['resized mean']['mean'] == 0.58 and cells['resized mean']['sign'] == '='
+    assert study.paired_differences(rows, 'detection', study.parse_args(['--variants', 'svt'])) == {}
