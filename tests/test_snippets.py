@@ -15,6 +15,7 @@ NETWORK = '[network]'
 PAGES = {
     'README.md': ('timm', 'openvino', 'onnxruntime', 'onnxscript'),
     'docs/openmmlab.md': (),
+    'docs/reliability.md': (),
     'docs/ecosystems.md': ('transformers', 'segmentation_models_pytorch', 'timm', 'torchvision'),
 }
 SNIPPET = re.compile(r'^```python\n(.*?)^```', re.S | re.M)
