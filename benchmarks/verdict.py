@@ -26,7 +26,8 @@ from cpvt_backbones.utils import pyplot
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / 'benchmarks/results'
-DOCUMENTS = (ROOT / 'README.md', ROOT / 'docs/resolution_study.md', ROOT / 'docs/performance.md')
+DOCUMENTS = (ROOT / 'README.md', ROOT / 'docs/resolution_study.md', ROOT / 'docs/performance.md',
+             ROOT / 'docs/reliability.md')
 # What must agree between studies whose runs one table pools (everything that decides a run and its test).
 RECIPE_FIELDS = ('dataset', 'train_images', 'test_images', 'image_size', 'test_sizes', 'epochs', 'batch_size', 'lr',
                  'weight_decay', 'drop_path', 'crop_scale', 'crop_resample', 'test_resample', 'decay_position',
@@ -544,25 +545,29 @@ def _out_dir(data: dict) -> str:
 
 
 def demo(results: Path = RESULTS, name: str = DEMO) -> str:
-    """The demo's detectors and segmentors at every test size, as `make demo` ran them (its engine and precision),
-    from a run that trained everything, with its wall time."""
+    """The demo's detectors and segmentors at every test size, as `make demo` ran them (its engine and precision,
+    at each evaluation batch size it ran), from a run that trained everything, with its wall time."""
     data = load(name, results)
     untrained = {'pretraining', *data['task_seconds']} - set(data['trained'])
     if untrained:
         raise ValueError(f'{name}.json does not time the demo from nothing (reused: {sorted(untrained)})')
     tasks = list(data['results'])
-    column = next(iter(data['results'][tasks[0]].values()))
-    if len(column) != 1:
-        raise ValueError(f'{name}.json holds {sorted(column)}: the timed run evaluates one engine and precision')
-    (column,) = column
+    columns = list(next(iter(data['results'][tasks[0]].values())))
+    engines = {c.split(' batch ')[0] for c in columns}
+    if len(engines) != 1:
+        raise ValueError(f'{name}.json holds {sorted(engines)}: the timed run evaluates one engine and precision')
+    (engine,) = engines
     labels = data['labels']   # tools/demo.py: each column's model and metric
+    heads = [(t, c) for t in tasks for c in columns]
     sizes = list(data['results'][tasks[0]])
-    lines = ['| test resolution | ' + ' | '.join(labels[t] for t in tasks) + ' |', '|---|' + '---|' * len(tasks)]
-    lines += [f'| {size} | ' + ' | '.join(f'{data["results"][t][size][column]:.3f}' for t in tasks) + ' |'
+    lines = ['| test resolution | ' + ' | '.join(labels[t] + (f' {c[len(engine) + 1:] or "batch 1"}'
+                                                             if len(columns) > 1 else '') for t, c in heads) + ' |',
+             '|---|' + '---|' * len(heads)]
+    lines += [f'| {size} | ' + ' | '.join(f'{data["results"][t][size][c]:.3f}' for t, c in heads) + ' |'
               for size in sizes]
     flags = '; ' + ', '.join(data['flags']) if data['flags'] else ''
     return '\n'.join(lines) + (
-        f'\n\nEngine and precision: {column}. Pretraining: top-1 {data["pretraining_top1"]:.1f}% on the 400 '
+        f'\n\nEngine and precision: {engine}. Pretraining: top-1 {data["pretraining_top1"]:.1f}% on the 400 '
         f'held-out crops. '
         f'`{data["command"]}` (`make demo`, into another folder) trained, evaluated and drew everything in '
         f'{data["minutes"]:.1f} min on {data["cpu"]} ({data["isa"]}{flags}), torch {data["torch"]}, '
@@ -598,14 +603,27 @@ def demo_engines(results: Path = RESULTS, name: str = DEMO_ENGINES, trained: str
     return '\n'.join(lines) + f'\n\nFrom `benchmarks/results/{name}.json` (`{data["command"]}`): {verdict}.'
 
 
+def batch_company(results: Path = RESULTS, name: str = 'batch_company_avx2') -> str:
+    """The demo's trained models at batch 1 and in padded batches (``benchmarks.batch_company``), each way's
+    largest change from batch 1."""
+    from benchmarks.batch_company import table
+    data = load(name, results)
+    largest = {way: max(abs(r['value'] - base['value']) for r in data['rows'] if r['way'] == way
+                        for base in data['rows'] if base['way'] == data['ways'][0] and
+                        (base['score'], base['size']) == (r['score'], r['size']))
+               for way in data['ways'][1:]}
+    return table(data) + ' Largest change from batch 1: ' + ', '.join(
+        f'{way} {value:.3f}' for way, value in largest.items()) + f' (`benchmarks/results/{name}.json`).'
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {'headline': headline, 'headline-probe': headline_probe,
                                             'training-size': training_size,
                                             'paper-pairs': paper_pairs, 'recipes': recipes,
                                             'control': control, 'head': head, 'device': device, 'tf32': tf32,
                                             'central': central, 'native': native,
                                             'resize-protocol': resize_protocol, 'grid14': grid14, 'dense': dense,
-                                            'demo': demo,
-                                            'demo-engines': demo_engines}
+                                            'demo': demo, 'demo-engines': demo_engines,
+                                            'batch-company': batch_company}
 def headline_figures(results: Path = RESULTS, out: Path = RESULTS) -> list[Path]:
     """The headline's runs trained on the CPU (seeds 0-2) drawn as a study draws its own: top-1 and the change
     per test grid (``verdict_headline.png``), and the position probe (``verdict_headline_probe.png``)."""

@@ -2,6 +2,7 @@
 model family, every registered position encoding, outputs and gradients, and the fused engine."""
 import pytest
 import torch
+from shapes_models import shapes_model
 
 from cpvt_backbones import optimize
 from cpvt_backbones.layers.position import ENCODINGS
@@ -203,3 +204,98 @@ def test_openmmlab_preprocessors_hand_the_backbone_each_images_valid_size(config
             assert not hasattr(alone['inputs'], 'valid_sizes')   # nothing padded: the plain path
             for out, ref in zip(maps, model.backbone(alone['inputs']), strict=True):
                 assert _rel(out[b:b + 1, :, :ref.shape[-2], :ref.shape[-1]], ref) < 1e-5
+
+
+DENSE_SIZES = [(61, 75), (97, 131), (160, 224), (33, 47)]
+
+
+def _raw_batch(scope, sizes, seed=1):
+    """Raw uint8 images of ``sizes`` with their data samples, as a test dataloader hands them over."""
+    import importlib
+    structures = importlib.import_module(f'{scope}.structures')
+    sample = structures.DetDataSample if scope == 'mmdet' else structures.SegDataSample
+    g = torch.Generator().manual_seed(seed)
+    return dict(inputs=[torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in sizes],
+                data_samples=[sample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), scale_factor=(1., 1.)))
+                              for h, w in sizes])
+
+
+def _predictions(model, batch):
+    import copy
+    with torch.no_grad():
+        return model.test_step(copy.deepcopy(batch))
+
+
+def _assert_same_predictions(scope, got, want, what):
+    """Detections: the same number, scores within 1e-5, boxes within 1e-3 px, labels equal; segmentations: logits
+    within relative L2 1e-5 and the same label map."""
+    if scope == 'mmdet':
+        a, b = got.pred_instances, want.pred_instances
+        assert len(a) == len(b) > 0, what
+        assert (a.scores - b.scores).abs().max() < 1e-5, what
+        assert (a.bboxes - b.bboxes).abs().max() < 1e-3, what
+        assert torch.equal(a.labels, b.labels), what
+    else:
+        assert _rel(got.seg_logits.data, want.seg_logits.data) < 1e-5, what
+        assert torch.equal(got.pred_sem_seg.data, want.pred_sem_seg.data), what
+
+
+@pytest.mark.parametrize('config', ['retinanet_pcpvt-tiny_fpn_shapes.py', 'mask-rcnn_pcpvt-tiny_fpn_shapes.py',
+                                    'fpn_pcpvt-tiny_shapes.py', 'upernet_pcpvt-tiny_shapes.py'])
+def test_detectors_and_segmentors_predict_each_image_as_alone(config):
+    """With the configs' valid-size preprocessor and ``PredictAloneHook`` (as a test loop runs it), each image of
+    a padded batch of four odd sizes gets the prediction it gets alone, for a one- and a two-stage detector and
+    two segmentors (random weights, RetinaNet's score threshold at 0 so that there is something to compare).
+    The data samples are left as they were."""
+    from types import SimpleNamespace
+
+    from cpvt_backbones.adapters.hooks import PredictAloneHook
+    model = shapes_model(config)
+    scope = 'mmdet' if 'rcnn' in config or 'retinanet' in config else 'mmseg'
+    if 'retinanet' in config:
+        model.bbox_head.test_cfg.score_thr = 0.
+    PredictAloneHook().before_test(SimpleNamespace(model=model))
+    batch = _raw_batch(scope, DENSE_SIZES)
+    batched = _predictions(model, batch)
+    for b in range(len(DENSE_SIZES)):
+        (alone,) = _predictions(model, {k: v[b:b + 1] for k, v in batch.items()})
+        _assert_same_predictions(scope, batched[b], alone, f'image {b}')
+    data = model.data_preprocessor(batch, False)
+    before = [dict(s.metainfo) for s in data['data_samples']]
+    model.predict(data['inputs'], data['data_samples'])
+    assert [s.metainfo for s in data['data_samples']] == before   # set back
+    if 'fpn_pcpvt' in config:   # positive control: the same batch through mmseg's own predict is off
+        import copy
+        data = model.data_preprocessor(copy.deepcopy(batch), False)
+        plain = model.predict_batch(data['inputs'], data['data_samples'])
+        assert _rel(plain[0].seg_logits.data, batched[0].seg_logits.data) > 1e-2
+
+
+def test_predict_alone_runs_each_image_through_an_attached_engine():
+    """A model whose backbone, neck and head run on an engine together (``deploy.openmmlab.attach_engine``) has
+    no backbone to batch: each image runs cropped, the predictions as alone."""
+    from cpvt_backbones.adapters.alone import batched_backbone, predict_alone
+    from cpvt_backbones.deploy.openmmlab import TensorForward, attach_engine
+    model = shapes_model('fpn_pcpvt-tiny_shapes.py')
+    reference = _predictions(model, _raw_batch('mmseg', DENSE_SIZES[:1]))
+    attach_engine(model, TensorForward(model))
+    predict_alone(predict_alone(model))   # twice: the same
+    assert batched_backbone(model) is None
+    assert vars(model)['predict_batch'].__func__ is not vars(model)['predict'].__func__
+    batch = _raw_batch('mmseg', DENSE_SIZES)
+    batched = _predictions(model, batch)
+    _assert_same_predictions('mmseg', batched[0], reference[0], 'image 0')
+    for b in range(1, len(DENSE_SIZES)):
+        (alone,) = _predictions(model, {k: v[b:b + 1] for k, v in batch.items()})
+        _assert_same_predictions('mmseg', batched[b], alone, f'image {b}')
+
+
+def test_predict_alone_hook_refuses_a_preprocessor_without_valid_sizes():
+    from types import SimpleNamespace
+
+    from cpvt_backbones.adapters.hooks import PredictAloneHook
+    model = shapes_model('retinanet_pcpvt-tiny_fpn_shapes.py')
+    from mmdet.models.data_preprocessors import DetDataPreprocessor
+    model.data_preprocessor = DetDataPreprocessor()
+    with pytest.raises(ValueError, match="DetDataPreprocessor does not hand.*'ValidSizeDetDataPreprocessor'"):
+        PredictAloneHook().before_val(SimpleNamespace(model=model))

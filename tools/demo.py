@@ -6,9 +6,10 @@ pretrain pcpvt_tiny as a classifier of the crops (configs/shapes/pcpvt-tiny_shap
 ImageNet pretraining); train RetinaNet and Mask R-CNN from that backbone, Semantic FPN and UperNet from
 RetinaNet's (loaded through init_cfg=Pretrained; --tasks picks some), with mmengine's progress logs; evaluate
 COCO bbox and segm mAP (mmdet's CocoMetric) and mIoU (mmseg's IoUMetric) on the held-out split at the training
-scale and at smaller, larger, odd-aspect and native sizes (most not divisible by 32); draw confident predictions
-at unseen sizes under work_dirs/demo/vis (vis/sheet.png: one image at several sizes, every task); print and save
-a summary table (work_dirs/demo/summary.{md,json}). After the pretraining, the tasks run in --jobs worker
+scale and at smaller, larger, odd-aspect and native sizes (most not divisible by 32), one image at a time and
+in padded batches of 8 (``--batch-sizes``: each image predicted as alone, so the scores agree); draw confident
+predictions at unseen sizes under work_dirs/demo/vis (vis/sheet.png: one image at several sizes, every task);
+print and save a summary table (work_dirs/demo/summary.{md,json}). After the pretraining, the tasks run in --jobs worker
 processes that share the cores, each task trained, evaluated and drawn in one. A finished training run in
 work_dirs/demo is reused unless --retrain.
 """
@@ -26,12 +27,19 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from matplotlib.patches import Patch, Rectangle
-from mmengine.config import Config
 
 from cpvt_backbones.adapters.engines import DEFAULT_ENGINE, calibrate
 from cpvt_backbones.adapters.evaluation import evaluate, set_test_scale
 from cpvt_backbones.adapters.runner import build_runner, load_config, quiet_known_warnings
-from cpvt_backbones.adapters.shapes_tasks import CALIBRATION, DEMO_TASKS, PRETRAINING, SCORES, TEST_SIZES, scaled
+from cpvt_backbones.adapters.shapes_tasks import (
+    CALIBRATION,
+    DEMO_TASKS,
+    PRETRAINING,
+    SCORES,
+    TEST_SIZES,
+    final_checkpoint,
+    scaled,
+)
 from cpvt_backbones.datasets import generate_shape_crops, generate_shapes
 from cpvt_backbones.deploy import PRECISIONS
 from cpvt_backbones.deploy.registry import ENGINES, engine_table
@@ -39,11 +47,6 @@ from cpvt_backbones.utils import cpu_info, pyplot
 
 VIS_SIZES = [('0.7x', (.7, .7)), ('1x', (1., 1.)), ('native', None), ('2x', (2., 2.))]
 SCORE_THR = 0.5  # boxes and masks drawn: confident ones only (the detectors return up to 50 candidates per image)
-
-
-def final_checkpoint(out: Path, name: str, cfg: Config) -> Path:
-    """Where the training of ``cfg`` in out/``name`` leaves its final weights."""
-    return out / name / f'iter_{cfg.train_cfg.max_iters}.pth'
 
 
 def train(name: str, config: str, out: Path, retrain: bool, init_from: str = None) -> tuple[str, bool]:
@@ -164,9 +167,15 @@ class TaskRun(NamedTuple):
     seconds: float
 
 
+def column_name(engine: str, precision: str, batch_size: int) -> str:
+    """A summary column: engine and precision, and the evaluation batch size where it is not 1."""
+    return f'{engine} {precision}' + (f' batch {batch_size}' if batch_size != 1 else '')
+
+
 def run_task(name: str, out: Path, retrain: bool, init_from: str, runs: list, int8_ranges: bool) -> TaskRun:
     """Train DEMO_TASKS[``name``] from the backbone in ``init_from``, evaluate it at every test size on every
-    (engine, precision) of ``runs`` and draw its predictions: one lane of the demo, run in a worker process."""
+    (engine, precision, batch size) of ``runs`` and draw its predictions: one lane of the demo, run in a worker
+    process."""
     start = time.perf_counter()
     task = DEMO_TASKS[name]
     checkpoint, trained = train(name, task.config, out, retrain, init_from=init_from)
@@ -175,10 +184,12 @@ def run_task(name: str, out: Path, retrain: bool, init_from: str, runs: list, in
     for label, factors, keep_ratio in TEST_SIZES:
         cfg = load_config(task.config)
         set_test_scale(cfg, scaled(cfg, factors), keep_ratio)
-        for engine, precision in runs:
-            column = f'{engine} {precision}'
-            metrics = evaluate(cfg, checkpoint, str(out / name / 'eval'), f'{name}-{label}-{engine}-{precision}',
-                               precision, ranges if precision == 'int8' else None, engine, CALIBRATION, 32)
+        for engine, precision, batch_size in runs:
+            column = column_name(engine, precision, batch_size)
+            cfg.test_dataloader.batch_size = batch_size
+            metrics = evaluate(cfg, checkpoint, str(out / name / 'eval'),
+                               f'{name}-{label}-{engine}-{precision}-batch{batch_size}', precision,
+                               ranges if precision == 'int8' else None, engine, CALIBRATION, 32)
             for key in scores:   # 0 where a metric is missing: no box passed the score threshold
                 value = float(metrics.get(SCORES[key].metric, 0.)) * SCORES[key].scale
                 scores[key].setdefault(label, {})[column] = value
@@ -249,10 +260,16 @@ def main() -> None:
     parser.add_argument('--engines', nargs='+', default=[DEFAULT_ENGINE], choices=list(ENGINES),
                         help=f'evaluate on these engines (default {DEFAULT_ENGINE}; the table below says which runs '
                              'which precision, covering what)')
+    parser.add_argument('--batch-sizes', nargs='+', type=int, default=[1, 8],
+                        help='evaluate at these test batch sizes (default 1 and 8: a batch pads its images to the '
+                             'largest, and each image is predicted as alone, PredictAloneHook); the first engine and '
+                             'precision at each, the others at the first')
     parser.epilog = 'Engines (deploy.ENGINES):\n' + engine_table()
     args = parser.parse_args()
     if args.jobs < 1:
         parser.error(f'--jobs must be at least 1, got {args.jobs}')
+    if min(args.batch_sizes) < 1:
+        parser.error(f'--batch-sizes must be at least 1, got {args.batch_sizes}')
     quiet_known_warnings()
     out = Path(args.out)
     start = time.perf_counter()
@@ -263,13 +280,14 @@ def main() -> None:
     print(f'[demo] pretraining: top-1 {accuracy["accuracy/top1"]:.1f}% on the 400 held-out crops')
     names = _with_starts(args.tasks)
     scores = {key: score for key, score in SCORES.items() if score.task in names}
-    runs = [(engine, precision) for engine in args.engines for precision in args.precisions
-            if precision in ENGINES[engine].precisions]
+    pairs = [(engine, precision) for engine in args.engines for precision in args.precisions
+             if precision in ENGINES[engine].precisions]
+    runs = [(*pairs[0], n) for n in args.batch_sizes] + [(*pair, args.batch_sizes[0]) for pair in pairs[1:]]
     int8_ranges = 'int8' in args.precisions and 'fused' in args.engines
     lanes = run_lanes(names, min(args.jobs, len(names)), out, args.retrain, checkpoint, runs, int8_ranges)
     results = {key: lanes[score.task].scores[key] for key, score in scores.items()}
 
-    columns = [(key, f'{e} {p}') for key in scores for e, p in runs]
+    columns = [(key, column_name(*run)) for key in scores for run in runs]
     lines = ['| test resolution | ' + ' | '.join(scores[k].label + (f' {p}' if len(runs) > 1 else '')
                                                 for k, p in columns) + ' |', '|---|' + '---|' * len(columns)]
     for label, _, _ in TEST_SIZES:

@@ -7,6 +7,7 @@ custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet', 'cpvt_backbones.
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
 
 model = dict(
+    data_preprocessor=dict(type='ValidSizeDetDataPreprocessor'),  # hands the backbone each image's size
     backbone=_base_.pcpvt_small,
     neck=dict(in_channels=[64, 128, 320, 512]))
 

@@ -8,6 +8,7 @@ custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet', 'cpvt_backbones.
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
 
 model = dict(
+    data_preprocessor=dict(type='ValidSizeDetDataPreprocessor'),  # hands the backbone each image's size
     backbone=_base_.pcpvt_small,
     # start_level=1 and add_extra_convs='on_input' come from the base, as in the paper.
     neck=dict(in_channels=[64, 128, 320, 512]))

@@ -5,8 +5,9 @@ _base_ = ['mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/default_runtime.py',
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg', 'cpvt_backbones.adapters.checkpoint',
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
-# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints
-custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
+# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints;
+# each image of a padded evaluation batch is predicted as it is alone (docs/reliability.md#padded-batches)
+custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook'), dict(type='PredictAloneHook')]
 
 classes = ('background', 'circle', 'square', 'triangle', 'star')
 palette = [(0, 0, 0), (230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48)]
@@ -16,15 +17,17 @@ norm_cfg = dict(type='BN', requires_grad=True)
 
 model = dict(
     pretrained=None,
-    data_preprocessor=dict(size=None, size_divisor=1),  # pad a batch to its largest image only
+    # pad a batch to its largest image only, handing the backbone each image's size
+    data_preprocessor=dict(type='ValidSizeSegDataPreprocessor', size=None, size_divisor=1),
     backbone=dict(_delete_=True, type='PyramidCPVT', arch='pcpvt_tiny', drop_path_rate=0.0),
     neck=dict(in_channels=[32, 64, 160, 256], out_channels=64, num_outs=4),
     decode_head=dict(in_channels=[64, 64, 64, 64], channels=64, dropout_ratio=0.0, num_classes=len(classes),
                      norm_cfg=norm_cfg))
 # int8 (tools/test.py --precision int8): the backbone's first stage stays float32. With everything quantized on
-# OpenVINO a 1,100-iteration training's mIoU moves by up to 0.006 from float32 at its six test sizes (odd aspect); with the whole
-# backbone kept 0.001, with its first stage (blocks.0) kept 0.003, with the FPN, the head, the PEGs or the later
-# stages kept 0.005-0.006 (python -m benchmarks.int8_scope --task segmentation; docs/performance.md#lower-precision).
+# OpenVINO a 1,100-iteration training's mIoU moves by up to 0.006 from float32 at its six test sizes (odd
+# aspect); with the whole backbone kept 0.001, with its first stage (blocks.0) kept 0.003, with the FPN, the
+# head, the PEGs or the later stages kept 0.005-0.006 (python -m benchmarks.int8_scope --task segmentation;
+# docs/performance.md#lower-precision).
 int8_keep_fp32 = ['backbone.blocks.0']
 
 train_pipeline = [

@@ -6,15 +6,17 @@ _base_ = ['mmdet::retinanet/retinanet_r50_fpn_1x_coco.py', '../_base_/position_n
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet', 'cpvt_backbones.adapters.checkpoint',
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
-# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints
-custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
+# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints;
+# each image of a padded evaluation batch is predicted as it is alone (docs/reliability.md#padded-batches)
+custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook'), dict(type='PredictAloneHook')]
 
 classes = ('circle', 'square', 'triangle', 'star')
 data_root = 'data/shapes/'
 train_scale = (192, 192)
 
 model = dict(
-    data_preprocessor=dict(pad_size_divisor=1),
+    # pad a batch to its largest image only, handing the backbone each image's size
+    data_preprocessor=dict(type='ValidSizeDetDataPreprocessor', pad_size_divisor=1),
     backbone=dict(_delete_=True, type='PyramidCPVT', arch='pcpvt_tiny', drop_path_rate=0.0),
     neck=dict(in_channels=[32, 64, 160, 256], out_channels=64),
     # Anchors for the data: the shapes span 21-96 px at the training scale, and RetinaNet's default smallest
@@ -26,8 +28,9 @@ model = dict(
                    reg_decoded_bbox=True, loss_bbox=dict(_delete_=True, type='GIoULoss', loss_weight=2.0)),
     test_cfg=dict(score_thr=0.05, max_per_img=50))
 # int8 (tools/test.py --precision int8): the FPN and the head stay float32. With everything quantized on OpenVINO
-# a 700-iteration training's bbox mAP moves by up to 0.022 from float32 at its six test sizes; with the head alone kept 0.007,
-# with the FPN and the head kept 0.003 (python -m benchmarks.int8_scope; docs/performance.md#lower-precision).
+# a 700-iteration training's bbox mAP moves by up to 0.022 from float32 at its six test sizes; with the head
+# alone kept 0.007, with the FPN and the head kept 0.003 (python -m benchmarks.int8_scope;
+# docs/performance.md#lower-precision).
 int8_keep_fp32 = ['neck', 'bbox_head']
 
 train_pipeline = [

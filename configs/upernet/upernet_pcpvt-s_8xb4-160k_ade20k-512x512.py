@@ -13,7 +13,7 @@ custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg', 'cpvt_backbones.
 
 crop_size = (512, 512)
 model = dict(
-    data_preprocessor=dict(size=crop_size),
+    data_preprocessor=dict(type='ValidSizeSegDataPreprocessor', size=crop_size),  # and each image's size
     pretrained=None,
     backbone=_base_.pcpvt_small,
     decode_head=dict(in_channels=[64, 128, 320, 512], num_classes=150),

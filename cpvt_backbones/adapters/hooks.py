@@ -1,6 +1,7 @@
 """``RNGStateHook``: resume with the random state an uninterrupted run would have had. ``NonFiniteLossHook``: stop
 at the first non-finite loss, keeping every finite checkpoint. ``InferenceEngineHook``: test with the model on an
 inference engine. ``StrictLoadHook``: refuse a checkpoint that does not fit the model.
+``PredictAloneHook``: predict each image of a padded batch as if it were alone.
 
 mmengine's resume restores weights, optimizer, schedulers and the data position, but not the global random
 generators: torch's, which stochastic depth and dropout draw from, and numpy's and Python's, which the data
@@ -169,3 +170,28 @@ class StrictLoadHook(Hook):
         model = getattr(runner.model, 'module', runner.model)
         refuse_unfit(model, checkpoint, f'checkpoint {runner.cfg.get("load_from")} (config {runner.cfg.filename})',
                      self.allow_nonfinite)
+
+
+@HOOKS.register_module()
+class PredictAloneHook(Hook):
+    """Before the validation and test loops, make the model predict each image of a padded batch as it predicts
+    that image alone (``adapters.alone.predict_alone``), so that scores do not depend on the batch size or on
+    which images share a batch. It needs a data preprocessor that hands over the images' valid sizes
+    (``ValidSizeDetDataPreprocessor`` or ``ValidSizeSegDataPreprocessor``) and refuses, by name, a model
+    without one."""
+
+    def _apply(self, runner) -> None:
+        from .alone import predict_alone
+        model = getattr(runner.model, 'module', runner.model)
+        preprocessor = getattr(model, 'data_preprocessor', None)
+        if not getattr(preprocessor, 'marks_valid_sizes', False):
+            raise ValueError(f'PredictAloneHook: the data preprocessor {type(preprocessor).__name__} does not hand '
+                             "the model its images' valid sizes; set model.data_preprocessor.type to "
+                             "'ValidSizeDetDataPreprocessor' (mmdet) or 'ValidSizeSegDataPreprocessor' (mmseg)")
+        predict_alone(model)
+
+    def before_val(self, runner) -> None:
+        self._apply(runner)
+
+    def before_test(self, runner) -> None:
+        self._apply(runner)

@@ -22,6 +22,8 @@ def valid_size_preprocessor() -> type:
         in the padded batch (``backbones.mark_valid_sizes``), so that an image's features do not depend on the
         images it is batched with."""
 
+        marks_valid_sizes = True   # what PredictAloneHook looks for
+
         def forward(self, data: dict, training: bool = False) -> dict:
             out = super().forward(data, training)
             mark_valid_sizes(out['inputs'], out['data_samples'])

@@ -26,10 +26,14 @@ def valid_size_preprocessor() -> type:
         (``backbones.mark_valid_sizes``), so that an image's features do not depend on the images it is batched
         with."""
 
+        marks_valid_sizes = True   # what PredictAloneHook looks for
+
         def forward(self, data: dict, training: bool = False) -> dict:
             if training:
                 out = super().forward(data, training)
                 return dict(out, inputs=mark_valid_sizes(out['inputs'], out['data_samples']))
+            # The parent's test path (mmseg 1.2) asserts one size before anything else, so its colour conversion
+            # and normalisation are repeated here, unchanged, ahead of the padding it would do.
             data = self.cast_data(data)
             inputs, samples = data['inputs'], data.get('data_samples')
             if self.channel_conversion and inputs[0].size(0) == 3:

@@ -1,6 +1,7 @@
 """The demo's CPU-sized tasks on the shapes data (``datasets.shapes``): their configs, the scores the demo reports,
 the test sizes, the int8 calibration images. tools/demo.py runs ``DEMO_TASKS``; benchmarks/dense_study.py and
 benchmarks/int8_scope.py study ``SHAPES_TASKS``. Paths are relative to the repository root."""
+from pathlib import Path
 from typing import NamedTuple
 
 
@@ -51,5 +52,10 @@ def scaled(cfg, factors):
     return None if factors is None else tuple(round(s * f) for s, f in zip(cfg.train_scale, factors, strict=True))
 
 
+def final_checkpoint(out: Path, name: str, cfg) -> Path:
+    """Where the demo's training of ``cfg`` in out/``name`` leaves its final weights."""
+    return Path(out) / name / f'iter_{cfg.train_cfg.max_iters}.pth'
+
+
 __all__ = ['CALIBRATION', 'DEMO_TASKS', 'PRETRAINING', 'SCORES', 'SHAPES_TASKS', 'TEST_SIZES', 'Score', 'ShapesTask',
-           'scaled']
+           'final_checkpoint', 'scaled']

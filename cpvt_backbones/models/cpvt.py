@@ -145,7 +145,9 @@ class CPVT(CPVTBase):
 
     def forward_features(self, x: torch.Tensor, valid_sizes=None) -> torch.Tensor:
         """Normed tokens (B, prefix + N, C); ``valid_sizes``: see ``forward`` (tokens beyond each image zero)."""
-        sizes = self._check_input(x, valid_sizes)
+        return self._features(x, self._check_input(x, valid_sizes))
+
+    def _features(self, x: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
         x, _, valid = self._tokens(x, sizes=sizes)
         return self.norm(x) if valid is None else valid.zero_tokens(self.norm(x))
 
@@ -166,7 +168,7 @@ class CPVT(CPVTBase):
         (``layers.valid``)."""
         sizes = self._check_input(x, valid_sizes)
         if not self.features_only:
-            return self.forward_head(self.forward_features(x, sizes), valid_sizes=sizes)
+            return self.forward_head(self._features(x, sizes), valid_sizes=sizes)
         H, W = x.shape[-2:]
         tokens, hw, valid = self._tokens(x, sizes=sizes)
         feat = tokens_to_map(self.norm(tokens)[:, self.num_prefix_tokens:], hw)

@@ -177,9 +177,11 @@ class PyramidCPVT(CPVTBase):
     def forward_features(self, x: torch.Tensor, valid_sizes=None) -> torch.Tensor:
         """Normed tokens (B, N, C) of the last stage (classification models). ``valid_sizes``: see ``forward``;
         the tokens beyond each image are zero."""
-        sizes = self._check_input(x, valid_sizes)
         if self.features_only:
             raise RuntimeError('a features_only model has no final norm; call forward() for its feature maps')
+        return self._features(x, self._check_input(x, valid_sizes))
+
+    def _features(self, x: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
         x, hw, _ = self._stages(x, sizes=sizes)
         x = self.norm(x)
         return x if sizes is None else ValidRegion.of_pixels(sizes, self._final_stride(), hw).zero_tokens(x)
@@ -198,7 +200,7 @@ class PyramidCPVT(CPVTBase):
         sizes = self._check_input(x, valid_sizes)
         if self.features_only:
             return tuple(self._stages(x, take=self.out_indices, sizes=sizes)[2])
-        return self.forward_head(self.forward_features(x, sizes), valid_sizes=sizes)
+        return self.forward_head(self._features(x, sizes), valid_sizes=sizes)
 
     def forward_intermediates(self, x: torch.Tensor, indices: None | int | Sequence[int] = None,
                               return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,

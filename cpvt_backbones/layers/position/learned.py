@@ -57,13 +57,16 @@ class LearnedEncoding(PositionEncoding):
             grid = torch.stack([F.pad(tokens_to_map(self._resized(stage, grid, size), size)[0],
                                       (0, hw[1] - size[1], 0, hw[0] - size[0])) for size in valid.images()])
             grid = map_to_tokens(grid)
-        elif symbolic_shapes() or tuple(hw) != self.grids[stage]:
-            grid = resize_table(grid, self.grids[stage], hw, self.interpolation)
+        else:
+            grid = self._resized(stage, grid, hw)
         return x + (torch.cat((table[:, :prefix].expand(grid.shape[0], -1, -1), grid), dim=1) if prefix else grid)
 
     def _resized(self, stage: int, grid: torch.Tensor, hw: HW) -> torch.Tensor:
-        return grid if tuple(hw) == self.grids[stage] else resize_table(grid, self.grids[stage], hw,
-                                                                         self.interpolation)
+        """The stage's table for an ``hw`` grid: itself at its own grid (always resized in a traced graph, whose
+        sizes are symbolic)."""
+        if not symbolic_shapes() and tuple(hw) == self.grids[stage]:
+            return grid
+        return resize_table(grid, self.grids[stage], hw, self.interpolation)
 
     def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> list[nn.Parameter]:
         return [self.table(stage)] if embedding else []

@@ -1,0 +1,100 @@
+"""Predictions of an OpenMMLab detector or segmentor for each image of a padded batch, as if it were alone.
+
+Our backbones compute a padded batch exactly (``layers.valid``), but a framework's neck and heads do not: their
+convolutions add a bias beyond each image, GroupNorm takes its statistics over the padding, a feature pyramid
+upsamples by the padded map's size, a dense head places anchors in the padding and mmseg resizes a padded
+batch's logits from another grid than an image's alone, so a detection still depends on its batch company.
+``predict_alone`` makes ``predict`` run our backbone once on the whole padded batch and the rest of the model
+on each image's own features, cropped to the image, so that each image's prediction is the one it gets alone at
+its own size (no padding), at any batch size. A batch without valid sizes (every image fills it) is predicted as
+before, in one go. Only duck typing: this module imports nothing from OpenMMLab.
+"""
+import contextlib
+import types
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from .backbones import VALID_SIZES, _OpenMMLabBackbone
+
+# The metainfo keys that describe a sample's place in a padded batch: its shape, then the padding mmseg crops.
+_ALONE_KEYS = ('batch_input_shape', 'pad_shape', 'img_padding_size', 'padding_size')
+
+
+@contextlib.contextmanager
+def _alone(sample, h: int, w: int) -> Iterator[None]:
+    """``sample``'s metainfo saying it fills an (h, w) batch of its own while the ``with`` block runs."""
+    meta = sample.metainfo
+    old = {key: meta[key] for key in _ALONE_KEYS if key in meta}
+    sample.set_metainfo(dict(batch_input_shape=(h, w), pad_shape=(h, w),
+                             **{key: [0, 0, 0, 0] for key in _ALONE_KEYS[2:] if key in old}))
+    try:
+        yield
+    finally:
+        for key in _ALONE_KEYS:
+            if key in old:
+                sample.set_metainfo({key: old[key]})
+            elif key in sample.metainfo:
+                delattr(sample, key)
+
+
+@contextlib.contextmanager
+def _given_features(backbone: nn.Module, image: torch.Tensor, features: tuple) -> Iterator[None]:
+    """``backbone`` returning ``features`` when it is called on ``image`` itself (the very tensor) while the
+    ``with`` block runs, and computing anything else (a sliding window's crop) as usual."""
+    def forward(x):
+        return features if x is image else type(backbone).forward(backbone, x)
+    backbone.forward = forward
+    try:
+        yield
+    finally:
+        del backbone.forward
+
+
+def batched_backbone(model: nn.Module) -> nn.Module | None:
+    """``model``'s backbone where it computes a padded batch exactly and the model calls it (our backbone, its
+    feature maps, no engine attached to the whole model: ``deploy.openmmlab.attach_engine``), else None."""
+    backbone = getattr(model, 'backbone', None)
+    if isinstance(backbone, _OpenMMLabBackbone) and backbone.features_only and 'extract_feat' not in vars(model):
+        return backbone
+    return None
+
+
+def _predict_alone(self, inputs: torch.Tensor, data_samples=None, **kwargs):
+    sizes = getattr(inputs, VALID_SIZES, None)
+    predict = self.__dict__['predict_batch']
+    if sizes is None or data_samples is None:
+        return predict(inputs, data_samples, **kwargs)
+    backbone = batched_backbone(self)
+    maps = backbone(inputs) if backbone is not None else None
+    results = []
+    for i, (h, w) in enumerate(sizes.tolist()):
+        image = inputs[i:i + 1, :, :h, :w]
+        given = contextlib.nullcontext() if maps is None else _given_features(backbone, image, tuple(
+            m[i:i + 1, :, :-(-h // s), :-(-w // s)] for m, s in zip(maps, backbone.strides, strict=True)))
+        with given, _alone(data_samples[i], h, w):
+            results += predict(image, data_samples[i:i + 1], **kwargs)
+    return results
+
+
+def predict_alone(model: nn.Module) -> nn.Module:
+    """Make ``model`` (an mmdet detector or mmseg segmentor, in place; returns it) predict each image of a padded
+    batch that carries its images' valid sizes (``inputs.valid_sizes``: the ``ValidSize*DataPreprocessor``\\ s)
+    as it predicts that image alone, cropped to its own size: our backbone runs once on the batch (exact on
+    each image's region, ``layers.valid``), the neck, heads and post-processing on each image's maps cropped to
+    ceil(h / stride) x ceil(w / stride); a model on an engine that runs its backbone, neck and head together
+    runs each cropped image. The image's data sample says, while it runs, that it fills a batch of its own
+    (``batch_input_shape``, ``pad_shape`` and any padding sizes), and is set back after. Batches without valid
+    sizes run as before. The original ``predict`` stays as ``model.predict_batch``; applying it twice changes
+    nothing. ``mmengine``'s test loops get it from ``PredictAloneHook`` (``adapters.hooks``)."""
+    if not callable(getattr(model, 'predict', None)):
+        raise ValueError(f'{type(model).__name__} has no predict method: predict_alone takes an mmdet detector or '
+                         'an mmseg segmentor')
+    if 'predict_batch' not in vars(model):
+        model.__dict__['predict_batch'] = model.predict
+        model.predict = types.MethodType(_predict_alone, model)
+    return model
+
+
+__all__ = ['batched_backbone', 'predict_alone']
