@@ -299,3 +299,67 @@ def test_predict_alone_hook_refuses_a_preprocessor_without_valid_sizes():
     model.data_preprocessor = DetDataPreprocessor()
     with pytest.raises(ValueError, match="DetDataPreprocessor does not hand.*'ValidSizeDetDataPreprocessor'"):
         PredictAloneHook().before_val(SimpleNamespace(model=model))
+
+
+RUN_SIZES = [(1, 1), (97, 131), (61, 75), (224, 160), (97, 131), (33, 240), (61, 75)]
+
+
+@pytest.mark.parametrize('features_only', [True, False], ids=['features', 'classifier'])
+def test_run_images_gives_each_image_its_output_alone(features_only):
+    """``run_images`` batches images of seven sizes (two repeated, a 1 x 1 one) three at a time, padded with the
+    valid sizes, on the plain model and on the fused engine: each output equals the image's output alone, in the
+    images' order."""
+    from cpvt_backbones import prepare, run_images
+    torch.manual_seed(0)
+    model = PyramidCPVT(**PYRAMID, num_classes=0 if features_only else 5, features_only=features_only).eval()
+    images = _images(RUN_SIZES)
+    for module in (model, prepare(model, 'fused')):
+        outputs = run_images(module, images, batch_size=3)
+        with torch.no_grad():
+            for i, image in enumerate(images):
+                alone = module(image[None])
+                if features_only:
+                    assert all(_rel(o[None], a) < 1e-5 for o, a in zip(outputs[i], alone, strict=True)), i
+                else:
+                    assert _rel(outputs[i][None], alone) < 1e-5, i
+
+
+def test_run_images_batches_one_size_for_a_module_without_valid_sizes():
+    """A module that takes no ``valid_sizes`` (an engine's) gets batches of images of one size, never padding."""
+    from cpvt_backbones import run_images
+
+    class Plain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+            self.model = CPVT(**COLUMNAR, num_classes=3).eval()
+
+        def forward(self, x):
+            self.shapes.append(tuple(x.shape))
+            return self.model(x)
+
+    torch.manual_seed(0)
+    module = Plain().eval()
+    images = _images(RUN_SIZES)
+    outputs = run_images(module, images, batch_size=4)
+    assert sorted(module.shapes) == sorted([(1, 3, 1, 1), (2, 3, 97, 131), (2, 3, 61, 75), (1, 3, 224, 160),
+                                            (1, 3, 33, 240)])
+    with torch.no_grad():
+        for out, image in zip(outputs, images, strict=True):
+            assert _rel(out[None], module.model(image[None])) < 1e-5
+
+
+def test_run_images_reports_progress_and_refuses_bad_input(monkeypatch):
+    from cpvt_backbones import run_images
+    from cpvt_backbones.deploy import batched
+    monkeypatch.setattr(batched, 'PROGRESS_EVERY', 0.)
+    model = PyramidCPVT(**PYRAMID, num_classes=5).eval()
+    lines = []
+    run_images(model, _images(RUN_SIZES[:4]), batch_size=2, progress=lines.append)
+    assert lines[-1].startswith('4/4 images, ') and lines[0].startswith('2/4 images, ') and 's left' in lines[0]
+    with pytest.raises(ValueError, match=r'images\[1\] must be a \(C, h, w\) tensor with pixels, got \(3, 0, 5\)'):
+        run_images(model, [torch.zeros(3, 4, 4), torch.zeros(3, 0, 5)])
+    with pytest.raises(ValueError, match='batch_size must be at least 1'):
+        run_images(model, _images(RUN_SIZES[:2]), batch_size=0)
+    with pytest.raises(ValueError, match='evaluation mode'):
+        run_images(model.train(), _images(RUN_SIZES[:2]))

@@ -101,6 +101,30 @@ def test_infer_names_the_outputs_of_images_with_one_name_apart(cfg, checkpoint, 
             assert set(json.loads(preds[f'{name}.json'].read_text())) >= {'labels', 'scores', 'bboxes'}
 
 
+@pytest.mark.parametrize('cfg', [DET])
+def test_infer_in_batches_gives_each_image_its_prediction_alone(cfg, checkpoint, tmp_path):
+    """Five images of odd sizes at their own size, three at a time (padded batches) and one at a time: the same
+    predictions (RetinaNet's score threshold at 0, so that random weights give boxes to compare; the segmentors'
+    batches: test_padded_batches.py)."""
+    sizes = [(40, 30), (23, 57), (31, 31), (64, 20), (17, 45)]
+    for i, (w, h) in enumerate(sizes):
+        save_image(tmp_path / 'images' / f'{i}.png', w, h)
+    options = ['--native'] + (['--cfg-options', 'model.test_cfg.score_thr=0'] if cfg == DET else [])
+    for batch in (1, 3):
+        res = run([INFER, cfg, checkpoint(cfg), tmp_path / 'images', '--out-dir', tmp_path / f'out{batch}',
+                   '--batch-size', batch, *options], tmp_path)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    for i in range(len(sizes)):
+        if cfg == DET:
+            one, three = (json.loads((tmp_path / f'out{b}/preds/{i}.json').read_text()) for b in (1, 3))
+            assert len(one['scores']) == len(three['scores']) > 0 and one['labels'] == three['labels']
+            assert np.allclose(one['scores'], three['scores'], atol=1e-5)
+            assert np.allclose(one['bboxes'], three['bboxes'], atol=1e-3)
+        else:
+            one, three = (np.asarray(Image.open(tmp_path / f'out{b}/preds/{i}.png')) for b in (1, 3))
+            assert np.array_equal(one, three)
+
+
 def keys_listed(report, text):
     """Every missing, unexpected and mis-shaped key of ``report`` named in ``text``."""
     keys = report.missing + report.unexpected + [k for k, _, _ in report.mismatched]

@@ -4,8 +4,11 @@
 
 Writes predictions (JSON for boxes, PNG label maps for masks) under OUT_DIR/preds for every image, and
 visualisations (boxes or masks drawn on the image) under OUT_DIR/vis, through mmdet's DetInferencer / mmseg's
-MMSegInferencer, one image at a time: each image's files are in place before the next image runs. An image
-named twice is run once. Outputs are named by the image's stem; images whose stems collide (a/x.png, b/x.png) are
+MMSegInferencer: the model runs ``--batch-size`` images of similar size at a time, padded to the largest of the
+batch, each predicted as it is alone (``adapters.alone.predict_alone``, with the configs' valid-size data
+preprocessors), so a prediction does not depend on the batch; then each image's files are written in turn, in
+place before the next image's, with the progress of a long run every few seconds. An image named twice is run
+once. Outputs are named by the image's stem; images whose stems collide (a/x.png, b/x.png) are
 named by their path under the inputs' common folder instead (a__x, b__x; ``adapters.inference.unique_names``),
 and those names are printed first: no two images share an output.
 
@@ -32,9 +35,10 @@ from pathlib import Path
 
 from mmengine.config import DictAction
 
+from cpvt_backbones.adapters.alone import predict_alone
 from cpvt_backbones.adapters.engines import IMAGE_SUFFIXES, add_engine_args, engine_model, engine_request
 from cpvt_backbones.adapters.evaluation import set_test_scale
-from cpvt_backbones.adapters.inference import OUTPUT_KINDS, failing_as, run_each, unique_names
+from cpvt_backbones.adapters.inference import OUTPUT_KINDS, BatchedPredictions, failing_as, run_each, unique_names
 from cpvt_backbones.adapters.runner import ConfigError, load_config, quiet_known_warnings, refuse_unfit
 from cpvt_backbones.convert.loading import one_line_errors
 
@@ -119,12 +123,17 @@ def main() -> None:
     size.add_argument('--scale', nargs=2, type=int, metavar=('W', 'H'), help='resize (keeping the aspect ratio)')
     size.add_argument('--native', action='store_true', help='run at each image\'s own size')
     parser.add_argument('--score-thr', type=float, default=0.3, help='boxes drawn above this score')
+    parser.add_argument('--batch-size', type=int, default=8,
+                        help='images the model runs at once (default 8), each predicted as alone; 1 runs one at a '
+                             "time (also where the config's data preprocessor hands over no valid sizes)")
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     parser.add_argument('--allow-nonfinite', action='store_true',
                         help='run a checkpoint with NaN or Inf weights (refused by default)')
     add_engine_args(parser)
     args = parser.parse_args()
+    if args.batch_size < 1:
+        parser.error(f'--batch-size must be at least 1, got {args.batch_size}')
     quiet_known_warnings()
     import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the opt-in: mmengine reads checkpoints with safe_load)
 
@@ -162,8 +171,17 @@ def main() -> None:
                 inferencer([image], out_dir=out_dir, img_out_dir='vis', pred_out_dir='preds')
     inferencer.pipeline = failing_as('the test pipeline', inferencer.pipeline)
     engine_model(inferencer.model, cfg, args.checkpoint, **engine)
+    batch_size = args.batch_size
+    if batch_size > 1 and not getattr(inferencer.model.data_preprocessor, 'marks_valid_sizes', False):
+        print(f"[infer] {args.config}: the data preprocessor hands over no valid sizes (ValidSizeDetDataPreprocessor, "
+              'ValidSizeSegDataPreprocessor), so a batch would change the predictions: one image at a time')
+        batch_size = 1
+    prefetch = None
+    if batch_size > 1:
+        predict_alone(inferencer.model)
+        prefetch = BatchedPredictions(inferencer).prefetch
     try:
-        failed = run_each(run, images, names, args.out_dir)
+        failed = run_each(run, images, names, args.out_dir, prefetch, batch_size)
     except OSError as e:
         raise SystemExit(f'infer.py: cannot write the outputs under {args.out_dir} ({e.strerror or e}: '
                          f'{e.filename or args.out_dir})') from None

@@ -8,12 +8,16 @@ engine, precision, ...)``:
 * ``openvino`` (``deploy.openvino``): OpenVINO for the CPU, float32 / bf16 / int8 (NNCF);
 * ``onnxruntime`` (``deploy.onnxruntime``): onnxruntime on the ONNX export (``deploy.onnx``), float32.
 
+``run_images`` (``deploy.batched``) runs a model or a prepared one over images of many sizes in padded batches,
+each image's output the one it gets alone.
+
 An engine covers our backbone or any module that maps an image batch to tensors (a backbone, a classifier, an
 OpenMMLab model's backbone + neck + head in tensor mode, ``deploy.openmmlab``). All take one precision
 vocabulary (``deploy.precision.PRECISIONS``). Optional engines import their package on first use and name what
 to install when it is missing.
 """
 from .autocast import AutocastModule, to_autocast
+from .batched import run_images
 from .onnxruntime import OnnxRuntimeModule, to_onnxruntime
 from .openvino import OpenVINOModule, to_openvino
 from .optimize import optimize, record_input_ranges
@@ -21,5 +25,5 @@ from .precision import PRECISIONS, check_precision
 from .registry import ENGINES, Engine, engine_table, prepare
 
 __all__ = ['AutocastModule', 'ENGINES', 'Engine', 'OnnxRuntimeModule', 'OpenVINOModule', 'PRECISIONS',
-           'check_precision', 'engine_table', 'optimize', 'prepare', 'record_input_ranges', 'to_autocast',
-           'to_onnxruntime', 'to_openvino']
+           'check_precision', 'engine_table', 'optimize', 'prepare', 'record_input_ranges', 'run_images',
+           'to_autocast', 'to_onnxruntime', 'to_openvino']

@@ -41,8 +41,8 @@ from ..layers.position.base import AttentionPosition
 from ..layers.valid import ValidRegion
 from ..utils import cpu_flags
 
-# Tokens per chunk of the fused MLP: the chunk's hidden activation (4-16 MiB of float32) stays in cache
-# between the two GEMMs and the GELU instead of going out to memory and back (2048 measured best of 512-8192).
+# Tokens per chunk of the fused MLP: the chunk's hidden activation stays in cache between the two GEMMs and the
+# GELU instead of going out to memory and back (the chunk sizes compared: docs/performance.md).
 MLP_CHUNK_TOKENS = 2048
 
 

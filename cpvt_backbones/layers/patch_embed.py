@@ -15,9 +15,7 @@ class PatchEmbed(nn.Module):
     DeiT-style columnar models have none (``norm_layer=None``).
 
     Takes a (B, C, H, W) map in either memory format and runs the convolution channels-last: the tokens are
-    then a view of its output (``layers.layout``), and oneDNN's channels-last kernel is also the fast one for
-    a 3-channel image (an NCHW image is converted first: 1.5-7x faster than the NCHW convolution plus the copy
-    of its output into tokens, measured at 224-1216 px)."""
+    then a view of its output (``layers.layout``); an NCHW image is converted first (why: docs/performance.md)."""
 
     def __init__(self, in_chans: int, dim: int, patch_size: int,
                  norm_layer: Callable[..., nn.Module] | None = nn.LayerNorm):
