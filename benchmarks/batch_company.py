@@ -22,8 +22,6 @@ from pathlib import Path
 
 import torch
 
-from cpvt_backbones.adapters.evaluation import evaluate, set_test_scale
-from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings
 from cpvt_backbones.adapters.shapes_tasks import DEMO_TASKS, SCORES, TEST_SIZES, final_checkpoint, scaled
 from cpvt_backbones.utils import cpu_info
 
@@ -50,6 +48,8 @@ def main(argv=None) -> dict:
     parser.add_argument('--batch-size', type=int, default=8)
     parser.add_argument('--name', help='result name (default batch_company_<ISA>)')
     args = parser.parse_args(argv)
+    from cpvt_backbones.adapters.evaluation import evaluate, set_test_scale  # mmengine: not needed by ``table``
+    from cpvt_backbones.adapters.runner import load_config, quiet_known_warnings
     quiet_known_warnings()
     info = cpu_info()
     name = args.name or f"batch_company_{info['isa'].lower()}"

@@ -248,9 +248,9 @@ def test_detectors_and_segmentors_predict_each_image_as_alone(config):
     two segmentors (random weights, RetinaNet's score threshold at 0 so that there is something to compare).
     The data samples are left as they were."""
     from types import SimpleNamespace
+    model = shapes_model(config)   # skips without mmdet and mmseg
 
     from cpvt_backbones.adapters.hooks import PredictAloneHook
-    model = shapes_model(config)
     scope = 'mmdet' if 'rcnn' in config or 'retinanet' in config else 'mmseg'
     if 'retinanet' in config:
         model.bbox_head.test_cfg.score_thr = 0.
@@ -292,10 +292,11 @@ def test_predict_alone_runs_each_image_through_an_attached_engine():
 
 def test_predict_alone_hook_refuses_a_preprocessor_without_valid_sizes():
     from types import SimpleNamespace
+    model = shapes_model('retinanet_pcpvt-tiny_fpn_shapes.py')   # skips without mmdet and mmseg
+
+    from mmdet.models.data_preprocessors import DetDataPreprocessor
 
     from cpvt_backbones.adapters.hooks import PredictAloneHook
-    model = shapes_model('retinanet_pcpvt-tiny_fpn_shapes.py')
-    from mmdet.models.data_preprocessors import DetDataPreprocessor
     model.data_preprocessor = DetDataPreprocessor()
     with pytest.raises(ValueError, match="DetDataPreprocessor does not hand.*'ValidSizeDetDataPreprocessor'"):
         PredictAloneHook().before_val(SimpleNamespace(model=model))
