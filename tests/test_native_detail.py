@@ -76,7 +76,7 @@ def committed(monkeypatch):
 
 def test_a_tiny_native_detail_study_end_to_end(tmp_path, committed):
     argv = TINY + ['--variants', 'none', 'cnn', '--seeds', '0', '1', '--fields', '272', '--checks-per-epoch', '2',
-                   '--work-dir', str(tmp_path / 'runs'), '--out', str(tmp_path / 'out')]
+                   '--level', '30', '--work-dir', str(tmp_path / 'runs'), '--out', str(tmp_path / 'out')]
     summary = native_detail.main(argv)
     keys = native_detail.test_keys()
     assert summary['headline'] in ('final', 'matched') and set(summary['analyses']) == {'final', 'matched'}
@@ -86,8 +86,10 @@ def test_a_tiny_native_detail_study_end_to_end(tmp_path, committed):
         assert set(analysis['leaders']) == set(native_detail.claimed_keys())
     saved = json.loads((tmp_path / 'out' / 'native_checked.json').read_text())
     assert saved['meta']['trained_on'] == 'test CPU' and len(saved['runs']) == 4
+    assert saved['level'] == 30. and saved['level_rule'] == native_detail.select(
+        saved['runs'], ['none', 'cnn'], smooth=3)['level']
     for run in saved['runs']:
-        assert {k: run[k] for k in ORIGIN} == ORIGIN and run['tests_origin'] == ORIGIN
+        assert {k: run[k] for k in ORIGIN} == ORIGIN and (run['smooth'], run['level']) == (3, 30.)
         # 256 training fields, batches of 128: two steps an epoch, a check after each
         assert [e['epoch'] for e in run['log']] == [1, 2] and all(0 <= c['val'] <= 100 for c in run['checks'])
         assert [(c['check'], c['epoch']) for c in run['checks']] == [(1, 0.5), (2, 1.0), (3, 1.5), (4, 2.0)]
@@ -101,7 +103,8 @@ def test_a_tiny_native_detail_study_end_to_end(tmp_path, committed):
     assert len(scales['crops']) == 5 and set(scales['tests']) == {f'native{s}' for s in native_detail.TEST_SIZES}
     text = (tmp_path / 'out' / 'native_checked.md').read_text()
     assert '| CNN, no position encoding (control) |' in text and '| none − cnn |' in text
-    assert '(no claim)' in text and 'Apparent object radius' in text
+    assert '(no claim)' in text and 'Apparent object radius' in text and 'Replaced: every run recorded at' in text
+    assert f'reaches 30.00, fixed before any test; the rule over all runs gives {saved["level_rule"]:.2f}' in text
     assert (tmp_path / 'out' / 'native_checked.png').stat().st_size > 0
     # a second invocation trains nothing again: it reads every run's result
     before = {r['variant'] + str(r['seed']): r['train_seconds'] for r in saved['runs']}
@@ -166,13 +169,18 @@ def test_checks_are_spread_evenly_over_an_epoch():
         check_steps(3, 4)
 
 
-def test_tests_run_on_the_training_device_from_kept_weights(tmp_path):
-    config, _ = native_detail.parse_args(TINY + ['--work-dir', str(tmp_path)])
-    result = dict(_checked('none', 0, [50, 60]), accelerator='test CPU', eval_seconds=0.)
-    with pytest.raises(ValueError, match='trained on test CPU: its tests must run there too, not on other CPU'):
-        native_detail.test_run(result, [2], config, {}, dict(ORIGIN, accelerator='other CPU'))
-    with pytest.raises(FileNotFoundError, match='none seed 0 at check 2 are gone'):
-        native_detail.test_run(result, [2], config, {}, dict(ORIGIN))
+def test_a_fixed_level_replaces_the_rule_and_the_rule_is_still_reported():
+    results = [_checked('none', 0, [40, 46, 48, 50, 52, 54]), _checked('peg_0-5', 0, [40, 45, 50, 55, 60, 65])]
+    chosen = native_detail.select(results, ['none', 'peg_0-5'], smooth=1, level=50.)
+    assert chosen['level'] == 50. and chosen['level_rule'] == 54.
+    assert chosen['checks']['matched'] == {('none', 0): 4, ('peg_0-5', 0): 3}
+    assert native_detail.run_checks(results[0]['checks'], 1, 99.) == dict(final=6, matched=6)   # never reached
+    # runs tested at another level lack tests at the checks this one selects: the summary says which
+    for r in results:
+        r['tests'] = {str(c): {} for c in native_detail.run_checks(r['checks'], 1, 50.).values()}
+    config, _ = native_detail.parse_args(TINY + ['--variants', 'none', 'peg_0-5'])
+    with pytest.raises(SystemExit, match=r'--smooth 1 --level 60.0 select: peg_0-5-seed0 \(check 5\);'):
+        native_detail.summarise(results, config, smooth=1, level=60.)
 
 
 def test_a_leader_is_named_only_when_separated_from_every_other_variant():
