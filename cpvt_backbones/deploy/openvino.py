@@ -21,6 +21,14 @@ and compiles a shape-specialised one for a shape at its ``specialise_after``-th 
 model is faster on its shape but costs a compile and memory per shape, so it pays only for a shape that recurs
 (measured in docs/performance.md with ``benchmarks/openvino_shapes.py``).
 
+``valid_sizes=True`` converts the model with each image's valid size as a second input (``layers.valid``): the
+module (a ``SizedOpenVINOModule``) then takes ``valid_sizes`` as the model does, so a padded batch gives each
+image what it gets alone, and ``deploy.bucketed.Bucketed`` can run every input at a few padded shapes
+(``prepare(model, 'openvino', bucket=64)``). It needs a model whose valid-size path is traceable (zero-padded
+PEGs; not the learned table nor non-zero PEG padding, which run per image), and runs inputs whose sides are
+multiples of the model's largest stride (what buckets are): OpenVINO's CPU plugin fails the shape inference of
+this graph at other sizes.
+
 The engine is optional (``pip install 'cpvt_backbones[openvino]'``, which ``make env`` installs); without it the
 first call names the extra.
 """
@@ -190,11 +198,23 @@ def _require_eval(model: nn.Module) -> None:
                         "model.float() first (precision='bf16' or 'int8' lowers the precision on OpenVINO's side)")
 
 
-def convert(model: nn.Module, example: torch.Tensor):
+class _WithSizes(nn.Module):
+    """``model`` with each image's valid size as a positional input, as ``torch.export`` takes inputs."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, sizes: torch.Tensor):
+        return self.model(x, valid_sizes=sizes)
+
+
+def convert(model: nn.Module, example: torch.Tensor, valid_sizes: bool = False):
     """``model`` (evaluation mode, float32) as an ``openvino.Model`` with dynamic batch, height and width, through
     ``torch.export``, plus the pytree spec of its outputs. Every operation records the module it came from.
     Traced at ``example``'s batch and channels, at its size raised to the model's ``min_trace_side``
-    (``deploy.check.trace_size``; a random input of that size where it is raised)."""
+    (``deploy.check.trace_size``; a random input of that size where it is raised). ``valid_sizes``: with a
+    second input, each image's valid (height, width), (B, 2) int64 (module docstring)."""
     require('export', 'converting a model to OpenVINO (deploy.to_openvino)')
     ov = _openvino()
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
@@ -203,8 +223,20 @@ def convert(model: nn.Module, example: torch.Tensor):
     if size != tuple(example.shape[-2:]):
         example = torch.randn(*example.shape[:-2], *size, dtype=example.dtype)
     dynamic = torch.export.Dim.DYNAMIC
+    inputs, shapes = (example,), ({0: dynamic, 2: dynamic, 3: dynamic},)
+    if valid_sizes:
+        inputs += (torch.tensor([list(size)] * example.shape[0]),)
+        shapes += ({0: dynamic},)
     with torch.no_grad():
-        program = torch.export.export(model, (example,), dynamic_shapes=({0: dynamic, 2: dynamic, 3: dynamic},))
+        try:
+            program = torch.export.export(_WithSizes(model) if valid_sizes else model, inputs,
+                                          dynamic_shapes=shapes)
+        except Exception as e:
+            if not valid_sizes:
+                raise
+            raise ValueError(f'{type(model).__name__} cannot be converted with valid_sizes: its valid-size path does '
+                             f'not trace (a learned position table or a PEG padding other than zeros runs each '
+                             f'image on its own): {type(e).__name__}: {str(e)[:300]}') from e
         if any(node.target in DECOMPOSITIONS for node in program.graph.nodes):
             program = program.run_decompositions(DECOMPOSITIONS)
         _, spec = pytree.tree_flatten(model(example))
@@ -237,12 +269,15 @@ def ops_under(ov_model, prefixes: Sequence[str]) -> list[str]:
 def quantize(ov_model, calibration: Iterable[torch.Tensor], keep_fp32: Sequence[str] = (),
              subset_size: int = 300):
     """NNCF post-training int8 quantization of ``ov_model`` (from ``convert``; transformer preset: per-channel
-    weights), calibrated on the batches of ``calibration``; the operations of the modules under ``keep_fp32``
-    (module name prefixes, ``ops_under``) stay float (NNCF's ignored scope)."""
+    weights), calibrated on the batches of ``calibration`` (each image whole, where the model takes valid sizes);
+    the operations of the modules under ``keep_fp32`` (module name prefixes, ``ops_under``) stay float (NNCF's
+    ignored scope)."""
     nncf = _nncf()
     batches = [np.ascontiguousarray(x.detach().float().cpu().numpy()) for x in calibration]
     if not batches:
         raise ValueError('int8 needs calibration data: an iterable of input batches (NCHW float tensors)')
+    if len(ov_model.inputs) == 2:
+        batches = [[x, _whole(x.shape)] for x in batches]
     kwargs = dict(ignored_scope=nncf.IgnoredScope(names=ops_under(ov_model, keep_fp32), validate=False)
                   ) if keep_fp32 else {}
     return nncf.quantize(ov_model, nncf.Dataset(batches), model_type=nncf.ModelType.TRANSFORMER,
@@ -256,6 +291,11 @@ def check_shapes(shapes: str, cache_size: int, specialise_after: int) -> None:
     for name, value in (('cache_size', cache_size), ('specialise_after', specialise_after)):
         if value < 1:
             raise ValueError(f'{name} must be at least 1, got {value}')
+
+
+def _whole(shape: Sequence[int]) -> np.ndarray:
+    """The valid sizes of a batch of ``shape`` whose images fill it: (B, 2) int64."""
+    return np.array([list(shape[-2:])] * shape[0], dtype=np.int64)
 
 
 class OpenVINOModule(nn.Module):
@@ -318,7 +358,7 @@ class OpenVINOModule(nn.Module):
                     self._calls.popitem(last=False)
                 return self._dynamic
         model = self.ov_model.clone()
-        model.reshape({model.inputs[0]: list(shape)})
+        model.reshape({port: dims for port, dims in zip(model.inputs, (list(shape), [shape[0], 2]), strict=False)})
         compiled = _Requests(self._core.compile_model(model, 'CPU', self._config))
         self._compiled[shape] = compiled
         while len(self._compiled) > self.cache_size:
@@ -326,16 +366,45 @@ class OpenVINOModule(nn.Module):
         return compiled
 
     def forward(self, x: torch.Tensor):
+        return self._run(x)
+
+    def _run(self, x: torch.Tensor, sizes: torch.Tensor | None = None):
         from ..models.base import check_input
         check_input(x, self.in_chans)
         array = np.ascontiguousarray(x.detach().to('cpu', torch.float32).numpy())
-        outs = [torch.from_numpy(out) for out in self.compiled_for(tuple(array.shape))(array)]
+        inputs = [array] if sizes is None else [array, np.ascontiguousarray(sizes.cpu().numpy())]
+        outs = [torch.from_numpy(out) for out in self.compiled_for(tuple(array.shape))(inputs)]
         return pytree.tree_unflatten(outs, self.out_spec)
 
     def extra_repr(self) -> str:
         return f'precision={self.precision!r}, shapes={self.shapes!r}' + (
             f', cache_size={self.cache_size}' if self.shapes != 'dynamic' else '') + (
             f', specialise_after={self.specialise_after}' if self.shapes == 'auto' else '')
+
+
+class SizedOpenVINOModule(OpenVINOModule):
+    """An ``OpenVINOModule`` converted with valid sizes (``convert(..., valid_sizes=True)``): ``forward(x,
+    valid_sizes=None)`` takes each image's valid (h, w) of a padded batch as the models do (``layers.valid``;
+    default: every image fills the batch), for inputs whose sides are multiples of ``multiple`` (the model's
+    largest stride; a padded bucket's are), refusing others by name."""
+
+    def __init__(self, ov_model, *args, multiple: int = 1, **kwargs):
+        if len(ov_model.inputs) != 2:
+            raise ValueError(f'a model converted with valid_sizes has two inputs (images, valid sizes), this one has '
+                             f'{len(ov_model.inputs)}')
+        super().__init__(ov_model, *args, **kwargs)
+        self.multiple = multiple
+
+    def forward(self, x: torch.Tensor, valid_sizes=None):
+        from ..layers.valid import check_valid_sizes
+        from ..models.base import check_input
+        check_input(x, self.in_chans)
+        if x.shape[-2] % self.multiple or x.shape[-1] % self.multiple:
+            raise ValueError(f'OpenVINO runs the model converted with valid sizes at sides that are multiples of '
+                             f'{self.multiple}, got {tuple(x.shape[-2:])}: pad the batch (deploy.bucketed.Bucketed, '
+                             "prepare(model, 'openvino', bucket=...)) or convert without valid_sizes")
+        sizes = torch.from_numpy(_whole(x.shape)) if valid_sizes is None else check_valid_sizes(valid_sizes, x)
+        return self._run(x, sizes)
 
 
 class _Requests:
@@ -345,13 +414,13 @@ class _Requests:
     def __init__(self, compiled):
         self.compiled, self._idle = compiled, queue.SimpleQueue()
 
-    def __call__(self, array: np.ndarray) -> list[np.ndarray]:
+    def __call__(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         try:
             request = self._idle.get_nowait()
         except queue.Empty:
             request = self.compiled.create_infer_request()
         try:
-            result = request.infer(array)
+            result = request.infer(arrays)
             return [np.array(result[port]) for port in self.compiled.outputs]
         finally:
             self._idle.put(request)
@@ -359,16 +428,28 @@ class _Requests:
 
 def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: tuple[int, int] = (97, 131),
                      tolerance: float = 1e-3) -> float:
-    """The converted model in float32 against ``model`` (``deploy.check.check_against_torch``)."""
-    return check_against_torch(OpenVINOModule(ov_model, spec, in_chans), model, in_chans, 'OpenVINO conversion',
-                               size, tolerance)
+    """The converted model in float32 against ``model`` (``deploy.check.check_against_torch``); one converted with
+    valid sizes at ``size`` raised to multiples of the model's largest stride (what it runs)."""
+    if len(ov_model.inputs) == 1:
+        return check_against_torch(OpenVINOModule(ov_model, spec, in_chans), model, in_chans, 'OpenVINO conversion',
+                                   size, tolerance)
+    from .bucketed import largest_stride
+    multiple = largest_stride(model)
+    return check_against_torch(SizedOpenVINOModule(ov_model, spec, in_chans, multiple=multiple), model, in_chans,
+                               'OpenVINO conversion', tuple(-(-n // multiple) * multiple for n in size), tolerance)
+
+
+def sized_path(path: str | None) -> str | None:
+    """Where the conversion with valid sizes of the model cached at ``path`` (NAME.xml) is kept:
+    NAME.valid_sizes.xml."""
+    return None if path is None else str(Path(path).with_suffix('.valid_sizes.xml'))
 
 
 def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable[torch.Tensor] | None = None,
                 keep_fp32: Sequence[str] = (), shapes: str = 'auto', cache_size: int = 8,
                 threads: int | None = None, example_size: tuple[int, int] = (224, 224),
                 in_chans: int | None = None, cache: str | None = None, float_cache: str | None = None,
-                specialise_after: int = 64) -> OpenVINOModule:
+                specialise_after: int = 64, valid_sizes: bool = False) -> OpenVINOModule:
     """``model`` (left as it is) as an ``OpenVINOModule``: converted through ``torch.export`` at an example input
     of ``example_size`` (raised to the model's ``min_trace_side``, ``convert``; any size works afterwards) and
     checked against torch at another size (``check_conversion``), quantized to int8 with NNCF when
@@ -386,27 +467,31 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
     quantizes a saved conversion instead of converting again (one saved without the module names that
     ``keep_fp32`` needs is converted again and saved anew). ``in_chans``: input channels (default: the model's
     ``in_chans`` attribute, else 3). ``shapes``, ``cache_size``, ``specialise_after``, ``threads``: as
-    ``OpenVINOModule`` takes them (checked before anything is converted)."""
+    ``OpenVINOModule`` takes them (checked before anything is converted). ``valid_sizes``: converted with each
+    image's valid size as a second input (module docstring), a ``SizedOpenVINOModule``; its caches are kept
+    apart from the plain conversion's (``sized_path``)."""
     check_precision(precision)
     check_shapes(shapes, cache_size, specialise_after)
     if precision != 'int8' and (calibration is not None or keep_fp32):
         raise ValueError(f'calibration and keep_fp32 configure int8; precision={precision!r} does not use them')
     _require_eval(model)
     in_chans = in_chans or getattr(model, 'in_chans', 3)
+    if valid_sizes:
+        cache, float_cache = sized_path(cache), sized_path(float_cache)
     if precision != 'int8':
         cache = cache or float_cache
     source = model_fingerprint(model) if cache or float_cache else None
-    loaded = _load(cache, model, in_chans, source)
+    loaded = _load(cache, model, in_chans, source, valid_sizes)
     if loaded is not None:
         ov_model, spec = loaded
     else:
         if precision == 'int8' and calibration is None:
             raise ValueError("precision='int8' quantizes with NNCF: pass calibration=<an iterable of input batches>")
-        saved = _load(float_cache, model, in_chans, source) if precision == 'int8' else None
+        saved = _load(float_cache, model, in_chans, source, valid_sizes) if precision == 'int8' else None
         if saved is not None and (not keep_fp32 or saved[0].has_rt_info(MODULES_KEY)):
             ov_model, spec = saved
         else:  # nothing saved, or saved without the module names that keep_fp32 selects by: convert
-            ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size))
+            ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size), valid_sizes)
             check_conversion(ov_model, spec, model, in_chans)
             if precision == 'int8' and float_cache:
                 _save_or_warn(ov_model, float_cache, source)
@@ -414,7 +499,14 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
             ov_model = quantize(ov_model, calibration, keep_fp32)
         if cache:
             _save_or_warn(ov_model, cache, source)
-    return OpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads, specialise_after)
+    if valid_sizes:
+        from .bucketed import largest_stride
+        engine = SizedOpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads,
+                                     specialise_after, multiple=largest_stride(model))
+    else:
+        engine = OpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads, specialise_after)
+    engine.strides = tuple(getattr(model, 'strides', ()) or ())   # its output maps' (run_images crops by them)
+    return engine
 
 
 def record_path(path) -> Path:
@@ -434,17 +526,22 @@ def saved_problem(path, source: str | None = None) -> str | None:
     return problem
 
 
-def _load(path: str | None, model: nn.Module, in_chans: int, source: str | None = None):
+def _load(path: str | None, model: nn.Module, in_chans: int, source: str | None = None, valid_sizes: bool = False):
     """The model saved at ``path`` (``_read``) where there is one and it checks (made from the model of
-    fingerprint ``source``, where given), else None (with a warning saying why, where something was there)."""
+    fingerprint ``source``, where given, with the valid-size input where ``valid_sizes``), else None (with a
+    warning saying why, where something was there)."""
     if not path or not (Path(path).is_file() or record_path(path).is_file()):
         return None
     problem = saved_problem(path, source)
     if problem is None:
         try:
-            return _read(path, model, in_chans)
+            ov_model, spec = _read(path, model, in_chans)
         except RuntimeError as e:
             problem = f'OpenVINO cannot read it ({e})'
+        else:
+            if len(ov_model.inputs) == 1 + valid_sizes:
+                return ov_model, spec
+            problem = f'it has {len(ov_model.inputs)} inputs, not {1 + valid_sizes}'
     warnings.warn(f'OpenVINO cache {path}: {problem}; converting again', RuntimeWarning, stacklevel=3)
     return None
 
@@ -514,6 +611,6 @@ def save(ov_model, path: str, source: str | None = None) -> None:
         atomic_write(record_path(path), json.dumps(record).encode())
 
 
-__all__ = ['EXTRA', 'MODULE_KEY', 'MODULES_KEY', 'PRECISIONS', 'SHAPES', 'OpenVINOModule', 'available',
-           'check_conversion', 'check_shapes', 'compile_config', 'convert', 'native_bf16', 'ops_under', 'quantize',
-           'record_path', 'save', 'saved_problem', 'source_problem', 'to_openvino']
+__all__ = ['EXTRA', 'MODULE_KEY', 'MODULES_KEY', 'PRECISIONS', 'SHAPES', 'OpenVINOModule', 'SizedOpenVINOModule',
+           'available', 'check_conversion', 'check_shapes', 'compile_config', 'convert', 'native_bf16', 'ops_under',
+           'quantize', 'record_path', 'save', 'saved_problem', 'sized_path', 'source_problem', 'to_openvino']

@@ -5,8 +5,9 @@ PyTorch float32; ``'model'``: any module that maps one image batch to tensors: a
 OpenMMLab model's backbone + neck + head in tensor mode, ``deploy.openmmlab.TensorForward``), the precisions it
 runs with what stays float32 in each, the packages it needs, and how it prepares a built model. The tools, the
 mmengine hook and the benchmarks all reach an engine through ``prepare``; ``engine_table`` renders the
-registry for ``--help`` and the docs. A new engine is one module with its transform plus one ``register`` call
-at the end of this file.
+registry for ``--help`` and the docs. ``prepare(..., bucket=step)`` runs the prepared module at bucketed shapes
+(``deploy.bucketed``) on the engines that take valid sizes. A new engine is one module with its transform plus
+one ``register`` call at the end of this file.
 """
 import importlib.util
 import json
@@ -30,7 +31,9 @@ class Engine:
     ``keep_fp32`` (module name prefixes left in float32) are given for int8 only. ``cache``: a path prefix, named
     by everything the prepared result depends on, where the engine may keep what it derives (the engine adds
     its own suffix) and read it back; ``conversion_cache``: the same for a float32 conversion that another
-    precision of the same model may reuse. ``options``: the engine's own (threads, shapes, input ranges)."""
+    precision of the same model may reuse. ``options``: the engine's own (threads, shapes, input ranges).
+    ``bucketing``: the options under which its prepared module takes ``valid_sizes`` (so that ``prepare(...,
+    bucket=step)`` can pad inputs to buckets, ``deploy.bucketed``), or None where it cannot."""
     name: str
     covers: str
     precisions: Mapping[str, str]
@@ -39,6 +42,7 @@ class Engine:
     transform: Callable[..., nn.Module]
     summary: str
     trains: tuple[str, ...] = ()   # the precisions whose prepared module also trains (forward and backward)
+    bucketing: Mapping[str, object] | None = None
 
     def missing(self) -> tuple[str, ...]:
         """The packages it needs that are not installed."""
@@ -119,10 +123,21 @@ def prepare(module: nn.Module, name: str, precision: str = 'fp32',
             **options) -> nn.Module:
     """``module`` (evaluation mode, float32; what the engine covers) on engine ``name`` at ``precision``:
     ``calibration`` (an iterable of input batches, required and non-empty for int8) and ``keep_fp32`` configure
-    int8 and are refused elsewhere; ``options`` go to the engine's transform. ``module`` itself is never changed
+    int8 and are refused elsewhere; ``options`` go to the engine's transform, but ``bucket`` (a step in pixels, a
+    multiple of the model's largest stride): the prepared module wrapped in ``deploy.bucketed.Bucketed``, inputs
+    padded to multiples of it and run with their valid sizes. ``module`` itself is never changed
     (an engine that transforms modules works on a copy; one that runs the module as it is returns it), and a
     module an engine has prepared already is refused, naming what it holds: prepare the plain model."""
     spec = check_engine(name, precision)
+    bucket = options.pop('bucket', None)
+    if bucket is not None:
+        from .bucketed import check_step
+        if spec.bucketing is None:
+            raise ValueError(f'engine {name!r} does not run valid sizes, so it cannot pad inputs to buckets (bucket='
+                             f'{bucket}); engines that can: '
+                             f'{", ".join(n for n, e in ENGINES.items() if e.bucketing is not None)}')
+        check_step(bucket, module)
+        options.update(spec.bucketing)
     if precision != 'int8' and (calibration is not None or keep_fp32):
         raise ValueError(f'calibration and keep_fp32 configure int8; precision={precision!r} does not use them')
     if precision == 'int8' and not options.get('input_ranges'):
@@ -140,7 +155,11 @@ def prepare(module: nn.Module, name: str, precision: str = 'fp32',
     if done is not None:
         raise ValueError(f'engine {name!r}: this module was prepared for an engine already (it holds {done}); '
                          'prepare the plain model instead (prepare leaves its argument as it was)')
-    return spec.transform(module, precision, calibration, tuple(keep_fp32), **options)
+    prepared = spec.transform(module, precision, calibration, tuple(keep_fp32), **options)
+    if bucket is None:
+        return prepared
+    from .bucketed import Bucketed
+    return Bucketed(prepared, bucket)
 
 
 def engine_table() -> str:
@@ -195,20 +214,21 @@ register(Engine(
                        'bf16': "autocast's float32 operations (norms, softmax, reductions); outputs returned in "
                                'float32'},
     (), '', _torch, 'PyTorch eager; bf16 under torch.autocast (native bf16 CPUs; elsewhere float32, with a warning)',
-    trains=('fp32', 'bf16')))
+    trains=('fp32', 'bf16'), bucketing={}))
 register(Engine(
     'fused', 'backbone', {'fp32': 'everything (same outputs to float32 rounding)',
                           'int8': 'all but the linear layers (norms, attention products and softmax, convolutions), '
                                   'linear layers in keep_fp32; the rest of the model'},
     (), '', _fused, "this package's fused CPU kernels for our transformer blocks (deploy.optimize); int8: static, "
-                    'activations at ranges calibrated on input batches', trains=('fp32',)))
+                    'activations at ranges calibrated on input batches', trains=('fp32',), bucketing={}))
 register(Engine(
     'openvino', 'model', {'fp32': 'everything',
                           'bf16': "what OpenVINO's bf16 inference precision keeps; float32 throughout on CPUs "
                                   'without native bf16 (with a warning)',
                           'int8': 'what NNCF leaves unquantized (transformer preset), layers in keep_fp32'},
     ('openvino', 'nncf'), "pip install 'cpvt_backbones[openvino]'", _openvino,
-    'OpenVINO for the CPU (deploy.openvino): converted once through torch.export, any size after'))
+    'OpenVINO for the CPU (deploy.openvino): converted once through torch.export, any size after',
+    bucketing={'valid_sizes': True}))
 register(Engine(
     'onnxruntime', 'model', {'fp32': 'everything',
                              'int8': 'all but the linear layers (attention products, norms, convolutions), linear '

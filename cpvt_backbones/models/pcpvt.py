@@ -158,9 +158,11 @@ class PyramidCPVT(CPVTBase):
         for i, embed in enumerate(self.patch_embeds):
             if stop is not None and i > stop:
                 break
-            inputs = x if i == 0 else tokens_to_map(x, hw)
-            if sizes is not None:
-                inputs = ValidRegion.of_pixels(sizes, stride, inputs.shape[-2:]).zero_map(inputs)
+            if i == 0:
+                inputs = x if sizes is None else ValidRegion.of_pixels(sizes, 1, x.shape[-2:]).zero_map(x)
+            else:  # masked as tokens, as the PEG does
+                inputs = tokens_to_map(x if sizes is None else ValidRegion.of_pixels(sizes, stride, hw).zero_tokens(x),
+                                       hw)
             x, hw = embed(inputs)
             stride *= embed.patch_size
             valid = None if sizes is None else ValidRegion.of_pixels(sizes, stride, hw)

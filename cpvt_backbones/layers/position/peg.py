@@ -49,12 +49,13 @@ class PEG(nn.Module):
 
     def forward(self, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
         prefix = self.num_prefix_tokens
-        feat = tokens_to_map(x[:, prefix:], hw)
+        # masked as tokens (contiguous), not as the channels-last map: an exported graph then keeps H and W free
+        feat = tokens_to_map((x if valid is None else valid.zero_tokens(x))[:, prefix:], hw)
         if valid is not None and self.proj[0].padding_mode != 'zeros':
             conv = torch.stack([F.pad(self.proj(feat[b:b + 1, :, :h, :w])[0], (0, hw[1] - w, 0, hw[0] - h))
                                 for b, (h, w) in enumerate(valid.images())])
         else:
-            conv = self.proj(feat if valid is None else valid.zero_map(feat))
+            conv = self.proj(feat)
         out = map_to_tokens(conv + feat)
         return torch.cat((x[:, :prefix], out), dim=1) if prefix else out
 
