@@ -36,7 +36,7 @@ demo: env
 # Speed and memory against mmseg's and timm's PCPVT and onnxruntime on the same weights, in float32, bf16 and int8
 # (with glibc's default allocator, then float32 with freed memory retained), the scaling study, and where the time
 # goes by kind of op, whole detectors and segmentors end to end on each engine, and OpenVINO's shape strategies on
-# streams of mixed and of recurring sizes (docs/performance.md).
+# streams of mixed and of recurring sizes, and bucketed shapes on a stream of random sizes (docs/performance.md).
 bench: env
 	$(PY) -m benchmarks.speed pcpvt_small --precision bf16 int8 --engines \
 		--json benchmarks/results/bench_pcpvt_small.json
@@ -49,6 +49,7 @@ bench: env
 	$(PY) -m benchmarks.speed pcpvt_small --breakdown --json benchmarks/results/breakdown_pcpvt_small.json
 	$(PY) -m benchmarks.speed --end-to-end --precision bf16 int8 --json benchmarks/results/bench_end_to_end.json
 	$(PY) -m benchmarks.openvino_shapes --json benchmarks/results/openvino_shapes_pcpvt_small.json
+	$(PY) -m benchmarks.bucketed_shapes --json benchmarks/results/bucketed_shapes_pcpvt_small.json
 
 clean-env:
 	rm -rf $(VENV)

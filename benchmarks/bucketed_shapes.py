@@ -2,32 +2,34 @@
 the fused engine, one image at a time and in batches of mixed sizes.
 
     python -m benchmarks.bucketed_shapes [NAME] [--images 200] [--sides 64 1024] [--bucket 128]
-        [--bucket-cache 16] [--batch-size 8] [--rounds 2] [--seed 0] [--json PATH]
+        [--bucket-cache 16] [--batch-size 8] [--order arrival|sorted] [--ways WAY ...] [--seed 0] [--json PATH]
 
 The stream: ``--images`` sizes, each side drawn uniformly from ``--sides`` (seed ``--seed``), one random image of
-each; the backbone ``NAME`` (random weights) as a feature pyramid. Ways (``prepare``, one float32 conversion
-read from a temporary cache by every OpenVINO way, one with valid sizes by the bucketed ones):
+each, in groups of ``--batch-size``: in the order drawn (``arrival``: a server's requests) or sorted by height
+and width first (``sorted``: a folder of images, as ``run_images`` orders them); the backbone ``NAME`` (random
+weights) as a feature pyramid. Ways (``prepare``, one float32 conversion read from a temporary cache by every
+OpenVINO way, one with valid sizes by the bucketed ones):
 
 * ``openvino dynamic``, ``openvino auto`` (its defaults: a size compiled at its 64th call);
-* ``openvino per shape``: a model compiled for every size met (``shapes='static'``, cache as large as the
-  stream): its warm pass is the limit, each image on a model compiled for its own size;
+* ``openvino per shape``: a model compiled for each image's size before it runs (``shapes='static'``, one kept:
+  200 compiled models would not fit in memory): its time without the compiles is the limit, each image on a
+  model compiled for its own size (timed in the cold pass only: its warm pass would compile again);
 * ``openvino bucketed``: inputs padded to multiples of ``--bucket`` and run with their valid sizes, a model
-  compiled per bucket and ``--bucket-cache`` kept (``bucket=``, ``shapes='static'``); ``... batch N``: the
-  stream through ``run_images`` in batches of ``--batch-size`` images of similar size, each batch padded to its
-  bucket;
+  compiled per bucket and ``--bucket-cache`` kept (``bucket=``, ``shapes='static'``); ``... batch N``: each group
+  through ``run_images`` as one batch, padded to its bucket;
 * ``fused`` (eager: no compile, so it is its own per-shape limit), ``fused bucketed``, ``fused batch N`` (the
   fused engine takes valid sizes itself).
 
 Cold pass: each way alone from a fresh engine over the whole stream (its time includes every compile; the peak
 resident memory above the start of the pass, ``/proc/self/status`` VmHWM reset through ``clear_refs``; the
-memory it keeps afterwards). Warm pass: ``--rounds`` rounds, each running every way over the whole stream, the
-order rotated each round; the median round's images/s. Every way's outputs are checked against the fused
-engine's (the model to float32 rounding) at each image's own size: the largest relative L2 is reported. The CPU's
-ISA is printed with the figures. Nothing else should run meanwhile.
+memory it keeps afterwards; outputs are compared group by group and dropped, so neither holds them). Warm pass:
+the stream again, every way on each group in turn (the order rotated from group to group); each way's images/s
+over the stream. Every way's outputs are checked against the plain model's at each image's own size (computed
+first, untimed): the largest relative L2 is reported. The CPU's ISA is printed with the figures. Nothing else
+should run meanwhile. ``--ways``: only the ways named (all by default).
 """
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -57,11 +59,22 @@ def stream(count: int, sides: tuple[int, int], seed: int) -> list[torch.Tensor]:
     return [torch.randn(3, h, w, generator=generator) for h, w in hw]
 
 
-def runner(engine, batch_size: int | None):
-    """The stream through ``engine``: one image at a time, or ``run_images`` in batches of ``batch_size``."""
+def runner(engine, batch_size: int | None, compiles: list[float] | None = None):
+    """The stream through ``engine``: one image at a time, or ``run_images`` in batches of ``batch_size``; with
+    ``compiles``, each image's shape compiled first (``compiled_for``), the seconds appended there."""
     if batch_size:
         return lambda images: run_images(engine, images, batch_size=batch_size)
-    return lambda images: [tuple(m[0] for m in engine(image[None])) for image in images]
+
+    def run(images):
+        outputs = []
+        for image in images:
+            if compiles is not None:
+                start = time.perf_counter()
+                engine.compiled_for((1, *image.shape))
+                compiles.append(time.perf_counter() - start)
+            outputs.append(tuple(m[0] for m in engine(image[None])))
+        return outputs
+    return run
 
 
 def compiled(engine) -> int:
@@ -74,6 +87,19 @@ def largest_error(outputs, reference) -> float:
                for o, r in zip(out, ref, strict=True))
 
 
+def cold_pass(run, groups, reference) -> tuple[float, float]:
+    """Seconds for ``run`` over ``groups`` and the largest relative L2 against ``reference`` (one list per group),
+    each group's outputs dropped once compared."""
+    seconds, error = 0., 0.
+    for group, expected in zip(groups, reference, strict=True):
+        start = time.perf_counter()
+        with torch.no_grad():
+            outputs = run(group)
+        seconds += time.perf_counter() - start
+        error = max(error, largest_error(outputs, expected))
+    return seconds, error
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('name', nargs='?', default='pcpvt_small')
@@ -82,17 +108,22 @@ def main(argv=None) -> dict:
     p.add_argument('--bucket', type=int, default=128)
     p.add_argument('--bucket-cache', type=int, default=16)
     p.add_argument('--batch-size', type=int, default=8)
-    p.add_argument('--rounds', type=int, default=2)
+    p.add_argument('--order', choices=('arrival', 'sorted'), default='arrival')
+    p.add_argument('--ways', nargs='+', help='the ways to run (names as printed; default: all)')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--json')
     args = p.parse_args(argv)
     info = cpu_info()
     images = stream(args.images, tuple(args.sides), args.seed)
+    if args.order == 'sorted':
+        images.sort(key=lambda image: tuple(image.shape[-2:]))
     print(f'[buckets] {info["cpu"]}, ISA {info["isa"]}, flags {info["flags"]}, {torch.get_num_threads()} threads; '
-          f'{args.name}; {len(images)} images, sides {args.sides[0]}-{args.sides[1]} px', flush=True)
+          f'{args.name}; {len(images)} images, sides {args.sides[0]}-{args.sides[1]} px, {args.order} order',
+          flush=True)
     torch.manual_seed(0)
     model = create_model(args.name, features_only=True).eval()
     n = args.batch_size
+    groups = [images[i:i + n] for i in range(0, len(images), n)]
     with tempfile.TemporaryDirectory(prefix='bucketed_shapes-') as folder:
         cache = str(Path(folder) / args.name)
         start = time.perf_counter()
@@ -100,49 +131,57 @@ def main(argv=None) -> dict:
         prepare(model, 'openvino', cache=cache, bucket=args.bucket)
         convert_s = time.perf_counter() - start
         bucketed = dict(bucket=args.bucket, shapes='static', cache_size=args.bucket_cache, cache=cache)
-        ways = {   # name: (the engine, made when its cold pass starts; batch size or None: one at a time)
+        ways = {   # name: (the engine, made when its cold pass starts; batch size, None: one at a time, or
+                   # 'compile': one at a time, each shape compiled first)
             'fused': (lambda: prepare(model, 'fused'), None),
             'fused bucketed': (lambda: prepare(model, 'fused', bucket=args.bucket), None),
             f'fused batch {n}': (lambda: prepare(model, 'fused'), n),
             'openvino dynamic': (lambda: prepare(model, 'openvino', shapes='dynamic', cache=cache), None),
             'openvino auto': (lambda: prepare(model, 'openvino', cache=cache), None),
-            'openvino per shape': (lambda: prepare(model, 'openvino', shapes='static', cache_size=len(images),
-                                                   cache=cache), None),
+            'openvino per shape': (lambda: prepare(model, 'openvino', shapes='static', cache_size=1, cache=cache),
+                                   'compile'),
             'openvino bucketed': (lambda: prepare(model, 'openvino', **bucketed), None),
             f'openvino bucketed batch {n}': (lambda: prepare(model, 'openvino', **bucketed), n),
         }
-        with torch.no_grad():   # the process's first call (thread pools, allocator) is nobody's cold pass
-            model(images[0][None])
-        runs, result, reference = {}, {}, None
+        plain = runner(model, None)
+        with torch.no_grad():   # also the process's first calls (thread pools, allocator): nobody's cold pass
+            reference = [plain(group) for group in groups]
+        unknown = set(args.ways or ()) - set(ways)
+        if unknown:
+            p.error(f'--ways: no way named {sorted(unknown)}; the ways: {list(ways)}')
+        ways = {name: way for name, way in ways.items() if not args.ways or name in args.ways}
+        runs, result = {}, {}
         for way, (build, batch_size) in ways.items():
             before = rss_mb()
             reset_peak()
             start = time.perf_counter()
             engine = build()
-            run = runner(engine, batch_size)
-            with torch.no_grad():
-                outputs = run(images)
-            seconds = time.perf_counter() - start
-            reference = outputs if reference is None else reference
+            built = time.perf_counter() - start
+            compiles = [] if batch_size == 'compile' else None
+            run = runner(engine, None if batch_size == 'compile' else batch_size, compiles)
+            seconds, error = cold_pass(run, groups, reference)
+            seconds += built
             result[way] = dict(cold_s=round(seconds, 1), cold_images_per_s=round(len(images) / seconds, 2),
                                compiled=compiled(engine), peak_mb=round(rss_mb('VmHWM') - before),
-                               kept_mb=round(rss_mb() - before), max_error=largest_error(outputs, reference))
-            runs[way] = run
+                               kept_mb=round(rss_mb() - before), max_error=error)
+            if compiles is None:
+                runs[way] = run
+            else:   # the limit: each image on a model compiled for its size, the compiles left out
+                result[way].update(compiles=len(compiles), compile_s=round(sum(compiles), 1),
+                                   limit_images_per_s=round(len(images) / (seconds - built - sum(compiles)), 2))
             print(f'[buckets] cold {way}: {result[way]}', flush=True)
-        order = list(runs)
-        rounds = {way: [] for way in runs}
-        for r in range(args.rounds):
-            for way in order[r % len(order):] + order[:r % len(order)]:
+        order, warm = list(runs), dict.fromkeys(runs, 0.)
+        for g, group in enumerate(groups):
+            for way in order[g % len(order):] + order[:g % len(order)]:
                 start = time.perf_counter()
                 with torch.no_grad():
-                    runs[way](images)
-                rounds[way].append(time.perf_counter() - start)
-        for way, times in rounds.items():
-            result[way].update(warm_s=round(statistics.median(times), 1),
-                               warm_images_per_s=round(len(images) / statistics.median(times), 2))
+                    runs[way](group)
+                warm[way] += time.perf_counter() - start
+        for way, seconds in warm.items():
+            result[way].update(warm_s=round(seconds, 1), warm_images_per_s=round(len(images) / seconds, 2))
             print(f'[buckets] warm {way}: {result[way]}', flush=True)
     out = dict(cpu=info, name=args.name, images=len(images), sides=list(args.sides), bucket=args.bucket,
-               bucket_cache=args.bucket_cache, batch_size=n, rounds=args.rounds, seed=args.seed,
+               bucket_cache=args.bucket_cache, batch_size=n, order=args.order, seed=args.seed,
                threads=torch.get_num_threads(), convert_s=round(convert_s, 1), ways=result,
                command=' '.join(['python', '-m', 'benchmarks.bucketed_shapes'] + (sys.argv[1:] if argv is None
                                                                                  else list(argv))))

@@ -71,6 +71,7 @@ def test_a_classifier_keeps_its_logits():
             assert bucketed(x).shape == (2, 5) and errors(bucketed(x), model(x)) < TOLERANCE
 
 
+@pytest.mark.heavy
 def test_a_sized_conversion_is_cached_apart_and_read_back(tmp_path):
     model = pyramid()
     cache = tmp_path / 'model.xml'

@@ -366,11 +366,11 @@ class OpenVINOModule(nn.Module):
         return compiled
 
     def forward(self, x: torch.Tensor):
+        from ..models.base import check_input
+        check_input(x, self.in_chans)
         return self._run(x)
 
     def _run(self, x: torch.Tensor, sizes: torch.Tensor | None = None):
-        from ..models.base import check_input
-        check_input(x, self.in_chans)
         array = np.ascontiguousarray(x.detach().to('cpu', torch.float32).numpy())
         inputs = [array] if sizes is None else [array, np.ascontiguousarray(sizes.cpu().numpy())]
         outs = [torch.from_numpy(out) for out in self.compiled_for(tuple(array.shape))(inputs)]
