@@ -363,7 +363,9 @@ def summarise_analysis(results: list[dict], variants: Sequence[str], chosen: dic
                 start_spread=round(max(starts) - min(starts), 2) if starts else 0.)
 
 
-def summarise(results: list[dict], config: StudyConfig, smooth: int, level: float) -> dict:
+def summarise(results: list[dict], config: StudyConfig, smooth: int, level: float | None = None) -> dict:
+    """Both analyses (``summarise_analysis``) at the checks ``select`` picks with ``smooth`` and ``level`` (None:
+    the rule's, for a study whose every check was tested); refuses runs without tests at those checks."""
     chosen = select(results, config.variants, smooth, level)
     untested = sorted(f'{v}-seed{s} (check {c})' for per_run in chosen['checks'].values()
                       for (v, s), c in per_run.items()
@@ -376,7 +378,8 @@ def summarise(results: list[dict], config: StudyConfig, smooth: int, level: floa
                 for name, checks in chosen['checks'].items()}
     checks = {name: {f'{v}-seed{s}': c for (v, s), c in per_run.items()} for name, per_run in chosen['checks'].items()}
     return dict(analyses=analyses, checks=checks, level=chosen['level'], level_rule=chosen['level_rule'],
-                final_val_spread=chosen['final_val_spread'], headline=chosen['headline'], smooth=smooth)
+                level_fixed=level is not None, final_val_spread=chosen['final_val_spread'],
+                headline=chosen['headline'], smooth=smooth)
 
 
 def heading(key: str) -> str:
@@ -435,9 +438,10 @@ def render_markdown(summary: dict, config: StudyConfig, meta: dict) -> str:
     for name in (headline, 'matched' if headline == 'final' else 'final'):
         analysis = summary['analyses'][name]
         title = ('Final epoch' if name == 'final' else
-                 f'Matched checkpoints (per run the first check whose {reading} reaches {summary["level"]:.2f}, '
-                 f'fixed before any test; the rule over all runs gives {summary["level_rule"]:.2f}; '
-                 f'{per_epoch} check{"s" if per_epoch > 1 else ""} an epoch)')
+                 f'Matched checkpoints (per run the first check whose {reading} reaches {summary["level"]:.2f}'
+                 + (f', fixed before any test; the rule over all runs gives {summary["level_rule"]:.2f}'
+                    if summary.get('level_fixed') else '')
+                 + f'; {per_epoch} check{"s" if per_epoch > 1 else ""} an epoch)')
         lines += [f'**{title}**{" (the headline)" if name == headline else ""}: the position variants start '
                   f'{analysis["start_spread"]:.2f} points apart at {TRAIN_SIZE} px.', '',
                   *_levels_table(analysis, config.variants), '', *_pairs_table(analysis), '',
@@ -447,7 +451,7 @@ def render_markdown(summary: dict, config: StudyConfig, meta: dict) -> str:
               + ' / '.join(map(str, scales['crops'])) + '; ' + '; '.join(
                   f'{heading(k)} ' + ' / '.join(map(str, t['percentiles'])) + f' (share of training objects '
                   f'smaller than its median: {t["crop_share_below"]:.2f})' for k, t in scales['tests'].items()) + '.',
-              '', *(f'Replaced: {reason}.' for reason in meta.get('replaced', ())), '']
+              '', *(line for reason in meta.get('replaced', ()) for line in (f'Replaced: {reason}.', ''))]
     return '\n'.join(lines) + (
         f'\nTop-1 (%) on {config.test_images} held-out scenes, mean ± standard deviation over seeds '
         f'{list(config.seeds)}; in brackets the change from {TRAIN_SIZE} px paired by seed with its 95% interval, '
@@ -542,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     summary = summarise(results, config, args.smooth, args.level)
     meta = dict(run_meta('benchmarks.native_detail', argv, start), train_images=config.train_images,
                 val_fields=args.val_fields, test_images=config.test_images, seeds=list(config.seeds),
-                epochs=config.epochs, checks_per_epoch=args.checks_per_epoch, smooth=args.smooth,
+                epochs=config.epochs, checks_per_epoch=args.checks_per_epoch, smooth=args.smooth, level=args.level,
                 iterations=results[0]['iterations'], device=config.device, tf32=config.tf32,
                 trained_on=trained_on([dict(r, device=r['accelerator']) for r in results]),
                 torch=sorted({r['torch'] for r in results}), commits=sorted({r['commit'] for r in results}),

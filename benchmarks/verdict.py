@@ -488,7 +488,7 @@ def native(results: Path = RESULTS, name: str = 'native_matched') -> str:
          '--test-images', str(meta['test_images']), '--epochs', str(meta['epochs']), '--device', meta['device']])
     # the per-epoch form (native_matched) predates these two settings: one check an epoch, no smoothing
     meta = dict(meta, checks_per_epoch=meta.get('checks_per_epoch', 1))
-    summary = native_detail.summarise(runs, config, meta.get('smooth', 1))
+    summary = native_detail.summarise(runs, config, meta.get('smooth', 1), meta.get('level'))
     return native_detail.render_markdown(summary, config, meta).rstrip('\n')
 
 
