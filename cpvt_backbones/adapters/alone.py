@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from ..layers.valid import crop_to_image
 from .backbones import VALID_SIZES, _OpenMMLabBackbone
 
 # The metainfo keys that describe a sample's place in a padded batch: its shape, then the padding mmseg crops.
@@ -72,7 +73,7 @@ def _predict_alone(self, inputs: torch.Tensor, data_samples=None, **kwargs):
     for i, (h, w) in enumerate(sizes.tolist()):
         image = inputs[i:i + 1, :, :h, :w]
         given = contextlib.nullcontext() if maps is None else _given_features(backbone, image, tuple(
-            m[i:i + 1, :, :-(-h // s), :-(-w // s)] for m, s in zip(maps, backbone.strides, strict=True)))
+            crop_to_image(m[i:i + 1], (h, w), s) for m, s in zip(maps, backbone.strides, strict=True)))
         with given, _alone(data_samples[i], h, w):
             results += predict(image, data_samples[i:i + 1], **kwargs)
     return results

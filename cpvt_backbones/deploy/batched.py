@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from ..layers.valid import crop_to_image
+
 # How often a long run reports its progress, in seconds.
 PROGRESS_EVERY = 10.
 
@@ -60,7 +62,7 @@ def _crop(output, b: int, h: int, w: int, strides: Sequence[int]):
         return output[b]
     if len(output) != len(strides):
         raise ValueError(f'the model returned {len(output)} maps but has {len(strides)} strides (model.strides)')
-    return type(output)(m[b, :, :-(-h // s), :-(-w // s)] for m, s in zip(output, strides, strict=True))
+    return type(output)(crop_to_image(m[b], (h, w), s) for m, s in zip(output, strides, strict=True))
 
 
 class Progress:

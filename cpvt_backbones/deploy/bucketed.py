@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..layers.valid import check_valid_sizes
+from ..layers.valid import check_valid_sizes, crop_to_image
 from .batched import takes_valid_sizes
 
 
@@ -82,7 +82,7 @@ class Bucketed(nn.Module):
         if t.shape[-2] * stride != shape[0] or t.shape[-1] * stride != shape[1]:
             raise ValueError(f'an output map of {tuple(t.shape[-2:])} does not divide the bucket {shape}: make the '
                              'bucket step a multiple of the model\'s largest stride')
-        return t[..., :-(-hw[0] // stride), :-(-hw[1] // stride)].contiguous()
+        return crop_to_image(t, hw, stride).contiguous()
 
     def extra_repr(self) -> str:
         return f'step={self.step}'

@@ -50,6 +50,12 @@ def check_valid_sizes(valid_sizes, x: torch.Tensor) -> torch.Tensor:
     return sizes
 
 
+def crop_to_image(m: torch.Tensor, hw: Sequence[int], stride: int) -> torch.Tensor:
+    """The part of a (..., H, W) map of stride ``stride`` that an image of ``hw`` pixels at its top-left covers:
+    ceil(h / stride) x ceil(w / stride), the map the image gives alone (a view)."""
+    return m[..., :-(-hw[0] // stride), :-(-hw[1] // stride)]
+
+
 class ValidRegion:
     """The valid region of every image on one (H, W) map: image b owns rows < ``sizes[b, 0]`` and columns <
     ``sizes[b, 1]``; ``prefix`` leading tokens (a class token) belong to every image.
@@ -110,4 +116,4 @@ class ValidRegion:
         return [tuple(pair) for pair in self.sizes.tolist()]
 
 
-__all__ = ['ValidRegion', 'check_valid_sizes']
+__all__ = ['ValidRegion', 'check_valid_sizes', 'crop_to_image']
