@@ -11,6 +11,8 @@ from cpvt_backbones.deploy.bucketed import Bucketed, largest_stride
 
 skip_module_without('export')
 ov_engine = pytest.importorskip('cpvt_backbones.deploy.openvino')
+needs_openvino = pytest.mark.skipif(not ov_engine.available(), reason="openvino is not installed "
+                                    "(pip install 'cpvt_backbones[openvino]'; make env installs it)")
 
 TOLERANCE = 1e-5   # relative L2 against the model at each input's own size (measured: 1e-7 to 1e-6)
 # One padded batch of odd sizes, then single images; at step 16 they fall into four buckets.
@@ -43,7 +45,7 @@ def check_exact(engine, model):
             assert errors(engine(x), model(x)) < TOLERANCE, hw
 
 
-@pytest.mark.parametrize('engine', ['fused', 'openvino'])
+@pytest.mark.parametrize('engine', ['fused', pytest.param('openvino', marks=needs_openvino)])
 def test_every_size_runs_at_a_bucket_and_gets_what_its_own_size_gets(engine):
     model = pyramid()
     options = dict(shapes='static', cache_size=2) if engine == 'openvino' else {}
@@ -72,6 +74,7 @@ def test_a_classifier_keeps_its_logits():
 
 
 @pytest.mark.heavy
+@needs_openvino
 def test_a_sized_conversion_is_cached_apart_and_read_back(tmp_path):
     model = pyramid()
     cache = tmp_path / 'model.xml'
@@ -96,5 +99,9 @@ def test_refusals_name_the_problem():
         prepare(model, 'onnxruntime', bucket=16)
     with pytest.raises(TypeError, match='must take valid_sizes.*Identity does not'):
         Bucketed(torch.nn.Identity(), 16)
+
+
+@needs_openvino
+def test_a_model_whose_valid_size_path_does_not_export_is_refused_by_name():
     with pytest.raises(ValueError, match='cannot be converted with valid_sizes: its valid-size path does not trace'):
         prepare(pyramid(pos_encoding='learned'), 'openvino', bucket=16)
