@@ -267,6 +267,7 @@ def test_runs_are_recorded_only_from_committed_code(tmp_path, monkeypatch):
     head = subprocess.run(['git', '-C', str(tmp_path), 'rev-parse', 'HEAD'], capture_output=True, text=True).stdout
     assert origin['commit'] == head.strip() and origin['commit_from'] == 'git' and origin['torch'] == torch.__version__
     assert origin['accelerator'] and origin['source_digest'] == source_digest(tmp_path)
+    assert origin['accelerator'].endswith(f' ({torch.backends.cpu.get_cpu_capability()})')   # the ISA: rounding
     (tmp_path / 'benchmarks' / 'a.py').write_text('x = 2\n')
     with pytest.raises(SystemExit, match='uncommitted'):
         provenance('cpu', tmp_path)

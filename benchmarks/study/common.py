@@ -87,7 +87,8 @@ def source_digest(root: Path | None = None) -> str:
 
 
 def accelerator(device: str) -> str:
-    """The device's name: the GPU's ('NVIDIA H100 80GB HBM3'), or the CPU's model name."""
+    """The device's name: the GPU's ('NVIDIA H100 80GB HBM3'), or the CPU's model name with the vector ISA torch
+    runs on it ('AMD EPYC (AVX512)'): machines of one model name differ in ISA, and so in float rounding."""
     if device.startswith('cuda'):
         return torch.cuda.get_device_name(torch.device(device))
     try:
@@ -95,7 +96,8 @@ def accelerator(device: str) -> str:
                  if line.startswith('model name')]
     except OSError:
         names = []
-    return names[0] if names else platform.processor() or platform.machine()
+    name = names[0] if names else platform.processor() or platform.machine()
+    return f'{name} ({torch.backends.cpu.get_cpu_capability()})'
 
 
 def provenance(device: str, root: Path | None = None) -> dict:
