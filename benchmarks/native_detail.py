@@ -53,6 +53,7 @@ whichever invocation finds every run trained and tested.
 import argparse
 import itertools
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -250,7 +251,16 @@ def run(variant: str, seed: int, config: StudyConfig, data, origin: dict | None 
         return json.loads(result_path.read_text())
     if origin is None:
         raise ValueError(f'{variant} seed {seed} is not trained yet: training needs its provenance (origin)')
+    started = run_dir / 'started_on.json'   # a run resumes only on the accelerator it started on
+    if started.is_file() and json.loads(started.read_text())['accelerator'] != origin['accelerator']:
+        print(f'[native] {variant} seed {seed} started on {json.loads(started.read_text())["accelerator"]}, not '
+              f'{origin["accelerator"]}: training it again from the start', flush=True)
+        for path in (run_dir / 'checkpoint.pth', run_dir / 'final.pth', started):
+            path.unlink(missing_ok=True)
+        shutil.rmtree(run_dir / 'checks', ignore_errors=True)
     (run_dir / 'checks').mkdir(parents=True, exist_ok=True)
+    if not started.is_file():
+        atomic_write(started, json.dumps(dict(accelerator=origin['accelerator'])).encode())
     x_val, y_val = data[1]
 
     def after_check(model, check: int) -> dict:

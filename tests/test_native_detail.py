@@ -216,6 +216,18 @@ def test_validation_images_are_the_fields_central_test_scene_window():
     assert torch.allclose(val, resize(fields[..., start:start + inner, start:start + inner], native_detail.TRAIN_SIZE))
 
 
+def test_a_run_started_on_another_accelerator_trains_again_from_the_start(tmp_path, committed, capsys):
+    run_dir = tmp_path / 'native_checked' / 'cnn-seed0'
+    run_dir.mkdir(parents=True)
+    (run_dir / 'started_on.json').write_text(json.dumps(dict(accelerator='AMD EPYC (AVX2)')))
+    (run_dir / 'checkpoint.pth').write_bytes(b'not a checkpoint: resuming from it would fail')
+    native_detail.main(TINY + ['--epochs', '1', '--variants', 'cnn', '--seeds', '0', '--work-dir', str(tmp_path),
+                               '--out', str(tmp_path / 'out')])
+    assert 'started on AMD EPYC (AVX2), not test CPU: training it again from the start' in capsys.readouterr().out
+    assert json.loads((run_dir / 'result.json').read_text())['accelerator'] == 'test CPU'
+    assert json.loads((run_dir / 'started_on.json').read_text()) == dict(accelerator='test CPU')
+
+
 def test_training_refuses_a_run_without_provenance(tmp_path):
     config, _ = native_detail.parse_args(TINY + ['--work-dir', str(tmp_path)])
     with pytest.raises(ValueError, match='provenance'):
