@@ -237,7 +237,8 @@ def test_int8_keeps_the_configs_float32_modules_unless_told_otherwise(engine):
     assert 'optimize' not in torch_cfg.model.backbone  # bf16: backbone, neck and head under autocast, by the hook
     (hook,) = torch_cfg.custom_hooks
     assert hook == dict(type='InferenceEngineHook', engine='torch', precision='bf16', calibration=None,
-                        calibration_images=32, keep_fp32=[], options={})
+                        calibration_images=32, keep_fp32=[], cache=None, options={},
+                        conversion_cache=None)
     assert 'cpvt_backbones.adapters.hooks' in torch_cfg.custom_imports['imports']
     fp32_cfg = copy.deepcopy(cfg)
     use_engine(fp32_cfg, parser.parse_args([]))
@@ -251,6 +252,44 @@ def test_int8_keeps_the_configs_float32_modules_unless_told_otherwise(engine):
         use_engine(copy.deepcopy(resnet), parser.parse_args(['--engine', 'fused']))
     use_engine(resnet, parser.parse_args([]))  # the default for another backbone: the plain model
     assert resnet.custom_hooks[-1]['engine'] == 'torch'
+
+
+def test_one_engine_request_is_checked_once_and_reaches_the_engine_unchanged(monkeypatch, tmp_path):
+    """The route from a config to an engine: the request a tool makes goes into the config's hook as plain values,
+    is checked once where the hook is built, and that same object (not a copy, not checked again) reaches the
+    engine's transform with the kept-float names translated to the module it runs and the cache files named
+    with the engine's suffix; a request with other arguments beside it is refused."""
+    pytest.importorskip('mmengine')
+    from mmengine.config import Config
+
+    from cpvt_backbones.adapters.engines import config_request, engine_model
+    from cpvt_backbones.adapters.hooks import InferenceEngineHook
+    from cpvt_backbones.deploy import registry
+    from cpvt_backbones.deploy.openmmlab import on_engine
+    cfg = Config(dict(model=dict(backbone=dict(type='PyramidCPVT', arch='pcpvt_tiny'))))
+    asked = config_request(cfg, 'fused', 'int8', keep_fp32=['backbone.blocks.0', 'neck'], input_ranges='r.json',
+                           cache=str(tmp_path / 'c'))
+    checks, seen = [], []
+    real_check = registry.check_engine
+    monkeypatch.setattr(registry, 'check_engine', lambda *a: checks.append(a) or real_check(*a))
+    hook = InferenceEngineHook(**asked.to_config())
+    assert hook.request == asked and checks == [('fused', 'int8')]
+    fake = registry.Engine('fused', 'backbone', {'int8': ''}, (), '', lambda module, *a, **k: seen.append((a, k)) or
+                           module, '', cache_suffix='.ranges.json')
+    monkeypatch.setitem(registry.ENGINES, 'fused', fake)
+    model = type('Detector', (torch.nn.Module,), {})()
+    model.backbone = create_model('pcpvt_tiny')
+    engine_model(model, cfg, None, hook.request)
+    assert checks == [('fused', 'int8')]  # not checked again on the way down
+    (args, options), = seen
+    assert args[2] == ('blocks.0',) and options == dict(cache=f'{tmp_path / "c"}.ranges.json', conversion_cache=None,
+                                                         input_ranges='r.json')
+    with pytest.raises(ValueError, match='pass the request alone'):
+        on_engine(model, hook.request, 'int8')
+    with pytest.raises(ValueError, match=r"engine options \['keep_fp32'\] are fields of the request"):
+        registry.EngineRequest('torch', options=dict(keep_fp32=['a']))
+    with pytest.raises(ValueError, match='calibration_images must be at least 1'):
+        registry.EngineRequest('fused', 'int8', calibration='val', calibration_images=0)
 
 
 def test_svt_configs_get_the_engines_of_our_backbones():

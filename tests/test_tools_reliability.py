@@ -306,7 +306,7 @@ def test_test_tool_evaluates_a_checkpoint_written_on_numpy_1(checkpoint, shapes_
 def test_an_engine_cache_hit_says_loaded_not_saved(checkpoint, tmp_path, monkeypatch, capsys):
     """The [engine] line names what was written as saved and what was read back as loaded: the fused engine's
     int8 ranges, calibrated on a folder, are saved by the first run and loaded by the second."""
-    from cpvt_backbones.adapters.engines import engine_model
+    from cpvt_backbones.adapters.engines import config_request, engine_model
     from cpvt_backbones.adapters.runner import read_config
     from cpvt_backbones.deploy.fused import KERNELS, unavailable_reason
     if not KERNELS['onednn_int8'].available():
@@ -317,7 +317,8 @@ def test_an_engine_cache_hit_says_loaded_not_saved(checkpoint, tmp_path, monkeyp
     cfg = read_config(str(SEG))
     lines = []
     for _ in range(2):
-        engine_model(shapes_model(SEG.name), cfg, str(checkpoint(SEG)), 'fused', 'int8', str(tmp_path / 'calib'), 2)
+        engine_model(shapes_model(SEG.name), cfg, str(checkpoint(SEG)),
+                     config_request(cfg, 'fused', 'int8', str(tmp_path / 'calib'), 2))
         lines.append([x for x in capsys.readouterr().out.splitlines() if x.startswith('[engine] ')][-1])
     first, second = lines
     assert '; saved: ' in first and 'loaded' not in first and '.ranges.json' in first, first

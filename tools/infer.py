@@ -141,7 +141,7 @@ def main() -> None:
         cfg = load_config(args.config, args.cfg_options)
     if cfg.default_scope not in ('mmdet', 'mmseg'):
         raise SystemExit(f'infer.py handles mmdet and mmseg configs; {args.config} is for {cfg.default_scope}')
-    engine = engine_request(cfg, args)
+    request = engine_request(cfg, args)
     if args.scale or args.native:
         set_test_scale(cfg, None if args.native else args.scale)
     images = collect_images(args.inputs)
@@ -170,7 +170,7 @@ def main() -> None:
             def run(image, out_dir):
                 inferencer([image], out_dir=out_dir, img_out_dir='vis', pred_out_dir='preds')
     inferencer.pipeline = failing_as('the test pipeline', inferencer.pipeline)
-    engine_model(inferencer.model, cfg, args.checkpoint, **engine)
+    engine_model(inferencer.model, cfg, args.checkpoint, request)
     batch_size = args.batch_size
     if batch_size > 1 and not getattr(inferencer.model.data_preprocessor, 'marks_valid_sizes', False):
         print(f"[infer] {args.config}: the data preprocessor hands over no valid sizes (ValidSizeDetDataPreprocessor, "

@@ -22,7 +22,7 @@ import torch
 from mmengine.config import Config
 
 from ..deploy import PRECISIONS
-from ..deploy.registry import ENGINES, check_engine, engine_table
+from ..deploy.registry import ENGINES, EngineRequest, engine_table
 from ..utils import file_sha256
 from .runner import add_hook, build_runner, evaluation_datasets, our_backbone, our_backbone_types
 
@@ -48,20 +48,36 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ((parser.epilog or '') + '\nEngines (deploy.ENGINES):\n' + engine_table()).strip()
 
 
-def engine_request(cfg: Config, args: argparse.Namespace) -> dict:
-    """What ``add_engine_args`` asked for, checked (the engine runs the precision and is installed, one that
-    covers the backbone has ours to run, --calibrate / --keep-fp32 come with int8), as the keyword arguments of
-    ``set_engine`` and ``engine_model``; a SystemExit naming the problem otherwise."""
+def engine_request(cfg: Config, args: argparse.Namespace) -> EngineRequest:
+    """What ``add_engine_args`` asked for, as one ``EngineRequest`` checked for this config (``config_request``);
+    a SystemExit naming the problem otherwise."""
     if (args.calibrate or args.keep_fp32 is not None) and args.precision != 'int8':
         raise SystemExit('--calibrate and --keep-fp32 configure int8: use them with --precision int8')
-    engine = args.engine or default_engine(cfg)
     try:
-        _check(cfg, engine, args.precision)
+        return config_request(cfg, args.engine or default_engine(cfg), args.precision, args.calibrate or 'val',
+                              args.calibrate_images, args.keep_fp32)
     except (ValueError, ImportError) as e:
         raise SystemExit(str(e)) from e
-    int8 = args.precision == 'int8'
-    return dict(engine=engine, precision=args.precision, calibration=(args.calibrate or 'val') if int8 else None,
-                calibration_images=args.calibrate_images, keep_fp32=kept_in_fp32(cfg, args.keep_fp32) if int8 else ())
+
+
+def config_request(cfg: Config, engine: str | None = None, precision: str = 'fp32', calibration: str = 'val',
+                   calibration_images: int = 32, keep_fp32: Sequence[str] | None = None,
+                   **options) -> EngineRequest:
+    """The ``EngineRequest`` for the model of ``cfg``: ``engine`` (default ``default_engine(cfg)``) at
+    ``precision``; for int8 calibrated on ``calibration_images`` of ``calibration`` ('val' or a folder) with the
+    modules of ``kept_in_fp32(cfg, keep_fp32)`` in float32 (both dropped at other precisions); ``options``: the
+    engine's (``cache``, ``conversion_cache``: path prefixes instead of the names ``engine_model`` gives by
+    content). An engine that
+    covers the backbone is refused where the config's backbone is not ours."""
+    engine = engine or default_engine(cfg)
+    int8 = precision == 'int8'
+    cache, conversion = options.pop('cache', None), options.pop('conversion_cache', None)
+    request = EngineRequest(engine, precision, calibration if int8 else None, calibration_images,
+                            kept_in_fp32(cfg, keep_fp32) if int8 else (), cache, options, conversion)
+    if request.spec.covers == 'backbone' and our_backbone(cfg) is None:
+        raise ValueError(f'engine {engine!r} runs our backbones ({", ".join(our_backbone_types())}); this config\'s '
+                         f'backbone is {cfg.model.get("backbone", {}).get("type")!r}: use --engine torch')
+    return request
 
 
 def default_engine(cfg: Config) -> str:
@@ -69,28 +85,16 @@ def default_engine(cfg: Config) -> str:
     return DEFAULT_ENGINE if our_backbone(cfg) is not None else 'torch'
 
 
-def _check(cfg: Config, engine: str, precision: str) -> None:
-    """``check_engine``, and for an engine that covers the backbone, that the config's backbone is ours."""
-    if check_engine(engine, precision).covers == 'backbone' and our_backbone(cfg) is None:
-        raise ValueError(f'engine {engine!r} runs our backbones ({", ".join(our_backbone_types())}); this config\'s '
-                         f'backbone is {cfg.model.get("backbone", {}).get("type")!r}: use --engine torch')
-
-
 def use_engine(cfg: Config, args: argparse.Namespace) -> None:
     """``set_engine`` with what ``add_engine_args`` asked for (``engine_request``)."""
-    set_engine(cfg, **engine_request(cfg, args))
+    set_engine(cfg, engine_request(cfg, args))
 
 
-def set_engine(cfg: Config, engine: str = DEFAULT_ENGINE, precision: str = 'fp32', calibration: str | None = None,
-               calibration_images: int = 32, keep_fp32: Sequence[str] = (), **options) -> None:
-    """Have the test loop of ``cfg`` run its model on ``engine`` at ``precision`` (``InferenceEngineHook``, which
-    takes ``engine_model`` once the checkpoint is loaded): int8 calibrated on ``calibration_images`` of
-    ``calibration`` ('val' or a folder), the modules named in ``keep_fp32`` left in float32; ``options`` go to
-    the engine (``input_ranges`` for the fused engine's int8, say)."""
-    _check(cfg, engine, precision)
-    add_hook(cfg, dict(type='InferenceEngineHook', engine=engine, precision=precision,
-                       calibration=calibration if precision == 'int8' else None, calibration_images=calibration_images,
-                       keep_fp32=list(keep_fp32), options=options))
+def set_engine(cfg: Config, request: EngineRequest) -> None:
+    """Have the test loop of ``cfg`` run its model as ``request`` asks (``config_request``): an
+    ``InferenceEngineHook`` holding the request's fields, which takes ``engine_model`` once the checkpoint is
+    loaded."""
+    add_hook(cfg, dict(type='InferenceEngineHook', **request.to_config()))
 
 
 def kept_in_fp32(cfg: Config, keep_fp32: Sequence[str] | None = None) -> tuple[str, ...]:
@@ -207,7 +211,7 @@ class _Batches:
 def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int = 32) -> Path:
     """The fused engine's int8 input ranges for the model of ``cfg`` with ``checkpoint``, calibrated on
     ``num_images`` images of ``source`` ('val' or a folder) through this config's test pipeline, as a JSON file
-    (``images``, ``input_ranges``) for ``set_engine(cfg, 'fused', 'int8', input_ranges=...)``: ranges fixed
+    (``images``, ``input_ranges``) for ``config_request(cfg, 'fused', 'int8', input_ranges=...)``: ranges fixed
     once for evaluations at other test sizes (tools/demo.py). Kept in ``weights_dir()/fused`` under
     ``cache_name`` and reused while everything it was derived from stays the same."""
     from mmengine.runner import load_checkpoint
@@ -245,41 +249,39 @@ def _cache_files(prefixes: Sequence[str]) -> dict[str, tuple[int, int]]:
     return files
 
 
-def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: str | None, engine: str = DEFAULT_ENGINE,
-                 precision: str = 'fp32', calibration: str | None = None, calibration_images: int = 32,
-                 keep_fp32: Sequence[str] = (), **options) -> torch.nn.Module:
-    """``model`` (a built model of ``cfg`` with ``checkpoint``'s weights, in evaluation mode from here on) on
-    ``engine`` at ``precision``, in place (``deploy.openmmlab.on_engine``): the backbone replaced, or backbone,
-    neck and head attached as one engine module. int8 is calibrated on ``calibration_images``
-    of ``calibration`` (``calibration_batches``: 'val' or a folder), each batch through the model's own data
-    preprocessor, with the modules named in ``keep_fp32`` (names in ``model``) left in float32. With a checkpoint
-    file, what the engine derives (a conversion, calibrated ranges) is saved under ``weights_dir()/<engine>``,
-    named by ``cache_name``, and read back next time; the line printed names the files read back ("loaded") and
-    those written ("saved")."""
+def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: str | None,
+                 request: EngineRequest) -> torch.nn.Module:
+    """``model`` (a built model of ``cfg`` with ``checkpoint``'s weights, in evaluation mode from here on) as
+    ``request`` asks, in place (``deploy.openmmlab.on_engine``): the backbone replaced, or backbone, neck and head
+    attached as one engine module. int8 is calibrated on ``request.calibration_images`` of
+    ``request.calibration`` (``calibration_batches``: 'val' or a folder), each batch through the model's own data
+    preprocessor. Where the request names no cache and ``checkpoint`` is a file, what the engine derives (a
+    conversion, calibrated ranges) is kept under ``weights_dir()/<engine>``, named by ``cache_name``, and read
+    back next time; the line printed names the files read back ("loaded") and those written ("saved")."""
     from ..convert import weights_dir
     from ..deploy.openmmlab import on_engine
-    spec = check_engine(engine, precision)
+    engine, precision, keep_fp32 = request.engine, request.precision, request.keep_fp32
     model.eval()
     batches = None
     if precision == 'int8':
-        source, images = _calibration_source(calibration or 'val')
-        batches = _Batches(model, cfg, images, calibration_images)
+        source, images = _calibration_source(request.calibration or 'val')
+        batches = _Batches(model, cfg, images, request.calibration_images)
+    caches = (request.cache, request.conversion_cache)
     ckpt = Path(checkpoint).resolve() if checkpoint else None
-    if ckpt is not None and ckpt.is_file():
+    if request.cache is None and request.conversion_cache is None and ckpt is not None and ckpt.is_file():
         folder = weights_dir() / engine
-        calibrated = (source, calibration_images) if precision == 'int8' else None
+        calibrated = (source, request.calibration_images) if precision == 'int8' else None
         digest = file_sha256(ckpt)
-        options.setdefault('cache', str(folder / cache_name(cfg, ckpt, precision, calibrated, *sorted(keep_fp32),
-                                                            checkpoint_sha256=digest, engine=engine)))
-        options.setdefault('conversion_cache', str(folder / cache_name(cfg, ckpt, 'float', checkpoint_sha256=digest,
-                                                                       engine=engine)))
-    prefixes = [p for p in (options.get('cache'), options.get('conversion_cache')) if p]
+        caches = (str(folder / cache_name(cfg, ckpt, precision, calibrated, *sorted(keep_fp32),
+                                          checkpoint_sha256=digest, engine=engine)),
+                  str(folder / cache_name(cfg, ckpt, 'float', checkpoint_sha256=digest, engine=engine)))
+    prefixes = [p for p in caches if p]
     before = _cache_files(prefixes)
-    on_engine(model, engine, precision, batches, keep_fp32, **options)
+    on_engine(model, request, calibration=batches, caches=caches)
     after = _cache_files(prefixes)  # what this engine kept, its own first
     loaded = [p for p, stamp in after.items() if before.get(p) == stamp]
     saved = [p for p in after if p not in loaded]
-    print(f'[engine] {type(model).__name__}: {spec.covers} on {engine} at {precision}'
+    print(f'[engine] {type(model).__name__}: {request.spec.covers} on {engine} at {precision}'
           + (f', float32: {", ".join(keep_fp32)}' if keep_fp32 else '')
           + (f'; loaded: {", ".join(loaded)}' if loaded else '')
           + (f'; saved: {", ".join(saved)}' if saved else ''))
@@ -287,5 +289,5 @@ def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: str | None, en
 
 
 __all__ = ['DEFAULT_ENGINE', 'IMAGE_SUFFIXES', 'add_engine_args', 'cache_name', 'cache_versions', 'calibrate',
-           'calibration_batches', 'default_engine', 'engine_request', 'engine_model', 'kept_in_fp32', 'set_engine',
-           'use_engine']
+           'calibration_batches', 'config_request', 'default_engine', 'engine_request', 'engine_model',
+           'kept_in_fp32', 'set_engine', 'use_engine']

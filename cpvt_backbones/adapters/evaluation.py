@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 from mmengine.config import Config
 
-from .engines import default_engine, kept_in_fp32, set_engine
+from .engines import config_request, set_engine
 from .runner import build_runner, evaluation_datasets, runner_checkpoint
 
 __all__ = ['METRICS', 'Metric', 'evaluate', 'headline_score', 'set_cls_test_size', 'set_test_scale']
@@ -58,15 +58,14 @@ def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str, precision: 
              input_ranges: str | None = None, engine: str | None = None, calibration: str = 'val',
              calibration_images: int = 32, keep_fp32: Sequence[str] | None = None) -> dict:
     """Run the config's test loop on ``checkpoint`` and return its metrics, the model on ``engine`` at
-    ``precision`` (``adapters.engines.set_engine``; by default ``default_engine(cfg)``): int8 calibrated on
+    ``precision`` (``adapters.engines.config_request``; by default ``default_engine(cfg)``): int8 calibrated on
     ``calibration_images`` of ``calibration``, or for the fused engine at ``input_ranges`` (a file of
     ``adapters.engines.calibrate``: ranges fixed once for every test size), leaving the modules of
     ``kept_in_fp32(cfg, keep_fp32)`` in float32."""
     cfg = copy.deepcopy(cfg)
     int8 = precision == 'int8'
-    set_engine(cfg, engine or default_engine(cfg), precision, calibration if int8 else None, calibration_images,
-               kept_in_fp32(cfg, keep_fp32) if int8 else (),
-               **(dict(input_ranges=str(input_ranges)) if int8 and input_ranges else {}))
+    set_engine(cfg, config_request(cfg, engine, precision, calibration, calibration_images, keep_fp32,
+                                   **(dict(input_ranges=str(input_ranges)) if int8 and input_ranges else {})))
     cfg.load_from = runner_checkpoint(cfg, checkpoint)
     cfg.work_dir = work_dir
     cfg.experiment_name = name

@@ -26,7 +26,7 @@ import torch
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from ..deploy.registry import check_engine
+from ..deploy.registry import EngineRequest
 from .runner import refuse_unfit
 
 
@@ -134,23 +134,23 @@ class NonFiniteLossHook(Hook):
 
 @HOOKS.register_module()
 class InferenceEngineHook(Hook):
-    """Before the test loop (after the runner has loaded the checkpoint), put the model on ``engine`` at
-    ``precision`` (``adapters.engines.engine_model``, the one route to an engine: int8 calibrated on
-    ``calibration_images`` of ``calibration``, 'val' or a folder; the modules named in ``keep_fp32`` stay
-    float32; ``options`` go to the engine). tools/test.py adds it (``adapters.engines.set_engine``)."""
+    """Before the test loop (after the runner has loaded the checkpoint), put the model on an inference engine
+    (``adapters.engines.engine_model``, the one route to an engine) as the ``deploy.EngineRequest`` of these
+    arguments asks, checked when the hook is built (where a config asks for the engine): ``engine`` at
+    ``precision``, int8 calibrated on ``calibration_images`` of ``calibration`` ('val' or a folder) with the
+    modules named in ``keep_fp32`` in float32, ``cache`` and ``conversion_cache`` path prefixes (None: named by
+    content), ``options`` the engine's. tools/test.py adds it (``adapters.engines.set_engine``)."""
 
     def __init__(self, engine: str = 'fused', precision: str = 'fp32', calibration: str | None = None,
-                 calibration_images: int = 32, keep_fp32: Sequence[str] = (), options: dict | None = None):
-        check_engine(engine, precision)
-        self.engine, self.precision, self.calibration = engine, precision, calibration
-        self.calibration_images, self.keep_fp32 = calibration_images, tuple(keep_fp32)
-        self.options = dict(options or {})
+                 calibration_images: int = 32, keep_fp32: Sequence[str] = (), cache: str | None = None,
+                 options: dict | None = None, conversion_cache: str | None = None):
+        self.request = EngineRequest(engine, precision, calibration, calibration_images, tuple(keep_fp32), cache,
+                                     dict(options or {}), conversion_cache)
 
     def before_test(self, runner) -> None:
         from .engines import engine_model
         model = getattr(runner.model, 'module', runner.model)
-        engine_model(model, runner.cfg, runner.cfg.get('load_from'), self.engine, self.precision,
-                     self.calibration, self.calibration_images, self.keep_fp32, **self.options)
+        engine_model(model, runner.cfg, runner.cfg.get('load_from'), self.request)
 
 
 @HOOKS.register_module()

@@ -22,8 +22,8 @@ from .onnxruntime import OnnxRuntimeModule, to_onnxruntime
 from .openvino import OpenVINOModule, to_openvino
 from .optimize import optimize, record_input_ranges
 from .precision import PRECISIONS, check_precision
-from .registry import ENGINES, Engine, engine_table, prepare
+from .registry import ENGINES, Engine, EngineRequest, engine_table, prepare
 
-__all__ = ['AutocastModule', 'ENGINES', 'Engine', 'OnnxRuntimeModule', 'OpenVINOModule', 'PRECISIONS',
+__all__ = ['AutocastModule', 'ENGINES', 'Engine', 'EngineRequest', 'OnnxRuntimeModule', 'OpenVINOModule', 'PRECISIONS',
            'check_precision', 'engine_table', 'optimize', 'prepare', 'record_input_ranges', 'run_images',
            'to_autocast', 'to_onnxruntime', 'to_openvino']

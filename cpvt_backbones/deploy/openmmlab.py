@@ -12,12 +12,16 @@ run unchanged around it. Only duck typing: this module imports nothing from Open
 import contextlib
 import types
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..compat import set_submodule
+
+if TYPE_CHECKING:
+    from .registry import EngineRequest
 
 
 def dense_head(model: nn.Module) -> nn.Module:
@@ -116,31 +120,34 @@ def attach_engine(model: nn.Module, engine: nn.Module) -> nn.Module:
     return model
 
 
-def on_engine(model: nn.Module, engine: str, precision: str = 'fp32',
+def on_engine(model: nn.Module, engine: 'str | EngineRequest', precision: str = 'fp32',
               calibration: Iterable[torch.Tensor] | None = None, keep_fp32: Sequence[str] = (),
-              **options) -> nn.Module:
-    """``model`` (an OpenMMLab model in evaluation mode) on ``engine`` at ``precision`` (``deploy.registry.prepare``),
-    in place; returns ``model``. An engine that covers the backbone replaces ``model.backbone``; one that covers
-    the model runs backbone, neck and head (``TensorForward``, attached with ``attach_engine``) where it changes
-    anything, and refuses a model that is not a single-stage detector or a segmentor. ``calibration``:
-    preprocessed input batches (int8); ``keep_fp32``: names of ``model``'s modules whose layers stay float32;
-    ``options``: the engine's (``deploy.registry.Engine``)."""
-    from .registry import check_engine, prepare
-    spec = check_engine(engine, precision)
-    if spec.covers == 'backbone':
-        keep = [p[len('backbone.'):] for p in keep_fp32 if p.startswith('backbone.')]
-        set_submodule(model, 'backbone', prepare(model.backbone, engine, precision, calibration, keep, **options))
+              caches: tuple[str | None, str | None] | None = None, **options) -> nn.Module:
+    """``model`` (an OpenMMLab model in evaluation mode) on ``engine`` at ``precision`` (or as an
+    ``EngineRequest`` asks, given alone), in place; returns ``model``. An engine that covers the backbone replaces
+    ``model.backbone``; one that covers the model runs backbone, neck and head (``TensorForward``, attached with
+    ``attach_engine``) where it changes anything, and refuses a model that is not a single-stage detector or a
+    segmentor. ``calibration``: preprocessed input batches (int8); ``keep_fp32``: names of ``model``'s modules
+    whose layers stay float32, translated here to the names in what the engine runs; ``caches``: the (result,
+    float32 conversion) path prefixes named for this model (``deploy.registry.prepare_request``); ``options``:
+    the engine's (``deploy.registry.Engine``; ``cache`` among them)."""
+    from .registry import EngineRequest, prepare_request
+    request = EngineRequest.of(engine, precision, keep_fp32, **options)
+    if request.spec.covers == 'backbone':
+        keep = [p[len('backbone.'):] for p in request.keep_fp32 if p.startswith('backbone.')]
+        set_submodule(model, 'backbone', prepare_request(model.backbone, request, calibration, keep, caches))
         return model
     try:
         target, whole = TensorForward(model), None
     except ValueError as e:  # not a single-stage detector or a segmentor: an engine may still run it as it is
         target, whole = model, e
+    keep = [f'model.{p}' for p in request.keep_fp32] if whole is None else request.keep_fp32
     with exportable(model):
-        prepared = prepare(target, engine, precision, calibration, [f'model.{p}' for p in keep_fp32], **options)
+        prepared = prepare_request(target, request, calibration, keep, caches)
     if prepared is not target:
         if whole is not None:
-            raise ValueError(f'engine {engine!r} at {precision} runs the backbone, neck and head of a detector or '
-                             f'segmentor: {whole}')
+            raise ValueError(f'engine {request.engine!r} at {request.precision} runs the backbone, neck and head of a '
+                             f'detector or segmentor: {whole}')
         attach_engine(model, prepared)
     return model
 

@@ -12,7 +12,7 @@ one ``register`` call at the end of this file.
 import importlib.util
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,10 +28,11 @@ class Engine:
     """One inference engine (see the module docstring). ``transform(module, precision, calibration, keep_fp32,
     cache=None, conversion_cache=None, **options)`` returns the module on the engine (the module itself where
     the engine runs it as it is); ``calibration`` (input batches, iterated only where the engine calibrates) and
-    ``keep_fp32`` (module name prefixes left in float32) are given for int8 only. ``cache``: a path prefix, named
-    by everything the prepared result depends on, where the engine may keep what it derives (the engine adds
-    its own suffix) and read it back; ``conversion_cache``: the same for a float32 conversion that another
-    precision of the same model may reuse. ``options``: the engine's own (threads, shapes, input ranges).
+    ``keep_fp32`` (module name prefixes left in float32) are given for int8 only. ``cache``: a file, named by
+    everything the prepared result depends on and ending in ``cache_suffix``, where the engine may keep what it
+    derives and read it back; ``conversion_cache``: the same for a float32 conversion that another precision of
+    the same model may reuse. ``options``: the engine's own (threads, shapes, input ranges). ``requires``: the
+    packages it needs, whose installed versions also key its caches (``adapters.engines.cache_versions``).
     ``bucketing``: the options under which its prepared module takes ``valid_sizes`` (so that ``prepare(...,
     bucket=step)`` can pad inputs to buckets, ``deploy.bucketed``), or None where it cannot."""
     name: str
@@ -43,6 +44,7 @@ class Engine:
     summary: str
     trains: tuple[str, ...] = ()   # the precisions whose prepared module also trains (forward and backward)
     bucketing: Mapping[str, object] | None = None
+    cache_suffix: str = ''
 
     def missing(self) -> tuple[str, ...]:
         """The packages it needs that are not installed."""
@@ -85,6 +87,65 @@ def check_engine(name: str, precision: str) -> Engine:
     return spec
 
 
+@dataclass(frozen=True)
+class EngineRequest:
+    """One request for an engine, checked once when it is made (``check_engine``; int8's settings refused at
+    other precisions) and carried unchanged from where a tool or a config asks (``adapters.engines``, the test
+    loop's ``InferenceEngineHook``) to ``prepare``. ``engine`` at ``precision``; ``calibration``: where int8's
+    input batches come from when the request is for a config's model ('val', its test set, or a folder of images;
+    ``calibration_images`` of them; ``adapters.engines.engine_model`` reads them) and None otherwise (a module's
+    batches are data, given to ``prepare`` beside the request); ``keep_fp32``: names of modules of the requested
+    model (prefixes) whose layers stay float32 at int8; ``cache``: a path prefix where the engine keeps what it
+    derives (its ``cache_suffix`` appended), or None: nothing kept, except that ``engine_model`` names one by
+    content for a checkpoint file; ``conversion_cache``: the same for the float32 conversion that other precisions
+    of the model share; ``options``: the engine's own."""
+    engine: str
+    precision: str = 'fp32'
+    calibration: str | None = None
+    calibration_images: int = 32
+    keep_fp32: tuple[str, ...] = ()
+    cache: str | None = None
+    options: Mapping[str, object] = field(default_factory=dict)
+    conversion_cache: str | None = None
+
+    def __post_init__(self):
+        check_engine(self.engine, self.precision)
+        object.__setattr__(self, 'keep_fp32', tuple(self.keep_fp32))
+        object.__setattr__(self, 'options', dict(self.options))
+        if self.precision != 'int8' and (self.calibration is not None or self.keep_fp32):
+            raise ValueError(f'calibration and keep_fp32 configure int8; precision={self.precision!r} does not use '
+                             'them')
+        if self.calibration_images < 1:
+            raise ValueError(f'calibration_images must be at least 1, got {self.calibration_images}')
+        reserved = sorted({'cache', 'conversion_cache', 'calibration', 'keep_fp32', 'precision'} & set(self.options))
+        if reserved:
+            raise ValueError(f'engine options {reserved} are fields of the request: pass them as such')
+
+    @classmethod
+    def of(cls, engine: 'str | EngineRequest', precision: str = 'fp32', keep_fp32: Sequence[str] = (),
+           **options) -> 'EngineRequest':
+        """``engine`` itself where it is a request (and nothing else is given), else the request of those
+        arguments (``options``: the engine's own, ``cache`` and ``conversion_cache`` among them)."""
+        if isinstance(engine, EngineRequest):
+            if precision != 'fp32' or tuple(keep_fp32) or options:
+                raise ValueError('an EngineRequest carries its precision, keep_fp32, cache and options: pass the '
+                                 'request alone')
+            return engine
+        cache, conversion = options.pop('cache', None), options.pop('conversion_cache', None)
+        return cls(engine, precision, keep_fp32=tuple(keep_fp32), cache=None if cache is None else str(cache),
+                   options=options, conversion_cache=None if conversion is None else str(conversion))
+
+    def to_config(self) -> dict:
+        """The request as plain values, for a config's hook (``InferenceEngineHook(**request.to_config())``)."""
+        return dict(engine=self.engine, precision=self.precision, calibration=self.calibration,
+                    calibration_images=self.calibration_images, keep_fp32=list(self.keep_fp32), cache=self.cache,
+                    options=dict(self.options), conversion_cache=self.conversion_cache)
+
+    @property
+    def spec(self) -> Engine:
+        return ENGINES[self.engine]
+
+
 def prepared_as(module: nn.Module) -> str | None:
     """What engine already prepared ``module`` (or a submodule of it), in words, or None for a plain module: the
     fused engine's modules, an OpenVINO or onnxruntime module, an autocast wrapper."""
@@ -118,18 +179,32 @@ class _Calibration:
                              '(NCHW float tensors, representative of what will be run)')
 
 
-def prepare(module: nn.Module, name: str, precision: str = 'fp32',
+def prepare(module: nn.Module, engine: 'str | EngineRequest', precision: str = 'fp32',
             calibration: Iterable[torch.Tensor] | None = None, keep_fp32: Sequence[str] = (),
-            **options) -> nn.Module:
-    """``module`` (evaluation mode, float32; what the engine covers) on engine ``name`` at ``precision``:
-    ``calibration`` (an iterable of input batches, required and non-empty for int8) and ``keep_fp32`` configure
-    int8 and are refused elsewhere; ``options`` go to the engine's transform, but ``bucket`` (a step in pixels, a
-    multiple of the model's largest stride): the prepared module wrapped in ``deploy.bucketed.Bucketed``, inputs
-    padded to multiples of it and run with their valid sizes. ``module`` itself is never changed
-    (an engine that transforms modules works on a copy; one that runs the module as it is returns it), and a
-    module an engine has prepared already is refused, naming what it holds: prepare the plain model."""
-    spec = check_engine(name, precision)
-    bucket = options.pop('bucket', None)
+            bucket: int | None = None, **options) -> nn.Module:
+    """``module`` (evaluation mode, float32; what the engine covers) on ``engine`` at ``precision`` (or as an
+    ``EngineRequest`` asks, given alone): ``calibration`` (an iterable of input batches, required and non-empty
+    for int8) and ``keep_fp32`` configure int8 and are refused elsewhere; ``cache`` (a path prefix) and the other
+    ``options`` go to the engine's transform. ``bucket`` (a step in pixels, a multiple of the model's largest
+    stride): the prepared module wrapped in ``deploy.bucketed.Bucketed``, inputs padded to multiples of it and
+    run with their valid sizes. ``module`` itself is never changed (an engine that transforms modules works on a
+    copy; one that runs the module as it is returns it), and a module an engine has prepared already is refused,
+    naming what it holds: prepare the plain model."""
+    request = EngineRequest.of(engine, precision, keep_fp32, **options)
+    return prepare_request(module, request, calibration, bucket=bucket)
+
+
+def prepare_request(module: nn.Module, request: EngineRequest, calibration: Iterable[torch.Tensor] | None = None,
+                    keep_fp32: Sequence[str] | None = None, caches: tuple[str | None, str | None] | None = None,
+                    bucket: int | None = None) -> nn.Module:
+    """``prepare`` for a request already checked, as the OpenMMLab route carries it (``deploy.openmmlab.on_engine``):
+    ``keep_fp32``, the request's names as they are in ``module`` where it is part of the requested model (default:
+    the request's own); ``caches``, the (result, float32 conversion) path prefixes named for this model (default:
+    the request's ``cache`` and ``conversion_cache``). The engine's ``cache_suffix`` is appended here, the one place
+    a cache file is named."""
+    spec = request.spec
+    name, precision = request.engine, request.precision
+    options = dict(request.options)
     if bucket is not None:
         from .bucketed import check_step
         if spec.bucketing is None:
@@ -138,8 +213,8 @@ def prepare(module: nn.Module, name: str, precision: str = 'fp32',
                              f'{", ".join(n for n, e in ENGINES.items() if e.bucketing is not None)}')
         check_step(bucket, module)
         options.update(spec.bucketing)
-    if precision != 'int8' and (calibration is not None or keep_fp32):
-        raise ValueError(f'calibration and keep_fp32 configure int8; precision={precision!r} does not use them')
+    if precision != 'int8' and calibration is not None:
+        raise ValueError(f'calibration configures int8; precision={precision!r} does not use it')
     if precision == 'int8' and not options.get('input_ranges'):
         if calibration is None:
             raise ValueError(f'engine {name!r}: int8 quantizes activations at calibrated ranges: pass '
@@ -155,7 +230,11 @@ def prepare(module: nn.Module, name: str, precision: str = 'fp32',
     if done is not None:
         raise ValueError(f'engine {name!r}: this module was prepared for an engine already (it holds {done}); '
                          'prepare the plain model instead (prepare leaves its argument as it was)')
-    prepared = spec.transform(module, precision, calibration, tuple(keep_fp32), **options)
+    cache, conversion = caches if caches is not None else (request.cache, request.conversion_cache)
+    prepared = spec.transform(module, precision, calibration,
+                              tuple(request.keep_fp32 if keep_fp32 is None else keep_fp32),
+                              cache=f'{cache}{spec.cache_suffix}' if cache else None,
+                              conversion_cache=f'{conversion}{spec.cache_suffix}' if conversion else None, **options)
     if bucket is None:
         return prepared
     from .bucketed import Bucketed
@@ -186,7 +265,7 @@ def _torch(module, precision, calibration, keep_fp32, cache=None, conversion_cac
 def _fused(module, precision, calibration, keep_fp32, cache=None, conversion_cache=None, input_ranges=None):
     from .optimize import calibrated_ranges, optimize
     if precision == 'int8' and input_ranges is None:
-        input_ranges = calibrated_ranges(module, calibration, keep_fp32, f'{cache}.ranges.json' if cache else None)
+        input_ranges = calibrated_ranges(module, calibration, keep_fp32, cache)
     elif isinstance(input_ranges, (str, Path)):
         input_ranges = json.loads(Path(input_ranges).read_text())['input_ranges']
     return optimize(module, precision=precision, keep_fp32=keep_fp32,
@@ -197,16 +276,16 @@ def _openvino(module, precision, calibration, keep_fp32, cache=None, conversion_
     from .openvino import to_openvino
     if precision != 'int8':  # fp32 and bf16 compile the float32 conversion itself
         cache = conversion_cache or cache
-    return to_openvino(module, precision, calibration, keep_fp32, cache=f'{cache}.xml' if cache else None,
-                       float_cache=f'{conversion_cache}.xml' if conversion_cache else None, **options)
+    return to_openvino(module, precision, calibration, keep_fp32, cache=cache, float_cache=conversion_cache,
+                       **options)
 
 
 def _onnxruntime(module, precision, calibration, keep_fp32, cache=None, conversion_cache=None, **options):
     from .onnxruntime import to_onnxruntime
     if precision != 'int8':  # float32 runs the export itself
         cache = conversion_cache or cache
-    return to_onnxruntime(module, precision, calibration, keep_fp32, cache=f'{cache}.onnx' if cache else None,
-                          float_cache=f'{conversion_cache}.onnx' if conversion_cache else None, **options)
+    return to_onnxruntime(module, precision, calibration, keep_fp32, cache=cache, float_cache=conversion_cache,
+                          **options)
 
 
 register(Engine(
@@ -220,7 +299,8 @@ register(Engine(
                           'int8': 'all but the linear layers (norms, attention products and softmax, convolutions), '
                                   'linear layers in keep_fp32; the rest of the model'},
     (), '', _fused, "this package's fused CPU kernels for our transformer blocks (deploy.optimize); int8: static, "
-                    'activations at ranges calibrated on input batches', trains=('fp32',), bucketing={}))
+                    'activations at ranges calibrated on input batches', trains=('fp32',), bucketing={},
+    cache_suffix='.ranges.json'))
 register(Engine(
     'openvino', 'model', {'fp32': 'everything',
                           'bf16': "what OpenVINO's bf16 inference precision keeps; float32 throughout on CPUs "
@@ -228,15 +308,16 @@ register(Engine(
                           'int8': 'what NNCF leaves unquantized (transformer preset), layers in keep_fp32'},
     ('openvino', 'nncf'), "pip install 'cpvt_backbones[openvino]'", _openvino,
     'OpenVINO for the CPU (deploy.openvino): converted once through torch.export, any size after',
-    bucketing={'valid_sizes': True}))
+    bucketing={'valid_sizes': True}, cache_suffix='.xml'))
 register(Engine(
     'onnxruntime', 'model', {'fp32': 'everything',
                              'int8': 'all but the linear layers (attention products, norms, convolutions), linear '
                                      'layers in keep_fp32'},
     ('onnxruntime', 'onnxscript'), 'pip install onnxruntime onnxscript', _onnxruntime,
     'onnxruntime (CPU provider) on the ONNX export with dynamic batch, height and width (deploy.onnxruntime); '
-    "int8: onnxruntime's static quantization, activations at ranges calibrated on input batches"))
+    "int8: onnxruntime's static quantization, activations at ranges calibrated on input batches",
+    cache_suffix='.onnx'))
 
 
-__all__ = ['COVERS', 'ENGINES', 'Engine', 'check_engine', 'engine', 'engine_table', 'prepare', 'prepared_as',
-           'register']
+__all__ = ['COVERS', 'ENGINES', 'Engine', 'EngineRequest', 'check_engine', 'engine', 'engine_table', 'prepare',
+           'prepare_request', 'prepared_as', 'register']
