@@ -1,4 +1,4 @@
-"""Every Python snippet in README.md and docs/*.md runs as written, in order within its page (one namespace per
+"""Every Python snippet in README.md and docs/*.md runs as written (in the default suite, on every stack), in order within its page (one namespace per
 page, in a scratch folder), on the stack the page is for: a page whose packages are missing is skipped by name.
 Lines that need the network end with the marker ``[network]``; they are skipped, each by its text, and nothing
 else is."""
@@ -49,7 +49,6 @@ def test_network_lines_are_only_those_that_fetch():
                 assert 'pretrained=True' in line or 'from_pretrained' in line, (page, line)
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize('page', sorted(PAGES))
 def test_snippets_run_as_written(page, tmp_path, monkeypatch):
     missing = [m for m in PAGES[page] if importlib.util.find_spec(m) is None]
