@@ -67,12 +67,12 @@ def test_classification_test_size_is_applied(crops, tmp_path, size, crop_ratio, 
 
 
 @pytest.mark.heavy
-def test_resolution_sweep_writes_table_and_plot(crops, tmp_path):
+def test_eval_sizes_writes_table_and_plot(crops, tmp_path):
     cfg = shapes_cfg('cpvt-tiny-gap_shapes-cls.py', crops, tmp_path / 'work', iters=2)
     Runner.from_cfg(cfg).train()
     cfg_file = tmp_path / 'cls.py'
     cfg.dump(str(cfg_file))
-    out = run_tool([ROOT / 'tools/resolution_sweep.py', cfg_file, tmp_path / 'work' / 'iter_2.pth', '--sizes', '48',
+    out = run_tool([ROOT / 'tools/eval_sizes.py', cfg_file, tmp_path / 'work' / 'iter_2.pth', '--sizes', '48',
                     '72', '111', '--out', tmp_path / 'sweep', '--name', 'tiny'])
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads((tmp_path / 'sweep' / 'tiny.json').read_text())

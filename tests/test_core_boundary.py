@@ -124,7 +124,7 @@ optional = {{'cpvt_backbones.adapters.hf': 'transformers'}}  # adapters of frame
 names = [m.name for m in pkgutil.walk_packages(cpvt_backbones.__path__, 'cpvt_backbones.') if m.name not in opt_ins
          and importlib.util.find_spec(optional.get(m.name, 'torch')) is not None]
 names += [f'benchmarks.{{m.name}}' for m in pkgutil.iter_modules([{str(root / 'benchmarks')!r}])]
-names += ['export_onnx', 'visualize', 'demo', 'train', 'test', 'infer', 'resolution_sweep', 'convert_checkpoint',
+names += ['export_onnx', 'visualize', 'demo', 'train', 'test', 'infer', 'eval_sizes', 'convert_checkpoint',
           'make_shapes']
 for name in names:
     importlib.import_module(name)

@@ -1,5 +1,6 @@
-"""Every Python snippet in README.md and docs/*.md runs as written (in the default suite, on every stack), in order within its page (one namespace per
-page, in a scratch folder), on the stack the page is for: a page whose packages are missing is skipped by name.
+"""Every Python snippet in README.md and docs/*.md runs as written, in order within its page (one namespace per
+page, in a scratch folder), on the stack the page is for (the suite runs this on every stack): a page whose
+packages are missing is skipped by name.
 Lines that need the network end with the marker ``[network]``; they are skipped, each by its text, and nothing
 else is."""
 import importlib.util

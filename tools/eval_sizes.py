@@ -1,6 +1,6 @@
 """Evaluate one checkpoint at several test resolutions without fine-tuning; write a table and a plot.
 
-    python tools/resolution_sweep.py CONFIG CHECKPOINT [--sizes 224 384 448 512] [--out DIR] [--name NAME]
+    python tools/eval_sizes.py CONFIG CHECKPOINT [--sizes 224 384 448 512] [--out DIR] [--name NAME]
                                      [--cfg-options k=v ...]
 
 Classifiers (mmpretrain configs) are tested at SIZE x SIZE: short side resized to SIZE / crop_ratio, centre
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument('config')
     parser.add_argument('checkpoint')
     parser.add_argument('--sizes', type=int, nargs='+', help="default: the config's test_resolutions")
-    parser.add_argument('--out', default='work_dirs/resolution_sweep')
+    parser.add_argument('--out', default='work_dirs/eval_sizes')
     parser.add_argument('--name', help='file stem (default: the config name)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     args = parser.parse_args()
