@@ -47,7 +47,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.study.common import format_paired, mean_std, paired, parse_shard, run_meta, study_dir, write_csv
+from benchmarks.study.common import format_paired, mean_std, paired, parse_shard, run_meta, study_dir
+from benchmarks.study.grid import Grid, write_report
 from cpvt_backbones.adapters.evaluation import METRICS, headline_score
 from cpvt_backbones.adapters.runner import build_runner, quiet_known_warnings
 from cpvt_backbones.adapters.shapes_tasks import SHAPES_TASKS as TASKS
@@ -331,10 +332,6 @@ def paired_lines(rows: list[dict], task: str, settings: DenseStudyConfig) -> lis
 
 
 def write_outputs(rows: list[dict], results: list[dict], settings: DenseStudyConfig, meta: dict) -> None:
-    out = settings.out
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, out / f'{settings.name}.csv')
-    (out / f'{settings.name}.json').write_text(json.dumps(dict(meta=meta, rows=rows, runs=results), indent=2))
     lines = []
 
     def heading(factor: str) -> str:
@@ -351,14 +348,15 @@ def write_outputs(rows: list[dict], results: list[dict], settings: DenseStudyCon
         lines += paired_lines(rows, task, settings)
     table = '\n'.join(lines)
     init = 'at random' if settings.seg_init == 'scratch' else 'from the detector backbone of the same variant and seed'
-    (out / f'{settings.name}.md').write_text(
+    markdown = (
         table + f'\nMean ± standard deviation over seeds {list(settings.seeds)} on the {settings.num_val} held-out '
         f'images. Iterations: detection {settings.det_iters}, segmentation {settings.seg_iters} (batch 8); segmentor '
         f'initialised {init}. Run time summed over runs (training and evaluation, one thread each): '
         f'{meta["run_minutes"]} min; this invocation: {meta["wall_minutes"]} min of wall time (runs already finished '
         f'are read from their result.json).\n\n'
         f'`{meta["command"]}`\n')
-    plot(rows, settings, out / f'{settings.name}.png')
+    write_report(settings.out, settings.name, dict(meta=meta, rows=rows, runs=results), markdown, rows,
+                 {'': lambda path: plot(rows, settings, path)})
     print(table)
 
 
@@ -372,16 +370,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
     def run_pair(seed: int, variant: str) -> list[dict]:  # a segmentor may start from the same pair's detector
         return [run(task, variant, seed, settings, work / f'{task}-{variant}-seed{seed}') for task in settings.tasks]
-    pairs = [(seed, variant) for seed in settings.seeds for variant in settings.variants]
-    for seed, variant in pairs[settings.shard_index::settings.num_shards]:
+    grid = Grid([(seed, variant) for seed in settings.seeds for variant in settings.variants],
+                lambda k: [work / f'{t}-{k[1]}-seed{k[0]}' for t in settings.tasks],
+                settings.shard_index, settings.num_shards)
+    for seed, variant in grid.shard():
         run_pair(seed, variant)
-    pending = [f'{t}-{v}-seed{s}' for s, v in pairs for t in settings.tasks
-               if not (work / f'{t}-{v}-seed{s}' / 'result.json').is_file()]
-    if pending:
-        print(f'[dense] this shard is done; {len(pending)} run(s) of other shards pending: outputs are written once '
-              'every run has finished')
+    if not grid.complete('dense'):
         return []
-    results = [r for seed, variant in pairs for r in run_pair(seed, variant)]
+    results = [r for seed, variant in grid.keys for r in run_pair(seed, variant)]
     rows = summarise(results, settings)
     meta = dict(run_meta('benchmarks.dense_study', argv, start), seeds=list(settings.seeds),
                 det_iters=settings.det_iters, seg_iters=settings.seg_iters, factors=list(settings.factors),

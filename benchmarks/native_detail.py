@@ -65,9 +65,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.study.common import format_paired, mean_std, paired, parse_shard, provenance, run_meta, write_csv
+from benchmarks.study.common import format_paired, mean_std, paired, parse_shard, provenance, run_meta
 from benchmarks.study.config import TF32, VARIANTS, StudyConfig
 from benchmarks.study.data import random_boxes, resize
+from benchmarks.study.grid import Grid, write_report
 from benchmarks.study.report import line_style, trained_on
 from benchmarks.study.specs import Resized
 from benchmarks.study.trainer import evaluate, train
@@ -145,13 +146,29 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[StudyConfig, argparse
                 f'{args.smooth}')
     if args.jobs < 1 or args.threads < 1:
         p.error(f'--jobs and --threads must be >= 1, got {args.jobs} and {args.threads}')
-    config = StudyConfig().replace(
-        variants=tuple(args.variants), seeds=tuple(args.seeds), shard_index=shard_index, num_shards=num_shards,
-        train_images=args.fields - args.val_fields, test_images=args.test_images, epochs=args.epochs,
-        device=args.device, tf32=args.tf32, work_dir=args.work_dir, out=args.out, name=args.name, head='gap',
-        image_size=TRAIN_SIZE, patch=PATCH, stem=True, test_sizes=TEST_SIZES, probe_images=0, in_chans=3,
-        num_classes=4, crop_scale=round(CROP_SCALE, 4), crop_area='log')
+    config = study_config(args.variants, args.seeds, args.fields - args.val_fields, args.test_images, args.epochs,
+                          args.device, tf32=args.tf32, shard_index=shard_index, num_shards=num_shards,
+                          work_dir=args.work_dir, out=args.out, name=args.name)
     return config, args
+
+
+def study_config(variants: Sequence[str], seeds: Sequence[int], train_images: int, test_images: int, epochs: int,
+                 device: str, **fields) -> StudyConfig:
+    """The study's ``StudyConfig``: this task's fixed settings (56 px crops of drawn fields, a 4 px stem, four
+    classes, global average pooling) with the given variants, seeds, sizes, schedule and device; ``fields``: other
+    ``StudyConfig`` fields (tf32, shard, folders, name)."""
+    return StudyConfig().replace(
+        variants=tuple(variants), seeds=tuple(seeds), train_images=train_images, test_images=test_images,
+        epochs=epochs, device=device, head='gap', image_size=TRAIN_SIZE, patch=PATCH, stem=True,
+        test_sizes=TEST_SIZES, probe_images=0, in_chans=3, num_classes=4, crop_scale=round(CROP_SCALE, 4),
+        crop_area='log', **fields)
+
+
+def recorded_config(meta: dict, variants: Sequence[str]) -> StudyConfig:
+    """The ``StudyConfig`` of a written report (its ``meta``) over ``variants``: what its summary and Markdown are
+    rendered again from."""
+    return study_config(variants, meta['seeds'], meta['train_images'], meta['test_images'], meta['epochs'],
+                        meta['device'])
 
 
 def _render(scenes, scale: float) -> np.ndarray:
@@ -542,17 +559,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     outputs."""
     config, args = parse_args(argv)
     start = time.perf_counter()
-    runs = [(v, seed) for seed in config.seeds for v in config.variants]
-    shard = runs[config.shard_index::config.num_shards]
-    untrained = [r for r in shard if not (config.run_dir(*r) / 'result.json').is_file()]
-    if untrained:
-        train_runs(untrained, config, args)
-    pending = [f'{v}-seed{s}' for v, s in runs if not (config.run_dir(v, s) / 'result.json').is_file()]
-    if pending:
-        print(f'[native] this shard is done; {len(pending)} run(s) of other shards pending: {", ".join(pending)}')
+    grid = Grid([(v, seed) for seed in config.seeds for v in config.variants], lambda k: [config.run_dir(*k)],
+                config.shard_index, config.num_shards)
+    if grid.todo():
+        train_runs(grid.todo(), config, args)
+    if not grid.complete('native'):
         return {}
-    results = {(v, seed): run(v, seed, config, None) for v, seed in runs}
-    results = list(results.values())
+    results = [run(v, seed, config, None) for v, seed in grid.keys]
     summary = summarise(results, config, args.smooth, args.level)
     meta = dict(run_meta('benchmarks.native_detail', argv, start), train_images=config.train_images,
                 val_fields=args.val_fields, test_images=config.test_images, seeds=list(config.seeds),
@@ -564,16 +577,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 object_scales=object_scales(config, args.val_fields),
                 replaced=list(REPLACED.get(config.name, ())),
                 run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1))
-    out = config.out
-    out.mkdir(parents=True, exist_ok=True)
     headline = summary['analyses'][summary['headline']]
-    write_csv([dict(r, change=format_paired(r['change']) if 'change' in r else '',
-                    error_share=format_paired(r['error_share']) if 'error_share' in r else '')
-               for r in headline['rows']], out / f'{config.name}.csv')
-    (out / f'{config.name}.json').write_text(json.dumps(dict(meta=meta, **summary, runs=results), indent=2))
-    (out / f'{config.name}.md').write_text(render_markdown(summary, config, meta))
-    plot(summary, config, out / f'{config.name}.png')
-    print(f'[native] {meta["wall_minutes"]} min; results in {out}')
+    write_report(config.out, config.name, dict(meta=meta, **summary, runs=results),
+                 render_markdown(summary, config, meta),
+                 [dict(r, change=format_paired(r['change']) if 'change' in r else '',
+                       error_share=format_paired(r['error_share']) if 'error_share' in r else '')
+                  for r in headline['rows']], {'': lambda path: plot(summary, config, path)})
+    print(f'[native] {meta["wall_minutes"]} min; results in {config.out}')
     return summary
 
 

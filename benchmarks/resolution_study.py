@@ -42,6 +42,7 @@ from pathlib import Path
 from benchmarks.study.common import parse_shard, run_meta
 from benchmarks.study.config import CROP_AREA, CROP_RESAMPLE, TEST_RESAMPLE, TF32, VARIANTS, StudyConfig, command_args
 from benchmarks.study.data import ensure_data, load_split
+from benchmarks.study.grid import Grid
 from benchmarks.study.report import StudyReport, plot_peg_response, trained_on
 from benchmarks.study.trainer import run
 
@@ -122,15 +123,13 @@ def run_study(config: StudyConfig, command: Sequence[str] | None = None) -> list
     start = time.perf_counter()
     data = (load_split(config.data, 'train', config.train_images),
             load_split(config.data, 'test', config.test_images))
-    runs = [(v, seed) for seed in config.seeds for v in config.variants]
-    for variant, seed in runs[config.shard_index::config.num_shards]:
+    grid = Grid([(v, seed) for seed in config.seeds for v in config.variants], lambda k: [config.run_dir(*k)],
+                config.shard_index, config.num_shards)
+    for variant, seed in grid.shard():
         run(variant, seed, config, data, config.run_dir(variant, seed))
-    pending = [f'{v}-seed{s}' for v, s in runs if not (config.run_dir(v, s) / 'result.json').is_file()]
-    if pending:
-        print(f'[study] this shard is done; {len(pending)} run(s) of other shards pending ({", ".join(pending[:6])}'
-              f'{" ..." if len(pending) > 6 else ""}): outputs are written once every run has finished')
+    if not grid.complete('study'):
         return []
-    results = [run(v, seed, config, data, config.run_dir(v, seed)) for v, seed in runs]
+    results = [run(v, seed, config, data, config.run_dir(v, seed)) for v, seed in grid.keys]
     meta = dict(run_meta('benchmarks.resolution_study', command_args(config) if command is None else command, start),
                 dataset='Fashion-MNIST', train_images=config.train_images, test_images=config.test_images,
                 image_size=config.image_size, test_sizes=list(config.test_sizes),

@@ -482,10 +482,7 @@ def native(results: Path = RESULTS, name: str = 'native_matched') -> str:
     if len(devices) != 1:
         raise ValueError(f'{name}: runs trained on {sorted(devices)}; a table compares one device')
     variants = list(dict.fromkeys(r['variant'] for r in runs))
-    config, _ = native_detail.parse_args(
-        ['--variants', *variants, '--seeds', *map(str, meta['seeds']),
-         '--fields', str(meta['train_images'] + meta['val_fields']), '--val-fields', str(meta['val_fields']),
-         '--test-images', str(meta['test_images']), '--epochs', str(meta['epochs']), '--device', meta['device']])
+    config = native_detail.recorded_config(meta, variants)
     # the per-epoch form (native_matched) predates these two settings: one check an epoch, no smoothing
     meta = dict(meta, checks_per_epoch=meta.get('checks_per_epoch', 1))
     summary = native_detail.summarise(runs, config, meta.get('smooth', 1), meta.get('level'))

@@ -1,7 +1,6 @@
 """A study's report: its runs' results summarised (per variant and test: top-1 over seeds and the change from
 the training size, paired by seed; accuracy by position; the position probe) and rendered as Markdown, CSV,
 JSON and figures (``StudyReport``)."""
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.study.common import mean_std, write_csv
+from benchmarks.study.common import mean_std
 from benchmarks.study.config import VARIANTS, StudyConfig
 from benchmarks.study.data import MEAN, STD, resize
+from benchmarks.study.grid import write_report
 from benchmarks.study.specs import OnCanvas, Resized, placements, size_tests
 from benchmarks.study.trainer import build_model, peg_response
 from cpvt_backbones.utils import pyplot
@@ -223,17 +223,15 @@ class StudyReport:
         self.probe = summarise_probe(self.results, self.config)
 
     def write(self) -> None:
-        config, out = self.config, self.config.out
-        out.mkdir(parents=True, exist_ok=True)
-        write_csv(self.rows, out / f'{config.name}.csv')
-        (out / f'{config.name}.json').write_text(json.dumps(dict(
-            meta=self.meta, rows=self.rows, placement=self.placement, probe=self.probe, runs=self.results), indent=2))
-        (out / f'{config.name}.md').write_text(self.markdown())
-        plot(self.rows, config, out / f'{config.name}.png')
+        config = self.config
+        figures = {'': lambda path: plot(self.rows, config, path)}
         if self.placement:
-            plot_placements(self.placement, config, out / f'{config.name}_placement.png')
+            figures['_placement'] = lambda path: plot_placements(self.placement, config, path)
         if self.probe:
-            plot_probe(self.probe, config, out / f'{config.name}_probe.png')
+            figures['_probe'] = lambda path: plot_probe(self.probe, config, path)
+        write_report(config.out, config.name, dict(meta=self.meta, rows=self.rows, placement=self.placement,
+                                                   probe=self.probe, runs=self.results),
+                     self.markdown(), self.rows, figures)
 
     def markdown(self) -> str:
         config, meta, rows, placement, probe = self.config, self.meta, self.rows, self.placement, self.probe
