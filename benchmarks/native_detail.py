@@ -70,7 +70,7 @@ from benchmarks.study.config import TF32, VARIANTS, StudyConfig
 from benchmarks.study.data import random_boxes, resize
 from benchmarks.study.grid import Grid, write_report
 from benchmarks.study.report import line_style, trained_on
-from benchmarks.study.specs import Resized
+from benchmarks.study.specs import Drawn, DrawnResized, Given, parse_key
 from benchmarks.study.trainer import evaluate, train
 from cpvt_backbones.datasets import class_scenes, render
 from cpvt_backbones.utils import atomic_write, pyplot
@@ -98,17 +98,19 @@ REPLACED = {'native_checked': (
     'before any test ran; the validation curves those runs recorded (git show 34888c9:benchmarks/results/'
     'recipe_runs/native_checked) fixed MATCHED_LEVEL',)}
 STUDIED = ('learned', 'none', 'peg_0-5', 'peg_0-5_circular', 'cnn')
-BASE = f'native{TRAIN_SIZE}'
+TESTS = (*(Drawn(s) for s in TEST_SIZES), DrawnResized(UPSAMPLED))
+BASE = Drawn(TRAIN_SIZE).key
 
 
 def test_keys() -> list[str]:
-    """'native96': held-out scenes drawn at 96 px; 'upsampled96': their 56 px drawings resized to 96 px."""
-    return [f'native{s}' for s in TEST_SIZES] + [f'upsampled{UPSAMPLED}']
+    """The tests' keys: 'native96', held-out scenes drawn at 96 px; 'upsampled96', their 56 px drawings resized
+    to 96 px."""
+    return [t.key for t in TESTS]
 
 
 def claimed_keys() -> list[str]:
     """The tests that changes are claimed on (the upsampled one is not: training never shows upsampling)."""
-    return [f'native{s}' for s in TEST_SIZES if s != TRAIN_SIZE]
+    return [t.key for t in TESTS if isinstance(t, Drawn) and t.size != TRAIN_SIZE]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[StudyConfig, argparse.Namespace]:
@@ -213,12 +215,16 @@ def load_training(config: StudyConfig, val_fields: int, pool: Executor | None = 
 
 
 def load_tests(config: StudyConfig, pool: Executor | None = None) -> dict:
-    """{test key: (images, labels)} (``test_keys``)."""
+    """{test size: (the held-out scenes drawn at that size, labels)}, every test's images (``test_images``)."""
     scenes, labels = test_scenes(config.test_images)
     y = torch.from_numpy(labels)
-    tests = {f'native{s}': (draw(scenes, TEST_SIDE, s, pool), y) for s in TEST_SIZES}
-    tests[f'upsampled{UPSAMPLED}'] = (resize(tests[BASE][0], UPSAMPLED), y)
-    return tests
+    return {s: (draw(scenes, TEST_SIDE, s, pool), y) for s in TEST_SIZES}
+
+
+def test_images(test: Drawn | DrawnResized, drawings: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The images and labels ``test`` renders from (``load_tests``' drawings): the scenes drawn at its size, or
+    for a resized test at the training size."""
+    return drawings[test.size if isinstance(test, Drawn) else TRAIN_SIZE]
 
 
 def object_scales(config: StudyConfig, val_fields: int, crops: int = 4000) -> dict:
@@ -247,7 +253,7 @@ def object_scales(config: StudyConfig, val_fields: int, crops: int = 4000) -> di
     tests = {}
     for size in TEST_SIZES:
         r = test_radii * size / TEST_SIDE
-        tests[f'native{size}'] = dict(percentiles=spread(r),
+        tests[Drawn(size).key] = dict(percentiles=spread(r),
                                       crop_share_below=round(float((crop_radii < np.median(r)).mean()), 3))
     return dict(levels=list(levels), crops=spread(crop_radii), tests=tests)
 
@@ -282,7 +288,7 @@ def run(variant: str, seed: int, config: StudyConfig, data, origin: dict | None 
 
     def after_check(model, check: int) -> dict:
         atomic_write(check_path(config, variant, seed, check), lambda f: torch.save(model.state_dict(), f))
-        val = evaluate(model, x_val, y_val, [Resized(TRAIN_SIZE)], config)[str(TRAIN_SIZE)]
+        val = evaluate(model, x_val, y_val, [Given(TRAIN_SIZE)], config)[Given(TRAIN_SIZE).key]
         print(f'[native] {variant} seed {seed} check {check}: validation {val:.2f}', flush=True)
         return dict(val=round(val, 2))
 
@@ -291,8 +297,7 @@ def run(variant: str, seed: int, config: StudyConfig, data, origin: dict | None 
     result['tests'] = {}
     for check in sorted(set(run_checks(result['checks'], smooth, level).values())):
         model.load_state_dict(torch.load(check_path(config, variant, seed, check), map_location=config.device))
-        top1 = {key: evaluate(model, x, y, [Resized(x.shape[-1])], config)[str(x.shape[-1])]
-                for key, (x, y) in data[2].items()}
+        top1 = {t.key: evaluate(model, *test_images(t, data[2]), [t], config)[t.key] for t in TESTS}
         result['tests'][str(check)] = {k: round(v, 2) for k, v in top1.items()}
         print(f'[native] {variant} seed {seed} check {check}: ' + ', '.join(f'{k} {v:.2f}' for k, v in top1.items()),
               flush=True)
@@ -410,15 +415,15 @@ def summarise(results: list[dict], config: StudyConfig, smooth: int, level: floa
 
 
 def heading(key: str) -> str:
-    size = int(key.removeprefix('native').removeprefix('upsampled'))
-    kind = 'drawn' if key.startswith('native') else f'{TRAIN_SIZE} px drawing resized to'
-    return f'{kind} {size} px ({size / TRAIN_SIZE:.2g}x)'
+    test = parse_key(key)
+    kind = 'drawn' if isinstance(test, Drawn) else f'{TRAIN_SIZE} px drawing resized to'
+    return f'{kind} {test.size} px ({test.size / TRAIN_SIZE:.2g}x)'
 
 
 def _levels_table(analysis: dict, variants: Sequence[str]) -> list[str]:
     keys = test_keys()
     lines = ['| model | epoch | validation | ' + ' | '.join(
-        heading(k) + (' (no claim)' if k.startswith('upsampled') else '') for k in keys) + ' |',
+        heading(k) + ('' if k in claimed_keys() or k == BASE else ' (no claim)') for k in keys) + ' |',
         '|---|---|---|' + '---|' * len(keys)]
     for variant in variants:
         rows = [r for r in analysis['rows'] if r['variant'] == variant]
@@ -501,8 +506,8 @@ def plot(summary: dict, config: StudyConfig, path: Path) -> None:
     analysis = summary['analyses'][summary['headline']]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     for variant in config.variants:
-        rows = [r for r in analysis['rows'] if r['variant'] == variant and r['test'].startswith('native')]
-        sizes = [int(r['test'].removeprefix('native')) for r in rows]
+        rows = [r for r in analysis['rows'] if r['variant'] == variant and isinstance(parse_key(r['test']), Drawn)]
+        sizes = [parse_key(r['test']).size for r in rows]
         axes[0].errorbar(sizes, [r['top1_mean'] for r in rows], yerr=[r['top1_std'] for r in rows], capsize=3,
                          label=VARIANTS[variant].label, **line_style(variant, plt))
         change = [0.] + [r['change']['mean'] for r in rows[1:]]

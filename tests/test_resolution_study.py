@@ -357,8 +357,18 @@ def test_a_config_is_checked_and_written_back_as_its_command_line():
 
 def test_test_specifications_round_trip_their_stored_keys():
     for key, test in (('28', specs.Resized(28)), ('bicubic28', specs.Resized(28, 'bicubic')),
-                      ('canvas40', specs.OnCanvas(40)), ('place56@0,28', specs.OnCanvasAt(56, 0, 28))):
+                      ('canvas40', specs.OnCanvas(40)), ('place56@0,28', specs.OnCanvasAt(56, 0, 28)),
+                      ('given56', specs.Given(56)), ('native96', specs.Drawn(96)),
+                      ('upsampled96', specs.DrawnResized(96))):
         assert specs.parse_key(key) == test and test.key == key
+    config56 = cfg.StudyConfig().replace(image_size=56, test_sizes=(56,))
+    drawn = torch.randn(2, 3, 56, 56)
+    assert specs.Drawn(56).render(drawn, config56) is drawn
+    assert specs.DrawnResized(96).render(drawn, config56).shape[-2:] == (96, 96)
+    with pytest.raises(ValueError, match=r'native80: the images are \(56, 56\), not 80 x 80'):
+        specs.Drawn(80).render(drawn, config56)
+    with pytest.raises(ValueError, match='given56: the images are'):
+        specs.DrawnResized(96).render(torch.randn(2, 3, 40, 40), config56)
     for bad in ('x28', 'bilinear28', 'place56', ''):
         with pytest.raises(ValueError, match='not a test key'):
             specs.parse_key(bad)

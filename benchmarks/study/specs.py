@@ -3,7 +3,10 @@ run's ``result.json`` (the keys are the studies' stored format: '28', 'bicubic28
 
 * ``Resized(size, resample)``: the whole images resized to ``size`` px ('28'; 'bicubic28' when bicubic);
 * ``OnCanvas(size)``: the images at the training size centred on a blank ``size`` px canvas ('canvas40');
-* ``OnCanvasAt(canvas, top, left)``: the same at a given top-left offset ('place56@0,28').
+* ``OnCanvasAt(canvas, top, left)``: the same at a given top-left offset ('place56@0,28');
+* ``Given(size)``: images that come at ``size`` px, run as they are ('given56'; the native-detail study's
+  validation windows); ``Drawn(size)``: held-out scenes drawn natively at ``size`` px ('native96');
+  ``DrawnResized(size)``: the scenes' drawings at the training size resized to ``size`` px ('upsampled96').
 
 Canvas tests put the image on a black canvas (the Fashion-MNIST background) at patch-aligned offsets, so the
 object falls on the same token grid as in training.
@@ -63,9 +66,44 @@ class OnCanvasAt:
         return _on_canvas(x, config, self.canvas, self.top, self.left)
 
 
-TestSpec = Resized | OnCanvas | OnCanvasAt
+@dataclass(frozen=True)
+class Given:
+    size: int
+
+    @property
+    def key(self) -> str:
+        return f'given{self.size}'
+
+    def render(self, x: torch.Tensor, config: StudyConfig) -> torch.Tensor:
+        if x.shape[-2:] != (self.size, self.size):
+            raise ValueError(f'{self.key}: the images are {tuple(x.shape[-2:])}, not {self.size} x {self.size}')
+        return x
+
+
+@dataclass(frozen=True)
+class Drawn(Given):
+    @property
+    def key(self) -> str:
+        return f'native{self.size}'
+
+
+@dataclass(frozen=True)
+class DrawnResized:
+    size: int
+
+    @property
+    def key(self) -> str:
+        return f'upsampled{self.size}'
+
+    def render(self, x: torch.Tensor, config: StudyConfig) -> torch.Tensor:
+        Given(config.image_size).render(x, config)
+        return resize(x, self.size)
+
+
+TestSpec = Resized | OnCanvas | OnCanvasAt | Given | Drawn | DrawnResized
 _KEY = re.compile(r'canvas(?P<canvas>\d+)|place(?P<place>\d+)@(?P<top>\d+),(?P<left>\d+)|'
-                  r'(?P<resample>[a-z]*)(?P<size>\d+)')
+                  r'(?P<drawn>given|native|upsampled)(?P<drawn_size>\d+)|(?P<resample>[a-z]*)(?P<size>\d+)')
+_DRAWN = {'given': Given, 'native': Drawn, 'upsampled': DrawnResized}
 
 
 def _on_canvas(x: torch.Tensor, config: StudyConfig, size: int, top: int, left: int) -> torch.Tensor:
@@ -77,11 +115,13 @@ def parse_key(key: str) -> TestSpec:
     """The test a stored key names; a ValueError for a key no test writes."""
     m = _KEY.fullmatch(key)
     if m is None or m['resample'] not in (None, '', *TEST_RESAMPLE[1:]):
-        raise ValueError(f'not a test key: {key!r} (e.g. 28, bicubic28, canvas40, place56@0,28)')
+        raise ValueError(f'not a test key: {key!r} (e.g. 28, bicubic28, canvas40, place56@0,28, native96)')
     if m['canvas']:
         return OnCanvas(int(m['canvas']))
     if m['place']:
         return OnCanvasAt(int(m['place']), int(m['top']), int(m['left']))
+    if m['drawn']:
+        return _DRAWN[m['drawn']](int(m['drawn_size']))
     return Resized(int(m['size']), m['resample'] or 'bilinear')
 
 
