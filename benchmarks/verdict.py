@@ -10,13 +10,19 @@ over seeds; a difference is called (a leader, an agreeing paper pair, "loses mor
 excludes zero, otherwise it is tied or undecided. The documents hold each table between
 ``<!-- verdict:NAME -->`` and ``<!-- /verdict:NAME -->``; ``tests/test_verdict.py`` renders them again from
 the result files and compares.
+
+The tables are declared, not coded: ``BLOCKS`` lists each as a ``Block`` (its name, the comparison, what it reads:
+a ``Study``'s runs on one device as a typed ``Summary``, a ``Record`` as written, a ``Recipe``), and ``render``,
+the one renderer, loads the inputs and calls the comparison; every table goes through ``table``. A new table is
+one ``Block`` (and, for a new kind of comparison, one function of typed summaries).
 """
 import argparse
 import itertools
 import json
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.study import report
@@ -142,178 +148,253 @@ def size_heading(size: int, base: int) -> str:
     return f'{size} px ({size / base:.2g}x)'
 
 
-def headline(results: Path = RESULTS) -> str:
-    """The fifteen encodings on one device (the CPU): top-1 at the training size and the change at every larger
-    size, paired by seed within each encoding."""
-    meta, runs = pooled_runs(HEADLINE, results)
-    seeds = by_device(runs, 'cpu')
-    base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
-    lines = ['| position encoding | paper | ' + f'{base} px (1x) | '
-             + ' | '.join(f'change at {size_heading(s, base)}' for s in sizes) + ' |',
-             '|---|---|---|' + '---|' * len(sizes)]
-    for variant in (v for v in VARIANTS if v in seeds):
-        runs_v = dict(sorted(seeds[variant].items()))
-        m, s = mean_std([t[str(base)] for t in runs_v.values()], 1)
-        paper = VARIANTS[variant].paper
-        cells = [cell(loss(runs_v, size, base)) for size in sizes]
-        lines.append(f'| {VARIANTS[variant].label} | {"—" if paper is None else f"{paper:.1f}"} | {m:.1f} ± {s:.1f} '
-                     f'| ' + ' | '.join(cells) + ' |')
-    if any(sorted(v) != list(SEEDS) for v in seeds.values()):
-        raise ValueError(f'the headline needs seeds {SEEDS} of every encoding on the CPU')
-    ordered = {v: dict(sorted(t.items())) for v, t in seeds.items()}
-    lines += ['', f'Highest top-1 at {base} px: '
-              + leader({v: [t[str(base)] for t in ts.values()] for v, ts in ordered.items()}) + '. Least loss at '
-              + '; at '.join(f'{size_heading(size, base)}: ' + leader({v: change(ts, str(size), str(base))
-                                                                       for v, ts in ordered.items()})
-                             for size in sizes) + '.']
-    return '\n'.join(lines) + (
-        f'\n\nTop-1 (%) on {meta["test_images"]} Fashion-MNIST test images, mean ± std over seeds '
-        f'{", ".join(map(str, SEEDS))}, every run trained on the CPU (one thread; the same studies\' GPU runs are '
-        f'left out); the change from {base} px as mean [95% interval] over the seeds, bold where the interval '
-        f'excludes zero. From {", ".join(f"`{n}.json`" for n in HEADLINE)} (benchmarks/results/).')
+# The central comparison with five seeds, fixed before they ran: the default recipe's table and PEGs after blocks
+# 0-5, one GPU, TF32 off (the TF32 question's "off" study, seeds 3 and 4 added later on the same kind of GPU).
+CENTRAL = 'tf32/recipe_sweep_tf32_off'
+CENTRAL_SEEDS = (0, 1, 2, 3, 4)
 
 
-def training_size(results: Path = RESULTS) -> str:
-    """The ablation at the training size beside the paper: the headline's runs (antialiased crops) and the same
-    study with aliased crops, both trained on the CPU."""
-    columns = {'ours': HEADLINE, 'aliased crops': ('resolution_crop_cls_aliased',)}
-    tables = {}
-    for label, names in columns.items():
-        meta, runs = pooled_runs(names, results)
-        tables[label] = (by_device(runs, 'cpu'), str(meta['image_size']))
-    lines = ['| position encoding | paper | ' + ' | '.join(columns) + ' |', '|---|---|' + '---|' * len(columns)]
-    for variant in (v for v in VARIANTS if v in tables['ours'][0]):
-        paper = VARIANTS[variant].paper
+EACH = 'each'   # a Study's device: one Summary per device its runs trained on
+
+
+@dataclass(frozen=True)
+class Study:
+    """What a comparison reads: the runs of the studies ``names`` (result files under the results folder, pooled:
+    one recipe), on ``device`` (None: the one device they trained on, an error where several; ``EACH``: a
+    ``Summary`` per device), at ``seeds`` (None: every seed); ``complete``: variants that must have every one
+    of ``seeds`` ('*': all)."""
+    names: tuple[str, ...]
+    device: str | None = None
+    seeds: tuple[int, ...] | None = SEEDS
+    complete: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a comparison reads: the recipe the studies ``names`` share (``pooled_runs``, which refuses studies of
+    other recipes), without their runs."""
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Record:
+    """What a comparison reads: one result file as it was written (a study's own report, the demo's summary)."""
+    name: str
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The typed summary of a ``Study`` on one device: ``top1`` {variant: {seed: top-1 per test key}} (variants in
+    the order the runs list them), the recipe the studies share (``meta``), each study's own meta (``metas``),
+    every pooled run (``runs``, all devices) and the run folders the studies keep (``folders``)."""
+    names: tuple[str, ...]
+    device: str
+    meta: dict
+    metas: dict[str, dict]
+    runs: list[dict]
+    folders: tuple[Path, ...]
+    top1: dict[str, dict[int, dict[str, float]]]
+
+    @property
+    def base(self) -> int:
+        """The training size (px)."""
+        return self.meta['image_size']
+
+    @property
+    def sizes(self) -> list[int]:
+        """The test sizes other than the training size."""
+        return [s for s in self.meta['test_sizes'] if s != self.base]
+
+    def variants(self) -> list[str]:
+        """Its variants in ``VARIANTS`` order."""
+        return [v for v in VARIANTS if v in self.top1]
+
+    def seeds(self, variant: str) -> dict[int, dict[str, float]]:
+        """{seed: top-1 per test key} of ``variant``, by seed."""
+        return dict(sorted(self.top1[variant].items()))
+
+    def at_base(self, variant: str) -> list[float]:
+        return [t[str(self.base)] for t in self.seeds(variant).values()]
+
+    def fields(self) -> dict[str, object]:
+        """What a block's note may name: test_images, epochs, base, seeds ('0, 1, 2'), seed_list ('[0, 1, 2]'),
+        files ('`a.json`, `b.json`'), device_name ('CPU')."""
+        seeds = sorted({s for by_seed in self.top1.values() for s in by_seed})
+        return dict(test_images=self.meta['test_images'], epochs=self.meta['epochs'], base=self.base,
+                    seeds=', '.join(map(str, seeds)), seed_list=seeds, device_name=DEVICES[self.device],
+                    files=', '.join(f'`{n}.json`' for n in self.names))
+
+
+@dataclass(frozen=True)
+class RecordData:
+    name: str
+    data: dict
+
+
+def load_study(study: Study, results: Path = RESULTS) -> Summary | dict[str, Summary]:
+    """The ``Summary`` (or, for ``EACH``, {device: ``Summary``}) of ``study``'s runs."""
+    meta, runs = pooled_runs(study.names, results)
+    metas = {name: load(name, results)['meta'] for name in dict.fromkeys(study.names)}
+    folders = tuple(results / 'recipe_runs' / m['runs'] for m in metas.values() if 'runs' in m)
+    devices = sorted({r['device'] for r in runs})
+
+    def summary(device: str) -> Summary:
+        top1 = by_device(runs, device, study.seeds)
+        need = list(top1) if study.complete == ('*',) else study.complete
+        if study.seeds is not None and any(sorted(top1.get(v, {})) != list(study.seeds) for v in need):
+            raise ValueError(f'{", ".join(study.names)}: needs seeds {study.seeds} of '
+                             f'{"every variant" if study.complete == ("*",) else ", ".join(need)} on {device}')
+        return Summary(study.names, device, meta, metas, runs, folders, top1)
+    if study.device == EACH:
+        return {d: summary(d) for d in devices}
+    if study.device is None and len(devices) != 1:
+        raise ValueError(f'{", ".join(study.names)}: runs trained on {devices}; a table compares runs of one device')
+    return summary(study.device or devices[0])
+
+
+def load_input(spec, results: Path = RESULTS):
+    """A block's input loaded: a ``Study`` as its summary, a ``Record`` as its file, a ``Recipe`` as the recipe
+    (dict), a mapping entry by entry."""
+    if isinstance(spec, Study):
+        return load_study(spec, results)
+    if isinstance(spec, Record):
+        return RecordData(spec.name, load(spec.name, results))
+    if isinstance(spec, Recipe):
+        return pooled_runs(spec.names, results)[0]
+    return {key: load_input(value, results) for key, value in spec.items()}
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """The one Markdown table renderer: a header, its rule, a line per row."""
+    return (['|' + '|'.join(f' {c} ' if c else ' ' for c in header) + '|', '|' + '---|' * len(header)]
+            + ['| ' + ' | '.join(row) + ' |' for row in rows])
+
+
+def change_heads(s: Summary) -> list[str]:
+    return [f'change at {size_heading(x, s.base)}' for x in s.sizes]
+
+
+def changes(s: Summary, note: str, paper: bool = False, leaders: bool = False, probe: bool = False,
+            first: str = 'position encoding', labels: Mapping[str, str] | None = None, losing: bool = False) -> str:
+    """Per variant (``labels``: those shown, and their labels): top-1 at the training size and the change to every
+    larger size paired by seed; ``paper``: the paper's figure beside; ``leaders``: which variant is highest and
+    which loses least at each size (``leader``); ``probe``: the position probe's table; ``losing``: how many seeds
+    lose at each size; ``note``: the text after, formatted with ``Summary.fields``."""
+    rows = []
+    for variant in labels or s.variants():
+        seeds = s.seeds(variant)
+        m, sd = mean_std(s.at_base(variant), 1)
         cells = []
-        for seeds, base in tables.values():
-            if variant in seeds:
-                m, s = mean_std([t[base] for t in seeds[variant].values()], 1)
-                cells.append(f'{m:.1f} ± {s:.1f}')
-            else:
-                cells.append('—')
-        lines.append(f'| {VARIANTS[variant].label} | {"—" if paper is None else f"{paper:.1f}"} | '
-                     + ' | '.join(cells) + ' |')
-    return '\n'.join(lines) + (
-        f'\n\nTop-1 (%) at the training size, mean ± std over seeds {", ".join(map(str, SEEDS))}, every run '
-        'trained on the CPU; the paper: DeiT-tiny on ImageNet. Aliased crops: `resolution_crop_cls_aliased.json` '
-        '(its runs predate the device record; its command names no --device, so they trained on the CPU).')
-
-
-def arm(name: str, results: Path = RESULTS, probe: bool = False) -> str:
-    """One study trained on one device: top-1 at the training size and the change at every larger size, paired
-    by seed within each encoding; with ``probe`` the position probe's R² at every size."""
-    meta, runs = pooled_runs((name,), results)
-    devices = sorted({r.get('device', 'cpu') for r in runs})
-    if len(devices) != 1:
-        raise ValueError(f'{name}: runs of several devices {devices}; a table compares runs of one')
-    seeds = by_device(runs, devices[0])
-    base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
-    changes = ' | '.join(f'change at {size_heading(s, base)}' for s in sizes)
-    lines = [f'| position encoding | {base} px (1x) | {changes} |', '|---|---|' + '---|' * len(sizes)]
-    for variant in (v for v in VARIANTS if v in seeds):
-        runs_v = dict(sorted(seeds[variant].items()))
-        m, s = mean_std([t[str(base)] for t in runs_v.values()], 1)
-        lines.append(f'| {VARIANTS[variant].label} | {m:.1f} ± {s:.1f} | ' + ' | '.join(
-            cell(loss(runs_v, size, base)) for size in sizes) + ' |')
+        for size in s.sizes:
+            text = cell(loss(seeds, size, s.base))
+            if losing:
+                text += f' ({sum(v < 0 for v in change(seeds, str(size), str(s.base)))} of {len(seeds)} seeds lose)'
+            cells.append(text)
+        figure = VARIANTS[variant].paper
+        rows.append([labels[variant] if labels else VARIANTS[variant].label]
+                    + (['—' if figure is None else f'{figure:.1f}'] if paper else []) + [f'{m:.1f} ± {sd:.1f}'] + cells)
+    lines = table([first] + (['paper'] if paper else []) + [f'{s.base} px (1x)'] + change_heads(s), rows)
+    if leaders:
+        ordered = {v: dict(sorted(t.items())) for v, t in s.top1.items()}
+        base = str(s.base)
+        lines += ['', f'Highest top-1 at {base} px: '
+                  + leader({v: [t[base] for t in ts.values()] for v, ts in ordered.items()}) + '. Least loss at '
+                  + '; at '.join(f'{size_heading(size, s.base)}: ' + leader({v: change(ts, str(size), base)
+                                                                             for v, ts in ordered.items()})
+                                 for size in s.sizes) + '.']
     if probe:
-        lines += [''] + probe_table(runs, devices[0], [base] + sizes)
-    return '\n'.join(lines) + (
-        f'\n\nTop-1 (%) on {meta["test_images"]} test images, mean ± std over seeds {", ".join(map(str, SEEDS))}, '
-        f'trained on the {DEVICES[devices[0]]}; the change from {base} px as mean [95% interval], bold where the '
-        f'interval excludes zero. `{name}.json`.')
+        lines += [''] + probe_table(s, [s.base] + s.sizes)
+    return '\n'.join(lines) + '\n\n' + note.format(**s.fields())
 
 
-def probe_table(runs: list[dict], device: str, sizes: Sequence[int]) -> list[str]:
+def probe_table(s: Summary, sizes: Sequence[int]) -> list[str]:
     """The position probe's R² (``benchmarks.study.trainer.position_probe``) at every size, mean ± std over the seeds
-    ``SEEDS`` of the runs trained on ``device``."""
-    probes = {(r['variant'], r['seed']): r['probe']['r2'] for r in runs
-              if r['seed'] in SEEDS and r['device'] == device and 'probe' in r}
-    lines = ['| position probe R² | ' + ' | '.join(f'{s} px' for s in sizes) + ' |', '|---|' + '---|' * len(sizes)]
+    ``SEEDS`` of the runs trained on the summary's device."""
+    probes = {(r['variant'], r['seed']): r['probe']['r2'] for r in s.runs
+              if r['seed'] in SEEDS and r['device'] == s.device and 'probe' in r}
+    rows = []
     for variant in (v for v in VARIANTS if any(k[0] == v for k in probes)):
         values = [[probes[(variant, seed)][str(size)] for seed in SEEDS if (variant, seed) in probes]
                   for size in sizes]
-        lines.append(f'| {VARIANTS[variant].label} | ' + ' | '.join(
-            '{:.2f} ± {:.2f}'.format(*mean_std(v)) for v in values) + ' |')
-    return lines
+        rows.append([VARIANTS[variant].label] + ['{:.2f} ± {:.2f}'.format(*mean_std(v)) for v in values])
+    return table(['position probe R²'] + [f'{x} px' for x in sizes], rows)
 
 
-def headline_probe(results: Path = RESULTS) -> str:
-    """The position probe of the headline's runs (the CPU's)."""
-    meta, runs = pooled_runs(HEADLINE, results)
-    return '\n'.join(probe_table(runs, 'cpu', meta['test_sizes'])) + (
-        f'\n\nR² of a ridge regression from the final patch tokens to their relative position, fitted at '
-        f'{meta["image_size"]} px and scored on other images at every size; mean ± std over seeds '
-        f'{", ".join(map(str, SEEDS))}, runs trained on the CPU.')
+def probe(s: Summary, note: str) -> str:
+    """The position probe at every test size."""
+    return '\n'.join(probe_table(s, s.meta['test_sizes'])) + '\n\n' + note.format(**s.fields())
 
 
-def resize_protocol(results: Path = RESULTS) -> str:
-    return arm('resolution_resize_cls', results)
+def at_training_size(columns: Mapping[str, Summary], note: str) -> str:
+    """Top-1 at the training size per variant (those of the first column), a column per summary, the paper
+    beside."""
+    first = next(iter(columns.values()))
+    rows = []
+    for variant in first.variants():
+        figure = VARIANTS[variant].paper
+        cells = ['{:.1f} ± {:.1f}'.format(*mean_std(s.at_base(variant), 1)) if variant in s.top1 else '—'
+                 for s in columns.values()]
+        rows.append([VARIANTS[variant].label, '—' if figure is None else f'{figure:.1f}'] + cells)
+    return '\n'.join(table(['position encoding', 'paper', *columns], rows)) + '\n\n' + note
 
 
-def grid14(results: Path = RESULTS) -> str:
-    return arm('resolution_crop_grid14_cls', results, probe=True)
-
-
-def paper_pairs(results: Path = RESULTS, gap: float = 0.5) -> str:
+def paper_pairs(s: Summary, gap: float = 0.5) -> str:
     """The pairs of encodings the paper separates by at least ``gap`` points, ours paired by seed on one device:
     agreeing or reversed where the 95% interval excludes zero, otherwise undecided."""
-    meta, runs = pooled_runs(HEADLINE, results)
-    seeds = by_device(runs, 'cpu')
-    base = str(meta['image_size'])
-    named = [v for v in VARIANTS if v in seeds and VARIANTS[v].paper is not None]
+    base = str(s.base)
+    named = [v for v in VARIANTS if v in s.top1 and VARIANTS[v].paper is not None]
     verdicts: dict[str, list[str]] = {'agrees': [], 'reversed': [], 'undecided': []}
     for a, b in itertools.combinations(named, 2):
         pa, pb = VARIANTS[a].paper, VARIANTS[b].paper
         if abs(pa - pb) < gap:
             continue
         hi, lo = (a, b) if pa > pb else (b, a)
-        x, y = common(seeds[hi], seeds[lo])
+        x, y = common(s.top1[hi], s.top1[lo])
         d = paired([t[base] for t in x.values()], [t[base] for t in y.values()])
         verdict = 'agrees' if d['sign'] == '+' else 'reversed' if d['sign'] == '-' else 'undecided'
         verdicts[verdict].append(f'{VARIANTS[hi].label} > {VARIANTS[lo].label} (paper +{abs(pa - pb):.1f}, ours '
                                  f'{format_paired(d)})')
     total = sum(map(len, verdicts.values()))
     lines = [f'Of the {total} pairs the paper separates by at least {gap} points, paired by seed at {base} px on the '
-             f'CPU: {len(verdicts["agrees"])} agree, {len(verdicts["reversed"])} are reversed and '
-             f'{len(verdicts["undecided"])} undecided (the 95% interval of the difference includes zero).']
+             f'{DEVICES[s.device]}: {len(verdicts["agrees"])} agree, '
+             f'{len(verdicts["reversed"])} are reversed and {len(verdicts["undecided"])} undecided (the 95% interval '
+             'of the difference includes zero).']
     for verdict in ('reversed', 'undecided'):
         if verdicts[verdict]:
             lines += ['', f'{verdict.capitalize()}: ' + '; '.join(verdicts[verdict]) + '.']
     return '\n'.join(lines)
 
 
-def recipe_cells(results: Path, a: str, b: str):
+def difference(x: dict[int, dict], y: dict[int, dict], base: int, sizes: Sequence[int]) -> list[dict]:
+    """``x`` minus ``y`` (the same seeds) paired by seed: at ``base``, then in the change to each of ``sizes``."""
+    return ([paired([t[str(base)] for t in x.values()], [t[str(base)] for t in y.values()])]
+            + [paired(change(x, str(s), str(base)), change(y, str(s), str(base))) for s in sizes])
+
+
+def recipe_cells(recipes: Mapping[str, Mapping[str, Summary]], a: str, b: str):
     """Per recipe and training device with both variants: (recipe, device, seeds, {what: paired difference}):
     ``a`` minus ``b`` at the training size, then in the change to every larger size."""
-    for recipe, names in RECIPES.items():
-        meta, runs = pooled_runs(names, results)
-        base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
-        for device in sorted({r['device'] for r in runs}):
-            seeds = by_device(runs, device)
-            if a not in seeds or b not in seeds:
+    for recipe, per_device in recipes.items():
+        for device, s in per_device.items():
+            if a not in s.top1 or b not in s.top1:
                 continue
-            x, y = common(seeds[a], seeds[b])
-            diffs = {f'at {base} px': paired([t[str(base)] for t in x.values()], [t[str(base)] for t in y.values()])}
-            diffs.update((f'in the change to {size_heading(s, base)}',
-                          paired(change(x, str(s), str(base)), change(y, str(s), str(base)))) for s in sizes)
-            yield recipe, device, list(x), diffs
+            x, y = common(s.top1[a], s.top1[b])
+            whats = [f'at {s.base} px'] + [f'in the change to {size_heading(z, s.base)}' for z in s.sizes]
+            yield recipe, device, list(x), dict(zip(whats, difference(x, y, s.base, s.sizes), strict=True))
 
 
-def recipes(results: Path = RESULTS, a: str = 'peg_0-5', b: str = 'learned') -> str:
+def recipes(recipes: Mapping[str, Mapping[str, Summary]], a: str = 'peg_0-5', b: str = 'learned') -> str:
     """Per recipe and training device: ``a`` against ``b`` paired by seed, top-1 at the training size and the
     difference in the change to every larger size (negative: ``a`` loses more)."""
     rows, tally = [], {}
-    for recipe, device, seeds, diffs in recipe_cells(results, a, b):
-        rows.append(f'| {recipe} | {DEVICES[device]} | {",".join(map(str, seeds))} | '
-                    + ' | '.join(map(cell, diffs.values())) + ' |')
+    for recipe, device, seeds, diffs in recipe_cells(recipes, a, b):
+        rows.append([recipe, DEVICES[device], ','.join(map(str, seeds))] + list(map(cell, diffs.values())))
         for what, d in diffs.items():
             tally.setdefault(what, []).append((f'{recipe} ({DEVICES[device]})', d))
-    meta = load(RECIPES['default (GAP)'][0], results)['meta']
-    base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
+    s = next(iter(next(iter(recipes.values())).values()))
     left_out = {}
-    for names in RECIPES.values():
-        for name in names:
-            folder = results / 'recipe_runs' / load(name, results)['meta']['runs']
+    for per_device in recipes.values():
+        for folder in next(iter(per_device.values())).folders:
             for path in folder.glob('*-seed*/result.json'):
                 seed = int(path.parent.name.rsplit('-seed', 1)[1])
                 if seed not in SEEDS:
@@ -325,9 +406,7 @@ def recipes(results: Path = RESULTS, a: str = 'peg_0-5', b: str = 'learned') -> 
         summary.append(f'{what}: ahead in {len(ahead)}, behind in {len(behind)}'
                        + (f' ({", ".join(behind)})' if 0 < len(behind) <= 3 else '')
                        + f', undecided in {len(entries) - len(ahead) - len(behind)}')
-    header = (f'| recipe | trained on | seeds | top-1 at {base} px | '
-              + ' | '.join(f'change at {size_heading(s, base)}' for s in sizes) + ' |')
-    return '\n'.join([header, '|---|---|---|---|' + '---|' * len(sizes)] + rows) + (
+    return '\n'.join(table(['recipe', 'trained on', 'seeds', f'top-1 at {s.base} px', *change_heads(s)], rows)) + (
         f'\n\n{VARIANTS[a].label} minus {VARIANTS[b].label}, paired by seed within one recipe and one training '
         'device: mean [95% interval]; bold where the interval excludes zero (negative in a change column: the PEGs '
         'lose more than the table). Seeds 0-2 where a device has them (the seeds fixed in advance). From the '
@@ -338,151 +417,98 @@ def recipes(results: Path = RESULTS, a: str = 'peg_0-5', b: str = 'learned') -> 
                        for folder, seeds in sorted(left_out.items())) + '.' if left_out else ''))
 
 
-def control(results: Path = RESULTS, name: str = 'control_cnn_cpu') -> str:
-    """The positive control: the CNN without position encoding under the default recipe, its change from the
-    training size at every larger size (paired by seed), and how many seeds lose there."""
-    data = load(name, results)
-    meta = data['meta']
-    seeds = by_device(data['runs'], 'cpu', seeds=None)['cnn']   # its five seeds were fixed before it ran
-    base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
-    m, s = mean_std([t[str(base)] for t in seeds.values()], 1)
-    cells = []
-    for size in sizes:
-        d = loss(seeds, size, base)
-        losing = sum(v < 0 for v in change(seeds, str(size), str(base)))
-        cells.append(f'{cell(d)} ({losing} of {len(seeds)} seeds lose)')
-    return '\n'.join([f'| model | {base} px (1x) | ' + ' | '.join(f'change at {size_heading(x, base)}' for x in sizes)
-                      + ' |', '|---|---|' + '---|' * len(sizes),
-                      f'| CNN, no position encoding (GAP) | {m:.1f} ± {s:.1f} | ' + ' | '.join(cells) + ' |']) + (
-        f'\n\nSeeds {sorted(seeds)}, trained on the CPU under the default recipe (random resized crops of the 28 px '
-        f'originals to {base} px, {meta["epochs"]} epochs); `{name}.json`.')
-
-
-def _pairs_table(first: dict[str, dict], second: dict[str, dict], base: int, sizes: Sequence[int],
-                 rows: Sequence[tuple[str, str, str]]) -> list[str]:
-    """Rows (label, key of ``first``, key of ``second``): ``first`` minus ``second`` paired by seed, at ``base``
-    and in the change to each of ``sizes``."""
-    lines = [f'| position encoding | trained on | seeds | top-1 at {base} px | '
-             + ' | '.join(f'change at {size_heading(s, base)}' for s in sizes) + ' |',
-             '|---|---|---|---|' + '---|' * len(sizes)]
+def pairs(first: Mapping[str, Summary], second: Mapping[str, Summary], rows: Sequence[tuple[str, str, str]],
+          note: str, labels: Mapping[str, str] | None = None) -> str:
+    """Rows (variant, device of ``first``, device of ``second``; those with runs on both): ``first`` minus
+    ``second`` paired by seed, at the training size and in the change to each larger size; ``labels``: the
+    device column's text per (device, device) where not the devices' names."""
+    s = next(iter(first.values()))
+    out = []
     for variant, device_a, device_b in rows:
-        x, y = common(first[device_a][variant], second[device_b][variant])
+        if device_a not in first or device_b not in second or variant not in first[device_a].top1 \
+                or variant not in second[device_b].top1:
+            continue
+        x, y = common(first[device_a].top1[variant], second[device_b].top1[variant])
         if not x:
             continue
-        cells = [paired([t[str(base)] for t in x.values()], [t[str(base)] for t in y.values()])]
-        cells += [paired(change(x, str(s), str(base)), change(y, str(s), str(base))) for s in sizes]
         a, b = DEVICES.get(device_a, device_a), DEVICES.get(device_b, device_b)
-        device = a if device_a == device_b else f'{a} − {b}'
-        lines.append(f'| {VARIANTS[variant].label} | {device} | {",".join(map(str, x))} | '
-                     + ' | '.join(map(cell, cells)) + ' |')
-    return lines
+        where = (labels or {}).get((device_a, device_b), a if device_a == device_b else f'{a} − {b}')
+        out.append([VARIANTS[variant].label, where, ','.join(map(str, x))]
+                   + list(map(cell, difference(x, y, s.base, s.sizes))))
+    return '\n'.join(table(['position encoding', 'trained on', 'seeds', f'top-1 at {s.base} px', *change_heads(s)],
+                           out)) + '\n\n' + note
 
 
-def head(results: Path = RESULTS) -> str:
-    """Global average pooling minus the class token, per encoding and training device, paired by seed (the
-    default recipe's cell against the class token's)."""
-    meta, gap_runs = pooled_runs(RECIPES['default (GAP)'], results)
-    _, cls_runs = pooled_runs(RECIPES['class token'], results)
-    base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
-    gap = {d: by_device(gap_runs, d) for d in DEVICES}
-    cls = {d: by_device(cls_runs, d) for d in DEVICES}
-    rows = [(v, d, d) for d in DEVICES for v in VARIANTS if v in gap[d] and v in cls[d]]
-    return '\n'.join(_pairs_table(gap, cls, base, sizes, rows)) + (
-        '\n\nGlobal average pooling minus the class token, paired by seed within one training device: mean [95% '
+def head(gap: Mapping[str, Summary], cls: Mapping[str, Summary]) -> str:
+    """Global average pooling minus the class token, per encoding and training device, paired by seed."""
+    return pairs(gap, cls, [(v, d, d) for d in DEVICES for v in VARIANTS], (
+        'Global average pooling minus the class token, paired by seed within one training device: mean [95% '
         'interval], bold where the interval excludes zero (positive: GAP more accurate, or losing less). Seeds '
-        f'{", ".join(map(str, SEEDS))}; the default and class-token cells of the recipe sweep.')
+        f'{", ".join(map(str, SEEDS))}; the default and class-token cells of the recipe sweep.'))
 
 
-def device(results: Path = RESULTS) -> str:
+def device(recipes: Mapping[str, Mapping[str, Summary]], tf32_off: Summary) -> str:
     """The same recipe and seeds trained on the CPU minus on a GPU, per encoding: what the training device moves
     (the reason no table pools the two)."""
-    rows_out = []
-    for recipe in ('default (GAP)', 'class token'):
-        meta, runs = pooled_runs(RECIPES[recipe], results)
-        base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
-        both = {d: by_device(runs, d) for d in DEVICES}
-        rows = [(v, 'cpu', 'cuda') for v in VARIANTS if v in both['cpu'] and v in both['cuda']]
-        table = _pairs_table(both, both, base, sizes, rows)
-        rows_out += ([] if rows_out else table[:2]) + [line.replace('| CPU − GPU |', f'| CPU − GPU, {recipe} |')
-                                                       for line in table[2:]]
-    return '\n'.join(rows_out) + (
+    lines = []
+    for recipe, both in recipes.items():
+        rendered = pairs(both, both, [(v, 'cpu', 'cuda') for v in VARIANTS], '',
+                         {('cpu', 'cuda'): f'CPU − GPU, {recipe}'}).split('\n\n')[0].split('\n')
+        lines += rendered if not lines else rendered[2:]
+    default = recipes['default (GAP)']
+    cpu_torch = default['cpu'].metas[RECIPES['default (GAP)'][1]].get('torch', 'unrecorded')
+    return '\n'.join(lines) + (
         '\n\nThe same recipe, seeds and data order trained on the CPU minus on a GPU, paired by seed: mean [95% '
         'interval], bold where the interval excludes zero. The seeds give the same initialisation, data order '
         'and crops on both devices, not the same run: drop path draws its masks on the device, the arithmetic '
-        f'differs, and so does torch: the CPU runs under torch {torch_of(RECIPES["default (GAP)"][1], results)}, '
+        f'differs, and so does torch: the CPU runs under torch {cpu_torch}, '
         'the GPU runs recorded no version (`tf32` has GPU runs under torch '
-        f'{torch_of(TF32_STUDIES["off"], results)}). TF32 had no detected effect there, but its intervals are '
-        'wider than this effect, so it is not ruled out.')
+        f'{tf32_off.metas[TF32_STUDIES["off"]].get("torch", "unrecorded")}). TF32 had no detected effect there, but '
+        'its intervals are wider than this effect, so it is not ruled out.')
 
 
 # The default recipe's table and PEG 0-5, seeds 0-2, trained on one GPU with TF32 in CUDA matrix
 # products and cuDNN convolutions off, on, and at PyTorch's default (resolution_study --tf32).
 TF32_STUDIES = {'off': 'tf32/recipe_sweep_tf32_off', 'on': 'tf32/recipe_sweep_tf32_on',
                 'default': 'tf32/recipe_sweep_tf32_default'}
+TF32_LABELS = {'off': 'GPU, TF32 off', 'on': 'GPU, TF32 on', 'default': "GPU, PyTorch's default"}
 
 
-def tf32(results: Path = RESULTS) -> str:
+def tf32(gpu: Mapping[str, Summary], cpu: Summary, recipe: dict) -> str:
     """Whether TF32 explains the device effect: on the GPU, TF32 on minus off and PyTorch's default minus off;
-    then the CPU minus the GPU with TF32 off (full float32 on both), paired by seed."""
-    meta, _ = pooled_runs(RECIPES['default (GAP)'] + tuple(TF32_STUDIES.values()), results)  # one recipe
-    cpu_runs = pooled_runs(RECIPES['default (GAP)'], results)[1]
-    gpu = {mode: by_device(pooled_runs((name,), results)[1], 'cuda') for mode, name in TF32_STUDIES.items()}
-    base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
-    labels = {'off': 'GPU, TF32 off', 'on': 'GPU, TF32 on', 'default': "GPU, PyTorch's default"}
-    first = {labels[m]: runs for m, runs in gpu.items()} | {'cpu': by_device(cpu_runs, 'cpu')}
-    rows = [(v, labels[m], labels['off']) for m in ('on', 'default') for v in gpu[m]]
-    rows += [(v, 'cpu', labels['off']) for v in gpu['off']]
-    return '\n'.join(_pairs_table(first, first, base, sizes, rows)) + (
-        '\n\nPaired by seed: mean [95% interval], bold where the interval excludes zero. The GPU runs trained on one '
+    then the CPU minus the GPU with TF32 off (full float32 on both), paired by seed (``recipe``: every study
+    pooled, which refuses studies of other recipes)."""
+    first = {TF32_LABELS[m]: s for m, s in gpu.items()} | {'cpu': cpu}
+    rows = [(v, TF32_LABELS[m], TF32_LABELS['off']) for m in ('on', 'default') for v in gpu[m].top1]
+    rows += [(v, 'cpu', TF32_LABELS['off']) for v in gpu['off'].top1]
+    return pairs(first, first, rows, (
+        'Paired by seed: mean [95% interval], bold where the interval excludes zero. The GPU runs trained on one '
         "GPU (`tf32/recipe_sweep_tf32_*.json`: TF32 in CUDA matrix products and cuDNN convolutions off, on, "
         "and PyTorch's default, cuDNN's on and the matrix products' off, which the sweep's GPU runs used); the "
-        'CPU runs are the default cell\'s (`recipe_sweep_default_cpu`). Seeds 0-2, the default recipe.')
+        'CPU runs are the default cell\'s (`recipe_sweep_default_cpu`). Seeds 0-2, the default recipe.'))
 
 
-# The central comparison with five seeds, fixed before they ran: the default recipe's table and PEGs after blocks
-# 0-5, one GPU, TF32 off (the TF32 question's "off" study, seeds 3 and 4 added later on the same kind of GPU).
-CENTRAL = 'tf32/recipe_sweep_tf32_off'
-CENTRAL_SEEDS = (0, 1, 2, 3, 4)
-
-
-def central(results: Path = RESULTS, a: str = 'peg_0-5', b: str = 'learned') -> str:
-    """``a`` and ``b`` under the default recipe with five seeds on one device: each one's top-1 at the training
-    size and change at every larger size, and ``a`` minus ``b`` paired by seed."""
-    meta, runs = pooled_runs((CENTRAL,), results)
-    devices = {r['device'] for r in runs}
-    if len(devices) != 1:
-        raise ValueError(f'{CENTRAL}: runs trained on {sorted(devices)}; a table compares one device')
-    seeds = by_device(runs, devices.pop(), CENTRAL_SEEDS)
-    if any(sorted(seeds[v]) != list(CENTRAL_SEEDS) for v in (a, b)):
-        raise ValueError(f'{CENTRAL}: needs seeds {CENTRAL_SEEDS} of {a} and {b}')
-    base, sizes = meta['image_size'], [s for s in meta['test_sizes'] if s != meta['image_size']]
-    lines = [f'| | top-1 at {base} px | ' + ' | '.join(f'change at {size_heading(s, base)}' for s in sizes) + ' |',
-             '|---|---|' + '---|' * len(sizes)]
+def central(s: Summary, note: str, a: str = 'peg_0-5', b: str = 'learned') -> str:
+    """``a`` and ``b`` on one device: each one's top-1 at the training size and change at every larger size, and
+    ``a`` minus ``b`` paired by seed."""
+    rows = []
     for v in (b, a):
-        m, sd = mean_std([t[str(base)] for t in seeds[v].values()], 1)
-        lines.append(f'| {VARIANTS[v].label} | {m:.1f} ± {sd:.1f} | '
-                     + ' | '.join(cell(loss(seeds[v], s, base)) for s in sizes) + ' |')
-    x, y = seeds[a], seeds[b]
-    diffs = [paired([t[str(base)] for t in x.values()], [t[str(base)] for t in y.values()])]
-    diffs += [paired(change(x, str(s), str(base)), change(y, str(s), str(base))) for s in sizes]
-    lines.append(f'| {VARIANTS[a].label} − {VARIANTS[b].label} | ' + ' | '.join(map(cell, diffs)) + ' |')
-    return '\n'.join(lines) + (
-        f'\n\nThe default recipe (global average pooling), seeds {", ".join(map(str, CENTRAL_SEEDS))} fixed before '
-        f'they ran, {meta["test_images"]} test images, every run on one GPU with TF32 off; mean ± std, and changes and '
-        f'differences paired by seed as mean [95% interval], bold where the interval excludes zero. `{CENTRAL}.json`.')
+        m, sd = mean_std(s.at_base(v), 1)
+        rows.append([VARIANTS[v].label, f'{m:.1f} ± {sd:.1f}'] + [cell(loss(s.seeds(v), x, s.base)) for x in s.sizes])
+    rows.append([f'{VARIANTS[a].label} − {VARIANTS[b].label}']
+                + list(map(cell, difference(s.seeds(a), s.seeds(b), s.base, s.sizes))))
+    return '\n'.join(table(['', f'top-1 at {s.base} px', *change_heads(s)], rows)) + '\n\n' + note.format(**s.fields())
 
 
-def native(results: Path = RESULTS, name: str = 'native_matched') -> str:
+def native(report: RecordData) -> str:
     """The task whose larger test sizes carry real detail by construction (``benchmarks.native_detail``): its own
     report, rendered again from its runs (one accelerator: a ValueError otherwise)."""
     from benchmarks import native_detail
-    data = load(name, results)
-    meta, runs = data['meta'], data['runs']
+    meta, runs = report.data['meta'], report.data['runs']
     devices = {r['accelerator'] for r in runs}
     if len(devices) != 1:
-        raise ValueError(f'{name}: runs trained on {sorted(devices)}; a table compares one device')
-    variants = list(dict.fromkeys(r['variant'] for r in runs))
-    config = native_detail.recorded_config(meta, variants)
+        raise ValueError(f'{report.name}: runs trained on {sorted(devices)}; a table compares one device')
+    config = native_detail.recorded_config(meta, list(dict.fromkeys(r['variant'] for r in runs)))
     # the per-epoch form (native_matched) predates these two settings: one check an epoch, no smoothing
     meta = dict(meta, checks_per_epoch=meta.get('checks_per_epoch', 1))
     summary = native_detail.summarise(runs, config, meta.get('smooth', 1), meta.get('level'))
@@ -494,24 +520,22 @@ DENSE_BACKBONES = {'peg': 'pcpvt_tiny (PEG)', 'pvt': 'mmdet PVT v1 (learned, res
                    'rope_mixed': 'pcpvt_tiny, RoPE-Mixed'}   # benchmarks/dense_study.py's backbones
 
 
-def dense(results: Path = RESULTS, name: str = 'dense_study') -> str:
+def dense(report: RecordData) -> str:
     """The dense study (one device, the CPU): per task and backbone the score at 1x, the change at 2x and 3x, and
     what drawing the scenes at 2x adds over resizing them, paired by seed; then how many pairs of backbones differ
     in their change, with the interval excluding zero."""
-    data = load(name, results)
-    runs = data['runs']
+    runs = report.data['runs']
     out = []
     for task, metric in (('detection', 'bbox mAP'), ('segmentation', 'mIoU (%)')):
         scores = {v: {r['seed']: r['scores'] for r in runs if r['task'] == task and r['variant'] == v}
                   for v in DENSE_BACKBONES}
-        lines = [f'| {task}: backbone | {metric} at 1x | change at 2x | change at 3x | drawn minus resized at 2x |',
-                 '|---|---|---|---|---|']
+        rows = []
         for variant, label in DENSE_BACKBONES.items():
             seeds = dict(sorted(scores[variant].items()))
             m, sd = mean_std([t['1'] for t in seeds.values()], 1)
             cells = [loss(seeds, k, '1') for k in ('2', '3')]
             cells.append(paired([t['drawn2'] for t in seeds.values()], [t['2'] for t in seeds.values()]))
-            lines.append(f'| {label} | {m:.1f} ± {sd:.1f} | ' + ' | '.join(map(cell, cells)) + ' |')
+            rows.append([label, f'{m:.1f} ± {sd:.1f}'] + list(map(cell, cells)))
         separated = {}
         for key in ('1', '2', '3'):
             count = 0
@@ -521,13 +545,15 @@ def dense(results: Path = RESULTS, name: str = 'dense_study') -> str:
                      paired(change(x, key, '1'), change(y, key, '1')))
                 count += d['sign'] != '='
             separated[key] = count
-        pairs = len(DENSE_BACKBONES) * (len(DENSE_BACKBONES) - 1) // 2
-        out += lines + ['', f'Pairs of {task} backbones whose difference has an interval excluding zero: '
-                        f'{separated["1"]} of {pairs} at 1x, {separated["2"]} in the change to 2x, '
-                        f'{separated["3"]} in the change to 3x.', '']
+        count = len(DENSE_BACKBONES) * (len(DENSE_BACKBONES) - 1) // 2
+        out += table([f'{task}: backbone', f'{metric} at 1x', 'change at 2x', 'change at 3x',
+                      'drawn minus resized at 2x'], rows)
+        out += ['', f'Pairs of {task} backbones whose difference has an interval excluding zero: '
+                f'{separated["1"]} of {count} at 1x, {separated["2"]} in the change to 2x, '
+                f'{separated["3"]} in the change to 3x.', '']
     return '\n'.join(out[:-1]) + (
-        f'\n\nMean ± std and paired differences over seeds {data["meta"]["seeds"]} (mean [95% interval], bold where '
-        f'the interval excludes zero); every run on the CPU. `{name}.json`.')
+        f'\n\nMean ± std and paired differences over seeds {report.data["meta"]["seeds"]} (mean [95% interval], bold '
+        f'where the interval excludes zero); every run on the CPU. `{report.name}.json`.')
 
 
 DEMO = 'demo_run_avx2'   # `make demo` from nothing: tools/demo.py's summary.json with its machine and command
@@ -541,10 +567,10 @@ def _out_dir(data: dict) -> str:
     return args[args.index('--out') + 1] if '--out' in args else 'work_dirs/demo'
 
 
-def demo(results: Path = RESULTS, name: str = DEMO) -> str:
+def demo(run: RecordData) -> str:
     """The demo's detectors and segmentors at every test size, as `make demo` ran them (its engine and precision,
     at each evaluation batch size it ran), from a run that trained everything, with its wall time."""
-    data = load(name, results)
+    name, data = run.name, run.data
     untrained = {'pretraining', *data['task_seconds']} - set(data['trained'])
     if untrained:
         raise ValueError(f'{name}.json does not time the demo from nothing (reused: {sorted(untrained)})')
@@ -571,13 +597,13 @@ def demo(results: Path = RESULTS, name: str = DEMO) -> str:
         f'{data["jobs"]} tasks at a time after the pretraining (`benchmarks/results/{name}.json`).')
 
 
-def demo_engines(results: Path = RESULTS, name: str = DEMO_ENGINES, trained: str = DEMO) -> str:
-    """Every engine and precision the summary ``name`` holds against torch float32 on the checkpoints of the run
-    ``trained`` (``name`` reused them all): the largest absolute difference in bbox mAP and mIoU over the test
+def demo_engines(engines: RecordData, trained: RecordData) -> str:
+    """Every engine and precision the summary ``engines`` holds against torch float32 on the checkpoints of the run
+    ``trained`` (``engines`` reused them all): the largest absolute difference in bbox mAP and mIoU over the test
     sizes, and where."""
-    data, source = load(name, results), _out_dir(load(trained, results))
+    name, data, source = engines.name, engines.data, _out_dir(trained.data)
     if data['trained'] or _out_dir(data) != source:
-        raise ValueError(f'{name}.json is not an evaluation of the trainings of {trained}.json '
+        raise ValueError(f'{name}.json is not an evaluation of the trainings of {trained.name}.json '
                          f'(trained now: {data["trained"]}; {_out_dir(data)} against {source})')
     tasks = list(data['results'])
     columns = [c for c in next(iter(data['results'][tasks[0]].values())) if c != DEMO_REFERENCE]
@@ -600,33 +626,91 @@ def demo_engines(results: Path = RESULTS, name: str = DEMO_ENGINES, trained: str
     return '\n'.join(lines) + f'\n\nFrom `benchmarks/results/{name}.json` (`{data["command"]}`): {verdict}.'
 
 
-def batch_company(results: Path = RESULTS, name: str = 'batch_company_avx2') -> str:
+def batch_company(run: RecordData) -> str:
     """The demo's trained models at batch 1 and in padded batches (``benchmarks.batch_company``), each way's
     largest change from batch 1."""
-    from benchmarks.batch_company import table
-    data = load(name, results)
+    from benchmarks.batch_company import table as company_table
+    name, data = run.name, run.data
     largest = {way: max(abs(r['value'] - base['value']) for r in data['rows'] if r['way'] == way
                         for base in data['rows'] if base['way'] == data['ways'][0] and
                         (base['score'], base['size']) == (r['score'], r['size']))
                for way in data['ways'][1:]}
-    return table(data) + ' Largest change from batch 1: ' + ', '.join(
+    return company_table(data) + ' Largest change from batch 1: ' + ', '.join(
         f'{way} {value:.3f}' for way, value in largest.items()) + f' (`benchmarks/results/{name}.json`).'
 
 
-BLOCKS: dict[str, Callable[[Path], str]] = {'headline': headline, 'headline-probe': headline_probe,
-                                            'training-size': training_size,
-                                            'paper-pairs': paper_pairs, 'recipes': recipes,
-                                            'control': control, 'head': head, 'device': device, 'tf32': tf32,
-                                            'central': central, 'native': native,
-                                            'resize-protocol': resize_protocol, 'grid14': grid14, 'dense': dense,
-                                            'demo': demo, 'demo-engines': demo_engines,
-                                            'batch-company': batch_company}
+
+HEADLINE_STUDY = Study(HEADLINE, 'cpu', complete=('*',))
+RECIPE_STUDIES = {recipe: Study(names, EACH) for recipe, names in RECIPES.items()}
+ARM_NOTE = ('Top-1 (%) on {test_images} test images, mean ± std over seeds {seeds}, trained on the {device_name}; the '
+            'change from {base} px as mean [95% interval], bold where the interval excludes zero. {files}.')
+
+
+@dataclass(frozen=True)
+class Block:
+    """One table of the documents (``<!-- verdict:NAME -->``): the ``comparison`` called on its ``inputs`` (keyword
+    -> ``Study``, ``Record`` or a mapping of them, loaded by ``load_input``) and ``options``."""
+    name: str
+    comparison: Callable[..., str]
+    inputs: Mapping[str, object]
+    options: Mapping[str, object] = field(default_factory=dict)
+
+
+BLOCKS = (
+    Block('headline', changes, dict(s=HEADLINE_STUDY), dict(paper=True, leaders=True, note=(
+        'Top-1 (%) on {test_images} Fashion-MNIST test images, mean ± std over seeds {seeds}, every run trained on the '
+        "CPU (one thread; the same studies' GPU runs are left out); the change from {base} px as mean [95% interval] "
+        'over the seeds, bold where the interval excludes zero. From {files} (benchmarks/results/).'))),
+    Block('headline-probe', probe, dict(s=HEADLINE_STUDY), dict(note=(
+        'R² of a ridge regression from the final patch tokens to their relative position, fitted at {base} px and '
+        'scored on other images at every size; mean ± std over seeds {seeds}, runs trained on the CPU.'))),
+    Block('training-size', at_training_size,
+          dict(columns={'ours': Study(HEADLINE, 'cpu'),
+                        'aliased crops': Study(('resolution_crop_cls_aliased',), 'cpu')}),
+          dict(note=f'Top-1 (%) at the training size, mean ± std over seeds {", ".join(map(str, SEEDS))}, every run '
+                    'trained on the CPU; the paper: DeiT-tiny on ImageNet. Aliased crops: '
+                    '`resolution_crop_cls_aliased.json` (its runs predate the device record; its command names no '
+                    '--device, so they trained on the CPU).')),
+    Block('paper-pairs', paper_pairs, dict(s=Study(HEADLINE, 'cpu')), dict(gap=0.5)),
+    Block('recipes', recipes, dict(recipes=RECIPE_STUDIES), dict(a='peg_0-5', b='learned')),
+    Block('control', changes, dict(s=Study(('control_cnn_cpu',), 'cpu', seeds=None)), dict(
+        first='model', labels={'cnn': 'CNN, no position encoding (GAP)'}, losing=True, note=(
+            'Seeds {seed_list}, trained on the CPU under the default recipe (random resized crops of the 28 px '
+            'originals to {base} px, {epochs} epochs); {files}.'))),
+    Block('head', head, dict(gap=RECIPE_STUDIES['default (GAP)'], cls=RECIPE_STUDIES['class token'])),
+    Block('device', device, dict(recipes={r: RECIPE_STUDIES[r] for r in ('default (GAP)', 'class token')},
+                                 tf32_off=Study((TF32_STUDIES['off'],), 'cuda'))),
+    Block('tf32', tf32, dict(gpu={m: Study((n,), 'cuda') for m, n in TF32_STUDIES.items()},
+                             cpu=Study(RECIPES['default (GAP)'], 'cpu'),
+                             recipe=Recipe(RECIPES['default (GAP)'] + tuple(TF32_STUDIES.values())))),
+    Block('central', central, dict(s=Study((CENTRAL,), seeds=CENTRAL_SEEDS, complete=('peg_0-5', 'learned'))), dict(
+        a='peg_0-5', b='learned', note=(
+            'The default recipe (global average pooling), seeds {seeds} fixed before they ran, {test_images} test '
+            'images, every run on one GPU with TF32 off; mean ± std, and changes and differences paired by seed as '
+            'mean [95% interval], bold where the interval excludes zero. {files}.'))),
+    Block('native', native, dict(report=Record('native_matched'))),
+    Block('resize-protocol', changes, dict(s=Study(('resolution_resize_cls',))), dict(note=ARM_NOTE)),
+    Block('grid14', changes, dict(s=Study(('resolution_crop_grid14_cls',))), dict(probe=True, note=ARM_NOTE)),
+    Block('dense', dense, dict(report=Record('dense_study'))),
+    Block('demo', demo, dict(run=Record(DEMO))),
+    Block('demo-engines', demo_engines, dict(engines=Record(DEMO_ENGINES), trained=Record(DEMO))),
+    Block('batch-company', batch_company, dict(run=Record('batch_company_avx2'))),
+)
+BLOCK = {block.name: block for block in BLOCKS}
+
+
+def render(block: Block | str, results: Path = RESULTS) -> str:
+    """The one renderer: a block (or its name) from the result files under ``results``."""
+    block = BLOCK[block] if isinstance(block, str) else block
+    return block.comparison(**{k: load_input(v, results) for k, v in block.inputs.items()}, **block.options)
+
+
 def headline_figures(results: Path = RESULTS, out: Path = RESULTS) -> list[Path]:
     """The headline's runs trained on the CPU (seeds 0-2) drawn as a study draws its own: top-1 and the change
     per test grid (``verdict_headline.png``), and the position probe (``verdict_headline_probe.png``)."""
-    meta, runs = pooled_runs(HEADLINE, results)
-    by_device(runs, 'cpu')   # a ValueError where one (variant, seed) trained twice on the CPU with other results
-    cpu = list({(r['variant'], r['seed']): r for r in runs if r['device'] == 'cpu' and r['seed'] in SEEDS}.values())
+    s = load_study(Study(HEADLINE, 'cpu'), results)   # refuses a (variant, seed) trained twice with other results
+    meta = s.meta
+    cpu = list({(r['variant'], r['seed']): r for r in s.runs if r['device'] == 'cpu' and r['seed'] in SEEDS}.values())
     config = StudyConfig(variants=tuple(v for v in VARIANTS if any(r['variant'] == v for r in cpu)), seeds=SEEDS,
                          image_size=meta['image_size'], test_sizes=tuple(meta['test_sizes']),
                          patch=meta['model']['patch'], head=meta['model']['head'],
@@ -640,7 +724,7 @@ def headline_figures(results: Path = RESULTS, out: Path = RESULTS) -> list[Path]
 def recipes_figure(results: Path = RESULTS, out: Path = RESULTS, a: str = 'peg_0-5', b: str = 'learned') -> Path:
     """The recipes table drawn (``verdict_recipes.png``): per recipe and training device, ``a`` minus ``b`` at
     the training size and in the change to every larger size, with 95% intervals."""
-    cells = list(recipe_cells(results, a, b))
+    cells = list(recipe_cells(load_input(RECIPE_STUDIES, results), a, b))
     plt = pyplot()
     whats = list(cells[0][3])
     fig, axes = plt.subplots(1, len(whats), figsize=(4.2 * len(whats), 4.8), squeeze=False, sharey=False)
@@ -690,7 +774,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, str]:
     p.add_argument('--write', action='store_true',
                    help='rewrite the blocks in README.md and docs/, and draw the figures (verdict_*.png in --results)')
     args = p.parse_args(argv)
-    rendered = {name: render(args.results) for name, render in BLOCKS.items()}
+    rendered = {block.name: render(block, args.results) for block in BLOCKS}
     for name, text in rendered.items():
         print(f'<!-- verdict:{name} -->\n{text}\n')
     if args.write:

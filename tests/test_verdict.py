@@ -1,6 +1,7 @@
 """The resolution verdict (benchmarks/verdict.py): the documents' tables are what the report code renders from
 the committed result files, one device per comparison, seeds as fixed in advance."""
 import json
+import re
 
 import pytest
 
@@ -8,13 +9,13 @@ from benchmarks import verdict
 
 
 def test_every_verdict_table_in_the_documents_is_rendered_from_the_result_files():
-    rendered = {name: render() for name, render in verdict.BLOCKS.items()}
+    rendered = {block.name: verdict.render(block) for block in verdict.BLOCKS}
     found = set()
     for path in verdict.DOCUMENTS:
         for name, body in verdict.blocks_in(path.read_text()).items():
             assert body == rendered[name], f'{path.name}: block {name} is stale (python -m benchmarks.verdict --write)'
             found.add(name)
-    assert found == set(verdict.BLOCKS), f'blocks no document shows: {set(verdict.BLOCKS) - found}'
+    assert found == set(verdict.BLOCK), f'blocks no document shows: {set(verdict.BLOCK) - found}'
 
 
 def study(tmp_path, name, records, **meta):
@@ -81,7 +82,7 @@ def test_the_demo_keeps_every_engine_and_precision_it_ran_within_the_tolerance()
                 assert round(abs(value - scores[verdict.DEMO_REFERENCE]), 3) <= verdict.DEMO_TOLERANCE, \
                     (task, size, column)
     assert {'onnxruntime fp32', 'onnxruntime int8'} <= columns
-    assert 'within 0.005' in verdict.demo_engines()
+    assert 'within 0.005' in verdict.render('demo-engines')
 
 
 def test_the_demo_is_timed_from_nothing_and_its_engines_compared_on_its_own_trainings(tmp_path):
@@ -89,31 +90,31 @@ def test_the_demo_is_timed_from_nothing_and_its_engines_compared_on_its_own_trai
     compares only an evaluation that reused that run's trainings. Each refuses otherwise, naming why."""
     for name in (verdict.DEMO, verdict.DEMO_ENGINES):
         (tmp_path / f'{name}.json').write_text((verdict.RESULTS / f'{name}.json').read_text())
-    assert verdict.demo(tmp_path) == verdict.demo()
-    assert verdict.demo_engines(tmp_path) == verdict.demo_engines()
-    assert 'UperNet mIoU' in verdict.demo() and 'Mask R-CNN segm mAP' in verdict.demo()
+    assert verdict.render('demo', tmp_path) == verdict.render('demo')
+    assert verdict.render('demo-engines', tmp_path) == verdict.render('demo-engines')
+    assert 'UperNet mIoU' in verdict.render('demo') and 'Mask R-CNN segm mAP' in verdict.render('demo')
     timed = verdict.load(verdict.DEMO)
     timed['trained'].remove('instances')
     (tmp_path / f'{verdict.DEMO}.json').write_text(json.dumps(timed))
     with pytest.raises(ValueError, match=r"reused: \['instances'\]"):
-        verdict.demo(tmp_path)
+        verdict.render('demo', tmp_path)
     engines = verdict.load(verdict.DEMO_ENGINES)
     engines['command'] += ' --retrain'
     engines['trained'] = ['detection']
     (tmp_path / f'{verdict.DEMO_ENGINES}.json').write_text(json.dumps(engines))
     with pytest.raises(ValueError, match=r"trained now: \['detection'\]"):
-        verdict.demo_engines(tmp_path)
+        verdict.render('demo-engines', tmp_path)
 
 
 def test_the_native_detail_table_compares_one_device(tmp_path):
     saved = json.loads((verdict.RESULTS / 'native_matched.json').read_text())
     (tmp_path / 'native_matched.json').write_text(json.dumps(saved))
-    assert verdict.native(tmp_path) == verdict.native()
+    assert verdict.render('native', tmp_path) == verdict.render('native')
     assert all(r['accelerator'] == 'NVIDIA H200' and len(r['commit']) == 40 and r['torch'] for r in saved['runs'])
     saved['runs'][0]['accelerator'] = 'AMD EPYC'
     (tmp_path / 'native_matched.json').write_text(json.dumps(saved))
     with pytest.raises(ValueError, match=r"native_matched: runs trained on \['AMD EPYC', 'NVIDIA H200'\]; a table"):
-        verdict.native(tmp_path)
+        verdict.render('native', tmp_path)
 
 
 def test_a_leader_is_named_only_when_separated_from_every_other():
@@ -131,3 +132,22 @@ def test_the_figures_draw_the_one_device_runs(tmp_path):
     assert all(p.stat().st_size > 20_000 for p in paths)
     for path in paths:   # the documents show the committed ones
         assert f'benchmarks/results/{path.name}' in verdict.DOCUMENTS[1].read_text()
+
+
+def test_a_new_table_is_one_declared_block(tmp_path):
+    """A block is data (name, comparison, inputs, options) over the one renderer: a table of a study's changes
+    declared here renders from its result file, and a study missing a seed it must have is refused by name."""
+    study(tmp_path, 'a', [run('learned', s, 'cpu', 70 + s, 60 + 2 * s) for s in range(3)]
+          + [run('none', s, 'cpu', 60, 50 - s) for s in range(2)])
+    block = verdict.Block('mine', verdict.changes, dict(s=verdict.Study(('a',), 'cpu')),
+                          dict(note='seeds {seeds} on the {device_name}; {files}'))
+    text = verdict.render(block, tmp_path)
+    assert text.splitlines()[:3] == [
+        '| position encoding | 14 px (1x) | change at 28 px (2x) |', '|---|---|---|',
+        '| no position encoding | 60.0 ± 0.0 | **-10.50 [-16.85, -4.15]** |']
+    assert text.endswith('seeds 0, 1, 2 on the CPU; `a.json`')
+    complete = verdict.Block('mine', verdict.changes, dict(s=verdict.Study(('a',), complete=('*',))), dict(note=''))
+    with pytest.raises(ValueError, match=r"a: needs seeds \(0, 1, 2\) of every variant on cpu"):
+        verdict.render(complete, tmp_path)
+    source = (verdict.ROOT / 'benchmarks/verdict.py').read_text()
+    assert re.findall(r'(\w+)\.(?:parse_args|main)\(', source) == ['p']   # its own options; no study through argv
