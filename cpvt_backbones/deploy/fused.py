@@ -137,8 +137,8 @@ def _int8_weight(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 def activation_qmax() -> int:
     """The largest uint8 activation code: 255 on CPUs with int8 dot-product instructions (AVX512-VNNI, AVX-VNNI,
     AMX), whose GEMMs add exact 32-bit products; 127 elsewhere, where oneDNN's AVX2 kernel adds pairs of
-    u8 x s8 products in saturating 16-bit arithmetic (cpvt_tiny at 1 x 1: 0.13 relative error with 8-bit
-    activations on an AVX2 CPU, 0.07 with 7, tests/test_optimize.py)."""
+    u8 x s8 products in saturating 16-bit arithmetic, which products of 8-bit activations can overflow (as
+    PyTorch's x86 quantization backends do with ``reduce_range``)."""
     flags = cpu_flags()
     return 255 if not flags or flags & {'avx512_vnni', 'avx_vnni', 'amx_int8'} else 127
 
