@@ -6,6 +6,7 @@ import re
 import pytest
 
 from benchmarks import verdict
+from benchmarks.study import summary
 
 
 def test_every_verdict_table_in_the_documents_is_rendered_from_the_result_files():
@@ -36,19 +37,19 @@ def test_pooling_refuses_other_recipes_and_splits_devices_and_late_seeds(tmp_pat
           + [run('learned', 3, 'cpu', 99, 0)])
     study(tmp_path, 'b', [run('learned', s, 'cpu', 72 + s, 61) for s in range(3)])
     study(tmp_path, 'c', [run('learned', 0, 'cpu', 50, 40)], lr=2e-3)
-    meta, runs = verdict.pooled_runs(('a', 'b'), tmp_path)
+    meta, runs = summary.pooled_runs(('a', 'b'), tmp_path)
     assert meta['lr'] == 1e-3 and len(runs) == 7
-    cpu, gpu = verdict.by_device(runs, 'cpu'), verdict.by_device(runs, 'cuda')
+    cpu, gpu = summary.by_device(runs, 'cpu'), summary.by_device(runs, 'cuda')
     assert sorted(cpu['learned']) == [0, 1, 2] and cpu['learned'][0]['14'] == 72   # seed 3 came late: left out
-    assert gpu['learned'][2]['14'] == 72 and verdict.by_device(runs, 'cpu', seeds=None)['learned'][3]['14'] == 99
+    assert gpu['learned'][2]['14'] == 72 and summary.by_device(runs, 'cpu', seeds=None)['learned'][3]['14'] == 99
     with pytest.raises(ValueError, match=r"a and c differ in their recipe: \{'lr': \(0.001, 0.002\)\}"):
-        verdict.pooled_runs(('a', 'c'), tmp_path)
+        summary.pooled_runs(('a', 'c'), tmp_path)
     study(tmp_path, 'd', [run('learned', 0, 'cpu', 72, 61), run('learned', 0, 'cpu', 73, 61)], runs='other')
     with pytest.raises(ValueError, match=r"d: run \('other', 'learned', 0\) has other results than in another"):
-        verdict.pooled_runs(('d',), tmp_path)
+        summary.pooled_runs(('d',), tmp_path)
     study(tmp_path, 'e', [run('learned', 0, 'cpu', 80, 61)], runs='elsewhere')
     with pytest.raises(ValueError, match='learned seed 0 on cpu: two runs with other results'):
-        verdict.by_device(verdict.pooled_runs(('b', 'e'), tmp_path)[1], 'cpu')
+        summary.by_device(summary.pooled_runs(('b', 'e'), tmp_path)[1], 'cpu')
 
 
 def test_a_leader_is_named_only_where_the_interval_excludes_zero():
