@@ -12,9 +12,10 @@ excludes zero, otherwise it is tied or undecided. The documents hold each table 
 the result files and compares.
 
 The tables are declared, not coded: ``BLOCKS`` lists each as a ``Block`` (its name, the comparison, what it reads:
-a ``Study``'s runs on one device as a typed ``Summary``, a ``Record`` as written, a ``Recipe``), and ``render``,
-the one renderer, loads the inputs and calls the comparison; every table goes through ``table``. A new table is
-one ``Block`` (and, for a new kind of comparison, one function of typed summaries).
+a ``Study``'s runs on one device as a typed ``Summary``, a ``Dense`` study as a ``DenseSummary``, a ``Record`` as
+written, a ``Recipe``), and ``render``, the one renderer, loads the inputs and calls the comparison; every table
+goes through ``table``. A new table is one ``Block`` (and, for a new kind of comparison, one function of typed
+summaries).
 """
 import argparse
 import itertools
@@ -32,6 +33,8 @@ from benchmarks.study.summary import (
     EACH,
     RESULTS,
     SEEDS,
+    Dense,
+    DenseSummary,
     Recipe,
     Record,
     RecordData,
@@ -372,18 +375,16 @@ DENSE_BACKBONES = {'peg': 'pcpvt_tiny (PEG)', 'pvt': 'mmdet PVT v1 (learned, res
                    'rope_mixed': 'pcpvt_tiny, RoPE-Mixed'}   # benchmarks/dense_study.py's backbones
 
 
-def dense(report: RecordData) -> str:
+def dense(s: DenseSummary) -> str:
     """The dense study (one device, the CPU): per task and backbone the score at 1x, the change at 2x and 3x, and
     what drawing the scenes at 2x adds over resizing them, paired by seed; then how many pairs of backbones differ
     in their change, with the interval excluding zero."""
-    runs = report.data['runs']
     out = []
     for task, metric in (('detection', 'bbox mAP'), ('segmentation', 'mIoU (%)')):
-        scores = {v: {r['seed']: r['scores'] for r in runs if r['task'] == task and r['variant'] == v}
-                  for v in DENSE_BACKBONES}
+        scores = {v: s.scores[task].get(v, {}) for v in DENSE_BACKBONES}
         rows = []
         for variant, label in DENSE_BACKBONES.items():
-            seeds = dict(sorted(scores[variant].items()))
+            seeds = scores[variant]
             m, sd = mean_std([t['1'] for t in seeds.values()], 1)
             cells = [loss(seeds, k, '1') for k in ('2', '3')]
             cells.append(paired([t['drawn2'] for t in seeds.values()], [t['2'] for t in seeds.values()]))
@@ -404,8 +405,8 @@ def dense(report: RecordData) -> str:
                 f'{separated["1"]} of {count} at 1x, {separated["2"]} in the change to 2x, '
                 f'{separated["3"]} in the change to 3x.', '']
     return '\n'.join(out[:-1]) + (
-        f'\n\nMean ± std and paired differences over seeds {report.data["meta"]["seeds"]} (mean [95% interval], bold '
-        f'where the interval excludes zero); every run on the CPU. `{report.name}.json`.')
+        f'\n\nMean ± std and paired differences over seeds {s.seeds} (mean [95% interval], bold '
+        f'where the interval excludes zero); every run on the CPU. `{s.name}.json`.')
 
 
 DEMO = 'demo_run_avx2'   # `make demo` from nothing: tools/demo.py's summary.json with its machine and command
@@ -542,7 +543,7 @@ BLOCKS = (
     Block('native', native, dict(report=Record('native_matched'))),
     Block('resize-protocol', changes, dict(s=Study(('resolution_resize_cls',))), dict(note=ARM_NOTE)),
     Block('grid14', changes, dict(s=Study(('resolution_crop_grid14_cls',))), dict(probe=True, note=ARM_NOTE)),
-    Block('dense', dense, dict(report=Record('dense_study'))),
+    Block('dense', dense, dict(s=Dense('dense_study'))),
     Block('demo', demo, dict(run=Record(DEMO))),
     Block('demo-engines', demo_engines, dict(engines=Record(DEMO_ENGINES), trained=Record(DEMO))),
     Block('batch-company', batch_company, dict(run=Record('batch_company_avx2'))),

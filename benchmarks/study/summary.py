@@ -145,6 +145,21 @@ class RecordData:
     data: dict
 
 
+@dataclass(frozen=True)
+class Dense:
+    """What a comparison reads: a dense study (``benchmarks.dense_study``) by its result file's name."""
+    name: str
+
+
+@dataclass(frozen=True)
+class DenseSummary:
+    """The typed summary of a dense study: ``scores`` {task: {variant: {seed: score per test factor}}} (seeds in
+    order) and the seeds its invocation fixed."""
+    name: str
+    seeds: list[int]
+    scores: dict[str, dict[str, dict[int, dict[str, float]]]]
+
+
 def load_study(study: Study, results: Path = RESULTS) -> Summary | dict[str, Summary]:
     """The ``Summary`` (or, for ``EACH``, {device: ``Summary``}) of ``study``'s runs."""
     meta, runs = pooled_runs(study.names, results)
@@ -167,16 +182,22 @@ def load_study(study: Study, results: Path = RESULTS) -> Summary | dict[str, Sum
 
 
 def load_input(spec, results: Path = RESULTS):
-    """A block's input loaded: a ``Study`` as its summary, a ``Record`` as its file, a ``Recipe`` as the recipe
-    (dict), a mapping entry by entry."""
+    """A block's input loaded: a ``Study`` as its summary, a ``Dense`` study as its ``DenseSummary``, a
+    ``Record`` as its file, a ``Recipe`` as the recipe (dict), a mapping entry by entry."""
     if isinstance(spec, Study):
         return load_study(spec, results)
     if isinstance(spec, Record):
         return RecordData(spec.name, load(spec.name, results))
     if isinstance(spec, Recipe):
         return pooled_runs(spec.names, results)[0]
+    if isinstance(spec, Dense):
+        data = load(spec.name, results)
+        scores: dict = {}
+        for run in sorted(data['runs'], key=lambda r: r['seed']):
+            scores.setdefault(run['task'], {}).setdefault(run['variant'], {})[run['seed']] = run['scores']
+        return DenseSummary(spec.name, list(data['meta']['seeds']), scores)
     return {key: load_input(value, results) for key, value in spec.items()}
 
 
-__all__ = ['DEVICES', 'EACH', 'RECIPE_FIELDS', 'RESULTS', 'SEEDS', 'Recipe', 'Record', 'RecordData', 'Study', 'Summary',
-           'by_device', 'load', 'load_input', 'load_study', 'pooled_runs']
+__all__ = ['DEVICES', 'EACH', 'RECIPE_FIELDS', 'RESULTS', 'SEEDS', 'Dense', 'DenseSummary', 'Recipe', 'Record',
+           'RecordData', 'Study', 'Summary', 'by_device', 'load', 'load_input', 'load_study', 'pooled_runs']
