@@ -198,9 +198,12 @@ def run_task(name: str, out: Path, retrain: bool, init_from: str, runs: list, in
 
 
 def _lane(threads: int) -> None:
-    """A worker process's set-up: its share of the cores, the known warnings quiet."""
+    """A worker process's set-up: its share of the cores, the known warnings quiet, and the configs' start method
+    for the processes it makes itself (a spawned worker starts as 'spawn', which mmengine would warn about and
+    replace by the configs' 'fork')."""
     torch.set_num_threads(threads)
     quiet_known_warnings()
+    multiprocessing.set_start_method('fork', force=True)
 
 
 def run_lanes(names: list[str], jobs: int, out: Path, retrain: bool, pretrained: str, runs: list,
