@@ -12,10 +12,10 @@ excludes zero, otherwise it is tied or undecided. The documents hold each table 
 the result files and compares.
 
 The tables are declared, not coded: ``BLOCKS`` lists each as a ``Block`` (its name, the comparison, what it reads:
-a ``Study``'s runs on one device as a typed ``Summary``, a ``Dense`` study as a ``DenseSummary``, a ``Record`` as
-written, a ``Recipe``), and ``render``, the one renderer, loads the inputs and calls the comparison; every table
-goes through ``table``. A new table is one ``Block`` (and, for a new kind of comparison, one function of typed
-summaries).
+a ``Study``'s runs on one device as a typed ``Summary``, a ``Dense`` or ``Native`` study as its typed summary, a
+``Record`` as written, a ``Recipe``), and ``render``, the one renderer, loads the inputs and calls the comparison;
+every table goes through ``table``. A new table is one ``Block`` (and, for a new kind of comparison, one function of
+typed summaries).
 """
 import argparse
 import itertools
@@ -35,6 +35,8 @@ from benchmarks.study.summary import (
     SEEDS,
     Dense,
     DenseSummary,
+    Native,
+    NativeSummary,
     Recipe,
     Record,
     RecordData,
@@ -355,19 +357,11 @@ def central(s: Summary, note: str, a: str = 'peg_0-5', b: str = 'learned') -> st
     return '\n'.join(table(['', f'top-1 at {s.base} px', *change_heads(s)], rows)) + '\n\n' + note.format(**s.fields())
 
 
-def native(report: RecordData) -> str:
+def native(s: NativeSummary) -> str:
     """The task whose larger test sizes carry real detail by construction (``benchmarks.native_detail``): its own
-    report, rendered again from its runs (one accelerator: a ValueError otherwise)."""
+    report, rendered again from its runs."""
     from benchmarks import native_detail
-    meta, runs = report.data['meta'], report.data['runs']
-    devices = {r['accelerator'] for r in runs}
-    if len(devices) != 1:
-        raise ValueError(f'{report.name}: runs trained on {sorted(devices)}; a table compares one device')
-    config = native_detail.recorded_config(meta, list(dict.fromkeys(r['variant'] for r in runs)))
-    # the per-epoch form (native_matched) predates these two settings: one check an epoch, no smoothing
-    meta = dict(meta, checks_per_epoch=meta.get('checks_per_epoch', 1))
-    summary = native_detail.summarise(runs, config, meta.get('smooth', 1), meta.get('level'))
-    return native_detail.render_markdown(summary, config, meta).rstrip('\n')
+    return native_detail.render_markdown(s.summary, s.config, s.meta).rstrip('\n')
 
 
 DENSE_BACKBONES = {'peg': 'pcpvt_tiny (PEG)', 'pvt': 'mmdet PVT v1 (learned, resized)',
@@ -540,7 +534,7 @@ BLOCKS = (
             'The default recipe (global average pooling), seeds {seeds} fixed before they ran, {test_images} test '
             'images, every run on one GPU with TF32 off; mean ± std, and changes and differences paired by seed as '
             'mean [95% interval], bold where the interval excludes zero. {files}.'))),
-    Block('native', native, dict(report=Record('native_matched'))),
+    Block('native', native, dict(s=Native('native_matched'))),
     Block('resize-protocol', changes, dict(s=Study(('resolution_resize_cls',))), dict(note=ARM_NOTE)),
     Block('grid14', changes, dict(s=Study(('resolution_crop_grid14_cls',))), dict(probe=True, note=ARM_NOTE)),
     Block('dense', dense, dict(s=Dense('dense_study'))),
