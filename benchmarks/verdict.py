@@ -274,8 +274,8 @@ def recipes(recipes: Mapping[str, Mapping[str, Summary]], a: str = 'peg_0-5', b:
                        for folder, seeds in sorted(left_out.items())) + '.' if left_out else ''))
 
 
-def pairs(first: Mapping[str, Summary], second: Mapping[str, Summary], rows: Sequence[tuple[str, str, str]],
-          note: str, labels: Mapping[str, str] | None = None) -> str:
+def pair_rows(first: Mapping[str, Summary], second: Mapping[str, Summary], rows: Sequence[tuple[str, str, str]],
+              labels: Mapping[tuple[str, str], str] | None = None) -> list[list[str]]:
     """Rows (variant, device of ``first``, device of ``second``; those with runs on both): ``first`` minus
     ``second`` paired by seed, at the training size and in the change to each larger size; ``labels``: the
     device column's text per (device, device) where not the devices' names."""
@@ -292,8 +292,17 @@ def pairs(first: Mapping[str, Summary], second: Mapping[str, Summary], rows: Seq
         where = (labels or {}).get((device_a, device_b), a if device_a == device_b else f'{a} − {b}')
         out.append([VARIANTS[variant].label, where, ','.join(map(str, x))]
                    + list(map(cell, difference(x, y, s.base, s.sizes))))
-    return '\n'.join(table(['position encoding', 'trained on', 'seeds', f'top-1 at {s.base} px', *change_heads(s)],
-                           out)) + '\n\n' + note
+    return out
+
+
+def pairs_header(s: Summary) -> list[str]:
+    return ['position encoding', 'trained on', 'seeds', f'top-1 at {s.base} px', *change_heads(s)]
+
+
+def pairs(first: Mapping[str, Summary], second: Mapping[str, Summary], rows: Sequence[tuple[str, str, str]],
+          note: str) -> str:
+    """``pair_rows`` as a table, then ``note``."""
+    return '\n'.join(table(pairs_header(next(iter(first.values()))), pair_rows(first, second, rows))) + '\n\n' + note
 
 
 def head(gap: Mapping[str, Summary], cls: Mapping[str, Summary]) -> str:
@@ -307,12 +316,11 @@ def head(gap: Mapping[str, Summary], cls: Mapping[str, Summary]) -> str:
 def device(recipes: Mapping[str, Mapping[str, Summary]], tf32_off: Summary) -> str:
     """The same recipe and seeds trained on the CPU minus on a GPU, per encoding: what the training device moves
     (the reason no table pools the two)."""
-    lines = []
-    for recipe, both in recipes.items():
-        rendered = pairs(both, both, [(v, 'cpu', 'cuda') for v in VARIANTS], '',
-                         {('cpu', 'cuda'): f'CPU − GPU, {recipe}'}).split('\n\n')[0].split('\n')
-        lines += rendered if not lines else rendered[2:]
+    rows = [row for recipe, both in recipes.items()
+            for row in pair_rows(both, both, [(v, 'cpu', 'cuda') for v in VARIANTS],
+                                 {('cpu', 'cuda'): f'CPU − GPU, {recipe}'})]
     default = recipes['default (GAP)']
+    lines = table(pairs_header(default['cpu']), rows)
     cpu_torch = default['cpu'].metas[RECIPES['default (GAP)'][1]].get('torch', 'unrecorded')
     return '\n'.join(lines) + (
         '\n\nThe same recipe, seeds and data order trained on the CPU minus on a GPU, paired by seed: mean [95% '
