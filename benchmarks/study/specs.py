@@ -13,6 +13,7 @@ object falls on the same token grid as in training.
 """
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -35,12 +36,19 @@ class Resized:
 
 
 @dataclass(frozen=True)
-class OnCanvas:
+class _Keyed:
+    """A test of one ``size``, stored under ``PREFIX`` + size."""
     size: int
+    PREFIX: ClassVar[str] = ''
 
     @property
     def key(self) -> str:
-        return f'canvas{self.size}'
+        return f'{self.PREFIX}{self.size}'
+
+
+@dataclass(frozen=True)
+class OnCanvas(_Keyed):
+    PREFIX: ClassVar[str] = 'canvas'
 
     def render(self, x: torch.Tensor, config: StudyConfig) -> torch.Tensor:
         free = self.size - config.image_size
@@ -67,12 +75,8 @@ class OnCanvasAt:
 
 
 @dataclass(frozen=True)
-class Given:
-    size: int
-
-    @property
-    def key(self) -> str:
-        return f'given{self.size}'
+class Given(_Keyed):
+    PREFIX: ClassVar[str] = 'given'
 
     def render(self, x: torch.Tensor, config: StudyConfig) -> torch.Tensor:
         if x.shape[-2:] != (self.size, self.size):
@@ -82,18 +86,12 @@ class Given:
 
 @dataclass(frozen=True)
 class Drawn(Given):
-    @property
-    def key(self) -> str:
-        return f'native{self.size}'
+    PREFIX: ClassVar[str] = 'native'
 
 
 @dataclass(frozen=True)
-class DrawnResized:
-    size: int
-
-    @property
-    def key(self) -> str:
-        return f'upsampled{self.size}'
+class DrawnResized(_Keyed):
+    PREFIX: ClassVar[str] = 'upsampled'
 
     def render(self, x: torch.Tensor, config: StudyConfig) -> torch.Tensor:
         Given(config.image_size).render(x, config)
@@ -101,9 +99,9 @@ class DrawnResized:
 
 
 TestSpec = Resized | OnCanvas | OnCanvasAt | Given | Drawn | DrawnResized
-_KEY = re.compile(r'canvas(?P<canvas>\d+)|place(?P<place>\d+)@(?P<top>\d+),(?P<left>\d+)|'
-                  r'(?P<drawn>given|native|upsampled)(?P<drawn_size>\d+)|(?P<resample>[a-z]*)(?P<size>\d+)')
-_DRAWN = {'given': Given, 'native': Drawn, 'upsampled': DrawnResized}
+_PREFIXED = {t.PREFIX: t for t in (OnCanvas, Given, Drawn, DrawnResized)}
+_KEY = re.compile(r'place(?P<place>\d+)@(?P<top>\d+),(?P<left>\d+)|'
+                  rf'(?P<prefix>{"|".join(_PREFIXED)})(?P<prefixed_size>\d+)|(?P<resample>[a-z]*)(?P<size>\d+)')
 
 
 def _on_canvas(x: torch.Tensor, config: StudyConfig, size: int, top: int, left: int) -> torch.Tensor:
@@ -116,12 +114,10 @@ def parse_key(key: str) -> TestSpec:
     m = _KEY.fullmatch(key)
     if m is None or m['resample'] not in (None, '', *TEST_RESAMPLE[1:]):
         raise ValueError(f'not a test key: {key!r} (e.g. 28, bicubic28, canvas40, place56@0,28, native96)')
-    if m['canvas']:
-        return OnCanvas(int(m['canvas']))
     if m['place']:
         return OnCanvasAt(int(m['place']), int(m['top']), int(m['left']))
-    if m['drawn']:
-        return _DRAWN[m['drawn']](int(m['drawn_size']))
+    if m['prefix']:
+        return _PREFIXED[m['prefix']](int(m['prefixed_size']))
     return Resized(int(m['size']), m['resample'] or 'bilinear')
 
 

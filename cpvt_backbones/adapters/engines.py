@@ -67,13 +67,11 @@ def config_request(cfg: Config, engine: str | None = None, precision: str = 'fp3
     ``precision``; for int8 calibrated on ``calibration_images`` of ``calibration`` ('val' or a folder) with the
     modules of ``kept_in_fp32(cfg, keep_fp32)`` in float32 (both dropped at other precisions); ``options``: the
     engine's (``cache``, ``conversion_cache``: path prefixes instead of the names ``engine_model`` gives by
-    content). An engine that
-    covers the backbone is refused where the config's backbone is not ours."""
+    content). An engine that covers the backbone is refused where the config's backbone is not ours."""
     engine = engine or default_engine(cfg)
     int8 = precision == 'int8'
-    cache, conversion = options.pop('cache', None), options.pop('conversion_cache', None)
-    request = EngineRequest(engine, precision, calibration if int8 else None, calibration_images,
-                            kept_in_fp32(cfg, keep_fp32) if int8 else (), cache, options, conversion)
+    request = EngineRequest.of(engine, precision, kept_in_fp32(cfg, keep_fp32) if int8 else (),
+                               calibration if int8 else None, calibration_images, **options)
     if request.spec.covers == 'backbone' and our_backbone(cfg) is None:
         raise ValueError(f'engine {engine!r} runs our backbones ({", ".join(our_backbone_types())}); this config\'s '
                          f'backbone is {cfg.model.get("backbone", {}).get("type")!r}: use --engine torch')

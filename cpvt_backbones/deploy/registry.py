@@ -123,17 +123,19 @@ class EngineRequest:
 
     @classmethod
     def of(cls, engine: 'str | EngineRequest', precision: str = 'fp32', keep_fp32: Sequence[str] = (),
-           **options) -> 'EngineRequest':
+           calibration: str | None = None, calibration_images: int = 32, **options) -> 'EngineRequest':
         """``engine`` itself where it is a request (and nothing else is given), else the request of those
-        arguments (``options``: the engine's own, ``cache`` and ``conversion_cache`` among them)."""
+        arguments (``options``: the engine's own, with ``cache`` and ``conversion_cache`` taken out as the
+        request's fields; paths are kept as strings)."""
         if isinstance(engine, EngineRequest):
-            if precision != 'fp32' or tuple(keep_fp32) or options:
-                raise ValueError('an EngineRequest carries its precision, keep_fp32, cache and options: pass the '
-                                 'request alone')
+            if (precision != 'fp32' or tuple(keep_fp32) or calibration is not None or calibration_images != 32
+                    or options):
+                raise ValueError('an EngineRequest carries its precision, keep_fp32, calibration, cache and options: '
+                                 'pass the request alone')
             return engine
         cache, conversion = options.pop('cache', None), options.pop('conversion_cache', None)
-        return cls(engine, precision, keep_fp32=tuple(keep_fp32), cache=None if cache is None else str(cache),
-                   options=options, conversion_cache=None if conversion is None else str(conversion))
+        return cls(engine, precision, calibration, calibration_images, tuple(keep_fp32),
+                   None if cache is None else str(cache), options, None if conversion is None else str(conversion))
 
     def to_config(self) -> dict:
         """The request as plain values, for a config's hook (``InferenceEngineHook(**request.to_config())``)."""
