@@ -3,7 +3,7 @@
     python -m benchmarks.native_detail [--variants learned none peg_0-5 peg_0-5_circular cnn] [--seeds 0 1 2 3 4]
         [--shard K/N] [--fields 8000] [--val-fields 800] [--test-images 1000] [--epochs 12]
         [--checks-per-epoch 4] [--smooth 3] [--device cpu|cuda] [--tf32 off] [--jobs N] [--threads T]
-        [--work-dir DIR] [--out DIR] [--name native_checked]
+        [--work-dir DIR] [--out DIR] [--name native_checked] [--from STUDY --window 3 --test-seed 2]
 
 The task: which of four shapes (circle, square, triangle, star) a scene shows, 2-4 of one class at random
 positions, sizes and rotations on a textured background (``cpvt_backbones.datasets.class_scenes``). Every image
@@ -41,6 +41,15 @@ The design, fixed before any of its runs:
 * Statistics: paired by seed with 95% t intervals; a leader ("gains most") is named only where its paired
   interval against every other variant excludes zero; gains also as a share of the remaining error at 56 px.
 
+Testing a trained study again (``--from STUDY --window W --test-seed S --name NAME``) trains nothing: every run
+of STUDY, trained on this machine (its record in git, its checks' weights under its run folder), is tested on
+another held-out scene set S at every check of the windows of W consecutive checks centred on its final and
+matched checks (selected as STUDY selected them, from validation alone), and each analysis reads a run's tests
+averaged over its window: the checks whose mean validation the selection read, so that a run's start is not one
+check's draw. ``native_windowed`` is ``native_checked``'s runs tested so (W 3, S 2; the same ``--smooth`` and
+``--level``), fixed once ``native_checked``'s tests showed one check's 56 px test sitting up to 10 points below
+the validation its selection read (the table's seed 2: 61.5 against 50.5), and before scene set 2 was drawn.
+
 The earlier form of this study (``native_matched``: one check per epoch, every test at every check, no
 smoothing, 2000 test images) is rendered by the same code with ``--checks-per-epoch 1 --smooth 1 --level
 61.32`` (the rule's value over its runs).
@@ -71,7 +80,7 @@ from benchmarks.study.data import random_boxes, resize
 from benchmarks.study.grid import Grid, write_report
 from benchmarks.study.report import line_style, trained_on
 from benchmarks.study.specs import Drawn, DrawnResized, Given, parse_key
-from benchmarks.study.trainer import evaluate, train
+from benchmarks.study.trainer import build_model, evaluate, train
 from cpvt_backbones.datasets import class_scenes, render
 from cpvt_backbones.utils import atomic_write, pyplot
 
@@ -139,6 +148,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[StudyConfig, argparse
                    help='runs go to WORK_DIR/NAME/')
     p.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results')
     p.add_argument('--name', default='native_checked')
+    p.add_argument('--from', dest='source', default=None, metavar='STUDY',
+                   help='train nothing: test the runs of STUDY (trained here, their checks\' weights under its '
+                        'run folders) again, on the scene set --test-seed, each analysis averaging --window checks')
+    p.add_argument('--window', type=int, default=1,
+                   help='checks (odd) centred on each selected check whose tests are averaged (--from only)')
+    p.add_argument('--test-seed', type=int, default=TEST_SEED, help='the held-out scene set tested (--from only)')
     args = p.parse_args(argv)
     shard_index, num_shards = parse_shard(p, args.shard)
     if args.fields - args.val_fields < 128 or args.val_fields < 1 or args.test_images < 1:
@@ -146,6 +161,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[StudyConfig, argparse
     if args.checks_per_epoch < 1 or args.smooth < 1 or args.smooth % 2 != 1:
         p.error(f'need --checks-per-epoch >= 1 and an odd --smooth >= 1, got {args.checks_per_epoch} and '
                 f'{args.smooth}')
+    if args.window < 1 or args.window % 2 != 1:
+        p.error(f'need an odd --window >= 1, got {args.window}')
+    if args.source is None and (args.window != 1 or args.test_seed != TEST_SEED):
+        p.error('--window and --test-seed test a trained study again: give it with --from')
+    if args.source is not None and args.test_seed in (TRAIN_SEED, TEST_SEED):
+        p.error(f'--test-seed {args.test_seed} is not a fresh scene set (training fields: {TRAIN_SEED}, the '
+                f'trained study\'s tests: {TEST_SEED})')
     if args.jobs < 1 or args.threads < 1:
         p.error(f'--jobs and --threads must be >= 1, got {args.jobs} and {args.threads}')
     config = study_config(args.variants, args.seeds, args.fields - args.val_fields, args.test_images, args.epochs,
@@ -193,8 +215,9 @@ def field_scenes(count: int):
     return class_scenes(count, FIELD_SIDE, TRAIN_SEED, FIELD_OBJECTS, FIELD_OBJECT_SIZE)
 
 
-def test_scenes(count: int):
-    return class_scenes(count, TEST_SIDE, TEST_SEED, OBJECTS, OBJECT_SIZE)
+def test_scenes(count: int, seed: int = TEST_SEED):
+    """The held-out test scenes and their labels (``seed``: which set; never a training seed's)."""
+    return class_scenes(count, TEST_SIDE, seed, OBJECTS, OBJECT_SIZE)
 
 
 def central_window(fields: torch.Tensor) -> torch.Tensor:
@@ -214,9 +237,10 @@ def load_training(config: StudyConfig, val_fields: int, pool: Executor | None = 
     return (fields[:num_train].contiguous(), y[:num_train]), (central_window(fields[num_train:]), y[num_train:])
 
 
-def load_tests(config: StudyConfig, pool: Executor | None = None) -> dict:
-    """{test size: (the held-out scenes drawn at that size, labels)}, every test's images (``test_images``)."""
-    scenes, labels = test_scenes(config.test_images)
+def load_tests(config: StudyConfig, pool: Executor | None = None, seed: int = TEST_SEED) -> dict:
+    """{test size: (the held-out scenes of set ``seed`` drawn at that size, labels)}, every test's images
+    (``test_images``)."""
+    scenes, labels = test_scenes(config.test_images, seed)
     y = torch.from_numpy(labels)
     return {s: (draw(scenes, TEST_SIDE, s, pool), y) for s in TEST_SIZES}
 
@@ -227,7 +251,7 @@ def test_images(test: Drawn | DrawnResized, drawings: dict) -> tuple[torch.Tenso
     return drawings[test.size if isinstance(test, Drawn) else TRAIN_SIZE]
 
 
-def object_scales(config: StudyConfig, val_fields: int, crops: int = 4000) -> dict:
+def object_scales(config: StudyConfig, val_fields: int, crops: int = 4000, test_seed: int = TEST_SEED) -> dict:
     """Apparent object radii (px) in training crops and in each test, as percentiles (5, 25, 50, 75, 95): the
     crops' from ``crops`` boxes drawn as training draws them (``random_boxes``) over the training fields, each
     shape whose centre lies in its box counted at the box's scale; the tests' from every shape of the test
@@ -245,7 +269,7 @@ def object_scales(config: StudyConfig, val_fields: int, crops: int = 4000) -> di
         scale = (TRAIN_SIZE / width * TRAIN_SIZE / height) ** 0.5
         radii += [s.r * scale for s in scenes[i].shapes if x0 <= s.cx < x0 + width and y0 <= s.cy < y0 + height]
     crop_radii = np.array(radii)
-    test_radii = np.array([s.r for scene in test_scenes(config.test_images)[0] for s in scene.shapes])
+    test_radii = np.array([s.r for scene in test_scenes(config.test_images, test_seed)[0] for s in scene.shapes])
     levels = (5, 25, 50, 75, 95)
 
     def spread(values):
@@ -307,6 +331,48 @@ def run(variant: str, seed: int, config: StudyConfig, data, origin: dict | None 
     return result
 
 
+def retest(variant: str, seed: int, config: StudyConfig, source: StudyConfig, data, origin: dict | None = None,
+           smooth: int = 3, level: float = MATCHED_LEVEL, width: int = 3, test_seed: int = TEST_SEED) -> dict:
+    """One run of the study ``source``, trained already (its record in git, its checks' weights on this machine),
+    tested again on ``data`` (``load_tests``' drawings of the scene set ``test_seed``): every test at every check
+    in the windows of ``width`` checks centred on its final and matched checks (``run_checks`` on its recorded
+    validation with ``smooth`` and ``level``). The record holds the source run's validation curve and training
+    log, what trained it (``trained``: study, commit, torch) and this invocation's ``origin``; a run is tested on
+    the accelerator that trained it."""
+    result_path = config.run_dir(variant, seed) / 'result.json'
+    if result_path.is_file():
+        return json.loads(result_path.read_text())
+    if origin is None:
+        raise ValueError(f'{variant} seed {seed} is not tested yet: testing needs its provenance (origin)')
+    trained = run(variant, seed, source, None)
+    if trained['accelerator'] != origin['accelerator']:
+        raise SystemExit(f'[native] {variant} seed {seed} of {source.name} trained on {trained["accelerator"]}, '
+                         f'not on {origin["accelerator"]}: a comparison is tested where it trained')
+    checks = trained['checks']
+    ids = sorted({i for check in run_checks(checks, smooth, level).values() for i in window(checks, check, width)})
+    missing = [i for i in ids if not check_path(source, variant, seed, i).is_file()]
+    if missing:
+        raise SystemExit(f'[native] {variant} seed {seed}: the weights of checks {missing} of {source.name} are not '
+                         f'on this machine (git keeps no weights): train {source.name} here first (a run trains '
+                         'the same weights again from its seed)')
+    start = time.perf_counter()
+    model, tests = build_model(variant, config).to(config.device), {}
+    for i in ids:
+        model.load_state_dict(torch.load(check_path(source, variant, seed, i), map_location=config.device))
+        top1 = {t.key: evaluate(model, *test_images(t, data), [t], config)[t.key] for t in TESTS}
+        tests[str(i)] = {k: round(v, 2) for k, v in top1.items()}
+        print(f'[native] {variant} seed {seed} check {i}: ' + ', '.join(f'{k} {v:.2f}' for k, v in top1.items()),
+              flush=True)
+    result = {k: trained[k] for k in ('variant', 'seed', 'device', 'epochs', 'iterations', 'params', 'train_seconds',
+                                      'log', 'checks', 'tf32')}
+    result.update(tests=tests, eval_seconds=round(time.perf_counter() - start, 1), smooth=smooth, level=level,
+                  window=width, test_seed=test_seed,
+                  trained=dict(study=source.name, **{k: trained[k] for k in ('commit', 'torch', 'source_digest')}),
+                  **origin)
+    atomic_write(result_path, json.dumps(result, indent=2).encode())
+    return result
+
+
 def checks_of(result: dict) -> tuple[list[dict], dict[str, dict]]:
     """A run's checks (``[{check, epoch, val}]``) and tests (``{str(check): {test key: top-1}}``); a run of the
     per-epoch form (``native_matched``: validation and every test after each epoch, in its log) reads as one
@@ -321,6 +387,23 @@ def smoothed(values: Sequence[float], width: int) -> list[float]:
     """The centred mean over ``width`` (odd) consecutive values, over fewer at the ends."""
     half = width // 2
     return [float(np.mean(values[max(0, i - half):i + half + 1])) for i in range(len(values))]
+
+
+def window(checks: Sequence[dict], check: int, width: int) -> list[int]:
+    """The ids of the ``width`` (odd) consecutive checks centred on ``check``, fewer at the ends: the checks whose
+    mean validation top-1 the selection read there (``smoothed``)."""
+    ids = [c['check'] for c in checks]
+    i = ids.index(check)
+    return ids[max(0, i - width // 2):i + width // 2 + 1]
+
+
+def at_window(result: dict, check: int, width: int) -> tuple[float, dict[str, float]]:
+    """A run's mean validation top-1 and mean top-1 of each test over the ``width`` checks centred on ``check``
+    (``window``); a KeyError names a check without tests."""
+    checks, tests = checks_of(result)
+    ids = window(checks, check, width)
+    val = float(np.mean([c['val'] for c in checks if c['check'] in ids]))
+    return val, {k: float(np.mean([tests[str(i)][k] for i in ids])) for k in tests[str(check)]}
 
 
 def run_checks(checks: Sequence[dict], smooth: int, level: float) -> dict[str, int]:
@@ -350,15 +433,17 @@ def select(results: list[dict], variants: Sequence[str], smooth: int, level: flo
                 headline='final' if spread <= MATCH_WITHIN else 'matched')
 
 
-def summarise_analysis(results: list[dict], variants: Sequence[str], chosen: dict) -> dict:
+def summarise_analysis(results: list[dict], variants: Sequence[str], chosen: dict, width: int = 1) -> dict:
     """Per variant and test: validation and test top-1 (mean ± sd) at the chosen checks (``{(variant, seed):
-    check}``), the paired change from 56 px and that change as a share of the remaining error at 56 px (%); per
-    pair of variants and test the paired difference in top-1 at 56 px and in the change; per larger test the
-    leader (the largest mean change) and whether its interval against every other variant excludes zero."""
+    check}``; each run's means over the ``width`` checks centred there, ``at_window``), the paired change from
+    56 px and that change as a share of the remaining error at 56 px (%); per pair of variants and test the paired
+    difference in top-1 at 56 px and in the change; per larger test the leader (the largest mean change) and
+    whether its interval against every other variant excludes zero."""
     by_variant = {v: sorted((r for r in results if r['variant'] == v), key=lambda r: r['seed']) for v in variants}
     at = {v: [next(c for c in checks_of(r)[0] if c['check'] == chosen[(v, r['seed'])]) for r in runs]
           for v, runs in by_variant.items()}
-    top1 = {v: [checks_of(r)[1][str(chosen[(v, r['seed'])])] for r in runs] for v, runs in by_variant.items()}
+    windowed = {v: [at_window(r, chosen[(v, r['seed'])], width) for r in runs] for v, runs in by_variant.items()}
+    top1 = {v: [t for _, t in w] for v, w in windowed.items()}
     rows = []
     for v, tops in top1.items():
         runs = by_variant[v]
@@ -367,7 +452,7 @@ def summarise_analysis(results: list[dict], variants: Sequence[str], chosen: dic
             acc = [t[key] for t in tops]
             m, s = mean_std(acc)
             row = dict(variant=v, test=key, top1_mean=m, top1_std=s, top1_per_seed=acc, seeds=[r['seed'] for r in runs],
-                       epochs=[c['epoch'] for c in at[v]], val_mean=mean_std([c['val'] for c in at[v]])[0])
+                       epochs=[c['epoch'] for c in at[v]], val_mean=mean_std([val for val, _ in windowed[v]])[0])
             if key != BASE:
                 row['change'] = paired(acc, base)
                 share = [100 * (a - b) / max(100 - b, 1e-9) for a, b in zip(acc, base, strict=True)]
@@ -395,23 +480,26 @@ def summarise_analysis(results: list[dict], variants: Sequence[str], chosen: dic
                 start_spread=round(max(starts) - min(starts), 2) if starts else 0.)
 
 
-def summarise(results: list[dict], config: StudyConfig, smooth: int, level: float | None = None) -> dict:
+def summarise(results: list[dict], config: StudyConfig, smooth: int, level: float | None = None,
+              width: int = 1) -> dict:
     """Both analyses (``summarise_analysis``) at the checks ``select`` picks with ``smooth`` and ``level`` (None:
-    the rule's, for a study whose every check was tested); refuses runs without tests at those checks."""
+    the rule's, for a study whose every check was tested), each run's tests averaged over the ``width`` checks
+    centred there; refuses runs without tests at those checks."""
     chosen = select(results, config.variants, smooth, level)
-    untested = sorted(f'{v}-seed{s} (check {c})' for per_run in chosen['checks'].values()
-                      for (v, s), c in per_run.items()
-                      if str(c) not in checks_of(next(r for r in results if (r['variant'], r['seed']) == (v, s)))[1])
+    run_of = {(r['variant'], r['seed']): r for r in results}
+    untested = sorted(f'{v}-seed{s} (check {i})' for per_run in chosen['checks'].values()
+                      for (v, s), c in per_run.items() for i in window(checks_of(run_of[(v, s)])[0], c, width)
+                      if str(i) not in checks_of(run_of[(v, s)])[1])
     if untested:
-        raise SystemExit(f'[native] no tests at the checks that --smooth {smooth} --level {level} select: '
-                         f'{", ".join(untested)}; each run is tested at the checks its own record\'s smooth and '
-                         'level select')
-    analyses = {name: summarise_analysis(results, config.variants, checks)
+        raise SystemExit(f'[native] no tests at the checks that --smooth {smooth} --level {level} --window {width} '
+                         f'select: {", ".join(untested)}; each run is tested at the checks its own record\'s smooth, '
+                         'level and window select')
+    analyses = {name: summarise_analysis(results, config.variants, checks, width)
                 for name, checks in chosen['checks'].items()}
     checks = {name: {f'{v}-seed{s}': c for (v, s), c in per_run.items()} for name, per_run in chosen['checks'].items()}
     return dict(analyses=analyses, checks=checks, level=chosen['level'], level_rule=chosen['level_rule'],
                 level_fixed=level is not None, final_val_spread=chosen['final_val_spread'],
-                headline=chosen['headline'], smooth=smooth)
+                headline=chosen['headline'], smooth=smooth, window=width)
 
 
 def heading(key: str) -> str:
@@ -461,19 +549,32 @@ def _leaders(analysis: dict) -> str:
     return '; '.join(out) + '.'
 
 
+def _scene_set(meta: dict) -> str:
+    return (f' (set {meta["test_seed"]}, drawn for this analysis: none of {meta["source"]}\'s test scenes)'
+            if meta.get('source') else '')
+
+
+def _trained(meta: dict) -> str:
+    return ('; the weights trained by ' + ', '.join(f'{study} at commit {commit}, torch {version}'
+                                                    for study, commit, version in meta['trained'])
+            if meta.get('trained') else '')
+
+
 def render_markdown(summary: dict, config: StudyConfig, meta: dict) -> str:
     headline = summary['headline']
     per_epoch = meta.get('checks_per_epoch', 1)
     smooth = summary['smooth']
     reading = 'validation top-1' + (f' (mean of {smooth} consecutive checks)' if smooth > 1 else '')
     lines = []
+    width = summary.get('window', 1)
+    averaged = f'; tests averaged over the {width} checks centred there, fewer at the end' if width > 1 else ''
     for name in (headline, 'matched' if headline == 'final' else 'final'):
         analysis = summary['analyses'][name]
-        title = ('Final epoch' if name == 'final' else
+        title = (f'Final epoch{f" ({averaged[2:]})" if averaged else ""}' if name == 'final' else
                  f'Matched checkpoints (per run the first check whose {reading} reaches {summary["level"]:.2f}'
                  + (f', fixed before any test; the rule over all runs gives {summary["level_rule"]:.2f}'
                     if summary.get('level_fixed') else '')
-                 + f'; {per_epoch} check{"s" if per_epoch > 1 else ""} an epoch)')
+                 + f'; {per_epoch} check{"s" if per_epoch > 1 else ""} an epoch{averaged})')
         lines += [f'**{title}**{" (the headline)" if name == headline else ""}: the position variants start '
                   f'{analysis["start_spread"]:.2f} points apart at {TRAIN_SIZE} px.', '',
                   *_levels_table(analysis, config.variants), '', *_pairs_table(analysis), '',
@@ -485,10 +586,10 @@ def render_markdown(summary: dict, config: StudyConfig, meta: dict) -> str:
                   f'smaller than its median: {t["crop_share_below"]:.2f})' for k, t in scales['tests'].items()) + '.',
               '', *(line for reason in meta.get('replaced', ()) for line in (f'Replaced: {reason}.', ''))]
     return '\n'.join(lines) + (
-        f'\nTop-1 (%) on {config.test_images} held-out scenes, mean ± standard deviation over seeds '
-        f'{list(config.seeds)}; in brackets the change from {TRAIN_SIZE} px paired by seed with its 95% interval, '
-        f'and the change as a share of the remaining error at {TRAIN_SIZE} px. A − B: paired differences in the '
-        f'change (in top-1 for the first column); `=`: the interval includes zero. The headline analysis is '
+        f'\nTop-1 (%) on {config.test_images} held-out scenes{_scene_set(meta)}, mean ± standard deviation over '
+        f'seeds {list(config.seeds)}; in brackets the change from {TRAIN_SIZE} px paired by seed with its 95% '
+        f'interval, and the change as a share of the remaining error at {TRAIN_SIZE} px. A − B: paired differences '
+        f'in the change (in top-1 for the first column); `=`: the interval includes zero. The headline analysis is '
         f'"final" where the position variants\' mean final validation top-1 lie within {MATCH_WITHIN:.0f} points '
         f'(here {summary["final_val_spread"]:.2f} apart); "epoch": the epochs done at the chosen checks (mean over '
         f'seeds); "validation": the {reading} there. Trained on {config.train_images} fields '
@@ -496,7 +597,8 @@ def render_markdown(summary: dict, config: StudyConfig, meta: dict) -> str:
         f'{TRAIN_SIZE} px, a shared convolutional stem of stride {config.patch} ({TRAIN_SIZE // config.patch} x '
         f'{TRAIN_SIZE // config.patch} tokens), global average pooling, {config.dim} wide, depth {config.depth}, '
         f'{config.epochs} epochs ({meta["iterations"]} iterations) on {meta["trained_on"]}, torch '
-        f'{", ".join(meta["torch"])}, commit {", ".join(c[:10] for c in meta["commits"])}. Parameters: '
+        f'{", ".join(meta["torch"])}, commit {", ".join(c[:10] for c in meta["commits"])}{_trained(meta)}. '
+        f'Parameters: '
         f'{meta["params"]}. Run time summed over the runs: {meta["run_minutes"]} min; this invocation: '
         f'{meta["wall_minutes"]} min.\n\n`{meta["command"]}`\n')
 
@@ -559,6 +661,15 @@ def train_runs(runs: list[tuple[str, int]], config: StudyConfig, args: argparse.
         run(variant, seed, config, data, origin, args.checks_per_epoch, args.smooth, args.level)
 
 
+def retest_runs(runs: list[tuple[str, int]], config: StudyConfig, args: argparse.Namespace) -> None:
+    """Test ``runs`` of the study ``args.source`` again (``retest``), one after another."""
+    origin = provenance(config.device)
+    data = load_tests(config, seed=args.test_seed)
+    source = config.replace(name=args.source)
+    for variant, seed in runs:
+        retest(variant, seed, config, source, data, origin, args.smooth, args.level, args.window, args.test_seed)
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     """Train and test this shard's runs, then (once every run is trained and tested) write the study's
     outputs."""
@@ -567,19 +678,22 @@ def main(argv: Sequence[str] | None = None) -> dict:
     grid = Grid([(v, seed) for seed in config.seeds for v in config.variants], lambda k: [config.run_dir(*k)],
                 config.shard_index, config.num_shards)
     if grid.todo():
-        train_runs(grid.todo(), config, args)
+        (train_runs if args.source is None else retest_runs)(grid.todo(), config, args)
     if not grid.complete('native'):
         return {}
     results = [run(v, seed, config, None) for v, seed in grid.keys]
-    summary = summarise(results, config, args.smooth, args.level)
+    summary = summarise(results, config, args.smooth, args.level, args.window)
     meta = dict(run_meta('benchmarks.native_detail', argv, start), train_images=config.train_images,
                 val_fields=args.val_fields, test_images=config.test_images, seeds=list(config.seeds),
                 epochs=config.epochs, checks_per_epoch=args.checks_per_epoch, smooth=args.smooth, level=args.level,
+                window=args.window, test_seed=args.test_seed, source=args.source,
                 iterations=results[0]['iterations'], device=config.device, tf32=config.tf32,
                 trained_on=trained_on([dict(r, device=r['accelerator']) for r in results]),
                 torch=sorted({r['torch'] for r in results}), commits=sorted({r['commit'] for r in results}),
+                trained=sorted({(r['trained']['study'], r['trained']['commit'][:10], r['trained']['torch'])
+                                for r in results if 'trained' in r}),
                 params={r['variant']: r['params'] for r in results},
-                object_scales=object_scales(config, args.val_fields),
+                object_scales=object_scales(config, args.val_fields, test_seed=args.test_seed),
                 replaced=list(REPLACED.get(config.name, ())),
                 run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1))
     headline = summary['analyses'][summary['headline']]

@@ -113,6 +113,47 @@ def test_a_tiny_native_detail_study_end_to_end(tmp_path, committed):
     assert {r['variant'] + str(r['seed']): r['train_seconds'] for r in again['runs']} == before
 
 
+def test_a_trained_study_tested_again_on_fresh_scenes_averaging_a_window_of_checks(tmp_path, committed):
+    base = TINY + ['--variants', 'none', 'cnn', '--seeds', '0', '1', '--fields', '272', '--checks-per-epoch', '2',
+                   '--level', '30', '--work-dir', str(tmp_path / 'runs'), '--out', str(tmp_path / 'out')]
+    native_detail.main(base)
+    trained = json.loads((tmp_path / 'out' / 'native_checked.json').read_text())
+    again = base + ['--name', 'native_again', '--from', 'native_checked', '--window', '3', '--test-seed', '2']
+    summary = native_detail.main(again)
+    saved = json.loads((tmp_path / 'out' / 'native_again.json').read_text())
+    assert summary['window'] == 3 and saved['meta']['source'] == 'native_checked'
+    for run, source in zip(saved['runs'], trained['runs'], strict=True):
+        key = f'{run["variant"]}-seed{run["seed"]}'
+        assert run['checks'] == source['checks'] and run['log'] == source['log']
+        assert run['trained'] == dict(study='native_checked', commit=ORIGIN['commit'], torch=ORIGIN['torch'],
+                                      source_digest='d')
+        assert (run['window'], run['test_seed'], run['accelerator']) == (3, 2, 'test CPU')
+        windows = {name: native_detail.window(run['checks'], saved['checks'][name][key], 3)
+                   for name in ('final', 'matched')}
+        assert saved['checks'] == trained['checks']          # the same selection, from the same validation
+        assert windows['final'] == [3, 4] and set(run['tests']) == {str(i) for w in windows.values() for i in w}
+    # a row is the seeds' mean of each run's mean over its window
+    none = sorted((r for r in saved['runs'] if r['variant'] == 'none'), key=lambda r: r['seed'])
+    row = next(r for r in summary['analyses']['final']['rows'] if (r['variant'], r['test']) == ('none', 'native80'))
+    assert row['top1_mean'] == pytest.approx(sum((r['tests']['3']['native80'] + r['tests']['4']['native80']) / 2
+                                                 for r in none) / 2)
+    drawn = [native_detail.draw(native_detail.test_scenes(4, seed)[0], native_detail.TEST_SIDE, 56) for seed in (1, 2)]
+    assert not torch.equal(*drawn)                       # other scenes than the trained study's tests
+    text = (tmp_path / 'out' / 'native_again.md').read_text()
+    assert 'tests averaged over the 3 checks centred there' in text and "none of native_checked's test scenes" in text
+    assert 'the weights trained by native_checked at commit 0000000000' in text
+    # its weights gone, a run cannot be tested again; nor are the options taken without --from or on used scenes
+    for path in (tmp_path / 'runs' / 'native_checked' / 'cnn-seed1' / 'checks').iterdir():
+        path.unlink()
+    with pytest.raises(SystemExit, match='not on this machine'):
+        native_detail.main(base + ['--name', 'native_third', '--from', 'native_checked', '--window', '3',
+                                   '--test-seed', '3'])
+    for bad in (['--window', '3'], ['--from', 'native_checked', '--test-seed', '1'],
+                ['--from', 'native_checked', '--window', '2', '--test-seed', '2']):
+        with pytest.raises(SystemExit):
+            native_detail.parse_args(TINY + bad)
+
+
 def _run(variant, seed, vals, tops):
     return dict(variant=variant, seed=seed, log=[dict(epoch=i + 1, val=v, top1=t) for i, (v, t)
                                                  in enumerate(zip(vals, tops, strict=True))])
@@ -179,7 +220,7 @@ def test_a_fixed_level_replaces_the_rule_and_the_rule_is_still_reported():
     for r in results:
         r['tests'] = {str(c): {} for c in native_detail.run_checks(r['checks'], 1, 50.).values()}
     config, _ = native_detail.parse_args(TINY + ['--variants', 'none', 'peg_0-5'])
-    with pytest.raises(SystemExit, match=r'--smooth 1 --level 60.0 select: peg_0-5-seed0 \(check 5\);'):
+    with pytest.raises(SystemExit, match=r'--smooth 1 --level 60.0 --window 1 select: peg_0-5-seed0 \(check 5\);'):
         native_detail.summarise(results, config, smooth=1, level=60.)
 
 
