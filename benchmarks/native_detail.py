@@ -662,11 +662,16 @@ def train_runs(runs: list[tuple[str, int]], config: StudyConfig, args: argparse.
 
 
 def retest_runs(runs: list[tuple[str, int]], config: StudyConfig, args: argparse.Namespace) -> None:
-    """Test ``runs`` of the study ``args.source`` again (``retest``), one after another."""
+    """Test ``runs`` of the study ``args.source`` again (``retest``), one after another; a run the source has not
+    trained yet is left for a later invocation."""
     origin = provenance(config.device)
-    data = load_tests(config, seed=args.test_seed)
     source = config.replace(name=args.source)
-    for variant, seed in runs:
+    ready = [(v, s) for v, s in runs if (source.run_dir(v, s) / 'result.json').is_file()]
+    for variant, seed in sorted(set(runs) - set(ready)):
+        print(f'[native] {variant} seed {seed} of {args.source} is not trained yet: left for a later invocation',
+              flush=True)
+    data = load_tests(config, seed=args.test_seed) if ready else None
+    for variant, seed in ready:
         retest(variant, seed, config, source, data, origin, args.smooth, args.level, args.window, args.test_seed)
 
 

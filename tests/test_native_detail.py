@@ -116,9 +116,12 @@ def test_a_tiny_native_detail_study_end_to_end(tmp_path, committed):
 def test_a_trained_study_tested_again_on_fresh_scenes_averaging_a_window_of_checks(tmp_path, committed):
     base = TINY + ['--variants', 'none', 'cnn', '--seeds', '0', '1', '--fields', '272', '--checks-per-epoch', '2',
                    '--level', '30', '--work-dir', str(tmp_path / 'runs'), '--out', str(tmp_path / 'out')]
+    again = base + ['--name', 'native_again', '--from', 'native_checked', '--window', '3', '--test-seed', '2']
+    native_detail.main(base + ['--shard', '0/2'])                 # half the source trained: half tested again
+    assert native_detail.main(again) == {}
+    assert len(list((tmp_path / 'runs' / 'native_again').glob('*/result.json'))) == 2
     native_detail.main(base)
     trained = json.loads((tmp_path / 'out' / 'native_checked.json').read_text())
-    again = base + ['--name', 'native_again', '--from', 'native_checked', '--window', '3', '--test-seed', '2']
     summary = native_detail.main(again)
     saved = json.loads((tmp_path / 'out' / 'native_again.json').read_text())
     assert summary['window'] == 3 and saved['meta']['source'] == 'native_checked'
