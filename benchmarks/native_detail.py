@@ -397,13 +397,14 @@ def window(checks: Sequence[dict], check: int, width: int) -> list[int]:
     return ids[max(0, i - width // 2):i + width // 2 + 1]
 
 
-def at_window(result: dict, check: int, width: int) -> tuple[float, dict[str, float]]:
-    """A run's mean validation top-1 and mean top-1 of each test over the ``width`` checks centred on ``check``
-    (``window``); a KeyError names a check without tests."""
+def at_window(result: dict, check: int, width: int, key: str = 'tests') -> float | dict[str, float]:
+    """A run's mean over the ``width`` checks centred on ``check`` (``window``) of each test's top-1, or with
+    ``key='val'`` of its validation top-1; a KeyError names a check without tests."""
     checks, tests = checks_of(result)
     ids = window(checks, check, width)
-    val = float(np.mean([c['val'] for c in checks if c['check'] in ids]))
-    return val, {k: float(np.mean([tests[str(i)][k] for i in ids])) for k in tests[str(check)]}
+    if key == 'val':
+        return float(np.mean([c['val'] for c in checks if c['check'] in ids]))
+    return {k: float(np.mean([tests[str(i)][k] for i in ids])) for k in tests[str(check)]}
 
 
 def run_checks(checks: Sequence[dict], smooth: int, level: float) -> dict[str, int]:
@@ -433,17 +434,19 @@ def select(results: list[dict], variants: Sequence[str], smooth: int, level: flo
                 headline='final' if spread <= MATCH_WITHIN else 'matched')
 
 
-def summarise_analysis(results: list[dict], variants: Sequence[str], chosen: dict, width: int = 1) -> dict:
-    """Per variant and test: validation and test top-1 (mean ± sd) at the chosen checks (``{(variant, seed):
-    check}``; each run's means over the ``width`` checks centred there, ``at_window``), the paired change from
-    56 px and that change as a share of the remaining error at 56 px (%); per pair of variants and test the paired
-    difference in top-1 at 56 px and in the change; per larger test the leader (the largest mean change) and
-    whether its interval against every other variant excludes zero."""
+def summarise_analysis(results: list[dict], variants: Sequence[str], chosen: dict, width: int = 1,
+                       smooth: int = 1) -> dict:
+    """Per variant and test: validation top-1 as the selection read it (the mean of ``smooth`` checks) and test
+    top-1 (mean ± sd) at the chosen checks (``{(variant, seed): check}``; each run's tests averaged over the
+    ``width`` checks centred there, ``at_window``), the paired change from 56 px and that change as a share of the
+    remaining error at 56 px (%); per pair of variants and test the paired difference in top-1 at 56 px and in
+    the change; per larger test the leader (the largest mean change) and whether its interval against every other
+    variant excludes zero."""
     by_variant = {v: sorted((r for r in results if r['variant'] == v), key=lambda r: r['seed']) for v in variants}
     at = {v: [next(c for c in checks_of(r)[0] if c['check'] == chosen[(v, r['seed'])]) for r in runs]
           for v, runs in by_variant.items()}
-    windowed = {v: [at_window(r, chosen[(v, r['seed'])], width) for r in runs] for v, runs in by_variant.items()}
-    top1 = {v: [t for _, t in w] for v, w in windowed.items()}
+    top1 = {v: [at_window(r, chosen[(v, r['seed'])], width) for r in runs] for v, runs in by_variant.items()}
+    val = {v: [at_window(r, chosen[(v, r['seed'])], smooth, 'val') for r in runs] for v, runs in by_variant.items()}
     rows = []
     for v, tops in top1.items():
         runs = by_variant[v]
@@ -452,7 +455,7 @@ def summarise_analysis(results: list[dict], variants: Sequence[str], chosen: dic
             acc = [t[key] for t in tops]
             m, s = mean_std(acc)
             row = dict(variant=v, test=key, top1_mean=m, top1_std=s, top1_per_seed=acc, seeds=[r['seed'] for r in runs],
-                       epochs=[c['epoch'] for c in at[v]], val_mean=mean_std([val for val, _ in windowed[v]])[0])
+                       epochs=[c['epoch'] for c in at[v]], val_mean=mean_std(val[v])[0])
             if key != BASE:
                 row['change'] = paired(acc, base)
                 share = [100 * (a - b) / max(100 - b, 1e-9) for a, b in zip(acc, base, strict=True)]
@@ -494,7 +497,7 @@ def summarise(results: list[dict], config: StudyConfig, smooth: int, level: floa
         raise SystemExit(f'[native] no tests at the checks that --smooth {smooth} --level {level} --window {width} '
                          f'select: {", ".join(untested)}; each run is tested at the checks its own record\'s smooth, '
                          'level and window select')
-    analyses = {name: summarise_analysis(results, config.variants, checks, width)
+    analyses = {name: summarise_analysis(results, config.variants, checks, width, smooth)
                 for name, checks in chosen['checks'].items()}
     checks = {name: {f'{v}-seed{s}': c for (v, s), c in per_run.items()} for name, per_run in chosen['checks'].items()}
     return dict(analyses=analyses, checks=checks, level=chosen['level'], level_rule=chosen['level_rule'],

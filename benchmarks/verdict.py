@@ -542,7 +542,7 @@ BLOCKS = (
             'The default recipe (global average pooling), seeds {seeds} fixed before they ran, {test_images} test '
             'images, every run on one GPU with TF32 off; mean ± std, and changes and differences paired by seed as '
             'mean [95% interval], bold where the interval excludes zero. {files}.'))),
-    Block('native', native, dict(s=Native('native_matched'))),
+    Block('native', native, dict(s=Native('native_checked'))),
     Block('resize-protocol', changes, dict(s=Study(('resolution_resize_cls',))), dict(note=ARM_NOTE)),
     Block('grid14', changes, dict(s=Study(('resolution_crop_grid14_cls',))), dict(probe=True, note=ARM_NOTE)),
     Block('dense', dense, dict(s=Dense('dense_study'))),
