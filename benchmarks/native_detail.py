@@ -318,17 +318,25 @@ def run(variant: str, seed: int, config: StudyConfig, data, origin: dict | None 
 
     start = time.perf_counter()
     model, result = train(variant, seed, config, data[0], run_dir, after_check, checks_per_epoch)
-    result['tests'] = {}
-    for check in sorted(set(run_checks(result['checks'], smooth, level).values())):
-        model.load_state_dict(torch.load(check_path(config, variant, seed, check), map_location=config.device))
-        top1 = {t.key: evaluate(model, *test_images(t, data[2]), [t], config)[t.key] for t in TESTS}
-        result['tests'][str(check)] = {k: round(v, 2) for k, v in top1.items()}
-        print(f'[native] {variant} seed {seed} check {check}: ' + ', '.join(f'{k} {v:.2f}' for k, v in top1.items()),
-              flush=True)
+    result['tests'] = test_checks(model, variant, seed, config, sorted(set(run_checks(result['checks'], smooth,
+                                                                                   level).values())), data[2])
     seconds = time.perf_counter() - start - result['train_seconds']
     result.update(eval_seconds=round(max(seconds, 0.), 1), smooth=smooth, level=level, **origin)
     atomic_write(result_path, json.dumps(result, indent=2).encode())
     return result
+
+
+def test_checks(model, variant: str, seed: int, trained: StudyConfig, checks: Sequence[int], drawings: dict) -> dict:
+    """Every test (``TESTS``, on ``load_tests``' ``drawings``) of ``model`` at each of ``checks``, its weights read
+    from the run of ``trained``: ``{str(check): {test key: top-1}}``."""
+    tests = {}
+    for check in checks:
+        model.load_state_dict(torch.load(check_path(trained, variant, seed, check), map_location=trained.device))
+        top1 = {t.key: evaluate(model, *test_images(t, drawings), [t], trained)[t.key] for t in TESTS}
+        tests[str(check)] = {k: round(v, 2) for k, v in top1.items()}
+        print(f'[native] {variant} seed {seed} check {check}: ' + ', '.join(f'{k} {v:.2f}' for k, v in top1.items()),
+              flush=True)
+    return tests
 
 
 def retest(variant: str, seed: int, config: StudyConfig, source: StudyConfig, data, origin: dict | None = None,
@@ -356,13 +364,7 @@ def retest(variant: str, seed: int, config: StudyConfig, source: StudyConfig, da
                          f'on this machine (git keeps no weights): train {source.name} here first (a run trains '
                          'the same weights again from its seed)')
     start = time.perf_counter()
-    model, tests = build_model(variant, config).to(config.device), {}
-    for i in ids:
-        model.load_state_dict(torch.load(check_path(source, variant, seed, i), map_location=config.device))
-        top1 = {t.key: evaluate(model, *test_images(t, data), [t], config)[t.key] for t in TESTS}
-        tests[str(i)] = {k: round(v, 2) for k, v in top1.items()}
-        print(f'[native] {variant} seed {seed} check {i}: ' + ', '.join(f'{k} {v:.2f}' for k, v in top1.items()),
-              flush=True)
+    tests = test_checks(build_model(variant, config).to(config.device), variant, seed, source, ids, data)
     result = {k: trained[k] for k in ('variant', 'seed', 'device', 'epochs', 'iterations', 'params', 'train_seconds',
                                       'log', 'checks', 'tf32')}
     result.update(tests=tests, eval_seconds=round(time.perf_counter() - start, 1), smooth=smooth, level=level,
