@@ -3,7 +3,8 @@
     python -m benchmarks.native_detail [--variants learned none peg_0-5 peg_0-5_circular cnn] [--seeds 0 1 2 3 4]
         [--shard K/N] [--fields 8000] [--val-fields 800] [--test-images 1000] [--epochs 12]
         [--checks-per-epoch 4] [--smooth 3] [--device cpu|cuda] [--tf32 off] [--jobs N] [--threads T]
-        [--work-dir DIR] [--out DIR] [--name native_checked] [--from STUDY --window 3 --test-seed 2]
+        [--work-dir DIR] [--out DIR] [--name native_checked]
+        [--from STUDY --window 3 --test-seed 2 [--val-seed 3 --val-images 2000]]
 
 The task: which of four shapes (circle, square, triangle, star) a scene shows, 2-4 of one class at random
 positions, sizes and rotations on a textured background (``cpvt_backbones.datasets.class_scenes``). Every image
@@ -50,14 +51,25 @@ check's draw. ``native_windowed`` is ``native_checked``'s runs tested so (W 3, S
 ``--level``), fixed once ``native_checked``'s tests showed one check's 56 px test sitting up to 10 points below
 the validation its selection read (the table's seed 2: 61.5 against 50.5), and before scene set 2 was drawn.
 
+With ``--val-seed S`` the checks are selected on another validation set: ``--val-images`` scenes of set S drawn at
+56 px as the tests are (none of them a test scene), every check of every run validated on it before any test;
+L is the rule's value over these curves (computed once every run is validated, before any test; ``--level`` is
+refused). ``native_revalidated`` (``--name native_revalidated --from native_checked --window 3 --test-seed 4
+--val-seed 3``) is ``native_checked``'s runs so selected (set 3, 2000 scenes; smooth 3, W 3) and tested on set 4,
+fixed once the tests showed the fields' validation split reading each variant differently from
+the 56 px test (test minus validation top-1 at ``native_checked``'s tested checks below 80% validation: CNN -5.0,
+no encoding -3.5, the table -2.6, PEG -0.5, circular PEG +1.0 points; on set 2 over ``native_windowed``'s first
+ten runs -5.1, -2.7, +0.7, -0.6, +2.3), so that no level on it matches the starts, and before scene sets 3 and 4
+were drawn.
+
 The earlier form of this study (``native_matched``: one check per epoch, every test at every check, no
 smoothing, 2000 test images) is rendered by the same code with ``--checks-per-epoch 1 --smooth 1 --level
 61.32`` (the rule's value over its runs).
 
-Resumable and sharded (runs under WORK_DIR/NAME/VARIANT-seedS, result.json kept in git, the checks' weights
-under checks/ not; each run records the accelerator, torch's version and the clean commit it trained and was
-tested from, ``benchmarks.study.common.provenance``); the outputs (NAME.{json,csv,md,png}) are written by
-whichever invocation finds every run trained and tested.
+Resumable and sharded (runs under WORK_DIR/NAME/VARIANT-seedS, result.json and validation.json kept in git, the
+checks' weights under checks/ not; each run records the accelerator, torch's version and the clean commit it
+trained and was tested from, ``benchmarks.study.common.provenance``); the outputs (NAME.{json,csv,md,png}) are
+written by whichever invocation finds every run trained and tested.
 """
 import argparse
 import itertools
@@ -100,6 +112,7 @@ MATCH_WITHIN = 3.                             # points: the headline's test of m
 # variant's seeds 0-3, the learned table's seed 4), where the learned table's five seeds give the lowest mean
 # (no encoding's four: 62.17; the PEGs' 75 and 80).
 MATCHED_LEVEL = 60.81
+VAL_IMAGES = 2000                             # --val-seed's validation scenes
 # Per study: the runs trained again, with the reason (the report lists them).
 REPLACED = {'native_checked': (
     'every run recorded at commit 34888c9 (seeds 0-3 of every variant, seed 4 of the learned table) was trained '
@@ -135,8 +148,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[StudyConfig, argparse
                    help='validation checks an epoch, the weights of each kept for the selected checks\' tests')
     p.add_argument('--smooth', type=int, default=3,
                    help='consecutive checks whose mean validation top-1 selection reads (odd)')
-    p.add_argument('--level', type=float, default=MATCHED_LEVEL,
-                   help='the matched level L (validation top-1, %%), fixed before any test (module docstring)')
+    p.add_argument('--level', type=float, default=None,
+                   help=f'the matched level L (validation top-1, %%), fixed before any test (module docstring; '
+                        f'default {MATCHED_LEVEL}); refused with --val-seed, where L is the rule\'s')
     p.add_argument('--device', default='cpu', help='torch device to train and test on (one per comparison)')
     p.add_argument('--tf32', choices=TF32, default='off',
                    help='TF32 on a CUDA device (resolution_study --tf32); off: full float32, as on a CPU')
@@ -154,6 +168,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[StudyConfig, argparse
     p.add_argument('--window', type=int, default=1,
                    help='checks (odd) centred on each selected check whose tests are averaged (--from only)')
     p.add_argument('--test-seed', type=int, default=TEST_SEED, help='the held-out scene set tested (--from only)')
+    p.add_argument('--val-seed', type=int, default=None,
+                   help='select on a validation set of this scene set drawn as the tests are (--from only)')
+    p.add_argument('--val-images', type=int, default=VAL_IMAGES, help='the --val-seed set\'s scenes')
     args = p.parse_args(argv)
     shard_index, num_shards = parse_shard(p, args.shard)
     if args.fields - args.val_fields < 128 or args.val_fields < 1 or args.test_images < 1:
@@ -168,6 +185,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[StudyConfig, argparse
     if args.source is not None and args.test_seed in (TRAIN_SEED, TEST_SEED):
         p.error(f'--test-seed {args.test_seed} is not a fresh scene set (training fields: {TRAIN_SEED}, the '
                 f'trained study\'s tests: {TEST_SEED})')
+    if args.val_seed is not None:
+        if args.source is None or args.level is not None or args.val_images < 1:
+            p.error('--val-seed selects the checks of a trained study again (give --from), with the rule\'s level '
+                    '(no --level), on --val-images >= 1 scenes')
+        if args.val_seed in (TRAIN_SEED, TEST_SEED, args.test_seed):
+            p.error(f'--val-seed {args.val_seed} is not a scene set of its own (training fields: {TRAIN_SEED}, '
+                    f'tests: {TEST_SEED} and {args.test_seed})')
+    elif args.level is None:
+        args.level = MATCHED_LEVEL
     if args.jobs < 1 or args.threads < 1:
         p.error(f'--jobs and --threads must be >= 1, got {args.jobs} and {args.threads}')
     config = study_config(args.variants, args.seeds, args.fields - args.val_fields, args.test_images, args.epochs,
@@ -243,6 +269,12 @@ def load_tests(config: StudyConfig, pool: Executor | None = None, seed: int = TE
     scenes, labels = test_scenes(config.test_images, seed)
     y = torch.from_numpy(labels)
     return {s: (draw(scenes, TEST_SIDE, s, pool), y) for s in TEST_SIZES}
+
+
+def load_validation(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A validation set drawn as the 56 px test is (``count`` scenes of set ``seed``) and its labels."""
+    scenes, labels = test_scenes(count, seed)
+    return draw(scenes, TEST_SIDE, TRAIN_SIZE), torch.from_numpy(labels)
 
 
 def test_images(test: Drawn | DrawnResized, drawings: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -339,36 +371,68 @@ def test_checks(model, variant: str, seed: int, trained: StudyConfig, checks: Se
     return tests
 
 
+def trained_here(variant: str, seed: int, source: StudyConfig, origin: dict, checks: Sequence[int]) -> dict:
+    """The record of a run of the study ``source``, refused unless it trained on this accelerator (``origin``'s)
+    and the weights of every one of ``checks`` lie under its run folder."""
+    trained = run(variant, seed, source, None)
+    if trained['accelerator'] != origin['accelerator']:
+        raise SystemExit(f'[native] {variant} seed {seed} of {source.name} trained on {trained["accelerator"]}, '
+                         f'not on {origin["accelerator"]}: a comparison is tested where it trained')
+    missing = [i for i in checks if not check_path(source, variant, seed, i).is_file()]
+    if missing:
+        raise SystemExit(f'[native] {variant} seed {seed}: the weights of checks {missing} of {source.name} are not '
+                         f'on this machine (git keeps no weights): train {source.name} here first (a run trains '
+                         'the same weights again from its seed)')
+    return trained
+
+
+def revalidate(variant: str, seed: int, config: StudyConfig, source: StudyConfig, data, origin: dict,
+               val_seed: int) -> dict:
+    """The validation top-1 of every check of a run of ``source`` on ``data`` (``load_validation``'s set
+    ``val_seed``), kept as the run's validation.json (``{variant, seed, checks: [{check, epoch, val}], val_seed,
+    val_images}`` and ``origin``); read back where it is there already."""
+    path = config.run_dir(variant, seed) / 'validation.json'
+    if path.is_file():
+        return json.loads(path.read_text())
+    checks = run(variant, seed, source, None)['checks']
+    trained_here(variant, seed, source, origin, [c['check'] for c in checks])
+    model = build_model(variant, config).to(config.device)
+    curve = []
+    for c in checks:
+        model.load_state_dict(torch.load(check_path(source, variant, seed, c['check']), map_location=config.device))
+        val = evaluate(model, *data, [Given(TRAIN_SIZE)], config)[Given(TRAIN_SIZE).key]
+        curve.append(dict(check=c['check'], epoch=c['epoch'], val=round(val, 2)))
+    print(f'[native] {variant} seed {seed}: validated on set {val_seed} at {len(curve)} checks', flush=True)
+    record = dict(variant=variant, seed=seed, checks=curve, val_seed=val_seed, val_images=len(data[1]), **origin)
+    atomic_write(path, json.dumps(record, indent=2).encode())
+    return record
+
+
 def retest(variant: str, seed: int, config: StudyConfig, source: StudyConfig, data, origin: dict | None = None,
-           smooth: int = 3, level: float = MATCHED_LEVEL, width: int = 3, test_seed: int = TEST_SEED) -> dict:
+           smooth: int = 3, level: float = MATCHED_LEVEL, width: int = 3, test_seed: int = TEST_SEED,
+           validation: dict | None = None) -> dict:
     """One run of the study ``source``, trained already (its record in git, its checks' weights on this machine),
     tested again on ``data`` (``load_tests``' drawings of the scene set ``test_seed``): every test at every check
-    in the windows of ``width`` checks centred on its final and matched checks (``run_checks`` on its recorded
-    validation with ``smooth`` and ``level``). The record holds the source run's validation curve and training
-    log, what trained it (``trained``: study, commit, torch) and this invocation's ``origin``; a run is tested on
+    in the windows of ``width`` checks centred on its final and matched checks (``run_checks`` with ``smooth`` and
+    ``level`` on its recorded validation, or on ``validation``'s curve where given: ``revalidate``'s). The record
+    holds the validation curve selection read, the source run's training log, what trained it (``trained``:
+    study, commit, torch), ``validation``'s set where given and this invocation's ``origin``; a run is tested on
     the accelerator that trained it."""
     result_path = config.run_dir(variant, seed) / 'result.json'
     if result_path.is_file():
         return json.loads(result_path.read_text())
     if origin is None:
         raise ValueError(f'{variant} seed {seed} is not tested yet: testing needs its provenance (origin)')
-    trained = run(variant, seed, source, None)
-    if trained['accelerator'] != origin['accelerator']:
-        raise SystemExit(f'[native] {variant} seed {seed} of {source.name} trained on {trained["accelerator"]}, '
-                         f'not on {origin["accelerator"]}: a comparison is tested where it trained')
-    checks = trained['checks']
+    checks = (validation or run(variant, seed, source, None))['checks']
     ids = sorted({i for check in run_checks(checks, smooth, level).values() for i in window(checks, check, width)})
-    missing = [i for i in ids if not check_path(source, variant, seed, i).is_file()]
-    if missing:
-        raise SystemExit(f'[native] {variant} seed {seed}: the weights of checks {missing} of {source.name} are not '
-                         f'on this machine (git keeps no weights): train {source.name} here first (a run trains '
-                         'the same weights again from its seed)')
+    trained = trained_here(variant, seed, source, origin, ids)
     start = time.perf_counter()
     tests = test_checks(build_model(variant, config).to(config.device), variant, seed, source, ids, data)
     result = {k: trained[k] for k in ('variant', 'seed', 'device', 'epochs', 'iterations', 'params', 'train_seconds',
-                                      'log', 'checks', 'tf32')}
-    result.update(tests=tests, eval_seconds=round(time.perf_counter() - start, 1), smooth=smooth, level=level,
-                  window=width, test_seed=test_seed,
+                                      'log', 'tf32')}
+    result.update(checks=checks, tests=tests, eval_seconds=round(time.perf_counter() - start, 1), smooth=smooth,
+                  level=level, window=width, test_seed=test_seed,
+                  **({k: validation[k] for k in ('val_seed', 'val_images')} if validation else {}),
                   trained=dict(study=source.name, **{k: trained[k] for k in ('commit', 'torch', 'source_digest')}),
                   **origin)
     atomic_write(result_path, json.dumps(result, indent=2).encode())
@@ -378,9 +442,9 @@ def retest(variant: str, seed: int, config: StudyConfig, source: StudyConfig, da
 def checks_of(result: dict) -> tuple[list[dict], dict[str, dict]]:
     """A run's checks (``[{check, epoch, val}]``) and tests (``{str(check): {test key: top-1}}``); a run of the
     per-epoch form (``native_matched``: validation and every test after each epoch, in its log) reads as one
-    check per epoch."""
+    check per epoch; a record without tests (``revalidate``'s) as none."""
     if 'checks' in result:
-        return result['checks'], result['tests']
+        return result['checks'], result.get('tests', {})
     return ([dict(check=e['epoch'], epoch=e['epoch'], val=e['val']) for e in result['log']],
             {str(e['epoch']): e['top1'] for e in result['log']})
 
@@ -559,6 +623,12 @@ def _scene_set(meta: dict) -> str:
             if meta.get('source') else '')
 
 
+def _validation(meta: dict) -> str:
+    return (f'; the checks selected instead on validation set {meta["val_seed"]}: {meta["val_images"]} scenes drawn '
+            f'at {TRAIN_SIZE} px as the tests are, none of them a test scene'
+            if meta.get('val_seed') is not None else '')
+
+
 def _trained(meta: dict) -> str:
     return ('; the weights trained by ' + ', '.join(f'{study} at commit {commit}, torch {version}'
                                                     for study, commit, version in meta['trained'])
@@ -569,7 +639,8 @@ def render_markdown(summary: dict, config: StudyConfig, meta: dict) -> str:
     headline = summary['headline']
     per_epoch = meta.get('checks_per_epoch', 1)
     smooth = summary['smooth']
-    reading = 'validation top-1' + (f' (mean of {smooth} consecutive checks)' if smooth > 1 else '')
+    reading = ('validation top-1' + (f' on set {meta["val_seed"]}' if meta.get('val_seed') is not None else '')
+               + (f' (mean of {smooth} consecutive checks)' if smooth > 1 else ''))
     lines = []
     width = summary.get('window', 1)
     averaged = f'; tests averaged over the {width} checks centred there, fewer at the end' if width > 1 else ''
@@ -598,7 +669,8 @@ def render_markdown(summary: dict, config: StudyConfig, meta: dict) -> str:
         f'"final" where the position variants\' mean final validation top-1 lie within {MATCH_WITHIN:.0f} points '
         f'(here {summary["final_val_spread"]:.2f} apart); "epoch": the epochs done at the chosen checks (mean over '
         f'seeds); "validation": the {reading} there. Trained on {config.train_images} fields '
-        f'({meta["val_fields"]} more held out for validation), log-uniform crops (area {config.crop_scale}-1) to '
+        f'({meta["val_fields"]} more held out for validation{_validation(meta)}), log-uniform crops (area '
+        f'{config.crop_scale}-1) to '
         f'{TRAIN_SIZE} px, a shared convolutional stem of stride {config.patch} ({TRAIN_SIZE // config.patch} x '
         f'{TRAIN_SIZE // config.patch} tokens), global average pooling, {config.dim} wide, depth {config.depth}, '
         f'{config.epochs} epochs ({meta["iterations"]} iterations) on {meta["trained_on"]}, torch '
@@ -666,18 +738,34 @@ def train_runs(runs: list[tuple[str, int]], config: StudyConfig, args: argparse.
         run(variant, seed, config, data, origin, args.checks_per_epoch, args.smooth, args.level)
 
 
-def retest_runs(runs: list[tuple[str, int]], config: StudyConfig, args: argparse.Namespace) -> None:
+def retest_runs(runs: list[tuple[str, int]], config: StudyConfig, args: argparse.Namespace,
+                keys: Sequence[tuple[str, int]]) -> None:
     """Test ``runs`` of the study ``args.source`` again (``retest``), one after another; a run the source has not
-    trained yet is left for a later invocation."""
+    trained yet is left for a later invocation. With ``args.val_seed`` the runs are validated first
+    (``revalidate``) and tested once every run of ``keys`` (the whole grid) is validated, at the rule's level
+    over those curves."""
     origin = provenance(config.device)
     source = config.replace(name=args.source)
     ready = [(v, s) for v, s in runs if (source.run_dir(v, s) / 'result.json').is_file()]
     for variant, seed in sorted(set(runs) - set(ready)):
         print(f'[native] {variant} seed {seed} of {args.source} is not trained yet: left for a later invocation',
               flush=True)
+    level, validations = args.level, {}
+    if args.val_seed is not None and ready:
+        data = load_validation(args.val_images, args.val_seed)
+        validations = {key: revalidate(*key, config, source, data, origin, args.val_seed) for key in ready}
+        paths = [config.run_dir(*key) / 'validation.json' for key in keys]
+        waiting = [path.parent.name for path in paths if not path.is_file()]
+        if waiting:
+            print(f'[native] tests wait until every run is validated (not yet: {", ".join(waiting)})', flush=True)
+            return
+        level = select([json.loads(path.read_text()) for path in paths], config.variants, args.smooth)['level_rule']
+        print(f'[native] the matched level over every run\'s validation on set {args.val_seed}: {level:.2f}',
+              flush=True)
     data = load_tests(config, seed=args.test_seed) if ready else None
     for variant, seed in ready:
-        retest(variant, seed, config, source, data, origin, args.smooth, args.level, args.window, args.test_seed)
+        retest(variant, seed, config, source, data, origin, args.smooth, level, args.window, args.test_seed,
+               validations.get((variant, seed)))
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -688,7 +776,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     grid = Grid([(v, seed) for seed in config.seeds for v in config.variants], lambda k: [config.run_dir(*k)],
                 config.shard_index, config.num_shards)
     if grid.todo():
-        (train_runs if args.source is None else retest_runs)(grid.todo(), config, args)
+        if args.source is None:
+            train_runs(grid.todo(), config, args)
+        else:
+            retest_runs(grid.todo(), config, args, grid.keys)
     if not grid.complete('native'):
         return {}
     results = [run(v, seed, config, None) for v, seed in grid.keys]
@@ -696,7 +787,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     meta = dict(run_meta('benchmarks.native_detail', argv, start), train_images=config.train_images,
                 val_fields=args.val_fields, test_images=config.test_images, seeds=list(config.seeds),
                 epochs=config.epochs, checks_per_epoch=args.checks_per_epoch, smooth=args.smooth, level=args.level,
-                window=args.window, test_seed=args.test_seed, source=args.source,
+                window=args.window, test_seed=args.test_seed, source=args.source, val_seed=args.val_seed,
+                val_images=args.val_images if args.val_seed is not None else None,
                 iterations=results[0]['iterations'], device=config.device, tf32=config.tf32,
                 trained_on=trained_on([dict(r, device=r['accelerator']) for r in results]),
                 torch=sorted({r['torch'] for r in results}), commits=sorted({r['commit'] for r in results}),

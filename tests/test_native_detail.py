@@ -157,6 +157,47 @@ def test_a_trained_study_tested_again_on_fresh_scenes_averaging_a_window_of_chec
             native_detail.parse_args(TINY + bad)
 
 
+def test_a_trained_study_selected_again_on_a_validation_set_drawn_as_the_tests(tmp_path, committed):
+    base = TINY + ['--variants', 'none', 'cnn', '--seeds', '0', '1', '--fields', '272', '--checks-per-epoch', '2',
+                   '--work-dir', str(tmp_path / 'runs'), '--out', str(tmp_path / 'out')]
+    native_detail.main(base + ['--level', '30'])
+    again = base + ['--name', 'native_reval', '--from', 'native_checked', '--window', '3', '--test-seed', '4',
+                    '--val-seed', '3', '--val-images', '16']
+    runs = tmp_path / 'runs' / 'native_reval'
+    assert native_detail.main(again + ['--shard', '0/2']) == {}      # half validated: no test before every run is
+    assert len(list(runs.glob('*/validation.json'))) == 2 and not list(runs.glob('*/result.json'))
+    native_detail.main(again + ['--shard', '1/2'])
+    summary = native_detail.main(again)
+    saved = json.loads((tmp_path / 'out' / 'native_reval.json').read_text())
+    validations = [json.loads((runs / f'{r["variant"]}-seed{r["seed"]}' / 'validation.json').read_text())
+                   for r in saved['runs']]
+    level = native_detail.select(validations, ['none', 'cnn'], smooth=3)['level_rule']
+    assert summary['level'] == level and not summary['level_fixed'] and saved['meta']['val_seed'] == 3
+    x_val, y_val = native_detail.load_validation(16, 3)
+    config = native_detail.parse_args(base)[0]
+    for run, validation in zip(saved['runs'], validations, strict=True):
+        assert run['checks'] == validation['checks'] and (run['val_seed'], run['val_images']) == (3, 16)
+        assert run['level'] == level and run['test_seed'] == 4
+        chosen = native_detail.run_checks(run['checks'], 3, level)
+        key = f'{run["variant"]}-seed{run["seed"]}'
+        assert {name: saved['checks'][name][key] for name in chosen} == chosen
+        assert set(run['tests']) == {str(i) for c in chosen.values() for i in native_detail.window(run['checks'], c, 3)}
+    # a check's validation is its weights' top-1 on the set drawn as the 56 px test
+    model = native_detail.build_model('cnn', config)
+    model.load_state_dict(torch.load(tmp_path / 'runs' / 'native_checked' / 'cnn-seed1' / 'checks' / '002.pth'))
+    top1 = native_detail.evaluate(model, x_val, y_val, [native_detail.Given(56)], config)['given56']
+    assert validations[3]['checks'][1] == dict(check=2, epoch=1.0, val=round(top1, 2))
+    assert torch.equal(x_val, native_detail.draw(native_detail.test_scenes(16, 3)[0], native_detail.TEST_SIDE, 56))
+    text = (tmp_path / 'out' / 'native_reval.md').read_text()
+    assert f'validation top-1 on set 3 (mean of 3 consecutive checks) reaches {level:.2f};' in text
+    assert 'the checks selected instead on validation set 3: 16 scenes drawn at 56 px as the tests are' in text
+    source = ['--from', 'native_checked', '--test-seed', '4']
+    for bad in (['--val-seed', '3'], source + ['--val-seed', '3', '--level', '5'], source + ['--val-seed', '4'],
+                source + ['--val-seed', '1']):
+        with pytest.raises(SystemExit):
+            native_detail.parse_args(TINY + bad)
+
+
 def _run(variant, seed, vals, tops):
     return dict(variant=variant, seed=seed, log=[dict(epoch=i + 1, val=v, top1=t) for i, (v, t)
                                                  in enumerate(zip(vals, tops, strict=True))])
