@@ -449,28 +449,36 @@ def checks_of(result: dict) -> tuple[list[dict], dict[str, dict]]:
             {str(e['epoch']): e['top1'] for e in result['log']})
 
 
+def centred(i: int, width: int) -> slice:
+    """The ``width`` (odd) consecutive positions centred on position ``i``, fewer at the ends."""
+    return slice(max(0, i - width // 2), i + width // 2 + 1)
+
+
 def smoothed(values: Sequence[float], width: int) -> list[float]:
-    """The centred mean over ``width`` (odd) consecutive values, over fewer at the ends."""
-    half = width // 2
-    return [float(np.mean(values[max(0, i - half):i + half + 1])) for i in range(len(values))]
+    """The centred mean over ``width`` (odd) consecutive values (``centred``)."""
+    return [float(np.mean(values[centred(i, width)])) for i in range(len(values))]
 
 
 def window(checks: Sequence[dict], check: int, width: int) -> list[int]:
-    """The ids of the ``width`` (odd) consecutive checks centred on ``check``, fewer at the ends: the checks whose
-    mean validation top-1 the selection read there (``smoothed``)."""
+    """The ids of the ``width`` (odd) consecutive checks centred on ``check`` (``centred``): the checks whose mean
+    validation top-1 the selection read there (``smoothed``)."""
     ids = [c['check'] for c in checks]
-    i = ids.index(check)
-    return ids[max(0, i - width // 2):i + width // 2 + 1]
+    return ids[centred(ids.index(check), width)]
 
 
-def at_window(result: dict, check: int, width: int, key: str = 'tests') -> float | dict[str, float]:
-    """A run's mean over the ``width`` checks centred on ``check`` (``window``) of each test's top-1, or with
-    ``key='val'`` of its validation top-1; a KeyError names a check without tests."""
+def window_tests(result: dict, check: int, width: int) -> dict[str, float]:
+    """A run's mean of each test's top-1 over the ``width`` checks centred on ``check`` (``window``); a KeyError
+    names a check without tests."""
     checks, tests = checks_of(result)
     ids = window(checks, check, width)
-    if key == 'val':
-        return float(np.mean([c['val'] for c in checks if c['check'] in ids]))
     return {k: float(np.mean([tests[str(i)][k] for i in ids])) for k in tests[str(check)]}
+
+
+def window_val(result: dict, check: int, width: int) -> float:
+    """A run's mean validation top-1 over the ``width`` checks centred on ``check`` (``window``)."""
+    checks = checks_of(result)[0]
+    ids = window(checks, check, width)
+    return float(np.mean([c['val'] for c in checks if c['check'] in ids]))
 
 
 def run_checks(checks: Sequence[dict], smooth: int, level: float) -> dict[str, int]:
@@ -504,15 +512,15 @@ def summarise_analysis(results: list[dict], variants: Sequence[str], chosen: dic
                        smooth: int = 1) -> dict:
     """Per variant and test: validation top-1 as the selection read it (the mean of ``smooth`` checks) and test
     top-1 (mean ± sd) at the chosen checks (``{(variant, seed): check}``; each run's tests averaged over the
-    ``width`` checks centred there, ``at_window``), the paired change from 56 px and that change as a share of the
+    ``width`` checks centred there, ``window_tests``), the paired change from 56 px and that change as a share of the
     remaining error at 56 px (%); per pair of variants and test the paired difference in top-1 at 56 px and in
     the change; per larger test the leader (the largest mean change) and whether its interval against every other
     variant excludes zero."""
     by_variant = {v: sorted((r for r in results if r['variant'] == v), key=lambda r: r['seed']) for v in variants}
     at = {v: [next(c for c in checks_of(r)[0] if c['check'] == chosen[(v, r['seed'])]) for r in runs]
           for v, runs in by_variant.items()}
-    top1 = {v: [at_window(r, chosen[(v, r['seed'])], width) for r in runs] for v, runs in by_variant.items()}
-    val = {v: [at_window(r, chosen[(v, r['seed'])], smooth, 'val') for r in runs] for v, runs in by_variant.items()}
+    top1 = {v: [window_tests(r, chosen[(v, r['seed'])], width) for r in runs] for v, runs in by_variant.items()}
+    val = {v: [window_val(r, chosen[(v, r['seed'])], smooth) for r in runs] for v, runs in by_variant.items()}
     rows = []
     for v, tops in top1.items():
         runs = by_variant[v]
