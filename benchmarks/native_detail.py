@@ -54,13 +54,18 @@ the validation its selection read (the table's seed 2: 61.5 against 50.5), and b
 With ``--val-seed S`` the checks are selected on another validation set: ``--val-images`` scenes of set S drawn at
 56 px as the tests are (none of them a test scene), every check of every run validated on it before any test;
 L is the rule's value over these curves (computed once every run is validated, before any test; ``--level`` is
-refused). ``native_revalidated`` (``--name native_revalidated --from native_checked --window 3 --test-seed 4
---val-seed 3``) is ``native_checked``'s runs so selected (set 3, 2000 scenes; smooth 3, W 3) and tested on set 4,
-fixed once the tests showed the fields' validation split reading each variant differently from
-the 56 px test (test minus validation top-1 at ``native_checked``'s tested checks below 80% validation: CNN -5.0,
-no encoding -3.5, the table -2.6, PEG -0.5, circular PEG +1.0 points; on set 2 over ``native_windowed``'s first
-ten runs -5.1, -2.7, +0.7, -0.6, +2.3), so that no level on it matches the starts, and before scene sets 3 and 4
-were drawn.
+refused). ``--match nearest`` changes the rule (``MATCHES``): L is the lowest of the position variants' runs' best
+smoothed validation top-1, so that every run reaches it, and a run's matched check is, of the first check to reach
+L and the one before it, the nearer to L. ``native_revalidated`` (``--name native_revalidated --from
+native_checked --window 3 --test-seed 4 --val-seed 3 --match nearest``) is ``native_checked``'s runs so selected
+(set 3, 2000 scenes; smooth 3, W 3) and tested on set 4. Fixed before scene sets 3 and 4 were drawn, once the
+tests showed (1) the fields' validation split reading each variant differently from the 56 px test (test minus
+validation top-1 at ``native_checked``'s tested checks below 80% validation: CNN -5.0, no encoding -3.5, the
+table -2.6, PEG -0.5, circular PEG +1.0 points; on set 2 over ``native_windowed``'s first ten runs -5.1, -2.7,
++0.7, -0.6, +2.3), so that no level on it matches the starts, and (2) the 'first' rule leaving the runs apart on
+validation itself: runs that never reach L sit at their best and fast learners pass L by a check's rise (mean
+smoothed validation at ``native_checked``'s matched checks 59.77-61.75; on the same curves 'nearest' gives
+57.07-57.89).
 
 The earlier form of this study (``native_matched``: one check per epoch, every test at every check, no
 smoothing, 2000 test images) is rendered by the same code with ``--checks-per-epoch 1 --smooth 1 --level
@@ -77,9 +82,10 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import nullcontext
+from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -151,6 +157,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[StudyConfig, argparse
     p.add_argument('--level', type=float, default=None,
                    help=f'the matched level L (validation top-1, %%), fixed before any test (module docstring; '
                         f'default {MATCHED_LEVEL}); refused with --val-seed, where L is the rule\'s')
+    p.add_argument('--match', choices=list(MATCHES), default='first',
+                   help='the matched checks\' rule (MATCHES): first, the first check to reach L, L the lowest '
+                        'variant mean of the runs\' best; nearest, at the first crossing of L the nearer check, L the '
+                        'lowest run\'s best')
     p.add_argument('--device', default='cpu', help='torch device to train and test on (one per comparison)')
     p.add_argument('--tf32', choices=TF32, default='off',
                    help='TF32 on a CUDA device (resolution_study --tf32); off: full float32, as on a CPU')
@@ -319,11 +329,11 @@ def check_path(config: StudyConfig, variant: str, seed: int, check: int) -> Path
 
 
 def run(variant: str, seed: int, config: StudyConfig, data, origin: dict | None = None,
-        checks_per_epoch: int = 4, smooth: int = 3, level: float = MATCHED_LEVEL) -> dict:
+        checks_per_epoch: int = 4, smooth: int = 3, level: float = MATCHED_LEVEL, match: str = 'first') -> dict:
     """One (variant, seed) trained once (resumable), then tested: its validation top-1 at every check in the
     record's ``checks`` (each check's weights under its run's checks/), and every test (``data[2]``) at its
-    final and matched checks (``run_checks`` with ``smooth`` and ``level``) in its ``tests``; the record holds
-    ``origin`` (``provenance``), ``smooth`` and ``level``."""
+    final and matched checks (``run_checks`` with ``smooth``, ``level`` and ``match``) in its ``tests``; the record
+    holds ``origin`` (``provenance``), ``smooth``, ``level`` and ``match``."""
     run_dir = config.run_dir(variant, seed)
     result_path = run_dir / 'result.json'
     if result_path.is_file():
@@ -350,10 +360,10 @@ def run(variant: str, seed: int, config: StudyConfig, data, origin: dict | None 
 
     start = time.perf_counter()
     model, result = train(variant, seed, config, data[0], run_dir, after_check, checks_per_epoch)
-    result['tests'] = test_checks(model, variant, seed, config, sorted(set(run_checks(result['checks'], smooth,
-                                                                                   level).values())), data[2])
+    chosen = sorted(set(run_checks(result['checks'], smooth, level, match).values()))
+    result['tests'] = test_checks(model, variant, seed, config, chosen, data[2])
     seconds = time.perf_counter() - start - result['train_seconds']
-    result.update(eval_seconds=round(max(seconds, 0.), 1), smooth=smooth, level=level, **origin)
+    result.update(eval_seconds=round(max(seconds, 0.), 1), smooth=smooth, level=level, match=match, **origin)
     atomic_write(result_path, json.dumps(result, indent=2).encode())
     return result
 
@@ -410,28 +420,29 @@ def revalidate(variant: str, seed: int, config: StudyConfig, source: StudyConfig
 
 def retest(variant: str, seed: int, config: StudyConfig, source: StudyConfig, data, origin: dict | None = None,
            smooth: int = 3, level: float = MATCHED_LEVEL, width: int = 3, test_seed: int = TEST_SEED,
-           validation: dict | None = None) -> dict:
+           validation: dict | None = None, match: str = 'first') -> dict:
     """One run of the study ``source``, trained already (its record in git, its checks' weights on this machine),
     tested again on ``data`` (``load_tests``' drawings of the scene set ``test_seed``): every test at every check
-    in the windows of ``width`` checks centred on its final and matched checks (``run_checks`` with ``smooth`` and
-    ``level`` on its recorded validation, or on ``validation``'s curve where given: ``revalidate``'s). The record
-    holds the validation curve selection read, the source run's training log, what trained it (``trained``:
-    study, commit, torch), ``validation``'s set where given and this invocation's ``origin``; a run is tested on
-    the accelerator that trained it."""
+    in the windows of ``width`` checks centred on its final and matched checks (``run_checks`` with ``smooth``,
+    ``level`` and ``match`` on its recorded validation, or on ``validation``'s curve where given: ``revalidate``'s).
+    The record holds the validation curve selection read, the source run's training log, what trained it
+    (``trained``: study, commit, torch), ``validation``'s set where given and this invocation's ``origin``; a run
+    is tested on the accelerator that trained it."""
     result_path = config.run_dir(variant, seed) / 'result.json'
     if result_path.is_file():
         return json.loads(result_path.read_text())
     if origin is None:
         raise ValueError(f'{variant} seed {seed} is not tested yet: testing needs its provenance (origin)')
     checks = (validation or run(variant, seed, source, None))['checks']
-    ids = sorted({i for check in run_checks(checks, smooth, level).values() for i in window(checks, check, width)})
+    ids = sorted({i for check in run_checks(checks, smooth, level, match).values()
+                  for i in window(checks, check, width)})
     trained = trained_here(variant, seed, source, origin, ids)
     start = time.perf_counter()
     tests = test_checks(build_model(variant, config).to(config.device), variant, seed, source, ids, data)
     result = {k: trained[k] for k in ('variant', 'seed', 'device', 'epochs', 'iterations', 'params', 'train_seconds',
                                       'log', 'tf32')}
     result.update(checks=checks, tests=tests, eval_seconds=round(time.perf_counter() - start, 1), smooth=smooth,
-                  level=level, window=width, test_seed=test_seed,
+                  level=level, match=match, window=width, test_seed=test_seed,
                   **({k: validation[k] for k in ('val_seed', 'val_images')} if validation else {}),
                   trained=dict(study=source.name, **{k: trained[k] for k in ('commit', 'torch', 'source_digest')}),
                   **origin)
@@ -481,26 +492,59 @@ def window_val(result: dict, check: int, width: int) -> float:
     return float(np.mean([c['val'] for c in checks if c['check'] in ids]))
 
 
-def run_checks(checks: Sequence[dict], smooth: int, level: float) -> dict[str, int]:
-    """A run's 'final' check (its last) and 'matched' check (the first whose validation top-1, smoothed over
-    ``smooth`` checks, reaches ``level``; its best where none does), from ``checks`` (``[{check, val}]``)."""
-    vals = smoothed([c['val'] for c in checks], smooth)
+def first_reaching(vals: Sequence[float], level: float) -> int:
+    """The index of the first value that reaches ``level``; of the largest where none does."""
     reached = [i for i, v in enumerate(vals) if v >= level - 1e-9]
-    return dict(final=checks[-1]['check'], matched=checks[reached[0] if reached else int(np.argmax(vals))]['check'])
+    return reached[0] if reached else int(np.argmax(vals))
 
 
-def select(results: list[dict], variants: Sequence[str], smooth: int, level: float | None = None) -> dict:
+def nearer_crossing(vals: Sequence[float], level: float) -> int:
+    """Of the first value that reaches ``level`` (``first_reaching``) and the one before it, the index of the one
+    nearer to ``level`` (the first on a tie)."""
+    i = first_reaching(vals, level)
+    return i - 1 if i > 0 and vals[i] >= level - 1e-9 and level - vals[i - 1] < vals[i] - level else i
+
+
+@dataclass(frozen=True)
+class Match:
+    """A rule for the matched checks: ``level`` gives L from the position variants' best smoothed validation
+    top-1 per run (``{variant: [best per seed]}``); ``pick`` gives a run's matched check (an index) from its
+    smoothed validation curve and L; ``text`` says which check that is in the report ({reading}, {level})."""
+    level: Callable[[dict[str, list[float]]], float]
+    pick: Callable[[Sequence[float], float], int]
+    text: str
+
+
+MATCHES = {
+    'first': Match(lambda best: min(float(np.mean(b)) for b in best.values()), first_reaching,
+                   'the first check whose {reading} reaches {level}'),
+    'nearest': Match(lambda best: min(min(b) for b in best.values()), nearer_crossing,
+                     'where its {reading} first reaches {level} (the lowest of every run\'s best, so that every run '
+                     'reaches it), that check or the one before, whichever lies nearer'),
+}
+
+
+def run_checks(checks: Sequence[dict], smooth: int, level: float, match: str = 'first') -> dict[str, int]:
+    """A run's 'final' check (its last) and 'matched' check (``MATCHES[match].pick`` on its validation top-1
+    smoothed over ``smooth`` checks, with ``level``: for 'first' the first check to reach it, its best where none
+    does), from ``checks`` (``[{check, val}]``)."""
+    vals = smoothed([c['val'] for c in checks], smooth)
+    return dict(final=checks[-1]['check'], matched=checks[MATCHES[match].pick(vals, level)]['check'])
+
+
+def select(results: list[dict], variants: Sequence[str], smooth: int, level: float | None = None,
+           match: str = 'first') -> dict:
     """The two analyses' check per run (``{(variant, seed): check}``), the matched level (``level`` where given,
-    else the rule's: the lowest of the position variants' mean best smoothed validation top-1, which is also
-    returned as ``level_rule``) and the headline's analysis, from validation top-1 alone, smoothed over
-    ``smooth`` checks (module docstring)."""
+    else the rule's, ``MATCHES[match].level``: for 'first' the lowest of the position variants' mean best
+    smoothed validation top-1; also returned as ``level_rule``) and the headline's analysis, from validation
+    top-1 alone, smoothed over ``smooth`` checks (module docstring)."""
     position = [v for v in variants if not VARIANTS[v].cnn]
     curves = {(r['variant'], r['seed']): checks_of(r)[0] for r in results}
     vals = {key: smoothed([c['val'] for c in checks], smooth) for key, checks in curves.items()}
-    best = [float(np.mean([max(v) for (variant, _), v in vals.items() if variant == p])) for p in position]
-    rule = min(best) if best else 0.
+    best = {p: [max(v) for (variant, _), v in vals.items() if variant == p] for p in position}
+    rule = MATCHES[match].level(best) if position else 0.
     level = rule if level is None else level
-    per_run = {key: run_checks(checks, smooth, level) for key, checks in curves.items()}
+    per_run = {key: run_checks(checks, smooth, level, match) for key, checks in curves.items()}
     final_val = [float(np.mean([v[-1] for (variant, _), v in vals.items() if variant == p])) for p in position]
     spread = max(final_val) - min(final_val) if final_val else 0.
     return dict(checks={name: {key: c[name] for key, c in per_run.items()} for name in ('final', 'matched')},
@@ -558,25 +602,25 @@ def summarise_analysis(results: list[dict], variants: Sequence[str], chosen: dic
 
 
 def summarise(results: list[dict], config: StudyConfig, smooth: int, level: float | None = None,
-              width: int = 1) -> dict:
-    """Both analyses (``summarise_analysis``) at the checks ``select`` picks with ``smooth`` and ``level`` (None:
-    the rule's, for a study whose every check was tested), each run's tests averaged over the ``width`` checks
-    centred there; refuses runs without tests at those checks."""
-    chosen = select(results, config.variants, smooth, level)
+              width: int = 1, match: str = 'first') -> dict:
+    """Both analyses (``summarise_analysis``) at the checks ``select`` picks with ``smooth``, ``level`` (None: the
+    rule's, for a study whose every check was tested or whose level the rule gave) and ``match``, each run's tests
+    averaged over the ``width`` checks centred there; refuses runs without tests at those checks."""
+    chosen = select(results, config.variants, smooth, level, match)
     run_of = {(r['variant'], r['seed']): r for r in results}
     untested = sorted(f'{v}-seed{s} (check {i})' for per_run in chosen['checks'].values()
                       for (v, s), c in per_run.items() for i in window(checks_of(run_of[(v, s)])[0], c, width)
                       if str(i) not in checks_of(run_of[(v, s)])[1])
     if untested:
         raise SystemExit(f'[native] no tests at the checks that --smooth {smooth} --level {level} --window {width} '
-                         f'select: {", ".join(untested)}; each run is tested at the checks its own record\'s smooth, '
-                         'level and window select')
+                         f'--match {match} select: {", ".join(untested)}; each run is tested at the checks its own '
+                         'record\'s smooth, level, window and match select')
     analyses = {name: summarise_analysis(results, config.variants, checks, width, smooth)
                 for name, checks in chosen['checks'].items()}
     checks = {name: {f'{v}-seed{s}': c for (v, s), c in per_run.items()} for name, per_run in chosen['checks'].items()}
     return dict(analyses=analyses, checks=checks, level=chosen['level'], level_rule=chosen['level_rule'],
                 level_fixed=level is not None, final_val_spread=chosen['final_val_spread'],
-                headline=chosen['headline'], smooth=smooth, window=width)
+                headline=chosen['headline'], smooth=smooth, window=width, match=match)
 
 
 def heading(key: str) -> str:
@@ -655,7 +699,8 @@ def render_markdown(summary: dict, config: StudyConfig, meta: dict) -> str:
     for name in (headline, 'matched' if headline == 'final' else 'final'):
         analysis = summary['analyses'][name]
         title = (f'Final epoch{f" ({averaged[2:]})" if averaged else ""}' if name == 'final' else
-                 f'Matched checkpoints (per run the first check whose {reading} reaches {summary["level"]:.2f}'
+                 'Matched checkpoints (per run '
+                 + MATCHES[summary.get('match', 'first')].text.format(reading=reading, level=f'{summary["level"]:.2f}')
                  + (f', fixed before any test; the rule over all runs gives {summary["level_rule"]:.2f}'
                     if summary.get('level_fixed') else '')
                  + f'; {per_epoch} check{"s" if per_epoch > 1 else ""} an epoch{averaged})')
@@ -722,7 +767,7 @@ def _load_shared(path: Path, threads: int) -> None:
 
 
 def _run_shared(variant: str, seed: int, config: StudyConfig, origin: dict, args: argparse.Namespace) -> str:
-    run(variant, seed, config, _SHARED['data'], origin, args.checks_per_epoch, args.smooth, args.level)
+    run(variant, seed, config, _SHARED['data'], origin, args.checks_per_epoch, args.smooth, args.level, args.match)
     return f'{variant}-seed{seed}'
 
 
@@ -743,7 +788,7 @@ def train_runs(runs: list[tuple[str, int]], config: StudyConfig, args: argparse.
                                      [origin] * len(runs), [args] * len(runs)):
                     print(f'[native] {done} finished', flush=True)
     for variant, seed in runs:
-        run(variant, seed, config, data, origin, args.checks_per_epoch, args.smooth, args.level)
+        run(variant, seed, config, data, origin, args.checks_per_epoch, args.smooth, args.level, args.match)
 
 
 def retest_runs(runs: list[tuple[str, int]], config: StudyConfig, args: argparse.Namespace,
@@ -767,13 +812,14 @@ def retest_runs(runs: list[tuple[str, int]], config: StudyConfig, args: argparse
         if waiting:
             print(f'[native] tests wait until every run is validated (not yet: {", ".join(waiting)})', flush=True)
             return
-        level = select([json.loads(path.read_text()) for path in paths], config.variants, args.smooth)['level_rule']
+        level = select([json.loads(path.read_text()) for path in paths], config.variants, args.smooth,
+                       match=args.match)['level_rule']
         print(f'[native] the matched level over every run\'s validation on set {args.val_seed}: {level:.2f}',
               flush=True)
     data = load_tests(config, seed=args.test_seed) if ready else None
     for variant, seed in ready:
         retest(variant, seed, config, source, data, origin, args.smooth, level, args.window, args.test_seed,
-               validations.get((variant, seed)))
+               validations.get((variant, seed)), args.match)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -791,10 +837,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if not grid.complete('native'):
         return {}
     results = [run(v, seed, config, None) for v, seed in grid.keys]
-    summary = summarise(results, config, args.smooth, args.level, args.window)
+    summary = summarise(results, config, args.smooth, args.level, args.window, args.match)
     meta = dict(run_meta('benchmarks.native_detail', argv, start), train_images=config.train_images,
                 val_fields=args.val_fields, test_images=config.test_images, seeds=list(config.seeds),
                 epochs=config.epochs, checks_per_epoch=args.checks_per_epoch, smooth=args.smooth, level=args.level,
+                match=args.match,
                 window=args.window, test_seed=args.test_seed, source=args.source, val_seed=args.val_seed,
                 val_images=args.val_images if args.val_seed is not None else None,
                 iterations=results[0]['iterations'], device=config.device, tf32=config.tf32,

@@ -162,7 +162,7 @@ def test_a_trained_study_selected_again_on_a_validation_set_drawn_as_the_tests(t
                    '--work-dir', str(tmp_path / 'runs'), '--out', str(tmp_path / 'out')]
     native_detail.main(base + ['--level', '30'])
     again = base + ['--name', 'native_reval', '--from', 'native_checked', '--window', '3', '--test-seed', '4',
-                    '--val-seed', '3', '--val-images', '16']
+                    '--val-seed', '3', '--val-images', '16', '--match', 'nearest']
     runs = tmp_path / 'runs' / 'native_reval'
     assert native_detail.main(again + ['--shard', '0/2']) == {}      # half validated: no test before every run is
     assert len(list(runs.glob('*/validation.json'))) == 2 and not list(runs.glob('*/result.json'))
@@ -171,14 +171,14 @@ def test_a_trained_study_selected_again_on_a_validation_set_drawn_as_the_tests(t
     saved = json.loads((tmp_path / 'out' / 'native_reval.json').read_text())
     validations = [json.loads((runs / f'{r["variant"]}-seed{r["seed"]}' / 'validation.json').read_text())
                    for r in saved['runs']]
-    level = native_detail.select(validations, ['none', 'cnn'], smooth=3)['level_rule']
+    level = native_detail.select(validations, ['none', 'cnn'], smooth=3, match='nearest')['level_rule']
     assert summary['level'] == level and not summary['level_fixed'] and saved['meta']['val_seed'] == 3
     x_val, y_val = native_detail.load_validation(16, 3)
     config = native_detail.parse_args(base)[0]
     for run, validation in zip(saved['runs'], validations, strict=True):
         assert run['checks'] == validation['checks'] and (run['val_seed'], run['val_images']) == (3, 16)
-        assert run['level'] == level and run['test_seed'] == 4
-        chosen = native_detail.run_checks(run['checks'], 3, level)
+        assert (run['level'], run['match'], run['test_seed']) == (level, 'nearest', 4)
+        chosen = native_detail.run_checks(run['checks'], 3, level, 'nearest')
         key = f'{run["variant"]}-seed{run["seed"]}'
         assert {name: saved['checks'][name][key] for name in chosen} == chosen
         assert set(run['tests']) == {str(i) for c in chosen.values() for i in native_detail.window(run['checks'], c, 3)}
@@ -189,7 +189,9 @@ def test_a_trained_study_selected_again_on_a_validation_set_drawn_as_the_tests(t
     assert validations[3]['checks'][1] == dict(check=2, epoch=1.0, val=round(top1, 2))
     assert torch.equal(x_val, native_detail.draw(native_detail.test_scenes(16, 3)[0], native_detail.TEST_SIDE, 56))
     text = (tmp_path / 'out' / 'native_reval.md').read_text()
-    assert f'validation top-1 on set 3 (mean of 3 consecutive checks) reaches {level:.2f};' in text
+    assert (f'where its validation top-1 on set 3 (mean of 3 consecutive checks) first reaches {level:.2f} (the '
+            "lowest of every run's best, so that every run reaches it), that check or the one before, whichever lies "
+            'nearer;') in text
     assert 'the checks selected instead on validation set 3: 16 scenes drawn at 56 px as the tests are' in text
     source = ['--from', 'native_checked', '--test-seed', '4']
     for bad in (['--val-seed', '3'], source + ['--val-seed', '3', '--level', '5'], source + ['--val-seed', '4'],
@@ -247,6 +249,26 @@ def test_selection_reads_validation_smoothed_over_consecutive_checks():
         ('none', 0): 6, ('none', 1): 3, ('peg_0-5', 0): 6, ('peg_0-5', 1): 3}
 
 
+def test_the_nearest_rule_sets_a_level_every_run_reaches_and_picks_the_nearer_check_around_its_crossing():
+    results = [_checked('none', 0, [40, 46, 48, 50, 52, 54]), _checked('none', 1, [40, 44, 75, 44, 50, 56]),
+               _checked('peg_0-5', 0, [40, 45, 50, 55, 60, 65]), _checked('peg_0-5', 1, [40, 50, 65, 60, 70, 80]),
+               _checked('cnn', 0, [30, 31, 32, 33, 34, 35]), _checked('cnn', 1, [30, 60, 61, 62, 63, 64])]
+    chosen = native_detail.select(results, ['none', 'peg_0-5', 'cnn'], smooth=1, match='nearest')
+    assert chosen['level'] == 54.            # none seed 0's best, the lowest of the position variants' runs
+    # none 0 reaches 54 exactly; none 1 jumps 44 -> 75 and peg 1 50 -> 65: the check before lies nearer; peg 0's
+    # 55 lies nearer than 50; the CNN (no position variant: no part in L) at its best where it never reaches it
+    assert chosen['checks']['matched'] == {('none', 0): 6, ('none', 1): 2, ('peg_0-5', 0): 4, ('peg_0-5', 1): 2,
+                                           ('cnn', 0): 6, ('cnn', 1): 2}
+    assert native_detail.nearer_crossing([50, 60], 55.) == 1 and native_detail.nearer_crossing([60, 70], 50.) == 0
+    summary = native_detail.summarise(
+        [dict(r, tests={str(c['check']): dict.fromkeys(native_detail.test_keys(), 50.) for c in r['checks']})
+         for r in results], native_detail.parse_args(TINY + ['--variants', 'none', 'peg_0-5', 'cnn'])[0], smooth=1,
+        match='nearest')
+    assert summary['level'] == 54. and summary['match'] == 'nearest'
+    with pytest.raises(SystemExit):
+        native_detail.parse_args(TINY + ['--match', 'closest'])
+
+
 def test_checks_are_spread_evenly_over_an_epoch():
     from benchmarks.study.trainer import check_steps
     assert check_steps(56, 4) == [14, 28, 42, 56] and check_steps(7, 3) == [2, 5, 7] and check_steps(5, 1) == [5]
@@ -264,7 +286,8 @@ def test_a_fixed_level_replaces_the_rule_and_the_rule_is_still_reported():
     for r in results:
         r['tests'] = {str(c): {} for c in native_detail.run_checks(r['checks'], 1, 50.).values()}
     config, _ = native_detail.parse_args(TINY + ['--variants', 'none', 'peg_0-5'])
-    with pytest.raises(SystemExit, match=r'--smooth 1 --level 60.0 --window 1 select: peg_0-5-seed0 \(check 5\);'):
+    with pytest.raises(SystemExit, match=r'--smooth 1 --level 60.0 --window 1 --match first select: peg_0-5-seed0 '
+                                         r'\(check 5\);'):
         native_detail.summarise(results, config, smooth=1, level=60.)
 
 

@@ -189,7 +189,8 @@ def load_native(name: str, results: Path = RESULTS) -> NativeSummary:
     # the per-epoch form (native_matched) predates these two settings: one check an epoch, no smoothing
     meta = dict(meta, checks_per_epoch=meta.get('checks_per_epoch', 1))
     return NativeSummary(name, config, meta, native_detail.summarise(runs, config, meta.get('smooth', 1),
-                                                                     meta.get('level'), meta.get('window', 1)))
+                                                                     meta.get('level'), meta.get('window', 1),
+                                                                     meta.get('match', 'first')))
 
 
 def load_study(study: Study, results: Path = RESULTS) -> Summary | dict[str, Summary]:
