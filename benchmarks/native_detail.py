@@ -400,20 +400,21 @@ def revalidate(variant: str, seed: int, config: StudyConfig, source: StudyConfig
                val_seed: int) -> dict:
     """The validation top-1 of every check of a run of ``source`` on ``data`` (``load_validation``'s set
     ``val_seed``), kept as the run's validation.json (``{variant, seed, checks: [{check, epoch, val}], val_seed,
-    val_images}`` and ``origin``); read back where it is there already."""
+    val_images, val_seconds}`` and ``origin``); read back where it is there already."""
     path = config.run_dir(variant, seed) / 'validation.json'
     if path.is_file():
         return json.loads(path.read_text())
     checks = run(variant, seed, source, None)['checks']
     trained_here(variant, seed, source, origin, [c['check'] for c in checks])
     model = build_model(variant, config).to(config.device)
-    curve = []
+    curve, start = [], time.perf_counter()
     for c in checks:
         model.load_state_dict(torch.load(check_path(source, variant, seed, c['check']), map_location=config.device))
         val = evaluate(model, *data, [Given(TRAIN_SIZE)], config)[Given(TRAIN_SIZE).key]
         curve.append(dict(check=c['check'], epoch=c['epoch'], val=round(val, 2)))
     print(f'[native] {variant} seed {seed}: validated on set {val_seed} at {len(curve)} checks', flush=True)
-    record = dict(variant=variant, seed=seed, checks=curve, val_seed=val_seed, val_images=len(data[1]), **origin)
+    record = dict(variant=variant, seed=seed, checks=curve, val_seed=val_seed, val_images=len(data[1]),
+                  val_seconds=round(time.perf_counter() - start, 1), **origin)
     atomic_write(path, json.dumps(record, indent=2).encode())
     return record
 
@@ -443,7 +444,7 @@ def retest(variant: str, seed: int, config: StudyConfig, source: StudyConfig, da
                                       'log', 'tf32')}
     result.update(checks=checks, tests=tests, eval_seconds=round(time.perf_counter() - start, 1), smooth=smooth,
                   level=level, match=match, window=width, test_seed=test_seed,
-                  **({k: validation[k] for k in ('val_seed', 'val_images')} if validation else {}),
+                  **({k: validation[k] for k in ('val_seed', 'val_images', 'val_seconds')} if validation else {}),
                   trained=dict(study=source.name, **{k: trained[k] for k in ('commit', 'torch', 'source_digest')}),
                   **origin)
     atomic_write(result_path, json.dumps(result, indent=2).encode())
@@ -681,6 +682,11 @@ def _validation(meta: dict) -> str:
             if meta.get('val_seed') is not None else '')
 
 
+def _cost(meta: dict) -> str:
+    return (' (their ' + ('validation and ' if meta.get('val_seed') is not None else '')
+            + f'tests; the training is {meta["source"]}\'s)' if meta.get('source') else '')
+
+
 def _trained(meta: dict) -> str:
     return ('; the weights trained by ' + ', '.join(f'{study} at commit {commit}, torch {version}'
                                                     for study, commit, version in meta['trained'])
@@ -729,7 +735,7 @@ def render_markdown(summary: dict, config: StudyConfig, meta: dict) -> str:
         f'{config.epochs} epochs ({meta["iterations"]} iterations) on {meta["trained_on"]}, torch '
         f'{", ".join(meta["torch"])}, commit {", ".join(c[:10] for c in meta["commits"])}{_trained(meta)}. '
         f'Parameters: '
-        f'{meta["params"]}. Run time summed over the runs: {meta["run_minutes"]} min; this invocation: '
+        f'{meta["params"]}. Run time summed over the runs{_cost(meta)}: {meta["run_minutes"]} min; this invocation: '
         f'{meta["wall_minutes"]} min.\n\n`{meta["command"]}`\n')
 
 
@@ -822,6 +828,12 @@ def retest_runs(runs: list[tuple[str, int]], config: StudyConfig, args: argparse
                validations.get((variant, seed)), args.match)
 
 
+def run_seconds(result: dict) -> float:
+    """What a run cost here: its training (none for a run tested again: its source's), validation and tests."""
+    return (0. if 'trained' in result else result['train_seconds']) + result.get('val_seconds', 0.) \
+        + result['eval_seconds']
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     """Train and test this shard's runs, then (once every run is trained and tested) write the study's
     outputs."""
@@ -852,7 +864,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 params={r['variant']: r['params'] for r in results},
                 object_scales=object_scales(config, args.val_fields, test_seed=args.test_seed),
                 replaced=list(REPLACED.get(config.name, ())),
-                run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1))
+                run_minutes=round(sum(run_seconds(r) for r in results) / 60, 1))
     headline = summary['analyses'][summary['headline']]
     write_report(config.out, config.name, dict(meta=meta, **summary, runs=results),
                  render_markdown(summary, config, meta),

@@ -145,6 +145,9 @@ def test_a_trained_study_tested_again_on_fresh_scenes_averaging_a_window_of_chec
     text = (tmp_path / 'out' / 'native_again.md').read_text()
     assert 'tests averaged over the 3 checks centred there' in text and "none of native_checked's test scenes" in text
     assert 'the weights trained by native_checked at commit 0000000000' in text
+    # the run time counts what ran here: the tests, not the source's training
+    assert saved['meta']['run_minutes'] == round(sum(r['eval_seconds'] for r in saved['runs']) / 60, 1)
+    assert "Run time summed over the runs (their tests; the training is native_checked's)" in text
     # its weights gone, a run cannot be tested again; nor are the options taken without --from or on used scenes
     for path in (tmp_path / 'runs' / 'native_checked' / 'cnn-seed1' / 'checks').iterdir():
         path.unlink()
@@ -193,6 +196,9 @@ def test_a_trained_study_selected_again_on_a_validation_set_drawn_as_the_tests(t
             "lowest of every run's best, so that every run reaches it), that check or the one before, whichever lies "
             'nearer;') in text
     assert 'the checks selected instead on validation set 3: 16 scenes drawn at 56 px as the tests are' in text
+    assert all(run['val_seconds'] >= 0 for run in saved['runs']) and saved['meta']['run_minutes'] == round(
+        sum(r['val_seconds'] + r['eval_seconds'] for r in saved['runs']) / 60, 1)
+    assert "Run time summed over the runs (their validation and tests; the training is native_checked's)" in text
     source = ['--from', 'native_checked', '--test-seed', '4']
     for bad in (['--val-seed', '3'], source + ['--val-seed', '3', '--level', '5'], source + ['--val-seed', '4'],
                 source + ['--val-seed', '1']):
