@@ -368,12 +368,18 @@ def run(variant: str, seed: int, config: StudyConfig, data, origin: dict | None 
     return result
 
 
+def weights_at(model, variant: str, seed: int, trained: StudyConfig, checks: Sequence[int]):
+    """Each of ``checks`` in turn, ``model`` holding that check's weights from the run of ``trained``."""
+    for check in checks:
+        model.load_state_dict(torch.load(check_path(trained, variant, seed, check), map_location=trained.device))
+        yield check
+
+
 def test_checks(model, variant: str, seed: int, trained: StudyConfig, checks: Sequence[int], drawings: dict) -> dict:
     """Every test (``TESTS``, on ``load_tests``' ``drawings``) of ``model`` at each of ``checks``, its weights read
     from the run of ``trained``: ``{str(check): {test key: top-1}}``."""
     tests = {}
-    for check in checks:
-        model.load_state_dict(torch.load(check_path(trained, variant, seed, check), map_location=trained.device))
+    for check in weights_at(model, variant, seed, trained, checks):
         top1 = {t.key: evaluate(model, *test_images(t, drawings), [t], trained)[t.key] for t in TESTS}
         tests[str(check)] = {k: round(v, 2) for k, v in top1.items()}
         print(f'[native] {variant} seed {seed} check {check}: ' + ', '.join(f'{k} {v:.2f}' for k, v in top1.items()),
@@ -407,11 +413,10 @@ def revalidate(variant: str, seed: int, config: StudyConfig, source: StudyConfig
     checks = run(variant, seed, source, None)['checks']
     trained_here(variant, seed, source, origin, [c['check'] for c in checks])
     model = build_model(variant, config).to(config.device)
-    curve, start = [], time.perf_counter()
-    for c in checks:
-        model.load_state_dict(torch.load(check_path(source, variant, seed, c['check']), map_location=config.device))
+    epochs, curve, start = {c['check']: c['epoch'] for c in checks}, [], time.perf_counter()
+    for check in weights_at(model, variant, seed, source, list(epochs)):
         val = evaluate(model, *data, [Given(TRAIN_SIZE)], config)[Given(TRAIN_SIZE).key]
-        curve.append(dict(check=c['check'], epoch=c['epoch'], val=round(val, 2)))
+        curve.append(dict(check=check, epoch=epochs[check], val=round(val, 2)))
     print(f'[native] {variant} seed {seed}: validated on set {val_seed} at {len(curve)} checks', flush=True)
     record = dict(variant=variant, seed=seed, checks=curve, val_seed=val_seed, val_images=len(data[1]),
                   val_seconds=round(time.perf_counter() - start, 1), **origin)
