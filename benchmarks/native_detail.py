@@ -525,8 +525,8 @@ MATCHES = {
     'first': Match(lambda best: min(float(np.mean(b)) for b in best.values()), first_reaching,
                    'the first check whose {reading} reaches {level}'),
     'nearest': Match(lambda best: min(min(b) for b in best.values()), nearer_crossing,
-                     'where its {reading} first reaches {level} (the lowest of every run\'s best, so that every run '
-                     'reaches it), that check or the one before, whichever lies nearer'),
+                     'where its {reading} first reaches {level} (the lowest of the position variants\' runs\' best, '
+                     'so that each of them reaches it), that check or the one before, whichever lies nearer'),
 }
 
 

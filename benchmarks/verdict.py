@@ -544,6 +544,7 @@ BLOCKS = (
             'mean [95% interval], bold where the interval excludes zero. {files}.'))),
     Block('native', native, dict(s=Native('native_checked'))),
     Block('native-windowed', native, dict(s=Native('native_windowed'))),
+    Block('native-revalidated', native, dict(s=Native('native_revalidated'))),
     Block('resize-protocol', changes, dict(s=Study(('resolution_resize_cls',))), dict(note=ARM_NOTE)),
     Block('grid14', changes, dict(s=Study(('resolution_crop_grid14_cls',))), dict(probe=True, note=ARM_NOTE)),
     Block('dense', dense, dict(s=Dense('dense_study'))),

@@ -193,8 +193,8 @@ def test_a_trained_study_selected_again_on_a_validation_set_drawn_as_the_tests(t
     assert torch.equal(x_val, native_detail.draw(native_detail.test_scenes(16, 3)[0], native_detail.TEST_SIDE, 56))
     text = (tmp_path / 'out' / 'native_reval.md').read_text()
     assert (f'where its validation top-1 on set 3 (mean of 3 consecutive checks) first reaches {level:.2f} (the '
-            "lowest of every run's best, so that every run reaches it), that check or the one before, whichever lies "
-            'nearer;') in text
+            "lowest of the position variants' runs' best, so that each of them reaches it), that check or the one "
+            'before, whichever lies nearer;') in text
     assert 'the checks selected instead on validation set 3: 16 scenes drawn at 56 px as the tests are' in text
     assert all(run['val_seconds'] >= 0 for run in saved['runs']) and saved['meta']['run_minutes'] == round(
         sum(r['val_seconds'] + r['eval_seconds'] for r in saved['runs']) / 60, 1)
