@@ -387,10 +387,10 @@ def test_checks(model, variant: str, seed: int, trained: StudyConfig, checks: Se
     return tests
 
 
-def trained_here(variant: str, seed: int, source: StudyConfig, origin: dict, checks: Sequence[int]) -> dict:
-    """The record of a run of the study ``source``, refused unless it trained on this accelerator (``origin``'s)
-    and the weights of every one of ``checks`` lie under its run folder."""
-    trained = run(variant, seed, source, None)
+def trained_here(trained: dict, source: StudyConfig, origin: dict, checks: Sequence[int]) -> None:
+    """Refuses ``trained``, the record of a run of the study ``source``, unless it trained on this accelerator
+    (``origin``'s) and the weights of every one of ``checks`` lie under its run folder."""
+    variant, seed = trained['variant'], trained['seed']
     if trained['accelerator'] != origin['accelerator']:
         raise SystemExit(f'[native] {variant} seed {seed} of {source.name} trained on {trained["accelerator"]}, '
                          f'not on {origin["accelerator"]}: a comparison is tested where it trained')
@@ -399,7 +399,6 @@ def trained_here(variant: str, seed: int, source: StudyConfig, origin: dict, che
         raise SystemExit(f'[native] {variant} seed {seed}: the weights of checks {missing} of {source.name} are not '
                          f'on this machine (git keeps no weights): train {source.name} here first (a run trains '
                          'the same weights again from its seed)')
-    return trained
 
 
 def revalidate(variant: str, seed: int, config: StudyConfig, source: StudyConfig, data, origin: dict,
@@ -410,8 +409,9 @@ def revalidate(variant: str, seed: int, config: StudyConfig, source: StudyConfig
     path = config.run_dir(variant, seed) / 'validation.json'
     if path.is_file():
         return json.loads(path.read_text())
-    checks = run(variant, seed, source, None)['checks']
-    trained_here(variant, seed, source, origin, [c['check'] for c in checks])
+    trained = run(variant, seed, source, None)
+    checks = trained['checks']
+    trained_here(trained, source, origin, [c['check'] for c in checks])
     model = build_model(variant, config).to(config.device)
     epochs, curve, start = {c['check']: c['epoch'] for c in checks}, [], time.perf_counter()
     for check in weights_at(model, variant, seed, source, list(epochs)):
@@ -439,10 +439,11 @@ def retest(variant: str, seed: int, config: StudyConfig, source: StudyConfig, da
         return json.loads(result_path.read_text())
     if origin is None:
         raise ValueError(f'{variant} seed {seed} is not tested yet: testing needs its provenance (origin)')
-    checks = (validation or run(variant, seed, source, None))['checks']
+    trained = run(variant, seed, source, None)
+    checks = (validation or trained)['checks']
     ids = sorted({i for check in run_checks(checks, smooth, level, match).values()
                   for i in window(checks, check, width)})
-    trained = trained_here(variant, seed, source, origin, ids)
+    trained_here(trained, source, origin, ids)
     start = time.perf_counter()
     tests = test_checks(build_model(variant, config).to(config.device), variant, seed, source, ids, data)
     result = {k: trained[k] for k in ('variant', 'seed', 'device', 'epochs', 'iterations', 'params', 'train_seconds',
