@@ -79,14 +79,10 @@ written by whichever invocation finds every run trained and tested.
 import argparse
 import itertools
 import json
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
-from contextlib import nullcontext
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -95,11 +91,13 @@ import torch
 from benchmarks.study.common import format_paired, mean_std, paired, parse_shard, provenance, run_meta
 from benchmarks.study.config import TF32, VARIANTS, StudyConfig
 from benchmarks.study.data import random_boxes, resize
-from benchmarks.study.grid import Grid, write_report
+from benchmarks.study.grid import Grid, start_on, write_report
+from benchmarks.study.pool import drawing_pool, map_shared
 from benchmarks.study.report import line_style, trained_on
+from benchmarks.study.scenes import LEVELS, crop_radii, draw, percentiles
 from benchmarks.study.specs import Drawn, DrawnResized, Given, parse_key
 from benchmarks.study.trainer import build_model, evaluate, train
-from cpvt_backbones.datasets import class_scenes, render
+from cpvt_backbones.datasets import class_scenes
 from cpvt_backbones.utils import atomic_write, pyplot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,8 +109,6 @@ FIELD_OBJECTS = (3, 6)                        # the test scenes' density over 1.
 FIELD_OBJECT_SIZE = tuple(round(s * TEST_SIDE / FIELD_SIDE, 4) for s in OBJECT_SIZE)   # the same radii in units
 CROP_SCALE = (TRAIN_SIZE / FIELD_PX) ** 2     # the smallest crop is drawn 1:1, none is upsampled
 TRAIN_SEED, TEST_SEED = 0, 1                  # the scene sets' seeds (the training seeds are --seeds)
-MEAN, STD = 0.5, 0.25                         # fixed pixel normalisation (images scaled to 0..1)
-DRAW_CHUNK = 256                              # scenes rendered at once
 MATCH_WITHIN = 3.                             # points: the headline's test of matched final starts
 # L (validation top-1, %), fixed before any test ran: the rule's value over the 21 runs then trained (every
 # variant's seeds 0-3, the learned table's seed 4), where the learned table's five seeds give the lowest mean
@@ -231,21 +227,6 @@ def recorded_config(meta: dict, variants: Sequence[str]) -> StudyConfig:
                         meta['device'])
 
 
-def _render(scenes, scale: float) -> np.ndarray:
-    return np.stack([render(scene, scale)[0] for scene in scenes])
-
-
-def draw(scenes, side: int, size: int, pool: Executor | None = None) -> torch.Tensor:
-    """The scenes (``side`` units square) drawn natively at ``size`` px, normalised, (N, 3, size, size):
-    rendered at twice the size and shrunk (antialiased), as a camera's pixels average the scene, so that edges
-    and pixel noise look alike at every size and alike in training crops and in tests. Rendered in chunks,
-    spread over ``pool``'s processes where one is given."""
-    chunks = [scenes[start:start + DRAW_CHUNK] for start in range(0, len(scenes), DRAW_CHUNK)]
-    rendered = (pool.map if pool else map)(_render, chunks, [2 * size / side] * len(chunks))
-    return torch.cat([resize((torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255 - MEAN) / STD,
-                             size).contiguous() for images in rendered])
-
-
 def field_scenes(count: int):
     """The training fields and their labels (deterministic)."""
     return class_scenes(count, FIELD_SIDE, TRAIN_SEED, FIELD_OBJECTS, FIELD_OBJECT_SIZE)
@@ -304,24 +285,14 @@ def object_scales(config: StudyConfig, val_fields: int, crops: int = 4000, test_
     gen = torch.Generator().manual_seed(0)
     boxes = random_boxes(crops, config.crop_scale, gen, config.crop_area)
     picks = torch.randint(len(scenes), (crops,), generator=gen)
-    radii = []
-    for (cx, cy, w, h, _), i in zip(boxes.tolist(), picks.tolist(), strict=True):
-        x0, y0 = (cx + 1 - w) / 2 * FIELD_SIDE, (cy + 1 - h) / 2 * FIELD_SIDE
-        width, height = w * FIELD_SIDE, h * FIELD_SIDE
-        scale = (TRAIN_SIZE / width * TRAIN_SIZE / height) ** 0.5
-        radii += [s.r * scale for s in scenes[i].shapes if x0 <= s.cx < x0 + width and y0 <= s.cy < y0 + height]
-    crop_radii = np.array(radii)
+    radii, _ = crop_radii(scenes, FIELD_SIDE, TRAIN_SIZE, boxes, picks.tolist())
     test_radii = np.array([s.r for scene in test_scenes(config.test_images, test_seed)[0] for s in scene.shapes])
-    levels = (5, 25, 50, 75, 95)
-
-    def spread(values):
-        return [round(float(v), 2) for v in np.percentile(values, levels)]
     tests = {}
     for size in TEST_SIZES:
         r = test_radii * size / TEST_SIDE
-        tests[Drawn(size).key] = dict(percentiles=spread(r),
-                                      crop_share_below=round(float((crop_radii < np.median(r)).mean()), 3))
-    return dict(levels=list(levels), crops=spread(crop_radii), tests=tests)
+        tests[Drawn(size).key] = dict(percentiles=percentiles(r),
+                                      crop_share_below=round(float((radii < np.median(r)).mean()), 3))
+    return dict(levels=list(LEVELS), crops=percentiles(radii), tests=tests)
 
 
 def check_path(config: StudyConfig, variant: str, seed: int, check: int) -> Path:
@@ -340,16 +311,8 @@ def run(variant: str, seed: int, config: StudyConfig, data, origin: dict | None 
         return json.loads(result_path.read_text())
     if origin is None:
         raise ValueError(f'{variant} seed {seed} is not trained yet: training needs its provenance (origin)')
-    started = run_dir / 'started_on.json'   # a run resumes only on the accelerator it started on
-    if started.is_file() and json.loads(started.read_text())['accelerator'] != origin['accelerator']:
-        print(f'[native] {variant} seed {seed} started on {json.loads(started.read_text())["accelerator"]}, not '
-              f'{origin["accelerator"]}: training it again from the start', flush=True)
-        for path in (run_dir / 'checkpoint.pth', run_dir / 'final.pth', started):
-            path.unlink(missing_ok=True)
-        shutil.rmtree(run_dir / 'checks', ignore_errors=True)
-    (run_dir / 'checks').mkdir(parents=True, exist_ok=True)
-    if not started.is_file():
-        atomic_write(started, json.dumps(dict(accelerator=origin['accelerator'])).encode())
+    start_on(run_dir, dict(accelerator=origin['accelerator']), 'native', f'{variant} seed {seed}')
+    (run_dir / 'checks').mkdir(exist_ok=True)
     x_val, y_val = data[1]
 
     def after_check(model, check: int) -> dict:
@@ -770,16 +733,8 @@ def plot(summary: dict, config: StudyConfig, path: Path) -> None:
     plt.close(fig)
 
 
-_SHARED: dict = {}
-
-
-def _load_shared(path: Path, threads: int) -> None:
-    torch.set_num_threads(threads)
-    _SHARED['data'] = torch.load(str(path), mmap=True)   # torch 2.1 takes mmap only with a str
-
-
-def _run_shared(variant: str, seed: int, config: StudyConfig, origin: dict, args: argparse.Namespace) -> str:
-    run(variant, seed, config, _SHARED['data'], origin, args.checks_per_epoch, args.smooth, args.level, args.match)
+def _run_shared(data, variant: str, seed: int, config: StudyConfig, origin: dict, args: argparse.Namespace) -> str:
+    run(variant, seed, config, data, origin, args.checks_per_epoch, args.smooth, args.level, args.match)
     return f'{variant}-seed{seed}'
 
 
@@ -787,18 +742,12 @@ def train_runs(runs: list[tuple[str, int]], config: StudyConfig, args: argparse.
     """Train and test ``runs`` (in ``args.jobs`` processes sharing one memory-mapped copy of the drawn images where
     > 1)."""
     origin = provenance(config.device)   # refuses uncommitted code before anything is drawn
-    context = get_context('spawn')
-    with ProcessPoolExecutor(args.jobs, mp_context=context) if args.jobs > 1 else nullcontext() as pool:
+    with drawing_pool(args.jobs) as pool:
         data = (*load_training(config, args.val_fields, pool), load_tests(config, pool))
     if args.jobs > 1:
-        with tempfile.TemporaryDirectory(prefix='native_detail-') as tmp:
-            path = Path(tmp) / 'drawn.pt'
-            torch.save(data, path)
-            with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_load_shared,
-                                     initargs=(path, args.threads)) as pool:
-                for done in pool.map(_run_shared, *zip(*runs, strict=True), [config] * len(runs),
-                                     [origin] * len(runs), [args] * len(runs)):
-                    print(f'[native] {done} finished', flush=True)
+        calls = [(variant, seed, config, origin, args) for variant, seed in runs]
+        for done in map_shared(_run_shared, calls, data, args.jobs, args.threads, 'native_detail-'):
+            print(f'[native] {done} finished', flush=True)
     for variant, seed in runs:
         run(variant, seed, config, data, origin, args.checks_per_epoch, args.smooth, args.level, args.match)
 

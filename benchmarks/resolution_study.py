@@ -74,6 +74,8 @@ def parse_args(argv: Sequence[str] | None = None) -> StudyConfig:
     p.add_argument('--epochs', type=int, default=d.epochs)
     p.add_argument('--batch-size', type=int, default=d.batch_size)
     p.add_argument('--lr', type=float, default=d.lr)
+    p.add_argument('--warmup', type=float, default=d.warmup,
+                   help='the linear warm-up\'s share of the steps (then cosine decay)')
     p.add_argument('--weight-decay', type=float, default=d.weight_decay)
     p.add_argument('--drop-path', type=float, default=d.drop_path)
     p.add_argument('--crop-scale', type=float, default=d.crop_scale,
@@ -85,6 +87,11 @@ def parse_args(argv: Sequence[str] | None = None) -> StudyConfig:
                    help="how crop areas are drawn: uniform in crop-scale..1 (ImageNet's) or log-uniform")
     p.add_argument('--stem', action='store_true',
                    help='a convolutional stem (circular padding, stride 2 per layer) instead of the patch embedding')
+    p.add_argument('--stem-layers', type=int, default=d.stem_layers,
+                   help='3 x 3 stride-1 layers the stem adds after its stride-2 ones (with --stem)')
+    p.add_argument('--blur-up', type=float, default=d.blur_up,
+                   help='the share of training crops shrunk to image-size^2 / S px and resized back, S drawn from '
+                        'the test sizes above the training size: a drawing upsampled as a resized test is')
     p.add_argument('--test-resample', choices=TEST_RESAMPLE, default=d.test_resample,
                    help='how test images are resized (antialiased when shrinking); a test-time choice: a study '
                         'that only changes it can reuse another\'s trained runs (--runs)')

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from benchmarks import native_detail
+from benchmarks.study import scenes as drawing
 from benchmarks.study.common import STUDIED_CODE, format_paired, paired, provenance, source_digest
 from benchmarks.study.data import random_boxes, resize
 from benchmarks.study.stem import ConvStem
@@ -353,7 +354,7 @@ def test_drawing_in_chunks_gives_the_same_images(monkeypatch):
     images do not depend on the chunk size."""
     scenes, _ = class_scenes(7, 56, seed=2)
     whole = native_detail.draw(scenes, 56, 20)
-    monkeypatch.setattr(native_detail, 'DRAW_CHUNK', 3)
+    monkeypatch.setattr(drawing, 'DRAW_CHUNK', 3)
     assert torch.equal(native_detail.draw(scenes, 56, 20), whole)
 
 

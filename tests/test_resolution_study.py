@@ -197,7 +197,7 @@ def test_bad_settings_are_refused(capsys):
 
 def test_variants_differ_only_in_position_encoding():
     args = study.parse_args(TINY)
-    models = {v: trainer.build_model(v, args) for v in cfg.VARIANTS if v != 'cnn'}
+    models = {v: trainer.build_model(v, args) for v in cfg.VIT_VARIANTS}
     keys = {v: set(m.state_dict()) for v, m in models.items()}
     common = keys['none']
     assert all(keys[v] >= common for v in keys)

@@ -100,11 +100,11 @@ def accelerator(device: str) -> str:
     return f'{name} ({torch.backends.cpu.get_cpu_capability()})'
 
 
-def provenance(device: str, root: Path | None = None) -> dict:
-    """What a recorded run came from: the accelerator's name, torch's version, the clean git commit of the code
-    and ``source_digest``. Raises SystemExit where ``STUDIED_CODE`` has uncommitted changes (a run is recorded
-    only from committed code). Without git (a bare machine given a copy of a clean checkout), the commit comes
-    from ``$CPVT_STUDY_COMMIT`` and the digest is what ties it to that commit."""
+def committed(root: Path | None = None, doing: str = 'record runs') -> tuple[str, str]:
+    """The clean git commit of the tree at ``root`` (the repository by default) and where it was read ('git', or
+    'CPVT_STUDY_COMMIT': without git, a bare machine given a copy of a clean checkout names it in
+    ``$CPVT_STUDY_COMMIT``). Raises SystemExit, saying it refuses to ``doing``, where ``STUDIED_CODE`` (results
+    excluded) has uncommitted changes, untracked files included, or where neither names a commit."""
     root = root or Path(__file__).resolve().parents[2]
     paths = [*STUDIED_CODE, ':(exclude)benchmarks/results']
     try:
@@ -119,7 +119,16 @@ def provenance(device: str, root: Path | None = None) -> dict:
             raise SystemExit('[study] no git here to name the code\'s commit: set CPVT_STUDY_COMMIT to the commit '
                              'this copy was made from') from None
     if dirty:
-        raise SystemExit(f'[study] refusing to record runs from uncommitted code; commit or stash first:\n{dirty}')
+        raise SystemExit(f'[study] refusing to {doing} from uncommitted code; commit or stash first:\n{dirty}')
+    return commit, source
+
+
+def provenance(device: str, root: Path | None = None) -> dict:
+    """What a recorded run came from: the accelerator's name, torch's version, the clean git commit of the code
+    (``committed``: refuses uncommitted code, a run is recorded only from committed code) and ``source_digest``;
+    without git the digest is what ties the copy to the commit ``$CPVT_STUDY_COMMIT`` names."""
+    root = root or Path(__file__).resolve().parents[2]
+    commit, source = committed(root)
     return dict(accelerator=accelerator(device), torch=torch.__version__, commit=commit, commit_from=source,
                 source_digest=source_digest(root))
 

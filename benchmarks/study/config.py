@@ -27,6 +27,7 @@ class Variant(NamedTuple):
     paper: float | None      # DeiT-tiny, ImageNet top-1 at 224 (CPVT paper); None: not in its table
     spec: Callable[[int, int], object]   # (training image size in px, patch) -> pos_encoding
     cnn: bool = False           # the positive control: cnn.PatchCNN instead of the ViT (spec unused)
+    conv_mlp: bool = False      # every block's MLP is PVTv2's convolutional one (layers.ConvMlp)
 
 
 # The rows of the CPVT paper's position-encoding ablation (DeiT-tiny on ImageNet, class token), in its order,
@@ -58,8 +59,11 @@ VARIANTS: dict[str, Variant] = {
     'rope_mixed+peg_0': Variant('RoPE-Mixed + PEG after 0', None,
                                 lambda size, patch: ['rope_mixed', dict(type='peg', positions=(0,))]),
     'cnn': Variant('CNN, no position encoding (control)', None, lambda size, patch: None, cnn=True),
+    'conv_mlp': Variant('convolutional MLP in every block, no PEG (PVTv2)', None, lambda size, patch: 'none',
+                        conv_mlp=True),
 }
-VIT_VARIANTS = tuple(v for v in VARIANTS if not VARIANTS[v].cnn)
+# The position encodings' variants (a plain MLP in every block): the resolution study's default grid.
+VIT_VARIANTS = tuple(v for v in VARIANTS if not VARIANTS[v].cnn and not VARIANTS[v].conv_mlp)
 
 
 @dataclass(frozen=True)
@@ -83,11 +87,13 @@ class StudyConfig:
     epochs: int = 4
     batch_size: int = 128
     lr: float = 1e-3
+    warmup: float = 0.1        # the linear warm-up's share of the schedule's steps (rounded down, at least one)
     weight_decay: float = 0.05
     drop_path: float = 0.1
     crop_scale: float = 0.25
     crop_resample: str = 'antialiased'
     crop_area: str = 'uniform'
+    blur_up: float = 0.        # the share of training crops drawn coarser and upsampled (trainer, data.blur_up)
     test_resample: str = 'bilinear'
     decay_position: bool = False
     dim: int = 64
@@ -95,6 +101,7 @@ class StudyConfig:
     heads: int = 2
     patch: int = 2
     stem: bool = False         # a convolutional stem (stem.ConvStem, circular padding) in place of the patch embedding
+    stem_layers: int = 0       # the stem's 3 x 3 stride-1 layers after its stride-2 ones (stem only)
     in_chans: int = 1          # the images' channels and classes (Fashion-MNIST: 1 and 10); other tasks
     num_classes: int = 10      # of the same models replace them
     device: str = 'cpu'
@@ -140,6 +147,12 @@ class StudyConfig:
             (self.placement_canvas % self.patch,
              f'placement_canvas {self.placement_canvas} is not a multiple of the patch size {self.patch}'),
             (not 0 < self.crop_scale <= 1, f'crop_scale must be in (0, 1], got {self.crop_scale}'),
+            (not 0 <= self.warmup <= 1, f'warmup must be in [0, 1] (a share of the steps), got {self.warmup}'),
+            (not 0 <= self.blur_up <= 1, f'blur_up must be in [0, 1] (a share of the crops), got {self.blur_up}'),
+            (self.blur_up > 0 and not any(s > self.image_size for s in self.test_sizes),
+             f'blur_up draws crops as the upsampled tests do: it needs a test size above {self.image_size}'),
+            (self.stem_layers < 0 or (self.stem_layers and not self.stem),
+             f'stem_layers must be >= 0 and needs the convolutional stem (stem), got {self.stem_layers}'),
             (self.stem and (self.patch < 2 or self.patch & (self.patch - 1)),
              f'the convolutional stem halves the image per layer: it needs a patch size 2, 4, 8, ..., got '
              f'{self.patch}'),

@@ -1,6 +1,7 @@
 """The study's data: Fashion-MNIST's fixed subsets, normalised, and the resampling every study shares (batched
-random resized crops as ImageNet pipelines make them, and test resizing)."""
+random resized crops as ImageNet pipelines make them, blur-up, and test resizing)."""
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,24 @@ def random_resized_crop(x: torch.Tensor, size: int, min_scale: float, gen: torch
     """Batched random resized crop plus horizontal flip (``random_boxes``), resampled by ``resample_boxes``.
     The boxes come from ``gen`` on the CPU, so a seed gives the same crops on every device and resampling."""
     return resample_boxes(x, random_boxes(x.shape[0], min_scale, gen, area), size, resample)
+
+
+def blur_up(x: torch.Tensor, sizes: Sequence[int], share: float, gen: torch.Generator) -> torch.Tensor:
+    """Each n px image of ``x``, with probability ``share``, drawn coarser and upsampled as an upsampled test
+    draws it: shrunk (antialiased) to round(n * n / S) px and resized back to n px (bilinear), S drawn uniformly
+    from ``sizes`` (each above n): the detail of a drawing at n px upsampled to S px, at n px. The draws come
+    from ``gen`` on the CPU, so a seed gives the same images on every device."""
+    n = x.shape[-1]
+    if not sizes or min(sizes) <= n:
+        raise ValueError(f'blur_up needs sizes above the images\' {n} px, got {list(sizes)}')
+    u = torch.rand(len(x), 2, generator=gen)
+    pick = (u[:, 1] * len(sizes)).long().clamp(max=len(sizes) - 1)
+    out = x.clone()
+    for i, size in enumerate(sizes):
+        chosen = ((u[:, 0] < share) & (pick == i)).nonzero().squeeze(1).to(x.device)
+        if len(chosen):
+            out[chosen] = resize(resize(x[chosen], round(n * n / size)), n)
+    return out
 
 
 def resize(x: torch.Tensor, size: int, mode: str = 'bilinear') -> torch.Tensor:

@@ -1,12 +1,14 @@
 """What every study does with its runs, once: the grid of runs split into shards, each run resumed from what it
-left (a run is done once its result.json exists), the report written only when every shard's runs are done,
-and the report's files (``write_report``)."""
+left (a run is done once its result.json exists) on the accelerator it started on (``start_on``), the report
+written only when every shard's runs are done, and the report's files (``write_report``)."""
 import json
+import shutil
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.study.common import write_csv
+from cpvt_backbones.utils import atomic_write
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,26 @@ class Grid:
         return not pending
 
 
+def start_on(run_dir: Path, stamp: dict, tag: str, label: str,
+             partial: Sequence[str] = ('checkpoint.pth', 'final.pth', 'checks')) -> None:
+    """Where a run starts, or resumes: ``run_dir``/started_on.json records ``stamp`` (its ``accelerator`` and
+    whatever else a study ties a run to) when the run starts. A run started on another accelerator has its
+    ``partial`` training (files or folders under ``run_dir``) removed and starts again from the beginning, with a
+    line (``[tag] label started on ...``) saying so: a run resumes only where it started (float rounding)."""
+    started = run_dir / 'started_on.json'
+    if started.is_file():
+        before = json.loads(started.read_text())['accelerator']
+        if before != stamp['accelerator']:
+            print(f'[{tag}] {label} started on {before}, not {stamp["accelerator"]}: training it again from the '
+                  'start', flush=True)
+            for path in (run_dir / name for name in partial):
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            started.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not started.is_file():
+        atomic_write(started, json.dumps(stamp).encode())
+
+
 def write_report(out: Path, name: str, document: dict, markdown: str, rows: Sequence[dict] = (),
                  figures: dict[str, Callable[[Path], None]] | None = None) -> None:
     """A study's report under ``out``: NAME.json (``document``: its meta, summary and runs), NAME.md
@@ -62,4 +84,4 @@ def write_report(out: Path, name: str, document: dict, markdown: str, rows: Sequ
         draw(out / f'{name}{suffix}.png')
 
 
-__all__ = ['Grid', 'write_report']
+__all__ = ['Grid', 'start_on', 'write_report']

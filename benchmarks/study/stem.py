@@ -14,18 +14,24 @@ from torch import nn
 
 class ConvStem(nn.Sequential):
     """``layers = log2(patch)`` stride-2 3 x 3 convolutions (circular padding) from ``in_chans`` to ``dim``
-    channels, widths doubling up to ``dim``; the map is ceil(H / patch) x ceil(W / patch)."""
+    channels, widths doubling up to ``dim``, then ``extra`` 3 x 3 stride-1 convolutions of ``dim`` channels
+    (circular padding: a wider receptive field, still no border), GELU between every two; the map is
+    ceil(H / patch) x ceil(W / patch)."""
 
-    def __init__(self, in_chans: int, dim: int, patch: int):
+    def __init__(self, in_chans: int, dim: int, patch: int, extra: int = 0):
         layers = round(math.log2(patch))
         if patch < 2 or 2 ** layers != patch:
             raise ValueError(f'ConvStem needs a patch size 2, 4, 8, ..., got {patch}')
+        if extra < 0:
+            raise ValueError(f'ConvStem\'s extra layers must be >= 0, got {extra}')
         widths = [max(dim >> (layers - 1 - i), 1) for i in range(layers)]
         modules: list[nn.Module] = []
         for i, width in enumerate(widths):
             modules.append(nn.Conv2d(widths[i - 1] if i else in_chans, width, 3, 2, 1, padding_mode='circular'))
             if i < layers - 1:
                 modules.append(nn.GELU())
+        for _ in range(extra):
+            modules += [nn.GELU(), nn.Conv2d(dim, dim, 3, 1, 1, padding_mode='circular')]
         super().__init__(*modules)
 
 

@@ -1,9 +1,9 @@
 """The study's models and their resumable training, tests and position probe, cached per run.
 
 One run is a (variant, seed) of a ``StudyConfig``: ``run`` trains it once (``train``: AdamW with warm-up and
-cosine, random resized crops, checkpoints after every epoch, resumed from the last), tests it on every test of
-the config (``specs``) its ``result.json`` lacks, and fits the position probe. TF32 on a GPU follows
-``config.tf32`` (``fp32_precision``) and is recorded.
+cosine, random resized crops (a share of them blurred up, ``config.blur_up``), checkpoints after every epoch,
+resumed from the last), tests it on every test of the config (``specs``) its ``result.json`` lacks, and fits the
+position probe. TF32 on a GPU follows ``config.tf32`` (``fp32_precision``) and is recorded.
 """
 import json
 import math
@@ -17,31 +17,37 @@ import torch.nn.functional as F
 
 from benchmarks.study.cnn import PatchCNN
 from benchmarks.study.config import TF32, VARIANTS, StudyConfig
-from benchmarks.study.data import random_resized_crop, resize
+from benchmarks.study.data import blur_up, random_resized_crop, resize
 from benchmarks.study.specs import OnCanvasAt, TestSpec, parse_key, study_tests
 from benchmarks.study.stem import ConvStem, Stemmed
 from cpvt_backbones import CPVT
+from cpvt_backbones.layers import ConvMlp
 from cpvt_backbones.layers.position import peg_responses
 from cpvt_backbones.utils import atomic_write
 
 
 def build_model(variant: str, config: StudyConfig) -> CPVT | PatchCNN | Stemmed:
-    """The variant's network; with ``config.stem`` on a shared ``ConvStem`` (the network then has patch size 1
-    over the stem's map of ``config.dim`` channels)."""
+    """The variant's network (a ``conv_mlp`` variant with ``layers.ConvMlp`` in every block); with ``config.stem``
+    on a shared ``ConvStem`` with ``config.stem_layers`` stride-1 layers (the network then has patch size 1 over
+    the stem's map of ``config.dim`` channels)."""
     patch, in_chans = (1, config.dim) if config.stem else (config.patch, config.in_chans)
     if VARIANTS[variant].cnn:
         net = PatchCNN(config.dim, config.depth, patch, in_chans, config.num_classes)
     else:
         spec = VARIANTS[variant].spec(config.image_size, config.patch)
+        mlp = dict(mlp_layer=ConvMlp) if VARIANTS[variant].conv_mlp else {}
         net = CPVT(embed_dim=config.dim, depth=config.depth, num_heads=config.heads, patch_size=patch,
                    in_chans=in_chans, num_classes=config.num_classes, class_token=config.head == 'cls',
-                   drop_path_rate=config.drop_path, pos_encoding=spec)
-    return Stemmed(ConvStem(config.in_chans, config.dim, config.patch), net) if config.stem else net
+                   drop_path_rate=config.drop_path, pos_encoding=spec, **mlp)
+    if not config.stem:
+        return net
+    return Stemmed(ConvStem(config.in_chans, config.dim, config.patch, config.stem_layers), net)
 
 
 def make_optimizer(model: CPVT, config: StudyConfig, total_steps: int):
     """AdamW without decay on biases, norms, the class token and (unless ``--decay-position``) the position
-    encodings' weights; linear warm-up then cosine."""
+    encodings' weights; linear warm-up over ``config.warmup`` of the steps (rounded down, at least one), then
+    cosine."""
     skip = model.no_weight_decay()
     if config.decay_position:
         skip = {n for n in skip if n == 'cls_token'}
@@ -49,7 +55,7 @@ def make_optimizer(model: CPVT, config: StudyConfig, total_steps: int):
     rest = [p for n, p in model.named_parameters() if p.ndim <= 1 or n in skip]
     opt = torch.optim.AdamW([dict(params=decay, weight_decay=config.weight_decay), dict(params=rest, weight_decay=0.)],
                             lr=config.lr)
-    warmup = max(1, total_steps // 10)
+    warmup = max(1, math.floor(total_steps * config.warmup + 1e-6))
 
     def factor(step: int) -> float:
         if step < warmup:
@@ -198,6 +204,8 @@ def _train(variant: str, seed: int, config: StudyConfig, train_data, run_dir: Pa
             idx = idx.to(config.device)
             xb = random_resized_crop(x_train[idx], config.image_size, config.crop_scale, gen, config.crop_resample,
                                      config.crop_area)
+            if config.blur_up:
+                xb = blur_up(xb, [s for s in config.test_sizes if s > config.image_size], config.blur_up, gen)
             yb = y_train[idx]
             logits = model(xb)
             loss = F.cross_entropy(logits, yb, label_smoothing=0.1)

@@ -62,8 +62,10 @@ class Block(nn.Module):
     sr_ratio=, norm_layer=)``, ``mlp_layer(dim, hidden_dim, drop=, act_layer=)``, ``norm_layer(dim, eps=)``.
     ``pos`` (from the model's position encodings) goes to the attention. With a ``valid`` region (a padded batch,
     ``layers.valid``) the attention takes it too (as its fourth argument) and the tokens beyond each image leave
-    the block as zeros. ``drop`` is the dropout of the
-    attention's projection and of the MLP, ``drop_path`` the stochastic depth of both branches.
+    the block as zeros. An MLP whose class sets ``takes_grid = True`` (``layers.mlp.ConvMlp``) is called as
+    ``mlp(x, hw, valid)``: it sees the token map's size and the padded batch's region; any other as ``mlp(x)``.
+    ``drop`` is the dropout of the attention's projection and of the MLP, ``drop_path`` the stochastic depth of
+    both branches.
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4., *, qkv_bias: bool = True, drop: float = 0.,
@@ -83,8 +85,10 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None,
                 valid: ValidRegion | None = None) -> torch.Tensor:
+        grid = getattr(self.mlp, 'takes_grid', False)
         if valid is None:
             x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), hw, pos)))
-            return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+            return x + self.drop_path(self.ls2(self.mlp(self.norm2(x), hw) if grid else self.mlp(self.norm2(x))))
         x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), hw, pos, valid)))
-        return valid.zero_tokens(x + self.drop_path(self.ls2(self.mlp(self.norm2(x)))))
+        mlp = self.mlp(self.norm2(x), hw, valid) if grid else self.mlp(self.norm2(x))
+        return valid.zero_tokens(x + self.drop_path(self.ls2(mlp)))
