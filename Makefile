@@ -1,7 +1,9 @@
 # Everything runs inside a virtual environment in the repo root that `make env` creates or reuses: .venv/ for the
 # default stack, .venv-$(STACK)/ for the others (STACK=upstream | onedl | core | ecosystems; see tools/setup_env.sh).
+# PYTHON=python3.12 (any interpreter on PATH) makes the stack's environment with it, in .venv[-STACK]-python3.12/.
 STACK ?= default
-VENV := $(if $(filter default,$(STACK)),.venv,.venv-$(STACK))
+PYTHON ?=
+VENV := $(if $(filter default,$(STACK)),.venv,.venv-$(STACK))$(if $(PYTHON),-$(notdir $(PYTHON)))
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # The suite runs on PYTEST_WORKERS pytest-xdist workers (the project's machines have 2 cores; 0 runs it in one
@@ -14,7 +16,7 @@ PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_W
 .PHONY: env test test-quick test-stacks demo bench clean-env
 
 env:
-	@STACK=$(STACK) bash tools/setup_env.sh
+	@STACK=$(STACK) PYTHON=$(PYTHON) VENV_DIR=$(VENV) bash tools/setup_env.sh
 
 test: env
 	$(VENV)/bin/ruff check cpvt_backbones tools benchmarks tests

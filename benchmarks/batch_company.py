@@ -1,8 +1,7 @@
 """Does an image's score depend on the images it is batched with? The demo's trained detectors and segmentors
-evaluated one image at a time and in padded batches three ways: the configs' (each image predicted as alone:
-the valid-size data preprocessors and ``PredictAloneHook``), the valid sizes handed to the backbone only (the
-batch's neck and heads run in one go), and the frameworks' own (mmdet's data preprocessor and predict; mmseg's
-own refuses a test batch of images of different sizes, so it has no such column).
+evaluated one image at a time and in padded batches two ways: the configs' (each image predicted as alone: the
+valid-size data preprocessors and type 'PredictAlone') and the frameworks' own (mmdet's data preprocessor and
+predict; mmseg's own refuses a test batch of images of different sizes, so it has no such column).
 
     python -m benchmarks.batch_company [--out work_dirs/demo] [--tasks ...] [--sizes ...] [--batch-size 8]
                                        [--name NAME]
@@ -14,7 +13,6 @@ time, the ISA and the command.
 """
 import argparse
 import copy
-import json
 import shlex
 import sys
 import time
@@ -22,20 +20,20 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.study.grid import write_report
 from cpvt_backbones.adapters.shapes_tasks import DEMO_TASKS, SCORES, TEST_SIZES, final_checkpoint, scaled
 from cpvt_backbones.utils import cpu_info
 
 RESULTS = Path(__file__).resolve().parent / 'results'
 
 
-def predicted_in_one_go(cfg, own_preprocessor: bool) -> bool:
-    """``cfg`` without ``PredictAloneHook`` (a padded test batch predicted in one go), with the framework's own data
-    preprocessor where ``own_preprocessor``; False where the framework cannot test such a batch (mmseg's)."""
-    cfg.custom_hooks = [h for h in cfg.custom_hooks if h['type'] != 'PredictAloneHook']
-    if own_preprocessor:
-        if cfg.default_scope == 'mmseg':
-            return False
-        cfg.model.data_preprocessor.type = 'DetDataPreprocessor'
+def frameworks_own(cfg) -> bool:
+    """``cfg`` with the framework's own model type and data preprocessor (a padded test batch predicted in one
+    go); False where the framework cannot test such a batch (mmseg's)."""
+    if cfg.default_scope == 'mmseg':
+        return False
+    cfg.model.type = cfg.model.pop('model_type')
+    cfg.model.data_preprocessor.type = 'DetDataPreprocessor'
     return True
 
 
@@ -55,9 +53,8 @@ def main(argv=None) -> dict:
     name = args.name or f"batch_company_{info['isa'].lower()}"
     print(f"[batch_company] {info['cpu']}: {info['isa']} ({', '.join(info['flags'])}), "
           f'{torch.get_num_threads()} threads, torch {torch.__version__}', flush=True)
-    n = args.batch_size   # each way: (batch size, predicted in one go, with the framework's own preprocessor)
-    ways = {'batch 1': (1, False, False), f'batch {n} as alone': (n, False, False),
-            f'batch {n}, backbone only': (n, True, False), f"batch {n}, frameworks' own": (n, True, True)}
+    n = args.batch_size   # each way: (batch size, the framework's own model and preprocessor)
+    ways = {'batch 1': (1, False), f'batch {n} as alone': (n, False), f"batch {n}, frameworks' own": (n, True)}
     rows = []
     for task in args.tasks:
         spec = DEMO_TASKS[task]
@@ -66,11 +63,11 @@ def main(argv=None) -> dict:
         if not checkpoint.is_file():
             raise SystemExit(f'no trained checkpoint {checkpoint}: run the demo into {args.out} first')
         for label, factors, keep_ratio in [size for size in TEST_SIZES if size[0] in args.sizes]:
-            for way, (batch_size, one_go, own) in ways.items():
+            for way, (batch_size, own) in ways.items():
                 cfg = copy.deepcopy(base)
                 set_test_scale(cfg, scaled(cfg, factors), keep_ratio)
                 cfg.test_dataloader.batch_size = batch_size
-                if one_go and not predicted_in_one_go(cfg, own):
+                if own and not frameworks_own(cfg):
                     continue
                 start = time.perf_counter()
                 metrics = evaluate(cfg, str(checkpoint), str(Path(args.out) / task / 'batch_company'),
@@ -86,9 +83,7 @@ def main(argv=None) -> dict:
     record = dict(rows=rows, ways=list(ways), batch_size=args.batch_size, out=args.out,
                   command=shlex.join(['python', '-m', 'benchmarks.batch_company'] + sys.argv[1:]),
                   torch=torch.__version__, threads=torch.get_num_threads(), **info)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f'{name}.json').write_text(json.dumps(record, indent=1))
-    (RESULTS / f'{name}.md').write_text(table(record) + '\n')
+    write_report(RESULTS, name, record, table(record) + '\n')
     print(table(record))
     return record
 

@@ -55,8 +55,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.study.common import committed, format_paired, mean_std, parse_shard, provenance, run_meta
-from benchmarks.study.config import TF32, VARIANTS, StudyConfig
+from benchmarks.study.common import (
+    add_run_options,
+    committed,
+    format_paired,
+    mean_std,
+    parse_shard,
+    provenance,
+    run_meta,
+)
+from benchmarks.study.config import VARIANTS, StudyConfig
 from benchmarks.study.data import random_boxes
 from benchmarks.study.grid import Grid, start_on, write_report
 from benchmarks.study.pool import drawing_pool, map_shared
@@ -699,15 +707,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument('--scales', action='store_true',
                    help='print the object sizes of training crops and tests (no training) and exit')
     p.add_argument('--shard', default='0/1', help='K/N: run every N-th run from the K-th (0-based)')
-    p.add_argument('--device', default='cpu', help='torch device to train and test on (one per study)')
-    p.add_argument('--tf32', choices=TF32, default='off', help='TF32 on a CUDA device; off: full float32')
-    p.add_argument('--jobs', type=int, default=1,
-                   help='processes: the drawing is spread over them, then as many runs train at once, sharing '
-                        'the drawn images through one memory-mapped file')
-    p.add_argument('--threads', type=int, default=1, help='torch threads per run when --jobs > 1')
-    p.add_argument('--work-dir', type=Path, default=ROOT / 'benchmarks/results/recipe_runs',
-                   help='runs go to WORK_DIR/NAME/')
-    p.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results')
+    add_run_options(p, ROOT)
     args = p.parse_args(argv)
     args.shard_index, args.num_shards = parse_shard(p, args.shard)
     if args.jobs < 1 or args.threads < 1:

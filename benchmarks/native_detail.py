@@ -88,8 +88,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.study.common import format_paired, mean_std, paired, parse_shard, provenance, run_meta
-from benchmarks.study.config import TF32, VARIANTS, StudyConfig
+from benchmarks.study.common import add_run_options, format_paired, mean_std, paired, parse_shard, provenance, run_meta
+from benchmarks.study.config import VARIANTS, StudyConfig
 from benchmarks.study.data import random_boxes, resize
 from benchmarks.study.grid import Grid, start_on, write_report
 from benchmarks.study.pool import drawing_pool, map_shared
@@ -157,16 +157,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[StudyConfig, argparse
                    help='the matched checks\' rule (MATCHES): first, the first check to reach L, L the lowest '
                         'variant mean of the runs\' best; nearest, at the first crossing of L the nearer check, L the '
                         'lowest run\'s best')
-    p.add_argument('--device', default='cpu', help='torch device to train and test on (one per comparison)')
-    p.add_argument('--tf32', choices=TF32, default='off',
-                   help='TF32 on a CUDA device (resolution_study --tf32); off: full float32, as on a CPU')
-    p.add_argument('--jobs', type=int, default=1,
-                   help='processes: the drawing is spread over them, then as many runs train at once, sharing '
-                        'the drawn images through one memory-mapped file')
-    p.add_argument('--threads', type=int, default=1, help='torch threads per run when --jobs > 1')
-    p.add_argument('--work-dir', type=Path, default=ROOT / 'benchmarks/results/recipe_runs',
-                   help='runs go to WORK_DIR/NAME/')
-    p.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results')
+    add_run_options(p, ROOT)
     p.add_argument('--name', default='native_checked')
     p.add_argument('--from', dest='source', default=None, metavar='STUDY',
                    help='train nothing: test the runs of STUDY (trained here, their checks\' weights under its '

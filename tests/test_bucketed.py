@@ -1,12 +1,16 @@
 """Bucketed shapes (``cpvt_backbones.deploy.bucketed``, ``prepare(..., bucket=step)``): inputs padded to multiples
-of the step and run with their valid sizes give what their own sizes give, on the fused engine and on OpenVINO
-(converted with valid sizes, compiled once per bucket); refusals by name."""
+of the step and run with their valid sizes give what their own sizes give, on every engine the registry declares
+as bucketing (OpenVINO converted with valid sizes, compiled once per bucket); refusals by name. And the valid
+sizes that padding hands over: any integral numbers (numpy's too), ``check_finite`` over the valid region only."""
+import warnings
+
 import pytest
 import torch
 from torch_features import skip_module_without
 
 from cpvt_backbones import CPVT, PyramidCPVT, prepare, run_images
-from cpvt_backbones.deploy.batched import pad_images
+from cpvt_backbones.deploy import ENGINES, AutocastModule
+from cpvt_backbones.deploy.batched import pad_images, takes_valid_sizes
 from cpvt_backbones.deploy.bucketed import Bucketed, largest_stride
 
 skip_module_without('export')
@@ -101,7 +105,129 @@ def test_refusals_name_the_problem():
         Bucketed(torch.nn.Identity(), 16)
 
 
+def test_a_module_without_valid_sizes_is_refused_before_the_engine_prepares_it(monkeypatch):
+    """``bucket=`` on a module whose forward takes no valid sizes is refused by name on every bucketing engine
+    before the engine's transform runs (no conversion, no calibration)."""
+    import dataclasses
+
+    def never(*args, **kwargs):
+        raise AssertionError('the engine prepared the module')
+    for name, spec in ENGINES.items():
+        monkeypatch.setitem(ENGINES, name, dataclasses.replace(spec, transform=never))
+    for name in (n for n, spec in ENGINES.items() if spec.bucketing is not None and not spec.missing()):
+        with pytest.raises(TypeError, match='bucket=16: bucketed shapes pad inputs, so the module must take '
+                                            'valid_sizes.*Conv2d does not'):
+            prepare(torch.nn.Conv2d(3, 4, 1).eval(), name, bucket=16)
+
+
 @needs_openvino
 def test_a_model_whose_valid_size_path_does_not_export_is_refused_by_name():
     with pytest.raises(ValueError, match='cannot be converted with valid_sizes: its valid-size path does not trace'):
         prepare(pyramid(pos_encoding='learned'), 'openvino', bucket=16)
+
+
+# How far each precision may move a feature map (relative L2 against torch float32), as tests/test_engines.py takes
+# the registry's docs table.
+PRECISION_TOLERANCE = {'fp32': 1e-4, 'bf16': 5e-2, 'int8': 5e-2}
+
+
+@pytest.mark.parametrize('engine, precision', [
+    pytest.param(e, p, marks=pytest.mark.heavy) if e in ('openvino', 'onnxruntime') and p != 'fp32' else (e, p)
+    for e, spec in ENGINES.items() if spec.bucketing is not None for p in spec.precisions])
+def test_every_bucketing_engine_in_the_registry_takes_bucket(engine, precision):
+    """Every engine the registry declares as bucketing (``Engine.bucketing``), at every precision it runs, takes
+    ``bucket=64``: a padded batch of odd sizes and single images each get, within the precision's tolerance,
+    what the float32 model gives them alone, and ``run_images`` batches the mixed sizes through it."""
+    spec = ENGINES[engine]
+    if spec.missing():
+        pytest.skip(f'{engine} needs {spec.missing()}')
+    if engine == 'fused' and precision == 'int8':
+        from cpvt_backbones.deploy import fused
+        if not fused.KERNELS['onednn_int8'].available():
+            pytest.skip(fused.unavailable_reason('onednn_int8'))
+    model = pyramid()
+    generator = torch.Generator().manual_seed(0)
+    images = [torch.randn(3, *hw, generator=generator) for hw in BATCH + ALONE]
+    calibration = [image[None] for image in images] if precision == 'int8' else None
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message='.*no native bf16')   # bf16 runs float32 there, saying so
+        bucketed = prepare(model, engine, precision, calibration, bucket=64)
+    assert isinstance(bucketed, Bucketed) and takes_valid_sizes(bucketed)
+    x, sizes = pad_images(images[:len(BATCH)])
+    with torch.no_grad():
+        batch = bucketed(x, valid_sizes=sizes)
+        for b, (image, hw) in enumerate(zip(images, BATCH, strict=False)):
+            alone = model(image[None])
+            got = [m[b:b + 1, :, :-(-hw[0] // s), :-(-hw[1] // s)] for m, s in zip(batch, model.strides, strict=True)]
+            assert errors(got, alone) < PRECISION_TOLERANCE[precision], hw
+        for image in images[len(BATCH):]:
+            assert errors(bucketed(image[None]), model(image[None])) < PRECISION_TOLERANCE[precision]
+        for image, out in zip(images, run_images(bucketed, images, batch_size=4), strict=True):
+            assert errors(out, tuple(m[0] for m in model(image[None]))) < PRECISION_TOLERANCE[precision]
+    assert set(bucketed.buckets) <= {(64, 64), (128, 64)}
+
+
+def test_torch_bf16_hands_valid_sizes_on_so_run_images_pads_mixed_sizes():
+    """The torch engine's bf16 (``AutocastModule``, built directly so that bf16 runs on any CPU) takes valid sizes
+    where its model does, so ``run_images`` pads images of mixed sizes into one batch (one call of the model,
+    with their valid sizes) and each output is the image's own; a module without them stays without."""
+    model = pyramid()
+    engine = AutocastModule(model, 'bf16')
+    assert takes_valid_sizes(engine) and engine.strides == model.strides
+    assert not takes_valid_sizes(AutocastModule(torch.nn.Conv2d(3, 4, 1), 'bf16'))
+    calls = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs.get('valid_sizes')),
+                                    with_kwargs=True)
+    images = [torch.randn(3, *hw, generator=torch.Generator().manual_seed(i)) for i, hw in enumerate(BATCH)]
+    outputs = run_images(engine, images, batch_size=len(images))
+    assert len(calls) == 1 and calls[0].tolist() == [list(hw) for hw in BATCH]
+    with torch.no_grad():
+        for image, out in zip(images, outputs, strict=True):
+            assert errors(out, tuple(m[0] for m in model(image[None]))) < PRECISION_TOLERANCE['bf16']
+
+
+def test_valid_sizes_take_numpy_integers_and_refuse_what_is_not_a_size():
+    """Valid sizes as numpy integers (an int64 array, numpy scalars in pairs) give what Python ints give; floats
+    (whatever their value), booleans, sizes below 1 or beyond the batch are refused by name."""
+    np = pytest.importorskip('numpy')
+    model = pyramid()
+    x, sizes = pad_images([torch.randn(3, *hw, generator=torch.Generator().manual_seed(0)) for hw in BATCH])
+    with torch.no_grad():
+        expected = model(x, valid_sizes=[list(hw) for hw in BATCH])
+        for given in (np.array(BATCH, dtype=np.int64), np.array(BATCH, dtype=np.uint16),
+                      [(np.int64(h), np.int32(w)) for h, w in BATCH], list(np.array(BATCH)), sizes.int()):
+            assert all(torch.equal(a, b) for a, b in zip(model(x, valid_sizes=given), expected, strict=True))
+        for given, error, match in (
+                (np.array(BATCH, dtype=np.float64), TypeError, 'must hold integers.*numpy array of float64'),
+                ([(1, 1), (7, 20), (np.float64(33), 47)], TypeError, 'pairs of ints'),
+                ([(1, 1), (7, 20), (33.0, 47)], TypeError, 'pairs of ints'),
+                ([(1, 1), (True, 20), (33, 47)], TypeError, 'pairs of ints'),
+                (np.array([(1, 1), (7, 20), (0, 47)]), ValueError, r'within 1..33 \(height\)'),
+                ([(1, 1), (7, 20), (np.int64(-3), 47)], ValueError, r'within 1..33 \(height\)'),
+                ([(1, 1), (7, 20), (33, np.int64(48))], ValueError, r'1..47 \(width\)'),
+                ([(1, 1), (7, 20), (2 ** 70, 47)], ValueError, r'within 1..33 \(height\)'),
+                ([(1, 1), (7, 20, 3), (33, 47)], ValueError, r'\(h, w\) pairs')):
+            with pytest.raises(error, match=match):
+                model(x, valid_sizes=given)
+
+
+def test_check_finite_checks_each_images_valid_region_only():
+    """``check_finite=True`` refuses NaN or Inf inside an image's valid size, not in the padding beyond it (none
+    of the image's pixels): there the image still gets what it gets alone."""
+    model = pyramid(check_finite=True)
+    images = [torch.randn(3, *hw, generator=torch.Generator().manual_seed(i)) for i, hw in enumerate(BATCH)]
+    x, sizes = pad_images(images)
+    x[0, :, 1:, :] = float('nan')    # beyond the 1 x 1 image
+    x[1, :, :, 20:] = float('inf')   # beyond the 7 x 20 image
+    with torch.no_grad():
+        out = model(x, valid_sizes=sizes)
+        for b, image in enumerate(images):
+            alone = model(image[None])
+            h, w = image.shape[-2:]
+            got = [m[b:b + 1, :, :-(-h // s), :-(-w // s)] for m, s in zip(out, model.strides, strict=True)]
+            assert errors(got, alone) < TOLERANCE
+        with pytest.raises(ValueError, match='NaN or Inf values; expected finite'):
+            model(x)   # without valid sizes, every pixel is the image's
+        x[1, 0, 6, 19] = float('nan')   # inside the 7 x 20 image
+        with pytest.raises(ValueError, match="1 NaN or Inf values within the images' valid sizes"):
+            model(x, valid_sizes=sizes)

@@ -137,14 +137,16 @@ OPT_INS = ['cpvt_backbones.adapters.checkpoint', 'cpvt_backbones.adapters.hooks'
 
 @pytest.mark.parametrize('path', [p for p in DENSE if 'shapes' not in str(p)], ids=lambda p: p.name)
 def test_paper_configs_follow_the_recipe(path):
-    """Each image of an evaluation batch predicted as alone (the valid-size preprocessor and PredictAloneHook),
+    """Each image of an evaluation batch predicted as alone (the valid-size preprocessor and type 'PredictAlone'),
     and the Twins release's settings: RetinaNet and Mask R-CNN 1x (PVT setting: AdamW, wd 1e-4, lr 1e-4 and 2e-4)
     and 3x multi-scale (Swin setting: lr 1e-4, wd 0.05); Semantic FPN 80k (lr 1e-4, wd 1e-4, poly to 0) and
     UperNet 160k (mmseg's: lr 6e-5, wd 0.01, warm-up then linear decay); SVT with masked windows."""
     cfg = read_config(str(path))
     assert cfg.custom_imports.imports == [f'cpvt_backbones.adapters.{cfg.default_scope}', *OPT_INS]
-    assert cfg.custom_hooks == [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook'),
-                                dict(type='PredictAloneHook')]
+    assert cfg.custom_hooks == [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
+    assert cfg.model.type == 'PredictAlone'
+    assert cfg.model.model_type == ('EncoderDecoder' if cfg.default_scope == 'mmseg' else
+                                    'MaskRCNN' if 'roi_head' in cfg.model else 'RetinaNet')
     assert cfg.model.data_preprocessor.type == ('ValidSizeDetDataPreprocessor' if cfg.default_scope == 'mmdet' else
                                                 'ValidSizeSegDataPreprocessor')
     backbone = cfg.model.backbone

@@ -93,6 +93,39 @@ def test_mismatch_lists_missing_unexpected_and_shapes(small_sd):
         load_into(create_model('pcpvt_small'), partial)
 
 
+def test_a_checkpoint_of_another_family_is_named_first_with_what_to_load_it_into(tmp_path):
+    """An SVT checkpoint for a PCPVT model (and the other way round, and a CPVT one), in our layout or mmseg's,
+    through ``load_into``, ``pretrained=`` and mmengine's whole-model check: the message starts with the file's
+    family and the named model it fits, then a few keys of each kind (the counts kept), not 2.5 KB of keys."""
+    svt, pcpvt = create_model('svt_small').state_dict(), create_model('pcpvt_small').state_dict()
+    with pytest.raises(CheckpointMismatchError) as err:
+        load_into(create_model('pcpvt_small'), svt)
+    msg = str(err.value)
+    assert msg.startswith("checkpoint does not fit the model: it is a Twins-SVT checkpoint (embed_dims (64, 128, "
+                          "256, 512), depths (2, 2, 10, 4)) and the model is a Twins-PCPVT: load it into "
+                          "'svt_small' (TwinsSVT). Nothing was loaded; what does not fit: missing keys (102): "), msg
+    assert 'unexpected keys (88): blocks.0.0.attn.qkv.bias' in msg and '(85 more)' in msg and len(msg) < 800
+    path = tmp_path / 'pcpvt_small_mmseg.pth'
+    torch.save(dict(state_dict=native_to_mmseg(pcpvt)), path)
+    with pytest.raises(CheckpointMismatchError, match=rf"^{path} does not fit the model: it is a Twins-PCPVT "
+                                                      r".* load it into 'pcpvt_small' \(PyramidCPVT\)\."):
+        create_model('svt_small', features_only=True, pretrained=str(path))
+    with pytest.raises(CheckpointMismatchError, match=r"it is a CPVT checkpoint \(embed_dim 192, depth 2, "
+                                                      r"class_token False\) and the model is a Twins-SVT: load "
+                                                      r"it into a CPVT built with those settings"):
+        load_into(create_model('svt_small'),
+                  create_model('cpvt_tiny_gap', depth=2, pos_encoding=dict(type='peg', positions=(0,))).state_dict())
+    same_family = str(pytest.raises(CheckpointMismatchError, load_into, create_model('pcpvt_tiny'), pcpvt).value)
+    assert 'it is a' not in same_family and '(143 more)' in same_family  # another size: every kind, 20 keys each
+    pytest.importorskip('mmengine')
+    from cpvt_backbones.adapters.runner import refuse_unfit
+    detector = {f'backbone.{k}': v for k, v in svt.items()}
+    with pytest.raises(CheckpointMismatchError, match=r"^checkpoint c.pth does not fit the model: it is a "
+                                                      r"Twins-SVT checkpoint .* load it into 'svt_small'"):
+        refuse_unfit(nn.ModuleDict(dict(backbone=create_model('pcpvt_small'))), {'state_dict': detector},
+                     'checkpoint c.pth')
+
+
 def test_non_strict_loads_what_fits(small_sd):
     model = create_model('pcpvt_base')
     report = load_into(model, small_sd, strict=False)

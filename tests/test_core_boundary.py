@@ -82,8 +82,8 @@ registry = importlib.import_module(framework + '.registry').MODELS
 known = set(registry.module_dict)
 importlib.import_module('cpvt_backbones.adapters.' + framework)
 assert state() == before, 'importing the adapter changed more than its registry'
-preprocessor = {'mmdet': {'ValidSizeDetDataPreprocessor'},
-                'mmseg': {'ValidSizeSegDataPreprocessor'}}.get(framework, set())
+preprocessor = {'mmdet': {'ValidSizeDetDataPreprocessor', 'PredictAlone'},
+                'mmseg': {'ValidSizeSegDataPreprocessor', 'PredictAlone'}}.get(framework, set())
 assert set(registry.module_dict) - known == {'PyramidCPVT', 'TwinsSVT', 'CPVT'} | preprocessor, \
     set(registry.module_dict) - known
 import cpvt_backbones.adapters.checkpoint, cpvt_backbones.adapters.hooks

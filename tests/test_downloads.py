@@ -62,6 +62,18 @@ def test_an_html_page_answered_with_200_is_never_recorded_and_the_file_comes_nex
     assert (cache / weights['table'][1].filename).is_file()
 
 
+def test_a_url_answering_404_is_named_in_the_error(server, tmp_path, monkeypatch):
+    """``pretrained=`` a URL the server does not have: the error names the URL and the server's answer, and
+    nothing is cached."""
+    monkeypatch.setenv('CPVT_WEIGHTS_DIR', str(tmp_path / 'cache'))
+    url = f'{server.url}/gone/pcpvt_tiny.pth'
+    with pytest.raises(hub.WeightsUnavailableError) as info:
+        create_model('pcpvt_tiny', pretrained=url)
+    assert str(info.value).startswith(f'could not fetch {url} (HTTPError: HTTP Error 404'), str(info.value)
+    assert server.requests == [('gone/pcpvt_tiny.pth', None)]
+    assert not hub.url_path(url).exists() and not hub.url_path(url).with_name('pcpvt_tiny.pth.partial').exists()
+
+
 def poison(path: Path, url: str, content: bytes) -> None:
     """What an older version left after a portal answered: the page under the weight file's name, with a record
     of its own sha256 (no 'content' field)."""

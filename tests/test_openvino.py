@@ -380,3 +380,47 @@ def test_one_module_called_from_several_threads(converted):
     for g, e in zip(got, expected, strict=False):
         assert max(relative_errors(g, e)) < FP32_TOLERANCE
     assert len(engine.compiled_shapes) == 3
+
+
+def test_a_conversion_logs_no_traceback(capfd, caplog, monkeypatch):
+    """Converting prints and logs no traceback: OpenVINO's front end warns, with a KeyError's traceback, about each
+    operation it keeps whole that torch's decomposition table lacks (benign: such an operation is not decomposed
+    anyway), the first time it converts in a process; ``convert`` drops exactly that warning."""
+    from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
+    if hasattr(TorchFXPythonDecoder, '_decomp_table'):   # built (and warned about) once a process: build it here
+        monkeypatch.setattr(TorchFXPythonDecoder, '_decomp_table', None)
+    model = small('pcpvt', 'peg')
+    engine = ov_engine.to_openvino(model, shapes='dynamic')
+    x = torch.randn(1, 3, 40, 56)
+    with torch.no_grad():
+        assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(engine(x), model(x), strict=True))
+    err = capfd.readouterr().err
+    assert 'Traceback' not in err and 'KeyError' not in err
+    assert not [r for r in caplog.records if r.exc_info or 'decomp table' in r.getMessage()]
+
+
+def test_a_model_that_cannot_be_converted_with_valid_sizes_is_refused_before_converting(capfd, monkeypatch):
+    """``valid_sizes=True`` (``prepare(..., 'openvino', bucket=...)``) refuses a model whose valid-size path works
+    image by image (a learned table, a PEG padded other than with zeros), naming its modules, or one whose forward
+    takes no valid sizes, before anything is exported or converted: nothing is printed."""
+    from cpvt_backbones.deploy import ENGINES, prepare
+
+    def never(*args, **kwargs):
+        raise AssertionError('a conversion started')
+    monkeypatch.setattr(ov_engine, 'convert', never)
+    monkeypatch.setattr(torch.export, 'export', never)
+    learned = small('pcpvt', 'learned')
+    with pytest.raises(ValueError, match=r"cannot be converted with valid_sizes: its valid-size path does not trace: "
+                                         r"that of module\(s\) 'pos_embed' works image by image"):
+        ov_engine.to_openvino(learned, valid_sizes=True)
+    with pytest.raises(ValueError, match=r"module\(s\) 'pos_block.0', 'pos_block.1' works image by image"):
+        ov_engine.to_openvino(small('pcpvt', dict(type='peg', padding_mode='circular')), valid_sizes=True)
+    with pytest.raises(TypeError, match='cannot be converted with valid_sizes: its forward takes no valid_sizes'):
+        ov_engine.to_openvino(torch.nn.Conv2d(3, 4, 1).eval(), valid_sizes=True)
+    if not ENGINES['openvino'].missing():
+        with pytest.raises(ValueError, match=r"module\(s\) 'pos_embed'"):
+            prepare(learned, 'openvino', bucket=16)
+        with pytest.raises(TypeError, match='bucket=16: bucketed shapes pad inputs, so the module must take '
+                                            'valid_sizes.*Conv2d does not'):
+            prepare(torch.nn.Conv2d(3, 4, 1).eval(), 'openvino', bucket=16)
+    assert capfd.readouterr().err == ''

@@ -391,3 +391,36 @@ def test_svt_refuses_a_wrapped_or_hooked_windowed_projection():
     hooked.blocks[2][0].attn.qkv.register_forward_hook(lambda *a: None)
     with pytest.raises(ValueError, match=r'blocks\.2\.0\.attn\.qkv has forward hooks'):
         optimize(hooked)
+
+
+@pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
+def test_the_fused_engines_int8_is_int8_with_autograd_on_or_off(name):
+    """The fused int8 engine gives the same int8 outputs with autograd on as under ``torch.no_grad()`` (the
+    quantized GEMMs run without it: no gradient flows back through them), not float32's; in training mode with
+    autograd on it refuses by name instead of training float32."""
+    _precision_or_skip('int8')
+    from cpvt_backbones.deploy import prepare
+    torch.manual_seed(0)
+    plain = create_model(name, features_only=True).eval()
+    batches = [torch.randn(2, 3, 64, 80, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    model = prepare(plain, 'fused', 'int8', calibration=batches)
+    x = torch.randn(2, 3, 64, 80, generator=torch.Generator().manual_seed(9))
+    assert torch.is_grad_enabled()
+    with_grad = model(x)
+    with torch.no_grad():
+        without, reference = model(x), plain(x)
+    for a, b, r in zip(with_grad, without, reference, strict=True):
+        assert torch.equal(a, b)
+        assert 1e-4 < float((a.detach() - r).norm() / r.norm()) < TOLERANCE['int8']
+    head = FusedLinear(nn.Linear(8, 4), 'onednn_int8').eval()
+    head.input_range = (-3., 3.)
+    tokens = torch.randn(5, 8, requires_grad=True)
+    out = head(tokens)
+    with torch.no_grad():
+        assert torch.equal(out, head(tokens)) and not torch.equal(out, F.linear(tokens, head.weight, head.bias))
+    assert not out.requires_grad   # int8 does not backpropagate
+    model.train()
+    with pytest.raises(RuntimeError, match='runs static int8, which does not backpropagate.*does not train'):
+        model(x)
+    with torch.no_grad():
+        model(x)

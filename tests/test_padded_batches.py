@@ -243,18 +243,14 @@ def _assert_same_predictions(scope, got, want, what):
 @pytest.mark.parametrize('config', ['retinanet_pcpvt-tiny_fpn_shapes.py', 'mask-rcnn_pcpvt-tiny_fpn_shapes.py',
                                     'upernet_pcpvt-tiny_shapes.py'])
 def test_detectors_and_segmentors_predict_each_image_as_alone(config):
-    """With the configs' valid-size preprocessor and ``PredictAloneHook`` (as a test loop runs it), each image of
-    a padded batch of four odd sizes gets the prediction it gets alone, for a one- and a two-stage detector and
-    a segmentor (random weights, RetinaNet's score threshold at 0 so that there is something to compare; Semantic
-    FPN in the next test). The data samples are left as they were."""
-    from types import SimpleNamespace
+    """A model built from a config (type 'PredictAlone'), through ``model.test_step``: each image of a padded
+    batch of four odd sizes gets the prediction it gets alone, for a one- and a two-stage detector and a segmentor
+    (random weights, RetinaNet's score threshold at 0 so that there is something to compare; Semantic FPN and the
+    frameworks' inference APIs below). The data samples are left as they were."""
     model = shapes_model(config)   # skips without mmdet and mmseg
-
-    from cpvt_backbones.adapters.hooks import PredictAloneHook
     scope = 'mmdet' if 'rcnn' in config or 'retinanet' in config else 'mmseg'
     if 'retinanet' in config:
         model.bbox_head.test_cfg.score_thr = 0.
-    PredictAloneHook().before_test(SimpleNamespace(model=model))
     batch = _raw_batch(scope, DENSE_SIZES)
     batched = _predictions(model, batch)
     for b in range(len(DENSE_SIZES)):
@@ -269,6 +265,121 @@ def test_detectors_and_segmentors_predict_each_image_as_alone(config):
         data = model.data_preprocessor(copy.deepcopy(batch), False)
         plain = model.predict_batch(data['inputs'], data['data_samples'])
         assert _rel(plain[0].seg_logits.data, batched[0].seg_logits.data) > 1e-2
+
+
+def _plain_type(config):
+    """``config``'s model built with the framework's own type (no 'PredictAlone'), seed 0, evaluation mode."""
+    import importlib
+    from pathlib import Path
+
+    from mmengine.registry import DefaultScope
+
+    from cpvt_backbones.adapters.runner import read_config
+    cfg = read_config(str(Path(__file__).resolve().parents[1] / 'configs' / 'shapes' / config))
+    cfg.model.type = cfg.model.pop('model_type')
+    torch.manual_seed(0)
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        return importlib.import_module(f'{cfg.default_scope}.registry').MODELS.build(cfg.model).eval()
+
+
+@pytest.mark.parametrize('config', ['retinanet_pcpvt-tiny_fpn_shapes.py', 'fpn_pcpvt-tiny_shapes.py'])
+def test_a_model_of_another_type_predicts_alone_through_the_hook_and_is_refused_without(config):
+    """A config that keeps the framework's model type with a valid-size preprocessor: a test batch of mixed sizes
+    is refused by name (its neck and heads would answer otherwise); one size, or one image, runs; with
+    ``PredictAloneHook`` (as a test loop runs it) each image is predicted as alone."""
+    from types import SimpleNamespace
+    pytest.importorskip('mmdet')
+    pytest.importorskip('mmseg')
+    from cpvt_backbones.adapters.hooks import PredictAloneHook
+    model = _plain_type(config)
+    assert 'predict_batch' not in vars(model)
+    scope = 'mmdet' if 'retinanet' in config else 'mmseg'
+    batch = _raw_batch(scope, DENSE_SIZES[:3])
+    with pytest.raises(ValueError, match=r"different sizes \(61x75, 97x131, 160x224\).*type='PredictAlone'"):
+        _predictions(model, batch)
+    _predictions(model, _raw_batch(scope, [DENSE_SIZES[1]] * 2))   # one size: nothing to refuse
+    _predictions(model, _raw_batch(scope, DENSE_SIZES[:1]))
+    PredictAloneHook().before_test(SimpleNamespace(model=model))
+    if scope == 'mmdet':
+        model.bbox_head.test_cfg.score_thr = 0.
+    batched = _predictions(model, batch)
+    for b in range(3):
+        (alone,) = _predictions(model, {k: v[b:b + 1] for k, v in batch.items()})
+        _assert_same_predictions(scope, batched[b], alone, f'image {b}')
+
+
+def test_predict_alone_type_names_its_model_type():
+    pytest.importorskip('mmdet')
+    from mmdet.registry import MODELS
+    from mmengine.registry import DefaultScope
+
+    import cpvt_backbones.adapters.mmdet  # noqa: F401
+    with DefaultScope.overwrite_default_scope('mmdet'), pytest.raises(ValueError, match='needs model_type'):
+        MODELS.build(dict(type='PredictAlone', backbone=dict(type='PyramidCPVT', arch='pcpvt_tiny')))
+
+
+# Three images of the sizes the issue measured, as the frameworks' inference APIs take them (H x W x 3 uint8).
+API_SIZES = [(97, 131), (160, 128), (61, 203)]
+
+
+def _arrays(seed=2):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in API_SIZES]
+
+
+def _config(name):
+    from pathlib import Path
+    return str(Path(__file__).resolve().parents[1] / 'configs' / 'shapes' / name)
+
+
+def test_mmseg_inference_apis_predict_each_image_as_alone():
+    """mmseg's ``init_model`` + ``inference_model`` on a list of images of three sizes, and ``MMSegInferencer``
+    with ``batch_size=8``, on a config's model (random weights): each image's logits and labels are those it gets
+    alone (mmseg alone would refuse such a batch)."""
+    pytest.importorskip('mmseg')
+    import warnings
+
+    from mmseg.apis import MMSegInferencer, inference_model, init_model
+    images = _arrays()
+    torch.manual_seed(0)
+    model = init_model(_config('fpn_pcpvt-tiny_shapes.py'), device='cpu')
+    batched = inference_model(model, images)
+    assert len({tuple(r.seg_logits.shape[-2:]) for r in batched}) == 3
+    for b, image in enumerate(images):
+        _assert_same_predictions('mmseg', batched[b], inference_model(model, image), f'image {b}')
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')   # no checkpoint: random weights, Cityscapes' names
+        inferencer = MMSegInferencer(_config('fpn_pcpvt-tiny_shapes.py'), device='cpu')
+    batched = inferencer(images, batch_size=8, return_datasamples=True)
+    for b, image in enumerate(images):
+        alone = inferencer(image, batch_size=1, return_datasamples=True)
+        _assert_same_predictions('mmseg', batched[b], alone, f'inferencer image {b}')
+
+
+def test_mmdet_inference_apis_predict_each_image_as_alone():
+    """mmdet's ``DetInferencer`` with ``batch_size=8`` and ``init_detector`` + ``inference_detector`` on images of
+    three sizes, on a config's RetinaNet (random weights, score threshold 0): each image's detections are those it
+    gets alone."""
+    pytest.importorskip('mmdet')
+    import warnings
+
+    from mmdet.apis import DetInferencer, inference_detector, init_detector
+    images = _arrays()
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')   # no checkpoint: random weights, COCO's names
+        torch.manual_seed(0)
+        inferencer = DetInferencer(_config('retinanet_pcpvt-tiny_fpn_shapes.py'), device='cpu')
+        model = init_detector(_config('retinanet_pcpvt-tiny_fpn_shapes.py'), device='cpu')
+    for m in (inferencer.model, model):
+        m.bbox_head.test_cfg.score_thr = 0.
+    batched = inferencer(images, batch_size=8, return_datasamples=True)['predictions']
+    for b, image in enumerate(images):
+        (alone,) = inferencer(image, batch_size=1, return_datasamples=True)['predictions']
+        _assert_same_predictions('mmdet', batched[b], alone, f'inferencer image {b}')
+    batched = inference_detector(model, images)
+    for b, image in enumerate(images):
+        _assert_same_predictions('mmdet', batched[b], inference_detector(model, image), f'image {b}')
 
 
 def test_predict_alone_runs_each_image_through_an_attached_engine():
@@ -364,3 +475,45 @@ def test_run_images_reports_progress_and_refuses_bad_input(monkeypatch):
         run_images(model, _images(RUN_SIZES[:2]), batch_size=0)
     with pytest.raises(ValueError, match='evaluation mode'):
         run_images(model.train(), _images(RUN_SIZES[:2]))
+
+
+def test_run_images_refuses_an_image_unlike_the_others_by_index():
+    """Channels other than the model's or the other images', an integer image, a dtype other than the others':
+    refused naming the image and what differs, wherever the image is in its batch (first or not), before the
+    model runs; nothing is converted by its neighbour's channels or dtype."""
+    from cpvt_backbones import run_images
+    model = PyramidCPVT(**PYRAMID, num_classes=5).eval()
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape))
+    good = _images([(20, 24), (20, 24), (20, 24)])
+    cases = [(torch.rand(1, 20, 24), r'images\[{i}\] has 1 channel, the model takes 3 \(in_chans\)'),
+             ((torch.rand(3, 20, 24) * 255).to(torch.uint8), r'images\[{i}\] is torch.uint8: .*floating-point.*'
+                                                             'convert and normalise it first'),
+             (torch.rand(3, 20, 24, dtype=torch.float64),
+              r'images\[{i}\] is torch.float64, images\[0\] is torch.float32: every image must have the same dtype')]
+    for odd, message in cases:
+        for i in (1, 2):
+            images = good[:i] + [odd] + good[i:]
+            with pytest.raises(ValueError, match=message.format(i=i)):
+                run_images(model, images, batch_size=4)
+    with pytest.raises(ValueError, match=r'images\[0\] has 1 channel, the model takes 3'):
+        run_images(model, [torch.rand(1, 20, 24)] + good, batch_size=4)
+    with pytest.raises(ValueError, match=r'images\[1\] is torch.float32, images\[0\] is torch.float64'):
+        run_images(model, [torch.rand(3, 20, 24, dtype=torch.float64)] + good, batch_size=4)
+    plain = torch.nn.Conv2d(4, 2, 3).eval()   # no in_chans: the first image's channels hold for the others
+    with pytest.raises(ValueError, match=r'images\[1\] has 3 channels, images\[0\] has 4: every image must have '
+                                         'the same channels'):
+        run_images(plain, [torch.rand(4, 8, 8), torch.rand(3, 8, 8)])
+    assert calls == []
+
+
+def test_run_images_returns_outputs_that_hold_no_batch():
+    """Each returned output (a classifier's row, a feature model's cropped maps) is in storage of its own size:
+    none keeps its padded batch alive."""
+    from cpvt_backbones import run_images
+    images = _images(RUN_SIZES)
+    for features_only in (True, False):
+        model = PyramidCPVT(**PYRAMID, num_classes=0 if features_only else 5, features_only=features_only).eval()
+        for out in run_images(model, images, batch_size=3):
+            for t in (out if features_only else [out]):
+                assert t.untyped_storage().nbytes() == t.numel() * t.element_size(), (tuple(t.shape), features_only)

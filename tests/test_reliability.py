@@ -1,6 +1,7 @@
 """Odd inputs, lower precision, determinism, and checkpoint writes that cannot tear."""
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -395,6 +396,28 @@ def test_an_unknown_backbone_setting_in_a_config_lists_the_valid_ones():
                                                                  drop_path_rate=0.1)))))
     check_backbone_settings(Config(dict(model=dict(backbone=dict(type='ResNet', depth=50, whatever=1)))))
 
+
+
+def test_a_cfg_option_under_a_model_name_names_the_fix(tmp_path):
+    """``--cfg-options model.backbone.arch.depths=...`` where the config names the model (``arch='pcpvt_tiny'``):
+    a ConfigError naming the key, the name and the options that work (mmengine's merge raised a TypeError); those
+    options (as ``DictAction`` parses them) then build the settings they say; a key below any other plain value is
+    refused the same way."""
+    pytest.importorskip('mmengine')
+    from cpvt_backbones.adapters.runner import ConfigError, load_config
+    config = str(Path(__file__).resolve().parents[1] / 'configs/shapes/fpn_pcpvt-tiny_shapes.py')
+    with pytest.raises(ConfigError) as info:
+        load_config(config, {'model.backbone.arch.depths': [1, 1, 1, 1]}, str(tmp_path))
+    assert str(info.value) == (
+        f"{config}: --cfg-options model.backbone.arch.depths: model.backbone.arch is the model name 'pcpvt_tiny', "
+        "which has no setting 'depths'; make it a dict based on that name: --cfg-options "
+        "model.backbone.arch._delete_=True model.backbone.arch.base=pcpvt_tiny model.backbone.arch.depths=...")
+    cfg = load_config(config, {'model.backbone.arch._delete_': True, 'model.backbone.arch.base': 'pcpvt_tiny',
+                               'model.backbone.arch.depths': [1, 1, 1, 1]}, str(tmp_path))
+    assert cfg.model.backbone.arch == dict(base='pcpvt_tiny', depths=[1, 1, 1, 1])
+    with pytest.raises(ConfigError, match=r"model\.backbone\.drop_path_rate is 0\.0 \(float\), not a dict, so it "
+                                          r"has no 'x' to set"):
+        load_config(config, {'model.backbone.drop_path_rate.x': 1}, str(tmp_path))
 
 # --- prepare: never in place, int8 only with calibration ---------------------------------------------------------
 

@@ -1,7 +1,10 @@
 """tools/infer.py and tools/test.py on the shapes configs with randomly initialised weights: every readable image
-is run and every other one reported (exit status 1), no two images share an output, and a checkpoint that does not
-fit the config's model is refused with every key that does not fit listed."""
+is run and every other one reported (exit status 1), no two images share an output, batches are predicted in one
+call each, a rerun leaves only its own outputs of its images and removes the staging folders killed runs left, and
+a checkpoint that does not fit the config's model is refused with every key that does not fit listed."""
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,7 +55,8 @@ def image_size(path):
 @pytest.mark.parametrize('cfg', CONFIGS)
 def test_infer_runs_every_readable_image_and_reports_each_other_one(cfg, checkpoint, tmp_path):
     """Unreadable images among readable ones, at the config's own scale: each gets one line naming its path and
-    why, the run goes on and writes every readable image's prediction and drawing, and exits 1 after a summary."""
+    why, the run goes on and writes every readable image's prediction and drawing (the readable ones in one
+    batch), and exits 1 after a summary."""
     images = tmp_path / 'images'
     save_image(images / 'a_good.png', 40, 30)
     (images / 'b_empty.png').write_bytes(b'')
@@ -70,6 +74,9 @@ def test_infer_runs_every_readable_image_and_reports_each_other_one(cfg, checkpo
         assert line.startswith(f'[infer] {images / name}: failed ({reason}'), line
     summary = res.stderr.strip().splitlines()[-1]
     assert summary == '4 of 6 image(s) failed: ' + ', '.join(str(images / name) for name in bad), summary
+    # f_wide.png shares the good images' batch; its pipeline fails, so it is left out and the two still batch.
+    batched = '[infer] 2 of 6 image(s) predicted in 1 padded batch(es) of up to 8, the others one at a time\n'
+    assert batched in res.stdout, res.stdout[-3000:]
     pred = '.json' if cfg == DET else '.png'
     assert sorted(outputs(out, 'preds')) == [f'a_good{pred}', f'd_good{pred}']
     assert sorted(outputs(out, 'vis')) == ['a_good.png', 'd_good.jpg']
@@ -101,19 +108,47 @@ def test_infer_names_the_outputs_of_images_with_one_name_apart(cfg, checkpoint, 
             assert set(json.loads(preds[f'{name}.json'].read_text())) >= {'labels', 'scores', 'bboxes'}
 
 
-@pytest.mark.parametrize('cfg', [DET])
+# tools/infer.py with every call of the model's test_step counted: the number of images each call got, written as
+# JSON to $CALLS_FILE when the tool ends.
+COUNTING = """
+import json, os, runpy, sys
+from mmengine.model import BaseModel
+
+test_step, calls = BaseModel.test_step, []
+
+
+def counted(self, data):
+    calls.append(len(data['inputs']))
+    return test_step(self, data)
+
+
+BaseModel.test_step = counted
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name='__main__')
+finally:
+    with open(os.environ['CALLS_FILE'], 'w') as f:
+        json.dump(calls, f)
+"""
+
+
+@pytest.mark.parametrize('cfg', CONFIGS)
 def test_infer_in_batches_gives_each_image_its_prediction_alone(cfg, checkpoint, tmp_path):
-    """Five images of odd sizes at their own size, three at a time (padded batches) and one at a time: the same
-    predictions (RetinaNet's score threshold at 0, so that random weights give boxes to compare; the segmentors'
-    batches: test_padded_batches.py)."""
+    """Five images of odd sizes at their own size, three at a time and one at a time: at three the model is
+    called twice, on the two padded batches (3 and 2 images; no image runs alone), at one five times, and the
+    predictions are the same (RetinaNet's score threshold at 0, so that random weights give boxes to compare)."""
     sizes = [(40, 30), (23, 57), (31, 31), (64, 20), (17, 45)]
     for i, (w, h) in enumerate(sizes):
         save_image(tmp_path / 'images' / f'{i}.png', w, h)
+    (tmp_path / 'counting.py').write_text(COUNTING)
     options = ['--native'] + (['--cfg-options', 'model.test_cfg.score_thr=0'] if cfg == DET else [])
-    for batch in (1, 3):
-        res = run([INFER, cfg, checkpoint(cfg), tmp_path / 'images', '--out-dir', tmp_path / f'out{batch}',
-                   '--batch-size', batch, *options], tmp_path)
+    for batch, calls in ((1, [1] * 5), (3, [3, 2])):
+        res = run([tmp_path / 'counting.py', INFER, cfg, checkpoint(cfg), tmp_path / 'images', '--out-dir',
+                   tmp_path / f'out{batch}', '--batch-size', batch, *options], tmp_path,
+                  {'CALLS_FILE': str(tmp_path / f'calls{batch}.json')})
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert json.loads((tmp_path / f'calls{batch}.json').read_text()) == calls, res.stdout[-3000:]
+    assert '[infer] 5 of 5 image(s) predicted in 2 padded batch(es) of up to 3\n' in res.stdout, res.stdout[-3000:]
     for i in range(len(sizes)):
         if cfg == DET:
             one, three = (json.loads((tmp_path / f'out{b}/preds/{i}.json').read_text()) for b in (1, 3))
@@ -122,7 +157,7 @@ def test_infer_in_batches_gives_each_image_its_prediction_alone(cfg, checkpoint,
             assert np.allclose(one['bboxes'], three['bboxes'], atol=1e-3)
         else:
             one, three = (np.asarray(Image.open(tmp_path / f'out{b}/preds/{i}.png')) for b in (1, 3))
-            assert np.array_equal(one, three)
+            assert one.shape == sizes[i][::-1] and np.array_equal(one, three)
 
 
 def keys_listed(report, text):
@@ -199,6 +234,76 @@ def test_check_image(tmp_path):
                          ('absent.png', 'cannot be read')]:
         with pytest.raises(ImageError, match=f'^{reason}'):
             check_image(tmp_path / name)
+
+
+def write_outputs(image, folder):
+    """A stand-in for an inferencer's run: a drawing and a prediction of ``image`` under ``folder``."""
+    for kind, suffix in (('vis', Path(image).suffix), ('preds', '.json')):
+        (Path(folder) / kind).mkdir(exist_ok=True)
+        (Path(folder) / kind / f'{Path(image).stem}{suffix}').write_text(f'{kind} of {image}')
+
+
+# A run of run_each killed (SIGKILL) while it runs its first image, as a killed tools/infer.py.
+KILLED = """
+import os, signal, sys
+from cpvt_backbones.adapters.inference import run_each
+run_each(lambda image, folder: os.kill(os.getpid(), signal.SIGKILL), [sys.argv[1]], ['x'], sys.argv[2])
+"""
+
+
+def test_a_run_removes_the_staging_folders_of_killed_runs_only(tmp_path, capsys):
+    """A run killed mid-image leaves its staging folder; the next run into the same folder removes it, and says
+    so, but not the staging folder of a run still running (whose lock is held), and leaves none of its own."""
+    import fcntl
+    import subprocess
+    import sys
+
+    from cpvt_backbones.adapters.inference import run_each
+    save_image(tmp_path / 'x.png', 7, 5)
+    out = tmp_path / 'out'
+    killed = subprocess.run([sys.executable, '-c', KILLED, str(tmp_path / 'x.png'), str(out)], capture_output=True,
+                            text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    (left,) = out.glob('.staging-*')
+    live = out / '.staging-running'
+    live.mkdir()
+    fd = os.open(live, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert run_each(write_outputs, [str(tmp_path / 'x.png')], ['x'], str(out)) == []
+    finally:
+        os.close(fd)
+    said = capsys.readouterr().out
+    assert f'[infer] removed 1 staging folder(s) that runs which did not finish left in {out}: {left.name}' in said
+    assert sorted(p.name for p in out.iterdir()) == ['.staging-running', 'preds', 'vis']
+    assert sorted(p.name for p in (out / 'vis').iterdir()) == ['x.png']
+
+
+def test_a_rerun_leaves_only_this_runs_outputs_of_its_images(tmp_path, capsys):
+    """A second run into a used folder: an image that now fails loses the outputs the first run wrote for it (the
+    line naming them), an image that runs again replaces its own and loses those of another extension, and an
+    image of the first run only keeps its outputs."""
+    from cpvt_backbones.adapters.inference import run_each
+    for name in ('a.png', 'b.png', 'c.png', 'a.jpg'):
+        save_image(tmp_path / 'in' / name, 7, 5)
+    out = tmp_path / 'out'
+    first = [str(tmp_path / 'in' / n) for n in ('a.jpg', 'b.png', 'c.png')]
+    assert run_each(write_outputs, first, ['a', 'b', 'c'], str(out)) == []
+    assert sorted(p.name for p in (out / 'vis').iterdir()) == ['a.jpg', 'b.png', 'c.png']
+
+    def fails_on_b(image, folder):
+        write_outputs(image, folder)
+        if Path(image).stem == 'b':
+            raise RuntimeError('b went wrong')
+
+    second = [str(tmp_path / 'in' / n) for n in ('a.png', 'b.png')]
+    assert run_each(fails_on_b, second, ['a', 'b'], str(out)) == [second[1]]
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith(f'[infer] {second[1]}: ')]
+    assert line == [f'[infer] {second[1]}: failed (7 x 5 image: RuntimeError: b went wrong); nothing written for '
+                    'it (its earlier outputs removed: vis/b.png, preds/b.json)'], line
+    assert sorted(p.name for p in (out / 'vis').iterdir()) == ['a.png', 'c.png']
+    assert sorted(p.name for p in (out / 'preds').iterdir()) == ['a.json', 'c.json']
+    assert (out / 'vis' / 'a.png').read_text() == f'vis of {second[0]}'
 
 
 @pytest.fixture(scope='module')

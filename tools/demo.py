@@ -265,7 +265,7 @@ def main() -> None:
                              'which precision, covering what)')
     parser.add_argument('--batch-sizes', nargs='+', type=int, default=[1, 8],
                         help='evaluate at these test batch sizes (default 1 and 8: a batch pads its images to the '
-                             'largest, and each image is predicted as alone, PredictAloneHook); the first engine and '
+                             'largest, and each image is predicted as alone: type PredictAlone); the first engine and '
                              'precision at each, the others at the first')
     parser.epilog = 'Engines (deploy.ENGINES):\n' + engine_table()
     args = parser.parse_args()

@@ -5,19 +5,24 @@
 Writes predictions (JSON for boxes, PNG label maps for masks) under OUT_DIR/preds for every image, and
 visualisations (boxes or masks drawn on the image) under OUT_DIR/vis, through mmdet's DetInferencer / mmseg's
 MMSegInferencer: the model runs ``--batch-size`` images of similar size at a time, padded to the largest of the
-batch, each predicted as it is alone (``adapters.alone.predict_alone``, with the configs' valid-size data
-preprocessors), so a prediction does not depend on the batch; then each image's files are written in turn, in
-place before the next image's, with the progress of a long run every few seconds. An image named twice is run
-once. Outputs are named by the image's stem; images whose stems collide (a/x.png, b/x.png) are
+batch, in one call (``adapters.inference.BatchedPredictions``; a line at the end says how many images were
+predicted in batches), each predicted as it is alone (``adapters.alone.predict_alone``, with the configs'
+valid-size data preprocessors), so a prediction does not depend on the batch; then each image's files are
+written in turn, in place before the next image's, with the progress of a long run every few seconds. An image
+named twice is run once. Outputs are named by the image's stem; images whose stems collide (a/x.png, b/x.png) are
 named by their path under the inputs' common folder instead (a__x, b__x; ``adapters.inference.unique_names``),
-and those names are printed first: no two images share an output.
+and those names are printed first: no two images share an output. An image's outputs replace those an earlier
+run wrote under its name. They are made in a staging folder under OUT_DIR (.staging-*, held by the run while it
+runs, then removed); a run first removes the staging folders that killed runs left there, in one line.
 
 An image that cannot be run (an empty file, not an image, bytes OpenCV cannot decode, an image the test
 pipeline cannot take, such as 5000 x 1 where resizing to the config's scale leaves no row) gets one line naming its
-path and why, nothing written for it, and the run goes on; the exit status is then 1, after a summary
-"N of M image(s) failed: PATHS", and 0 when every image ran. The backbones take any size down to 1 x 1; where a
-framework's visualiser cannot draw an image (mmseg's fails on a 1 x 1 one), that image gets one line saying so,
-its prediction is written and it does not count as failed.
+path and why, nothing written for it (the outputs an earlier run wrote under its name are removed and named in
+that line), and the run goes on; such an image is left out of its batch, and any other error of a batch stops
+the run with its traceback. The exit status is then 1, after a summary "N of M image(s) failed: PATHS", and 0
+when every image ran. The backbones take any size down to 1 x 1; where a framework's visualiser cannot draw an
+image (mmseg's fails on a 1 x 1 one), that image gets one line saying so, its prediction is written and it does
+not count as failed.
 
 CHECKPOINT must fit the config's model exactly: a checkpoint with missing, unexpected or mis-shaped keys (another
 model's) is refused before its weights are loaded, with every such key listed, and nothing runs (exit status 1).
@@ -176,15 +181,20 @@ def main() -> None:
         print(f"[infer] {args.config}: the data preprocessor hands over no valid sizes (ValidSizeDetDataPreprocessor, "
               'ValidSizeSegDataPreprocessor), so a batch would change the predictions: one image at a time')
         batch_size = 1
-    prefetch = None
+    batched = None
     if batch_size > 1:
         predict_alone(inferencer.model)
-        prefetch = BatchedPredictions(inferencer).prefetch
+        batched = BatchedPredictions(inferencer)
+    prefetch = batched.prefetch if batched is not None else None
     try:
         failed = run_each(run, images, names, args.out_dir, prefetch, batch_size)
     except OSError as e:
         raise SystemExit(f'infer.py: cannot write the outputs under {args.out_dir} ({e.strerror or e}: '
                          f'{e.filename or args.out_dir})') from None
+    if batched is not None:
+        alone = ', the others one at a time' if batched.batched < len(images) else ''
+        print(f'[infer] {batched.batched} of {len(images)} image(s) predicted in {batched.calls} padded batch(es) '
+              f'of up to {batch_size}{alone}')
     print(f'{len(images) - len(failed)} image(s) -> {args.out_dir}/vis, {args.out_dir}/preds')
     if failed:
         raise SystemExit(f'{len(failed)} of {len(images)} image(s) failed: {", ".join(failed)}')

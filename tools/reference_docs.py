@@ -3,7 +3,8 @@
     python tools/reference_docs.py
 
 The docstrings are the one place the arguments are described; this renders them for the docs
-(tests/test_reference_docs.py fails when the page and the docstrings disagree).
+(tests/test_reference_docs.py fails when the page and the docstrings disagree). The page's last part, from the
+``HANDWRITTEN`` heading on, is written by hand: every rendering keeps it as the page has it.
 """
 import inspect
 import re
@@ -13,6 +14,7 @@ from cpvt_backbones.models import CPVT, MODEL_SPECS, PyramidCPVT, TwinsSVT
 from cpvt_backbones.models.base import CPVTBase
 
 PAGE = Path(__file__).resolve().parents[1] / 'docs' / 'reference.md'
+HANDWRITTEN = '## Outputs against timm, the Twins release and mmseg'
 
 
 def documented_arguments(doc: str) -> dict[str, str]:
@@ -71,10 +73,17 @@ def _defaults(fn) -> dict[str, object]:
     return {p.name: p.default for p in inspect.signature(fn).parameters.values()}
 
 
+def handwritten(page: str) -> str:
+    """The hand-written part of the page's text ``page``: from the ``HANDWRITTEN`` heading to the end ('' if none)."""
+    at = page.find(f'\n{HANDWRITTEN}\n')
+    return '' if at < 0 else page[at + 1:]
+
+
 def render() -> str:
-    """The page's text."""
+    """The page's text: the tables rendered from the docstrings, then the page's hand-written part."""
     parts = ['# Constructor reference', '',
-             'Generated from the docstrings by `python tools/reference_docs.py`; `CPVT`, `PyramidCPVT` and `TwinsSVT` '
+             'Generated from the docstrings by `python tools/reference_docs.py` (all but the last section, '
+             f'"{HANDWRITTEN[3:]}", written by hand); `CPVT`, `PyramidCPVT` and `TwinsSVT` '
              "take their own trunk arguments (`TwinsSVT` also `PyramidCPVT`'s) and every shared one. A named variant "
              '(`create_model(name, **overrides)`, '
              "a config's `arch=dict(base=name, ...)`) is a set of these arguments:", '',
@@ -86,7 +95,8 @@ def render() -> str:
                                                                     _defaults(cls.__init__))]
     parts += ['', '## Shared arguments (`CPVTBase`)', '',
               _table(documented_arguments(CPVTBase.__init__.__doc__), _defaults(CPVTBase.__init__)), '']
-    return '\n'.join(parts)
+    tail = handwritten(PAGE.read_text()) if PAGE.is_file() else ''
+    return '\n'.join(parts) + (f'\n{tail}' if tail else '')
 
 
 if __name__ == '__main__':

@@ -13,6 +13,10 @@
 #                                   tools, no OpenMMLab: mmpretrain 1.2 cannot be imported beside transformers 5
 #                                   (its BLIP models import names transformers 5 removed), so they live apart
 #
+# PYTHON (default python3.11) is the interpreter a new environment is made with; VENV_DIR (relative to the repo
+# root) overrides the stack's folder, so that one stack on another Python lives beside the 3.11 one
+# (`make test STACK=ecosystems PYTHON=python3.12` sets both).
+#
 # Why a script and not a requirements file: mmcv has no wheel on PyPI for these torch builds, so it is built from
 # the sdist with ops (20-25 min on 2 cores) and the wheel is cached outside the clone, keyed by package, torch and
 # Python version (pip's own wheel cache ignores the torch version). Every install of a stack passes that stack's
@@ -23,7 +27,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK="${STACK:-default}"
 PYTHON_BIN="${PYTHON:-python3.11}"
-TOOLS=("pytest" "pytest-xdist" "hypothesis" "ruff" "timm" "safetensors" "onnx" "onnxruntime" "onnxscript" "matplotlib")
+TOOLS=("pytest" "pytest-xdist" "hypothesis" "ruff" "timm" "safetensors" "onnx" "onnxruntime" "onnxscript" "matplotlib"
+       "vermin")
 OPENMMLAB=("mmengine==0.10.7" "mmdet==3.3.0" "mmsegmentation==1.2.2" "mmpretrain==1.2.0")
 ONEDL=("onedl-mmengine==0.10.12" "onedl-mmdetection==3.5.1" "onedl-mmsegmentation==1.4.2" "onedl-mmpretrain==1.3.6")
 ECOSYSTEMS=()
@@ -44,6 +49,7 @@ case "$STACK" in
             CHECK="import torch, timm, transformers, segmentation_models_pytorch, cpvt_backbones" ;;
   *) echo "[env] unknown STACK=$STACK (default, upstream, onedl, core or ecosystems)" >&2; exit 2 ;;
 esac
+[ -n "${VENV_DIR:-}" ] && VENV="$ROOT/$VENV_DIR"
 CACHE="${CPVT_CACHE_DIR:-$HOME/.cache/cpvt_backbones}"
 
 say() { printf '[env] %s\n' "$*"; }
@@ -62,7 +68,11 @@ if [ ! -x "$VENV/bin/python" ]; then
       "free some space (old .venv-* folders, /tmp/pytest-of-$(id -un)) or set CPVT_ENV_NEED_GIB" >&2
     exit 2
   fi
-  command -v "$PYTHON_BIN" >/dev/null || PYTHON_BIN=python3
+  if ! "$PYTHON_BIN" -c '' 2>/dev/null; then
+    [ -n "${PYTHON:-}" ] && { echo "[env] PYTHON=$PYTHON does not run (a pyenv shim of an inactive version? give" \
+                                   "its path, e.g. PYTHON=\$(pyenv root)/versions/3.12.1/bin/python3.12)" >&2; exit 2; }
+    PYTHON_BIN=python3
+  fi
   say "creating $VENV with $($PYTHON_BIN --version) for STACK=$STACK"
   "$PYTHON_BIN" -m venv "$VENV"
 fi

@@ -158,3 +158,20 @@ def parse_shard(parser: argparse.ArgumentParser, text: str) -> tuple[int, int]:
     except ValueError:
         pass
     parser.error(f'--shard must be K/N with 0 <= K < N, got {text!r}')
+
+
+def add_run_options(parser: argparse.ArgumentParser, root: Path) -> None:
+    """The options every trained study takes: ``--device`` and ``--tf32`` (one device per study; TF32 off by
+    default, full float32), ``--jobs`` and ``--threads`` (processes and torch threads per run), ``--work-dir``
+    (runs go to WORK_DIR/NAME/, default ``root``/benchmarks/results/recipe_runs) and ``--out`` (reports)."""
+    from .config import TF32
+    parser.add_argument('--device', default='cpu', help='torch device to train and test on (one per study)')
+    parser.add_argument('--tf32', choices=TF32, default='off',
+                        help='TF32 on a CUDA device (resolution_study --tf32); off: full float32, as on a CPU')
+    parser.add_argument('--jobs', type=int, default=1,
+                        help='processes: the drawing is spread over them, then as many runs train at once, '
+                             'sharing the drawn images through one memory-mapped file')
+    parser.add_argument('--threads', type=int, default=1, help='torch threads per run when --jobs > 1')
+    parser.add_argument('--work-dir', type=Path, default=root / 'benchmarks/results/recipe_runs',
+                        help='runs go to WORK_DIR/NAME/')
+    parser.add_argument('--out', type=Path, default=root / 'benchmarks/results')

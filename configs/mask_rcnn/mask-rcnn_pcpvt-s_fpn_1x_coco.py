@@ -7,6 +7,8 @@ custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet', 'cpvt_backbones.
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
 
 model = dict(
+    # each image of a padded test batch predicted as it is alone, through any API (docs/reliability.md)
+    type='PredictAlone', model_type='MaskRCNN',
     data_preprocessor=dict(type='ValidSizeDetDataPreprocessor'),  # hands the backbone each image's size
     backbone=_base_.pcpvt_small,
     neck=dict(in_channels=[64, 128, 320, 512]))

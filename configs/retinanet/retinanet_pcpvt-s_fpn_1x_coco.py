@@ -8,6 +8,8 @@ custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet', 'cpvt_backbones.
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
 
 model = dict(
+    # each image of a padded test batch predicted as it is alone, through any API (docs/reliability.md)
+    type='PredictAlone', model_type='RetinaNet',
     data_preprocessor=dict(type='ValidSizeDetDataPreprocessor'),  # hands the backbone each image's size
     backbone=_base_.pcpvt_small,
     # start_level=1 and add_extra_convs='on_input' come from the base, as in the paper.

@@ -13,6 +13,8 @@ custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg', 'cpvt_backbones.
 
 crop_size = (512, 512)
 model = dict(
+    # each image of a padded test batch predicted as it is alone, through any API (docs/reliability.md)
+    type='PredictAlone', model_type='EncoderDecoder',
     data_preprocessor=dict(type='ValidSizeSegDataPreprocessor', size=crop_size),  # and each image's size
     pretrained=None,
     backbone=_base_.pcpvt_small,

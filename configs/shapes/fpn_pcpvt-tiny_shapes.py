@@ -5,9 +5,8 @@ _base_ = ['mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/default_runtime.py',
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmseg', 'cpvt_backbones.adapters.checkpoint',
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
-# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints;
-# each image of a padded evaluation batch is predicted as it is alone (docs/reliability.md#padded-batches)
-custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook'), dict(type='PredictAloneHook')]
+# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints
+custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
 
 classes = ('background', 'circle', 'square', 'triangle', 'star')
 palette = [(0, 0, 0), (230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48)]
@@ -16,6 +15,8 @@ train_scale = (160, 160)
 norm_cfg = dict(type='BN', requires_grad=True)
 
 model = dict(
+    # each image of a padded test batch predicted as it is alone, through any API (docs/reliability.md)
+    type='PredictAlone', model_type='EncoderDecoder',
     pretrained=None,
     # pad a batch to its largest image only, handing the backbone each image's size
     data_preprocessor=dict(type='ValidSizeSegDataPreprocessor', size=None, size_divisor=1),

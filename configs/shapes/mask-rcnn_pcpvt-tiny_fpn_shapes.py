@@ -12,7 +12,7 @@ box_coder = dict(type='DeltaXYWHBBoxCoder', target_means=[0., 0., 0., 0.], targe
 roi_layer = dict(type='RoIAlign', sampling_ratio=2)
 nms = dict(type='nms', iou_threshold=0.7)
 model = dict(
-    _delete_=True, type='MaskRCNN',
+    _delete_=True, type='PredictAlone', model_type='MaskRCNN',
     data_preprocessor=dict(_base_.model.data_preprocessor, pad_mask=True),
     backbone=_base_.model.backbone,
     neck=dict(type='FPN', in_channels=[32, 64, 160, 256], out_channels=64, num_outs=5),

@@ -6,15 +6,16 @@ _base_ = ['mmdet::retinanet/retinanet_r50_fpn_1x_coco.py', '../_base_/position_n
 # the backbones, then two opt-ins: safe and atomic mmengine checkpoints, and RNGStateHook (docs/openmmlab.md)
 custom_imports = dict(imports=['cpvt_backbones.adapters.mmdet', 'cpvt_backbones.adapters.checkpoint',
                                'cpvt_backbones.adapters.hooks'], allow_failed_imports=False)
-# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints;
-# each image of a padded evaluation batch is predicted as it is alone (docs/reliability.md#padded-batches)
-custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook'), dict(type='PredictAloneHook')]
+# resume draws what an uninterrupted run would; a non-finite loss stops the run, keeping the finite checkpoints
+custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
 
 classes = ('circle', 'square', 'triangle', 'star')
 data_root = 'data/shapes/'
 train_scale = (192, 192)
 
 model = dict(
+    # each image of a padded test batch predicted as it is alone, through any API (docs/reliability.md)
+    type='PredictAlone', model_type='RetinaNet',
     # pad a batch to its largest image only, handing the backbone each image's size
     data_preprocessor=dict(type='ValidSizeDetDataPreprocessor', pad_size_divisor=1),
     backbone=dict(_delete_=True, type='PyramidCPVT', arch='pcpvt_tiny', drop_path_rate=0.0),

@@ -7,7 +7,7 @@ _base_ = ['./fpn_pcpvt-tiny_shapes.py']
 num_classes = len(_base_.classes)
 norm_cfg = dict(type='BN', requires_grad=True)
 model = dict(
-    type='EncoderDecoder',
+    model_type='EncoderDecoder',
     neck=None,
     decode_head=dict(_delete_=True, type='UPerHead', in_channels=[32, 64, 160, 256], in_index=[0, 1, 2, 3],
                      pool_scales=(1, 2, 3, 6), channels=64, dropout_ratio=0.0, num_classes=num_classes,

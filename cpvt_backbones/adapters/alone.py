@@ -8,10 +8,17 @@ batch's logits from another grid than an image's alone, so a detection still dep
 on each image's own features, cropped to the image, so that each image's prediction is the one it gets alone at
 its own size (no padding), at any batch size. A batch without valid sizes (every image fills it) is predicted as
 before, in one go. Only duck typing: this module imports nothing from OpenMMLab.
+
+Three routes lead there, one per way a model is made: a config's ``type='PredictAlone'`` (``alone_builder``,
+registered by ``adapters.mmdet`` and ``adapters.mmseg``; every dense config here uses it), so the model predicts
+alone through any API that builds it (the runner, ``init_detector``/``init_model``, the inferencers,
+``test_step``); ``predict_alone(model)`` for a model built in Python; ``PredictAloneHook`` for a config that keeps
+its own model type. The valid-size data preprocessors refuse a test batch of mixed sizes for a model that takes
+none of them (``refuse_mixed_sizes``): without it the neck and heads would silently answer differently.
 """
 import contextlib
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -88,14 +95,49 @@ def predict_alone(model: nn.Module) -> nn.Module:
     runs each cropped image. The image's data sample says, while it runs, that it fills a batch of its own
     (``batch_input_shape``, ``pad_shape`` and any padding sizes), and is set back after. Batches without valid
     sizes run as before. The original ``predict`` stays as ``model.predict_batch``; applying it twice changes
-    nothing. ``mmengine``'s test loops get it from ``PredictAloneHook`` (``adapters.hooks``)."""
+    nothing; the model's data preprocessor is marked ``predicts_alone``, so that it takes test batches of mixed
+    sizes (``refuse_mixed_sizes``)."""
     if not callable(getattr(model, 'predict', None)):
         raise ValueError(f'{type(model).__name__} has no predict method: predict_alone takes an mmdet detector or '
                          'an mmseg segmentor')
     if 'predict_batch' not in vars(model):
         model.__dict__['predict_batch'] = model.predict
         model.predict = types.MethodType(_predict_alone, model)
+    preprocessor = getattr(model, 'data_preprocessor', None)
+    if isinstance(preprocessor, nn.Module):
+        preprocessor.predicts_alone = True   # what refuse_mixed_sizes reads
     return model
 
 
-__all__ = ['batched_backbone', 'predict_alone']
+def alone_builder(registry) -> Callable[..., nn.Module]:
+    """The builder a framework registers as ``PredictAlone`` in ``registry`` (its MODELS): a config's
+    ``model=dict(type='PredictAlone', model_type='RetinaNet', ...)`` builds the framework's ``model_type`` from
+    the other arguments, as ``type=model_type`` would, and returns it, the framework's own class with its own state
+    dict and config keys (``model.backbone``...), through ``predict_alone``."""
+    def build_predict_alone(model_type: str | None = None, **kwargs) -> nn.Module:
+        if not isinstance(model_type, str) or model_type == 'PredictAlone':
+            raise ValueError(f"type='PredictAlone' needs model_type, the framework's model type it builds (e.g. "
+                             f"'RetinaNet', 'MaskRCNN', 'EncoderDecoder'), got {model_type!r}")
+        return predict_alone(registry.build(dict(kwargs, type=model_type)))
+    return build_predict_alone
+
+
+def refuse_mixed_sizes(preprocessor: nn.Module, inputs: torch.Tensor, data_samples) -> None:
+    """Raise unless the model that owns ``preprocessor`` (a valid-size data preprocessor) predicts alone, where
+    a test batch ``inputs`` holds images of different sizes (``inputs.valid_sizes``, two or more images): such a
+    model's neck and heads would compute the padded batch, so each image's answer would depend on its company.
+    ``predict_alone`` marks the preprocessor of a model it changes (``preprocessor.predicts_alone``)."""
+    sizes = getattr(inputs, VALID_SIZES, None)
+    if sizes is None or len(sizes) < 2 or getattr(preprocessor, 'predicts_alone', False):
+        return
+    if all(tuple(s) == tuple(sizes[0]) for s in sizes.tolist()):
+        return
+    shown = ', '.join(f'{h}x{w}' for h, w in sizes.tolist()[:4]) + (', ...' if len(sizes) > 4 else '')
+    raise ValueError(f'{type(preprocessor).__name__}: a test batch of images of different sizes ({shown}) is '
+                     "predicted exactly only by a model that predicts each image alone; build it with "
+                     "model=dict(type='PredictAlone', model_type=<its type>, ...) in the config, call "
+                     "cpvt_backbones.adapters.alone.predict_alone(model), or add dict(type='PredictAloneHook') "
+                     'to custom_hooks; or predict one image per batch')
+
+
+__all__ = ['alone_builder', 'batched_backbone', 'predict_alone', 'refuse_mixed_sizes']

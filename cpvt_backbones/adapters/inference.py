@@ -2,10 +2,12 @@
 keep every input apart, the model run on padded batches of images of similar size ahead of their turn
 (``BatchedPredictions``), and a run that writes each image's outputs in turn and goes on past an image that
 fails."""
+import contextlib
 import os
+import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..deploy.batched import Progress, size_batches
@@ -91,34 +93,100 @@ def unique_names(paths: Sequence[str]) -> list[str]:
 
 class BatchedPredictions:
     """An inferencer (mmdet's ``DetInferencer``, mmseg's ``MMSegInferencer``) whose model runs batches of images
-    ahead of their turn: ``prefetch(paths)`` predicts the images in one padded batch and keeps each prediction,
-    and the inferencer's own run of one of them (``forward``, replaced on the instance) takes it instead of
-    running the model again, everything else (pipeline, drawing, writing) as before. The model must predict each
-    image of a padded batch as alone (``adapters.alone.predict_alone``), so that a prediction does not depend on
-    its batch. A batch that fails (an image the pipeline cannot take) leaves its images to run alone."""
+    ahead of their turn: ``prefetch(paths)`` runs the inferencer's pipeline on each image, collates them
+    (``inferencer.collate_fn``, as the inferencer's own ``preprocess`` does) and predicts them in one call of the
+    inferencer's ``forward`` (``model.test_step``), keeping each prediction; the inferencer's own run of one of
+    them (``forward``, replaced on the instance) takes it instead of running the model again, everything else
+    (pipeline, drawing, writing) as before. The model must predict each image of a padded batch as alone
+    (``adapters.alone.predict_alone``), so that a prediction does not depend on its batch. An image whose
+    pipeline raises ``ImageError`` (a pipeline wrapped by ``failing_as``) is left out of the batch, to run alone
+    where its failure is reported; every other error, of the pipeline or of the model, propagates. ``batched``
+    counts the images predicted in batches of two or more, ``calls`` those batches."""
 
     def __init__(self, inferencer):
         self.inferencer, self.forward = inferencer, inferencer.forward
         self.ready: dict[str, object] = {}
+        self.batched = self.calls = 0
         inferencer.forward = self
 
     def prefetch(self, paths: Sequence[str]) -> None:
-        if len(paths) < 2:
+        samples = {}
+        for path in paths:
+            try:
+                samples[path] = self.inferencer.pipeline(path)
+            except ImageError:
+                continue
+        if len(samples) < 2:
             return
-        try:
-            for chunk in self.inferencer.preprocess(list(paths), batch_size=len(paths)):
-                data = chunk[1] if isinstance(chunk, tuple) else chunk   # mmdet's come with the original inputs
-                for prediction in self.forward(data):
-                    self.ready[prediction.img_path] = prediction
-        except Exception:  # any failure of the batch: its images run alone, where a failing one is reported
-            for path in paths:
-                self.ready.pop(path, None)
+        predictions = self.forward(self.inferencer.collate_fn(list(samples.values())))
+        if len(predictions) != len(samples):
+            raise RuntimeError(f'the model returned {len(predictions)} predictions for a batch of {len(samples)}')
+        for path, prediction in zip(samples, predictions, strict=True):
+            if prediction.metainfo.get('img_path') != path:
+                raise ValueError(f"the prediction of {path} names {prediction.metainfo.get('img_path')!r} as its "
+                                 "image: the test pipeline's Pack*Inputs must keep 'img_path' in its meta_keys for "
+                                 'batches (or run one image at a time)')
+            self.ready[path] = prediction
+        self.batched += len(samples)
+        self.calls += 1
 
     def __call__(self, data, **kwargs):
-        paths = [sample.img_path for sample in data['data_samples']]
+        paths = [sample.metainfo.get('img_path') for sample in data['data_samples']]
         if paths and all(path in self.ready for path in paths):
             return [self.ready.pop(path) for path in paths]
         return self.forward(data, **kwargs)
+
+
+STAGING = '.staging-'   # the prefix of a run's folder under the output folder, where an image's outputs are made
+
+
+@contextlib.contextmanager
+def staging_folder(out: Path) -> Iterator[tuple[Path, list[str]]]:
+    """A new folder ``out``/.staging-* for this run, held (an exclusive ``fcntl.flock`` on the folder) while the
+    block runs and removed after, and the names of the staging folders of earlier runs it removed first: those
+    nobody holds (left by a run that was killed), never a running one's. ``out`` itself is locked while the
+    folders are removed and the new one is made and held, so that no run removes another's new folder. Where
+    fcntl is missing (Windows) the folder is not held and no earlier one is removed."""
+    try:
+        import fcntl
+    except ImportError:
+        with tempfile.TemporaryDirectory(prefix=STAGING, dir=out) as folder:
+            yield Path(folder), []
+        return
+    removed, held = [], None
+    guard = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        for old in sorted(out.glob(f'{STAGING}*')):
+            if old.is_symlink() or not old.is_dir():
+                continue
+            try:
+                fd = os.open(old, os.O_RDONLY)
+            except OSError:   # not ours to open: left where it is
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(old, ignore_errors=True)
+                if not old.exists():
+                    removed.append(old.name)
+            except BlockingIOError:   # held: a running run's
+                pass
+            finally:
+                os.close(fd)
+        folder = Path(tempfile.mkdtemp(prefix=STAGING, dir=out))
+        held = os.open(folder, os.O_RDONLY)
+        fcntl.flock(held, fcntl.LOCK_EX)
+    except BaseException:
+        if held is not None:
+            os.close(held)
+        raise
+    finally:
+        os.close(guard)   # closing the descriptor releases its lock
+    try:
+        yield folder, removed
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.close(held)
 
 
 def run_each(run: Callable[[str, str], None], images: Sequence[str], names: Sequence[str], out_dir: str,
@@ -126,15 +194,22 @@ def run_each(run: Callable[[str, str], None], images: Sequence[str], names: Sequ
     """Run ``run(image, folder)`` on each image in turn, each writing its outputs under ``folder``/vis and
     ``folder``/preds, and move them to ``out_dir``/vis and ``out_dir``/preds as ``<name><their extension>``
     (``names``: ``unique_names``) once the image is done, so that what is written stays written whatever comes
-    next. An image ``check_image`` refuses is not run; an image that is refused or whose run raises gets one line
-    naming its path and why, and nothing written for it; the rest go on. With ``prefetch``
-    (``BatchedPredictions.prefetch``) the images that can be read are taken in batches of ``batch_size`` of
-    similar size (``deploy.batched.size_batches``), each batch prefetched before its images run. A long run
-    reports its progress every ``deploy.batched.PROGRESS_EVERY`` seconds. Returns the paths of those that
-    failed."""
+    next; ``folder`` is this run's staging folder (``staging_folder``: those that killed runs left are removed
+    first, and named in one line). An image ``check_image`` refuses is not run; an image that is refused or whose
+    run raises gets one line naming its path and why, and nothing written for it; the rest go on. The outputs
+    an earlier run left in ``out_dir`` under an image's name (``<name>.*`` in vis and preds) are removed where
+    the image fails, and where it is done those its new outputs do not replace, so that every image's outputs
+    there are this run's. With ``prefetch`` (``BatchedPredictions.prefetch``) the images that can be read are
+    taken in batches of ``batch_size`` of similar size (``deploy.batched.size_batches``), each batch prefetched
+    before its images run (an error of ``prefetch`` propagates). A long run reports its progress every
+    ``deploy.batched.PROGRESS_EVERY`` seconds. Returns the paths of those that failed."""
     out = Path(out_dir)
+    earlier: dict[str, list[Path]] = {}
     for kind in OUTPUT_KINDS:
         (out / kind).mkdir(parents=True, exist_ok=True)
+        for made in (out / kind).iterdir():
+            if made.is_file() or made.is_symlink():
+                earlier.setdefault(made.stem, []).append(made)
     failed, sizes = [], {}
     for image in images:
         try:
@@ -145,32 +220,41 @@ def run_each(run: Callable[[str, str], None], images: Sequence[str], names: Sequ
     if prefetch is not None:   # readable images by batch, then the others (which fail)
         readable = [image for image in images if not isinstance(sizes[image], ImageError)]
         batches = [[readable[i] for i in batch] for batch in size_batches([sizes[i] for i in readable], batch_size)]
-        starts = {batch[0]: batch for batch in batches}
+        starts = {batch[0]: batch for batch in batches if len(batch) > 1}
         order = [image for batch in batches for image in batch]
         order += [image for image in images if isinstance(sizes[image], ImageError)]
     name_of = dict(zip(images, names, strict=True))
     progress = Progress(len(images), lambda line: print(f'[infer] {line}', flush=True))
-    with tempfile.TemporaryDirectory(prefix='.staging-', dir=out) as staging:
+    with staging_folder(out) as (staging, removed):
+        if removed:
+            print(f'[infer] removed {len(removed)} staging folder(s) that runs which did not finish left in {out}: '
+                  f'{", ".join(removed)}')
         for count, image in enumerate(order, 1):
             name, done, size = name_of[image], False, ''
+            if image in starts:
+                prefetch(starts[image])
             try:
                 if isinstance(sizes[image], ImageError):
                     raise sizes[image]
                 height, width = sizes[image]
                 size = f'{width} x {height} image: '
-                if prefetch is not None and image in starts:
-                    prefetch(starts[image])
                 run(image, staging)
                 done = True
             except Exception as e:
                 reason = str(e) if isinstance(e, ImageError) else one_line(e)
-                print(f'[infer] {image}: failed ({size}{reason}); nothing written for it')
+            made = [(kind, p) for kind in OUTPUT_KINDS for p in sorted(Path(staging, kind).glob('*'))]
+            kept = {out / kind / f'{name}{p.suffix}' for kind, p in made} if done else set()
+            stale = [p for p in earlier.pop(name, []) if p not in kept]
+            for p in stale:
+                p.unlink(missing_ok=True)
+            for kind, p in made:
+                if done:
+                    p.replace(out / kind / f'{name}{p.suffix}')
+                else:
+                    p.unlink()
+            if not done:
+                gone = f' (its earlier outputs removed: {", ".join(f"{p.parent.name}/{p.name}" for p in stale)})'
+                print(f'[infer] {image}: failed ({size}{reason}); nothing written for it{gone if stale else ""}')
                 failed.append(image)
-            for kind in OUTPUT_KINDS:
-                for made in sorted(Path(staging, kind).glob('*')):
-                    if done:
-                        made.replace(out / kind / f'{name}{made.suffix}')
-                    else:
-                        made.unlink()
             progress(count)
     return sorted(failed, key=images.index)

@@ -1,14 +1,17 @@
 """Registers ``PyramidCPVT``, ``TwinsSVT`` and ``CPVT`` in mmdet's MODELS
-(``custom_imports=dict(imports=['cpvt_backbones.adapters.mmdet'])``), and ``ValidSizeDetDataPreprocessor``."""
+(``custom_imports=dict(imports=['cpvt_backbones.adapters.mmdet'])``), ``ValidSizeDetDataPreprocessor`` and
+``PredictAlone`` (a detector that predicts each image of a padded batch as alone: ``adapters.alone``)."""
 import functools
 
 from mmdet.registry import MODELS
 
+from .alone import alone_builder, refuse_mixed_sizes
 from .backbones import CPVT, PyramidCPVT, TwinsSVT, mark_valid_sizes
 
 MODELS.register_module(module=PyramidCPVT)
 MODELS.register_module(module=TwinsSVT)
 MODELS.register_module(module=CPVT)
+MODELS.register_module(name='PredictAlone', module=alone_builder(MODELS))
 
 
 @functools.cache
@@ -20,13 +23,16 @@ def valid_size_preprocessor() -> type:
     class ValidSizeDetDataPreprocessor(DetDataPreprocessor):
         """mmdet's ``DetDataPreprocessor`` (same arguments) that also hands our backbones each image's valid size
         in the padded batch (``backbones.mark_valid_sizes``), so that an image's features do not depend on the
-        images it is batched with."""
+        images it is batched with. A test batch of mixed sizes is refused unless the model predicts each image
+        alone (``alone.refuse_mixed_sizes``)."""
 
         marks_valid_sizes = True   # what PredictAloneHook looks for
 
         def forward(self, data: dict, training: bool = False) -> dict:
             out = super().forward(data, training)
             mark_valid_sizes(out['inputs'], out['data_samples'])
+            if not training:
+                refuse_mixed_sizes(self, out['inputs'], out['data_samples'])
             return out
 
     return ValidSizeDetDataPreprocessor

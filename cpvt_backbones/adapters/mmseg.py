@@ -1,14 +1,17 @@
 """Registers ``PyramidCPVT``, ``TwinsSVT`` and ``CPVT`` in mmseg's MODELS
-(``custom_imports=dict(imports=['cpvt_backbones.adapters.mmseg'])``), and ``ValidSizeSegDataPreprocessor``."""
+(``custom_imports=dict(imports=['cpvt_backbones.adapters.mmseg'])``), ``ValidSizeSegDataPreprocessor`` and
+``PredictAlone`` (a segmentor that predicts each image of a padded batch as alone: ``adapters.alone``)."""
 import functools
 
 from mmseg.registry import MODELS
 
+from .alone import alone_builder, refuse_mixed_sizes
 from .backbones import CPVT, PyramidCPVT, TwinsSVT, mark_valid_sizes
 
 MODELS.register_module(module=PyramidCPVT)
 MODELS.register_module(module=TwinsSVT)
 MODELS.register_module(module=CPVT)
+MODELS.register_module(name='PredictAlone', module=alone_builder(MODELS))
 
 
 @functools.cache
@@ -49,7 +52,9 @@ def valid_size_preprocessor() -> type:
             if samples is not None:
                 for sample, pad_info in zip(samples, padding, strict=True):
                     sample.set_metainfo({**pad_info})
-            return dict(inputs=mark_valid_sizes(inputs, samples), data_samples=samples)
+            inputs = mark_valid_sizes(inputs, samples)
+            refuse_mixed_sizes(self, inputs, samples)
+            return dict(inputs=inputs, data_samples=samples)
 
     return ValidSizeSegDataPreprocessor
 

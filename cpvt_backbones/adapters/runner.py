@@ -15,11 +15,17 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
 
-from ..convert.loading import CheckpointMismatchError, compare, refuse_non_finite
+from ..convert.loading import (
+    FAMILY_KEYS_SHOWN,
+    CheckpointMismatchError,
+    compare,
+    family_mismatch,
+    refuse_non_finite,
+)
 from ..utils import atomic_write, file_sha256
 
 __all__ = ['ConfigError', 'KNOWN_LOG_LINES', 'KNOWN_WARNINGS', 'add_common_args', 'add_hook', 'build_runner',
-           'check_backbone_settings', 'enable_amp',
+           'check_backbone_settings', 'check_option_keys', 'enable_amp',
            'checkpoint_state', 'evaluation_datasets', 'launched', 'load_config', 'our_backbone', 'prepare_launch',
            'quiet_known_warnings', 'read_config', 'refuse_unfit', 'runner_checkpoint', 'strict_loading']
 HOOKS_MODULE = 'cpvt_backbones.adapters.hooks'  # our hooks, registered when it is imported (an opt-in)
@@ -97,10 +103,11 @@ def read_config(path: str) -> Config:
 
 
 def load_config(path: str, cfg_options: dict | None = None, work_dir: str | None = None) -> Config:
-    """Read a config (``read_config``), apply ``--cfg-options``, check our backbone's settings
-    (``check_backbone_settings``) and choose ``work_dirs/<config name>`` unless given."""
+    """Read a config (``read_config``), apply ``--cfg-options`` (``check_option_keys`` first), check our backbone's
+    settings (``check_backbone_settings``) and choose ``work_dirs/<config name>`` unless given."""
     cfg = read_config(path)
     if cfg_options:
+        check_option_keys(cfg, cfg_options, path)
         cfg.merge_from_dict(cfg_options)
     check_backbone_settings(cfg, path)
     if work_dir is not None:
@@ -108,6 +115,39 @@ def load_config(path: str, cfg_options: dict | None = None, work_dir: str | None
     elif cfg.get('work_dir') is None:
         cfg.work_dir = str(Path('work_dirs') / Path(path).stem)
     return cfg
+
+
+def check_option_keys(cfg: Config, cfg_options: Mapping, source: str = 'the config') -> None:
+    """Refuse, with a ``ConfigError`` that names the fix, a ``--cfg-options`` key that goes on below a value of the
+    config that is neither a dict nor a list (mmengine would raise a TypeError from inside its merge): most often
+    a setting of ``model.backbone.arch`` where the config names the model (``arch='pcpvt_small'``), which takes
+    one when made a dict on that name (``_delete_`` replaces the name, ``base`` keeps its settings). A key that
+    replaces the value first (``<key>._delete_=True``) passes."""
+    for key in cfg_options:
+        parts = key.split('.')
+        node = cfg
+        for depth, part in enumerate(parts[:-1]):
+            if isinstance(node, (Config, Mapping)) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                break  # a new key, or an index mmengine refuses by name
+            if isinstance(node, (Mapping, list)):
+                continue
+            prefix = '.'.join(parts[:depth + 1])
+            if f'{prefix}._delete_' in cfg_options:
+                break
+            rest = '.'.join(parts[depth + 1:])
+            if parts[depth] == 'arch' and isinstance(node, str):
+                raise ConfigError(
+                    f'{source}: --cfg-options {key}: {prefix} is the model name {node!r}, which has no setting '
+                    f'{rest!r}; make it a dict based on that name: --cfg-options {prefix}._delete_=True '
+                    f'{prefix}.base={node} {key}=...')
+            raise ConfigError(
+                f'{source}: --cfg-options {key}: {prefix} is {node!r} ({type(node).__name__}), not a dict, so it '
+                f'has no {rest!r} to set; set {prefix} itself, or replace it with a dict: --cfg-options '
+                f'{prefix}._delete_=True {key}=...')
 
 
 def add_common_args(parser, launchers: Sequence[str] = ('none', 'pytorch', 'slurm', 'mpi')) -> None:
@@ -202,12 +242,15 @@ def checkpoint_state(checkpoint: Mapping) -> dict[str, torch.Tensor]:
 def refuse_unfit(model: torch.nn.Module, checkpoint: Mapping, source: str, allow_nonfinite: bool = False) -> None:
     """Raise ``CheckpointMismatchError`` naming ``source`` and listing every missing, unexpected and mis-shaped key
     (and value of a kind the model cannot take) where the mmengine checkpoint ``checkpoint`` (``checkpoint_state``)
-    does not fit ``model`` exactly (``convert.loading.compare``); and, unless ``allow_nonfinite``,
+    does not fit ``model`` exactly (``convert.loading.compare``), or, where it holds another model family than
+    the model's backbone (a Twins-SVT detector's checkpoint for a Twins-PCPVT one, say), saying so first with a few
+    keys of each kind (``convert.loading.family_mismatch``); and, unless ``allow_nonfinite``,
     ``NonFiniteWeightsError`` naming every key whose values are NaN or Inf."""
     state = checkpoint_state(checkpoint)
     report = compare(model, state)
     if report:
-        raise CheckpointMismatchError(report, source, limit=None)
+        family = family_mismatch(model.state_dict(), state)
+        raise CheckpointMismatchError(report, source, FAMILY_KEYS_SHOWN if family else None, family)
     if not allow_nonfinite:
         refuse_non_finite(state, model, source)
 

@@ -369,9 +369,15 @@ def url_path(url: str, directory: Path | None = None) -> Path:
 
 def fetch_url(url: str, directory: Path | None = None) -> Path:
     """A URL's file in the cache (``url_path``): fetched once, checked against its record (and the sha256 prefix
-    in its name, if any) on every load."""
+    in its name, if any) on every load. A fetch that fails (the server's answer, 404 say, or the network's) raises
+    ``WeightsUnavailableError`` naming the URL."""
     path = url_path(url, directory)
-    return _fetch(WeightSource(url, path.name, 'unknown', _hash_in_name(path.name)), path)
+    try:
+        return _fetch(WeightSource(url, path.name, 'unknown', _hash_in_name(path.name)), path)
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
+        raise WeightsUnavailableError(
+            f'could not fetch {url} ({type(e).__name__}: {e}). Check the URL and the network, or download the file '
+            'by hand and pass its path') from e
 
 
 def resolve_checkpoint(spec: str, classifier: bool = False) -> Path:

@@ -1,6 +1,8 @@
 """Strict loading of any known layout into a model, with errors that list what does not fit."""
 import contextlib
+import inspect
 import pickle
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -47,11 +49,94 @@ class LoadReport(NamedTuple):
 
 
 class CheckpointMismatchError(ValueError):
-    """The checkpoint does not fit the model; nothing was loaded."""
+    """The checkpoint does not fit the model; nothing was loaded. ``family``: what ``family_mismatch`` says when the
+    checkpoint is of another model family than the model, put first, with ``limit`` keys of each kind after it."""
 
-    def __init__(self, report: LoadReport, source: str = 'checkpoint', limit: int | None = 20):
+    def __init__(self, report: LoadReport, source: str = 'checkpoint', limit: int | None = 20,
+                 family: str | None = None):
         self.report = report
-        super().__init__(f'{source} does not fit the model (nothing was loaded): {report.describe(limit)}')
+        if family is None:
+            super().__init__(f'{source} does not fit the model (nothing was loaded): {report.describe(limit)}')
+        else:
+            super().__init__(f'{source} does not fit the model: {family}. Nothing was loaded; what does not fit: '
+                             f'{report.describe(limit)}')
+
+
+# The package's model families, told apart by their block keys in the native layout (under any prefix, as a
+# whole detector's ``backbone.``): pyramid blocks ``blocks.{stage}.{block}.`` with windowed attention
+# (``attn.qkv``) are Twins-SVT's, with only sub-sampled global attention (``attn.q``, ``attn.kv``) Twins-PCPVT's;
+# columnar blocks ``blocks.{block}.`` CPVT's.
+FAMILIES = {'svt': ('Twins-SVT', 'TwinsSVT'), 'pcpvt': ('Twins-PCPVT', 'PyramidCPVT'), 'cpvt': ('CPVT', 'CPVT')}
+_WINDOWED = re.compile(r'(?:^|\.)blocks\.\d+\.\d+\.attn\.qkv\.weight$')
+_PYRAMID_BLOCK = re.compile(r'(?:^|\.)blocks\.(\d+)\.(\d+)\.')
+_COLUMNAR_BLOCK = re.compile(r'(?:^|\.)blocks\.(\d+)\.(?!\d)')
+_PATCH_EMBED = re.compile(r'(?:^|\.)patch_embeds?\.(?:(\d+)\.)?proj\.weight$')
+# Shown of each kind of key that does not fit when the family says what is wrong.
+FAMILY_KEYS_SHOWN = 3
+
+
+def checkpoint_family(state_dict: Mapping[str, torch.Tensor]) -> str | None:
+    """Which of ``FAMILIES`` a native-layout state dict (a model's or a checkpoint's) is: 'svt', 'pcpvt' or
+    'cpvt'; None when it has no block of any."""
+    keys = list(state_dict)
+    if any(_WINDOWED.search(k) for k in keys):
+        return 'svt'
+    if any(_PYRAMID_BLOCK.search(k) for k in keys):
+        return 'pcpvt'
+    if any(_COLUMNAR_BLOCK.search(k) for k in keys):
+        return 'cpvt'
+    return None
+
+
+def _structure(state_dict: Mapping[str, torch.Tensor], family: str) -> dict:
+    """The widths (``embed_dims``, from the patch embeddings) and block counts (``depths``) of a pyramid state
+    dict, or ``embed_dim``, ``depth`` and ``class_token`` of a columnar one."""
+    widths, blocks = {}, {}
+    for key, value in state_dict.items():
+        if (match := _PATCH_EMBED.search(key)) and isinstance(value, torch.Tensor) and value.dim():
+            widths[int(match.group(1) or 0)] = value.shape[0]
+        if family == 'cpvt':
+            if match := _COLUMNAR_BLOCK.search(key):
+                blocks.setdefault(0, set()).add(int(match.group(1)))
+        elif match := _PYRAMID_BLOCK.search(key):
+            blocks.setdefault(int(match.group(1)), set()).add(int(match.group(2)))
+    if family == 'cpvt':
+        return dict(embed_dim=widths.get(0), depth=len(blocks.get(0, ())),
+                    class_token=any(k.rsplit('.', 1)[-1] == 'cls_token' for k in state_dict))
+    return dict(embed_dims=tuple(widths[i] for i in sorted(widths)),
+                depths=tuple(len(blocks[i]) for i in sorted(blocks)))
+
+
+def _named_models(family: str, structure: dict) -> list[str]:
+    """The named models (``models.MODEL_SPECS``) of ``family`` whose settings have ``structure``."""
+    from ..models.factory import MODEL_SPECS  # imported here: the models import this module
+    names = []
+    for name, spec in MODEL_SPECS.items():
+        settings = {p.name: p.default for p in inspect.signature(spec.cls.__init__).parameters.values()}
+        settings.update(spec.settings)
+        spec_family = ('cpvt' if 'embed_dim' in settings else
+                       'pcpvt' if settings.get('window_sizes') is None else 'svt')
+        if spec_family == family and all(tuple(settings[k]) == v if isinstance(v, tuple) else settings[k] == v
+                                         for k, v in structure.items()):
+            names.append(name)
+    return names
+
+
+def family_mismatch(model_state: Mapping[str, torch.Tensor], checkpoint: Mapping[str, torch.Tensor]
+                    ) -> str | None:
+    """Where the native-layout ``checkpoint`` is of another family (``checkpoint_family``) than the model whose
+    state dict is ``model_state``: which family it is, its widths and depths, and the named models it fits (or the
+    class that builds them); None where the families are the same or either is unknown."""
+    ours, theirs = checkpoint_family(model_state), checkpoint_family(checkpoint)
+    if ours is None or theirs is None or ours == theirs:
+        return None
+    structure = _structure(checkpoint, theirs)
+    shown = ', '.join(f'{k} {v}' for k, v in structure.items())
+    names = _named_models(theirs, structure)
+    label, cls = FAMILIES[theirs]
+    target = (f"{' or '.join(repr(n) for n in names)} ({cls})" if names
+              else f'a {cls} built with those settings')
+    return f'it is a {label} checkpoint ({shown}) and the model is a {FAMILIES[ours][0]}: load it into {target}'
 
 
 def _castable(value: torch.Tensor, target: torch.Tensor) -> bool:
@@ -129,7 +214,9 @@ def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: 
     (a head to be trained afresh), and load it.
 
     ``strict=True`` (default) raises ``CheckpointMismatchError`` listing missing, unexpected, shape-mismatched
-    keys and values of a kind the model cannot take (``LoadReport``) before anything is copied.
+    keys and values of a kind the model cannot take (``LoadReport``) before anything is copied; a checkpoint of
+    another model family (a Twins-SVT file for a Twins-PCPVT model, say) is named as such first, with what to load
+    it into, and a few keys of each kind (``family_mismatch``).
     ``strict=False`` copies only the keys whose names, shapes and kinds fit and returns the report of the
     rest. Values that are not finite (NaN, Inf) are refused by key (``NonFiniteWeightsError``) before anything is
     copied, unless ``allow_nonfinite``.
@@ -141,7 +228,8 @@ def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: 
     if skip:
         report = report._replace(missing=[k for k in report.missing if not k.startswith(tuple(skip))])
     if report and strict:
-        raise CheckpointMismatchError(report, source)
+        family = family_mismatch(model.state_dict(), sd)
+        raise CheckpointMismatchError(report, source, FAMILY_KEYS_SHOWN if family else 20, family)
     bad = set(report.unexpected) | {k for k, _, _ in report.mismatched} | {k for k, _, _ in report.wrong_dtype}
     model.load_state_dict({k: v for k, v in sd.items() if k not in bad}, strict=False)
     return report

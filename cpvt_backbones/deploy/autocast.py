@@ -37,7 +37,16 @@ def _float32(value):
 class AutocastModule(nn.Module):
     """``module`` (a submodule: ``eval``, ``to`` and the state dict reach it under ``module.``) called under
     ``torch.autocast`` on the device of its input, in ``precision``; floating outputs, in any tuple, list or
-    dict, are returned as float32. ``'fp32'`` calls it as it is."""
+    dict, are returned as float32. ``'fp32'`` calls it as it is. Where ``module``'s forward takes ``valid_sizes``
+    (a padded batch computed as if each image were alone, ``layers.valid``), so does this one's, handing them on
+    (an instance of the subclass ``ValidSizesAutocastModule``), so that ``run_images`` pads mixed sizes and
+    ``deploy.bucketed.Bucketed`` runs it; ``strides`` and ``in_chans`` are ``module``'s."""
+
+    def __new__(cls, module: nn.Module | None = None, precision: str = 'bf16'):
+        from .batched import takes_valid_sizes
+        if cls is AutocastModule and module is not None and takes_valid_sizes(module):
+            cls = ValidSizesAutocastModule
+        return super().__new__(cls)
 
     def __init__(self, module: nn.Module, precision: str = 'bf16'):
         super().__init__()
@@ -47,6 +56,8 @@ class AutocastModule(nn.Module):
                              "fused engine: static int8, torch only) or the OpenVINO engine (NNCF), both through "
                              "deploy.prepare(model, ENGINE, 'int8', ...)")
         self.module, self.precision = module, precision
+        self.strides = tuple(getattr(module, 'strides', ()) or ())   # its output maps' (run_images crops by them)
+        self.in_chans = getattr(module, 'in_chans', 3)
         self.train(module.training)
 
     def forward(self, *args, **kwargs):
@@ -62,6 +73,16 @@ class AutocastModule(nn.Module):
         return f'precision={self.precision}'
 
 
+class ValidSizesAutocastModule(AutocastModule):
+    """An ``AutocastModule`` of a module whose forward takes ``valid_sizes``: ``forward(*args, valid_sizes=None,
+    **kwargs)`` hands them on (none given: the module's own default)."""
+
+    def forward(self, *args, valid_sizes=None, **kwargs):
+        if valid_sizes is not None:
+            kwargs['valid_sizes'] = valid_sizes
+        return super().forward(*args, **kwargs)
+
+
 def to_autocast(model: nn.Module, precision: str = 'bf16', device_type: str = 'cpu') -> AutocastModule:
     """``model`` under autocast in ``precision`` on ``device_type`` (see the module docstring); where the device
     has no native bf16 it warns and the module runs float32."""
@@ -74,4 +95,4 @@ def to_autocast(model: nn.Module, precision: str = 'bf16', device_type: str = 'c
     return AutocastModule(model, precision)
 
 
-__all__ = ['AutocastModule', 'native_bf16', 'to_autocast']
+__all__ = ['AutocastModule', 'ValidSizesAutocastModule', 'native_bf16', 'to_autocast']

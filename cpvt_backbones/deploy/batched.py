@@ -5,8 +5,11 @@ Images are grouped by size (sorted by height, then width, so that a batch pads l
 bottom/right to its largest image, and the model runs it with each image's valid size (``layers.valid``): the
 models here and the fused engine compute every image exactly as alone. A module that takes no ``valid_sizes``
 (an OpenVINO or onnxruntime module, a classifier of another library) runs batches of images of one size only,
-which need no padding. Outputs are cropped to each image (a feature map of stride s to ceil(h / s) x ceil(w / s))
-and returned in the order of the images.
+which need no padding. Every image must have the channels of the others (the model's ``in_chans`` where it
+declares them), one floating dtype and one device: a batch is made of its images as they are, never converted by
+a neighbour's. Outputs are cropped to each image (a feature map of stride s to ceil(h / s) x ceil(w / s)) and
+returned in the order of the images, each a tensor of its own (a copy of its crop, so that it holds no padded
+batch alive).
 """
 import inspect
 import sys
@@ -45,8 +48,43 @@ def size_batches(sizes: Sequence[tuple[int, int]], batch_size: int, pad: bool = 
     return batches
 
 
+def _channels(n: int) -> str:
+    return f'{n} channel' + ('' if n == 1 else 's')
+
+
+def check_images(images: Sequence[torch.Tensor], in_chans: int | None = None) -> None:
+    """Raise a ``ValueError`` naming the first image (``images[i]``) that cannot share a batch with the others as
+    it is: not a (C, h, w) tensor with pixels, not floating point (convert and normalise it first), channels
+    other than ``in_chans`` (where given) or than the first image's, a dtype or device other than the first
+    image's."""
+    first = None
+    for i, image in enumerate(images):
+        if not isinstance(image, torch.Tensor) or image.dim() != 3 or 0 in image.shape:
+            raise ValueError(f'images[{i}] must be a (C, h, w) tensor with pixels, got '
+                             f'{tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__}')
+        if not image.is_floating_point():
+            raise ValueError(f'images[{i}] is {image.dtype}: the model takes floating-point images, convert and '
+                             'normalise it first')
+        if in_chans is not None and image.shape[0] != in_chans:
+            raise ValueError(f'images[{i}] has {_channels(image.shape[0])}, the model takes {in_chans} (in_chans)')
+        if first is None:
+            first = image
+            continue
+        if image.shape[0] != first.shape[0]:
+            raise ValueError(f'images[{i}] has {_channels(image.shape[0])}, images[0] has {first.shape[0]}: every '
+                             'image must have the same channels')
+        if image.dtype != first.dtype:
+            raise ValueError(f'images[{i}] is {image.dtype}, images[0] is {first.dtype}: every image must have the '
+                             'same dtype (convert them to one first)')
+        if image.device != first.device:
+            raise ValueError(f'images[{i}] is on {image.device}, images[0] on {first.device}: every image must be '
+                             'on the same device')
+
+
 def pad_images(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(C, h, w) images as one zero-padded (B, C, H, W) batch (each image top-left) and their (B, 2) sizes."""
+    """(C, h, w) images as one zero-padded (B, C, H, W) batch (each image top-left) and their (B, 2) sizes; the
+    images must have one channel count, floating dtype and device (``check_images``), which the batch has."""
+    check_images(images)
     sizes = torch.tensor([tuple(image.shape[-2:]) for image in images], dtype=torch.int64)
     H, W = sizes.amax(0).tolist()
     batch = images[0].new_zeros(len(images), images[0].shape[0], H, W)
@@ -55,14 +93,19 @@ def pad_images(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tens
     return batch, sizes
 
 
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in storage of its own size: a copy where ``t`` is a view into a larger tensor (a batch's output)."""
+    return t if t.untyped_storage().nbytes() == t.numel() * t.element_size() and t.is_contiguous() else t.clone()
+
+
 def _crop(output, b: int, h: int, w: int, strides: Sequence[int]):
     """Image ``b``'s part of a batch ``output``: a tensor's row, or of a sequence of feature maps each map cropped
-    to the image at its stride."""
+    to the image at its stride; each in storage of its own (``_compact``)."""
     if isinstance(output, torch.Tensor):
-        return output[b]
+        return _compact(output[b])
     if len(output) != len(strides):
         raise ValueError(f'the model returned {len(output)} maps but has {len(strides)} strides (model.strides)')
-    return type(output)(crop_to_image(m[b], (h, w), s) for m, s in zip(output, strides, strict=True))
+    return type(output)(_compact(crop_to_image(m[b], (h, w), s)) for m, s in zip(output, strides, strict=True))
 
 
 class Progress:
@@ -92,16 +135,17 @@ def run_images(model: nn.Module, images: Sequence[torch.Tensor], batch_size: int
                progress: bool | Callable[[str], None] = False) -> list:
     """``model`` (evaluation mode) on each of ``images`` ((C, h, w) tensors of any sizes), batched: each
     returned output is what ``model(image[None])`` returns for that image (its row: a tensor for a classifier,
-    a tuple of maps for a feature model), to float32 rounding, in the order of ``images``. Images are batched by
-    size and padded with the valid sizes where the model takes them (``takes_valid_sizes``), else batched only
-    with images of their own size. ``progress``: True reports on stderr every ``PROGRESS_EVERY`` seconds on a
-    long run (images done, rate, time left), or a callable gets those lines."""
+    a tuple of maps for a feature model), to float32 rounding, in the order of ``images``, each in storage of its
+    own. Images are batched by size and padded with the valid sizes where the model takes them
+    (``takes_valid_sizes``), else batched only with images of their own size. Every image must have the same
+    channels (the model's ``in_chans`` where it has that attribute), one floating dtype and one device, else a
+    ``ValueError`` names the first that differs and how (``check_images``), before the model runs.
+    ``progress``: True reports on stderr every ``PROGRESS_EVERY`` seconds on a long run (images done, rate, time
+    left), or a callable gets those lines."""
     if model.training:
         raise ValueError('run_images runs a model in evaluation mode: call model.eval() first')
-    for i, image in enumerate(images):
-        if not isinstance(image, torch.Tensor) or image.dim() != 3 or 0 in image.shape:
-            raise ValueError(f'images[{i}] must be a (C, h, w) tensor with pixels, got '
-                             f'{tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__}')
+    in_chans = getattr(model, 'in_chans', None)
+    check_images(images, in_chans if isinstance(in_chans, int) else None)
     padded = takes_valid_sizes(model)
     strides = tuple(getattr(model, 'strides', ()) or ())
     sizes = [tuple(image.shape[-2:]) for image in images]
@@ -120,4 +164,5 @@ def run_images(model: nn.Module, images: Sequence[torch.Tensor], batch_size: int
     return outputs
 
 
-__all__ = ['PROGRESS_EVERY', 'Progress', 'pad_images', 'run_images', 'size_batches', 'takes_valid_sizes']
+__all__ = ['PROGRESS_EVERY', 'Progress', 'check_images', 'pad_images', 'run_images', 'size_batches',
+           'takes_valid_sizes']

@@ -23,10 +23,14 @@ A ``Kernel`` runs a linear layer's GEMM on 2-D float32 tokens (``KERNELS``):
 These modules are not part of the models: ``cpvt_backbones.deploy.optimize`` swaps them in for a built model's
 blocks and linear layers, sharing the same parameters (an int8 copy of a weight is derived data, not in
 the state dict). They read ``weight``/``bias`` directly, so hooks on the linear layers inside a fused block do
-not fire in the fused path; the plain model is the one to instrument. The fused path runs only where it
-applies: no autograd (and eval mode for a block), float32 inputs on a CPU, no autocast, and not while tracing,
-compiling or exporting (those record the plain ops). Elsewhere, training included, the modules take the plain
-float32 path.
+not fire in the fused path; the plain model is the one to instrument. The fused path runs where it applies:
+float32 inputs on a CPU, no autocast, and not while tracing, compiling or exporting (those record the plain ops).
+At float32 it also needs autograd off (and eval mode for a block); elsewhere, training included, the modules take
+the plain float32 path, which gives the same outputs and backpropagates. int8 is int8 with autograd on or off, the
+same outputs either way: its GEMMs have no gradient, so an int8 layer (and, in eval mode, a block holding one)
+computes without autograd and its output carries no gradient back to its input or weights (int8 does not
+backpropagate); in training mode with autograd on it refuses by name (int8 does not train: train the float32
+model).
 """
 import functools
 
@@ -59,10 +63,21 @@ def onednn_linear():
 _LINEAR = onednn_linear()
 
 
-def can_fuse(x: torch.Tensor) -> bool:
-    """Whether the fused kernels may replace the plain ops for ``x`` (see the module docstring)."""
-    return (not torch.is_grad_enabled() and x.device.type == 'cpu' and x.dtype == torch.float32
+def can_fuse(x: torch.Tensor, int8: bool = False) -> bool:
+    """Whether the fused kernels may replace the plain ops for ``x`` (see the module docstring): float32 on a CPU,
+    no autocast, no graph being recorded, and no autograd unless ``int8`` (int8 kernels run without autograd
+    whether or not it is on)."""
+    return ((int8 or not torch.is_grad_enabled()) and x.device.type == 'cpu' and x.dtype == torch.float32
             and not autocast_enabled('cpu') and not symbolic_shapes())
+
+
+def refuse_int8_training(module: nn.Module) -> None:
+    """Refuse, by name, to run ``module`` (holding int8 layers) in training mode with autograd on: its int8 GEMMs
+    have no gradient."""
+    if module.training and torch.is_grad_enabled():
+        raise RuntimeError(f'{type(module).__name__} runs static int8, which does not backpropagate (its int8 GEMMs '
+                           'have no gradient) and so does not train: train the float32 model (or prepare it with '
+                           "precision='fp32'), call eval() for inference, or run under torch.no_grad()")
 
 
 class Kernel:
@@ -292,10 +307,19 @@ class FusedLinear(nn.Module):
             self._packed, self._packed_for = KERNELS[self.kernel].pack(self), state
         return self._packed
 
+    @property
+    def int8(self) -> bool:
+        """Whether ``kernel`` runs int8 (computed without autograd, module docstring)."""
+        return KERNELS[self.kernel].precision == 'int8'
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not can_fuse(x):
+        int8 = self.int8
+        if not can_fuse(x, int8):
             return F.linear(x, self.weight, self.bias)
-        out = KERNELS[self.kernel].linear(x.reshape(-1, x.shape[-1]), self)
+        if int8:
+            refuse_int8_training(self)
+        with torch.no_grad():
+            out = KERNELS[self.kernel].linear(x.reshape(-1, x.shape[-1]), self)
         return out.view(*x.shape[:-1], out.shape[-1])
 
     def extra_repr(self) -> str:
@@ -309,7 +333,8 @@ class FusedBlock(nn.Module):
     a time with the residual added in place, each linear layer through its own kernel (``deploy.optimize``
     makes them ``FusedLinear``). Position encodings inside attention (``pos``) are unaffected: fusion starts
     after attention. A ``valid`` region (a padded batch, ``layers.valid``) is taken as ``layers.Block`` takes it.
-    A block with layer scale is not fused (``deploy.optimize`` refuses it)."""
+    A block with layer scale is not fused (``deploy.optimize`` refuses it). A block holding an int8 layer runs
+    fused in eval mode with autograd on too, computed without it (module docstring)."""
 
     def __init__(self, block: nn.Module):
         super().__init__()
@@ -319,9 +344,16 @@ class FusedBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None,
                 valid: ValidRegion | None = None) -> torch.Tensor:
-        if self.training or not can_fuse(x):
+        if self.training or not can_fuse(x, self.int8):
             return Block.forward(self, x, hw, pos, valid)
-        attended = self.attn.attend(self.norm1(x), hw, pos) if valid is None else \
-            self.attn.attend(self.norm1(x), hw, pos, valid)
-        out = fused_gemms(attended.reshape(-1, attended.shape[-1]), self, x.reshape(-1, x.shape[-1])).view(x.shape)
-        return out if valid is None else valid.zero_tokens(out)
+        with torch.no_grad():
+            attended = self.attn.attend(self.norm1(x), hw, pos) if valid is None else \
+                self.attn.attend(self.norm1(x), hw, pos, valid)
+            out = fused_gemms(attended.reshape(-1, attended.shape[-1]), self,
+                              x.reshape(-1, x.shape[-1])).view(x.shape)
+            return out if valid is None else valid.zero_tokens(out)
+
+    @property
+    def int8(self) -> bool:
+        """Whether any of the block's linear layers runs int8."""
+        return any(isinstance(m, FusedLinear) and m.int8 for m in self.modules())

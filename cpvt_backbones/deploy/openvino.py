@@ -25,15 +25,18 @@ model is faster on its shape but costs a compile and memory per shape, so it pay
 module (a ``SizedOpenVINOModule``) then takes ``valid_sizes`` as the model does, so a padded batch gives each
 image what it gets alone, and ``deploy.bucketed.Bucketed`` can run every input at a few padded shapes
 (``prepare(model, 'openvino', bucket=64)``). It needs a model whose valid-size path is traceable (zero-padded
-PEGs; not the learned table nor non-zero PEG padding, which run per image), and runs inputs whose sides are
-multiples of the model's largest stride (what buckets are): OpenVINO's CPU plugin fails the shape inference of
-this graph at other sizes.
+PEGs; not the learned table nor non-zero PEG padding, which run per image: such a model is refused by name
+before anything is converted, ``check_sized_conversion``), and runs inputs whose sides are multiples of the
+model's largest stride (what buckets are): OpenVINO's CPU plugin fails the shape inference of this graph at
+other sizes.
 
 The engine is optional (``pip install 'cpvt_backbones[openvino]'``, which ``make env`` installs); without it the
 first call names the extra.
 """
 import collections
+import contextlib
 import json
+import logging
 import os
 import queue
 import shutil
@@ -198,6 +201,44 @@ def _require_eval(model: nn.Module) -> None:
                         "model.float() first (precision='bf16' or 'int8' lowers the precision on OpenVINO's side)")
 
 
+def per_image_modules(model: nn.Module, in_chans: int) -> list[str]:
+    """The names of ``model``'s modules ('' for the model itself) whose valid-size path works image by image in
+    Python (``layers.valid.watch_per_image``), found by running it eagerly on one small padded batch (a square
+    image of two strides or more, at the model's largest stride, at least 32 px, beside one of half its height):
+    what ``torch.export`` cannot record, so that a conversion with valid sizes is refused before it starts."""
+    from ..layers.valid import watch_per_image
+    from .bucketed import largest_stride
+    stride = largest_stride(model)
+    side = stride * max(2, -(-32 // stride))
+    x = torch.randn(2, in_chans, side, side, generator=torch.Generator().manual_seed(0))
+    names = {id(module): name for name, module in model.named_modules()}
+    found: list[str] = []
+
+    def seen(module):
+        name = names.get(id(module), '' if module is None else type(module).__name__)
+        if name not in found:
+            found.append(name)
+
+    with torch.no_grad(), watch_per_image(seen):
+        model(x, valid_sizes=torch.tensor([[side, side], [side // 2, side]]))
+    return found
+
+
+def check_sized_conversion(model: nn.Module, in_chans: int) -> None:
+    """Refuse, by name and before anything is converted, a model that cannot be converted with valid sizes: its
+    forward takes none, or its valid-size path works image by image (``per_image_modules``)."""
+    from .batched import takes_valid_sizes
+    if not takes_valid_sizes(model):
+        raise TypeError(f'{type(model).__name__} cannot be converted with valid_sizes: its forward takes no '
+                        'valid_sizes (our models do)')
+    modules = per_image_modules(model, in_chans)
+    if modules:
+        raise ValueError(f'{type(model).__name__} cannot be converted with valid_sizes: its valid-size path does not '
+                         f'trace: that of module(s) {", ".join(repr(m) for m in modules)} works image by image in '
+                         'Python (a learned position table, or a PEG padding other than zeros); convert it without '
+                         'valid_sizes (no bucket=)')
+
+
 class _WithSizes(nn.Module):
     """``model`` with each image's valid size as a positional input, as ``torch.export`` takes inputs."""
 
@@ -207,6 +248,27 @@ class _WithSizes(nn.Module):
 
     def forward(self, x: torch.Tensor, sizes: torch.Tensor):
         return self.model(x, valid_sizes=sizes)
+
+
+class _MissingDecomposition(logging.Filter):
+    """Drops OpenVINO's warning that an operation it keeps whole is not in torch's decomposition table (logged with
+    the KeyError's traceback, on the root logger, the first time a program is converted in a process): such an
+    operation is not decomposed anyway, which is what OpenVINO asks for. Every other record passes."""
+    MESSAGE = 'Operation %s not found in decomp table'
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != self.MESSAGE
+
+
+@contextlib.contextmanager
+def _without_missing_decomposition_warnings():
+    """While the ``with`` block runs, the root logger drops ``_MissingDecomposition``'s records, no others."""
+    root, quiet = logging.getLogger(), _MissingDecomposition()
+    root.addFilter(quiet)
+    try:
+        yield
+    finally:
+        root.removeFilter(quiet)
 
 
 def convert(model: nn.Module, example: torch.Tensor, valid_sizes: bool = False):
@@ -240,7 +302,8 @@ def convert(model: nn.Module, example: torch.Tensor, valid_sizes: bool = False):
         if any(node.target in DECOMPOSITIONS for node in program.graph.nodes):
             program = program.run_decompositions(DECOMPOSITIONS)
         _, spec = pytree.tree_flatten(model(example))
-    decoder = TorchFXPythonDecoder.from_exported_program(program)  # what convert_model(program) converts
+    with _without_missing_decomposition_warnings():
+        decoder = TorchFXPythonDecoder.from_exported_program(program)  # what convert_model(program) converts
     ov_model = ov.convert_model(decoder)
     _record_modules(ov_model, decoder.pt_module.graph)
     _torch_half_pixel(ov_model)
@@ -267,17 +330,18 @@ def ops_under(ov_model, prefixes: Sequence[str]) -> list[str]:
 
 
 def quantize(ov_model, calibration: Iterable[torch.Tensor], keep_fp32: Sequence[str] = (),
-             subset_size: int = 300):
+             subset_size: int = 300, multiple: int = 1):
     """NNCF post-training int8 quantization of ``ov_model`` (from ``convert``; transformer preset: per-channel
-    weights), calibrated on the batches of ``calibration`` (each image whole, where the model takes valid sizes);
-    the operations of the modules under ``keep_fp32`` (module name prefixes, ``ops_under``) stay float (NNCF's
-    ignored scope)."""
+    weights), calibrated on the batches of ``calibration``; the operations of the modules under ``keep_fp32``
+    (module name prefixes, ``ops_under``) stay float (NNCF's ignored scope). A model converted with valid sizes
+    runs each batch as it runs inputs: zero-padded bottom/right to sides that are multiples of ``multiple`` (the
+    model's largest stride, ``SizedOpenVINOModule``), with the batch's own size as every image's valid size."""
     nncf = _nncf()
     batches = [np.ascontiguousarray(x.detach().float().cpu().numpy()) for x in calibration]
     if not batches:
         raise ValueError('int8 needs calibration data: an iterable of input batches (NCHW float tensors)')
     if len(ov_model.inputs) == 2:
-        batches = [[x, _whole(x.shape)] for x in batches]
+        batches = [[_pad_to(x, multiple), _whole(x.shape)] for x in batches]
     kwargs = dict(ignored_scope=nncf.IgnoredScope(names=ops_under(ov_model, keep_fp32), validate=False)
                   ) if keep_fp32 else {}
     return nncf.quantize(ov_model, nncf.Dataset(batches), model_type=nncf.ModelType.TRANSFORMER,
@@ -291,6 +355,13 @@ def check_shapes(shapes: str, cache_size: int, specialise_after: int) -> None:
     for name, value in (('cache_size', cache_size), ('specialise_after', specialise_after)):
         if value < 1:
             raise ValueError(f'{name} must be at least 1, got {value}')
+
+
+def _pad_to(x: np.ndarray, multiple: int) -> np.ndarray:
+    """The (B, C, H, W) array ``x`` zero-padded bottom/right to sides that are multiples of ``multiple``."""
+    h, w = x.shape[-2:]
+    pad = ((0, 0), (0, 0), (0, -h % multiple), (0, -w % multiple))
+    return x if not any(p for _, p in pad) else np.pad(x, pad)
 
 
 def _whole(shape: Sequence[int]) -> np.ndarray:
@@ -468,7 +539,8 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
     ``keep_fp32`` needs is converted again and saved anew). ``in_chans``: input channels (default: the model's
     ``in_chans`` attribute, else 3). ``shapes``, ``cache_size``, ``specialise_after``, ``threads``: as
     ``OpenVINOModule`` takes them (checked before anything is converted). ``valid_sizes``: converted with each
-    image's valid size as a second input (module docstring), a ``SizedOpenVINOModule``; its caches are kept
+    image's valid size as a second input (module docstring), a ``SizedOpenVINOModule``, where the model can be
+    (refused by name before anything is converted otherwise, ``check_sized_conversion``); its caches are kept
     apart from the plain conversion's (``sized_path``)."""
     check_precision(precision)
     check_shapes(shapes, cache_size, specialise_after)
@@ -476,8 +548,12 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
         raise ValueError(f'calibration and keep_fp32 configure int8; precision={precision!r} does not use them')
     _require_eval(model)
     in_chans = in_chans or getattr(model, 'in_chans', 3)
+    multiple = 1   # what the sides of the converted model's inputs are multiples of
     if valid_sizes:
+        from .bucketed import largest_stride
+        check_sized_conversion(model, in_chans)
         cache, float_cache = sized_path(cache), sized_path(float_cache)
+        multiple = largest_stride(model)
     if precision != 'int8':
         cache = cache or float_cache
     source = model_fingerprint(model) if cache or float_cache else None
@@ -496,13 +572,12 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
             if precision == 'int8' and float_cache:
                 _save_or_warn(ov_model, float_cache, source)
         if precision == 'int8':
-            ov_model = quantize(ov_model, calibration, keep_fp32)
+            ov_model = quantize(ov_model, calibration, keep_fp32, multiple=multiple)
         if cache:
             _save_or_warn(ov_model, cache, source)
     if valid_sizes:
-        from .bucketed import largest_stride
         engine = SizedOpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads,
-                                     specialise_after, multiple=largest_stride(model))
+                                     specialise_after, multiple=multiple)
     else:
         engine = OpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads, specialise_after)
     engine.strides = tuple(getattr(model, 'strides', ()) or ())   # its output maps' (run_images crops by them)
@@ -612,5 +687,6 @@ def save(ov_model, path: str, source: str | None = None) -> None:
 
 
 __all__ = ['EXTRA', 'MODULE_KEY', 'MODULES_KEY', 'PRECISIONS', 'SHAPES', 'OpenVINOModule', 'SizedOpenVINOModule',
-           'available', 'check_conversion', 'check_shapes', 'compile_config', 'convert', 'native_bf16', 'ops_under',
-           'quantize', 'record_path', 'save', 'saved_problem', 'sized_path', 'source_problem', 'to_openvino']
+           'available', 'check_conversion', 'check_shapes', 'check_sized_conversion', 'compile_config', 'convert',
+           'native_bf16', 'ops_under', 'per_image_modules', 'quantize', 'record_path', 'save', 'saved_problem',
+           'sized_path', 'source_problem', 'to_openvino']

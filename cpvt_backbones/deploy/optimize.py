@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..compat import set_submodule
-from ..layers import Block, LocallyGroupedAttention
+from ..layers import Block, LocallyGroupedAttention, Mlp
 from ..utils import atomic_write
 from .fused import GEMMS, KERNELS, FusedBlock, FusedLinear, check_kernel, fused_gemms, unavailable_reason
 from .precision import check_precision
@@ -48,6 +48,9 @@ def _check_block(name: str, block: Block) -> None:
             raise ValueError(f'optimize: {name}.{path} is a {type(layer).__name__}, not a plain {kind.__name__}; '
                              'the fused kernels read its parameters directly and would bypass it '
                              '(apply wrappers such as LoRA after optimize, or do not optimize)')
+    if type(block.mlp) is not Mlp:
+        raise ValueError(f'optimize: {name}.mlp is a {type(block.mlp).__name__}, not a plain Mlp; the fused MLP '
+                         'computes fc2(act(fc1(x))) and would skip the rest of it (a ConvMlp\'s convolution)')
     if block.mlp.act.approximate != 'none':
         raise ValueError(f"optimize: {name}.mlp.act uses approximate={block.mlp.act.approximate!r}; the fused "
                          "MLP computes the exact GELU")

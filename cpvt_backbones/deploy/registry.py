@@ -189,9 +189,10 @@ def prepare(module: nn.Module, engine: 'str | EngineRequest', precision: str = '
     for int8) and ``keep_fp32`` configure int8 and are refused elsewhere; ``cache`` (a path prefix) and the other
     ``options`` go to the engine's transform. ``bucket`` (a step in pixels, a multiple of the model's largest
     stride): the prepared module wrapped in ``deploy.bucketed.Bucketed``, inputs padded to multiples of it and
-    run with their valid sizes. ``module`` itself is never changed (an engine that transforms modules works on a
-    copy; one that runs the module as it is returns it), and a module an engine has prepared already is refused,
-    naming what it holds: prepare the plain model."""
+    run with their valid sizes; an engine that runs no valid sizes, or a module whose forward takes none, is
+    refused by name before the engine prepares anything. ``module`` itself is never changed (an engine that
+    transforms modules works on a copy; one that runs the module as it is returns it), and a module an engine has
+    prepared already is refused, naming what it holds: prepare the plain model."""
     request = EngineRequest.of(engine, precision, keep_fp32, **options)
     return prepare_request(module, request, calibration, bucket=bucket)
 
@@ -214,6 +215,10 @@ def prepare_request(module: nn.Module, request: EngineRequest, calibration: Iter
                              f'{bucket}); engines that can: '
                              f'{", ".join(n for n, e in ENGINES.items() if e.bucketing is not None)}')
         check_step(bucket, module)
+        from .batched import takes_valid_sizes
+        if not takes_valid_sizes(module):
+            raise TypeError(f'bucket={bucket}: bucketed shapes pad inputs, so the module must take valid_sizes (our '
+                            f'models do); {type(module).__name__} does not')
         options.update(spec.bucketing)
     if precision != 'int8' and calibration is not None:
         raise ValueError(f'calibration configures int8; precision={precision!r} does not use it')

@@ -13,7 +13,10 @@ top-left corner; everything is computed with tensor operations, so it also runs 
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import operator
+import sys
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -23,21 +26,35 @@ from .layout import symbolic_shapes
 def check_valid_sizes(valid_sizes, x: torch.Tensor) -> torch.Tensor:
     """``valid_sizes`` for the (B, C, H, W) batch ``x`` as a (B, 2) int64 tensor on ``x``'s device: each image's
     (height, width) in pixels, from the top-left corner, 1 <= h <= H and 1 <= w <= W; a clear error otherwise.
-    Takes a tensor or a sequence of (h, w) pairs."""
+    Takes a tensor or a numpy array of integers, or a sequence of (h, w) pairs of integral numbers (Python or
+    numpy integers, integer tensors of one element); floats and booleans are refused, whatever their value."""
+    B, _, H, W = x.shape
+    numpy = sys.modules.get('numpy')   # an array can only come from numpy where it is imported (torch needs none)
     if isinstance(valid_sizes, torch.Tensor):
         sizes = valid_sizes
         if sizes.is_floating_point() or sizes.is_complex() or sizes.dtype == torch.bool:
             raise TypeError(f'valid_sizes must hold integers (pixels), got a {sizes.dtype} tensor')
     else:
+        if numpy is not None and isinstance(valid_sizes, numpy.ndarray):
+            if valid_sizes.dtype.kind not in 'iu':
+                raise TypeError(f'valid_sizes must hold integers (pixels), got a numpy array of {valid_sizes.dtype}')
+            valid_sizes = valid_sizes.tolist()
         try:
             rows = [tuple(pair) for pair in valid_sizes]
         except TypeError as e:
-            raise TypeError(f'valid_sizes must be a (B, 2) tensor or a sequence of (h, w) pairs, got '
+            raise TypeError(f'valid_sizes must be a (B, 2) tensor or a sequence of (h, w) pairs (or a (B, 2) numpy '
+                            f'array), got {valid_sizes!r}') from e
+        if any(len(pair) != 2 for pair in rows):
+            raise ValueError(f'valid_sizes must be (h, w) pairs, got {valid_sizes!r}')
+        try:
+            rows = [tuple(_pixels(n) for n in pair) for pair in rows]
+        except TypeError as e:
+            raise TypeError(f'valid_sizes must be (h, w) pairs of ints (pixels; Python or numpy integers), got '
                             f'{valid_sizes!r}') from e
-        if any(len(pair) != 2 or any(not isinstance(n, int) or isinstance(n, bool) for n in pair) for pair in rows):
-            raise TypeError(f'valid_sizes must be (h, w) pairs of ints (pixels), got {valid_sizes!r}')
+        if not symbolic_shapes() and any(not (1 <= h <= H and 1 <= w <= W) for h, w in rows):
+            raise ValueError(f'valid_sizes must lie within 1..{H} (height) and 1..{W} (width) of the padded batch '
+                             f'{tuple(x.shape)}; got {[list(pair) for pair in rows]}')
         sizes = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 2)
-    B, _, H, W = x.shape
     if tuple(sizes.shape) != (B, 2):
         raise ValueError(f'valid_sizes must give (h, w) for each of the {B} images, shape ({B}, 2); got shape '
                          f'{tuple(sizes.shape)}')
@@ -48,6 +65,13 @@ def check_valid_sizes(valid_sizes, x: torch.Tensor) -> torch.Tensor:
             raise ValueError(f'valid_sizes must lie within 1..{H} (height) and 1..{W} (width) of the padded batch '
                              f'{tuple(x.shape)}; got {sizes.tolist()}')
     return sizes
+
+
+def _pixels(n) -> int:
+    """``n`` as a Python int where it is an integral number (not a boolean), else a TypeError."""
+    if isinstance(n, bool) or (isinstance(n, torch.Tensor) and n.dtype == torch.bool):
+        raise TypeError(f'a boolean is not a size: {n!r}')
+    return operator.index(n)   # numpy's booleans and every float refuse it
 
 
 def crop_to_image(m: torch.Tensor, hw: Sequence[int], stride: int) -> torch.Tensor:
@@ -112,8 +136,41 @@ class ValidRegion:
         return self.sizes.prod(dim=1, keepdim=True)
 
     def images(self) -> list[tuple[int, int]]:
-        """Each image's (rows, columns) as Python ints (for per-image work outside a recorded graph)."""
+        """Each image's (rows, columns) as Python ints (for per-image work outside a recorded graph); every call
+        is reported to the callbacks of ``watch_per_image``."""
+        if _PER_IMAGE_WATCHERS:
+            caller = _calling_module()
+            for callback in _PER_IMAGE_WATCHERS:
+                callback(caller)
         return [tuple(pair) for pair in self.sizes.tolist()]
 
 
-__all__ = ['ValidRegion', 'check_valid_sizes', 'crop_to_image']
+# What ``watch_per_image`` calls at each ``ValidRegion.images``.
+_PER_IMAGE_WATCHERS: list[Callable[[torch.nn.Module | None], None]] = []
+
+
+def _calling_module() -> torch.nn.Module | None:
+    """The innermost module whose method (``self``) is on the stack above ``ValidRegion.images``, or None."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get('self')
+        if isinstance(owner, torch.nn.Module):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+@contextlib.contextmanager
+def watch_per_image(callback: Callable[[torch.nn.Module | None], None]) -> Iterator[None]:
+    """Call ``callback`` at every ``ValidRegion.images`` while the ``with`` block runs, with the innermost module
+    whose method called it (None where no module's did): wherever a model's valid-size path works image by image
+    in Python (a learned position table resized to each image, a PEG padded other than with zeros), which a
+    recorded graph (``torch.export``) cannot hold."""
+    _PER_IMAGE_WATCHERS.append(callback)
+    try:
+        yield
+    finally:
+        _PER_IMAGE_WATCHERS.remove(callback)
+
+
+__all__ = ['ValidRegion', 'check_valid_sizes', 'crop_to_image', 'watch_per_image']

@@ -30,10 +30,21 @@ def check_input(x, in_chans: int, check_finite: bool = False) -> None:
         raise ValueError(f'expected {in_chans} input channels (B, {in_chans}, H, W), got shape {tuple(x.shape)}')
     if min(x.shape) == 0:
         raise ValueError(f'expected a non-empty batch with H, W >= 1, got shape {tuple(x.shape)}')
-    if check_finite and not torch.isfinite(x).all():
-        bad = (~torch.isfinite(x)).sum().item()
-        raise ValueError(f'input of shape {tuple(x.shape)} contains {bad} NaN or Inf values; expected finite '
-                         'floats (check_finite=True)')
+    if check_finite:
+        refuse_nonfinite(x)
+
+
+def refuse_nonfinite(x: torch.Tensor, valid_sizes: torch.Tensor | None = None) -> None:
+    """Raise a clear error where the (B, C, H, W) input ``x`` holds NaN or Inf values: with ``valid_sizes`` (a
+    padded batch, ``layers.valid.check_valid_sizes``'s (B, 2) tensor) only within each image's valid region,
+    the padding beyond it being none of the image's pixels."""
+    bad = ~torch.isfinite(x)
+    if valid_sizes is not None:
+        bad &= ValidRegion(valid_sizes, x.shape[-2:]).map_mask()
+    if bad.any():
+        where = " within the images' valid sizes" if valid_sizes is not None else ''
+        raise ValueError(f'input of shape {tuple(x.shape)} contains {bad.sum().item()} NaN or Inf values{where}; '
+                         'expected finite floats (check_finite=True)')
 
 
 def check_out_indices(out_indices: int | Sequence[int], num_outputs: int) -> tuple[int, ...]:
@@ -173,7 +184,8 @@ class CPVTBase(nn.Module):
             out_indices: with ``features_only``, the levels ``forward`` returns (increasing; an int is one level;
                 default all).
             grad_checkpointing: recompute each block's activations in the backward pass (less memory, more time).
-            check_finite: make ``forward`` raise a ValueError on NaN or Inf inputs (a pass over the input).
+            check_finite: make ``forward`` raise a ValueError on NaN or Inf inputs (a pass over the input; with
+                ``valid_sizes`` over each image's valid region only).
         """
         super().__init__()
         for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
@@ -359,8 +371,10 @@ class CPVTBase(nn.Module):
         it."""
         if is_fx_tracing():  # x is a torch.fx Proxy: there is no tensor to check, and the traced graph checks none
             return None
-        check_input(x, self.in_chans, self.check_finite)
+        check_input(x, self.in_chans)
         sizes = None if valid_sizes is None else check_valid_sizes(valid_sizes, x)
+        if self.check_finite:
+            refuse_nonfinite(x, sizes)
         if symbolic_shapes():  # torch.compile/export/ONNX record the graph: the eager call checks the dtype
             return sizes
         weight = next(self.parameters(), None)
