@@ -302,7 +302,7 @@ def test_svt_configs_get_the_engines_of_our_backbones():
 
     from cpvt_backbones.adapters.engines import add_engine_args, default_engine, use_engine
     from cpvt_backbones.adapters.runner import ConfigError, check_backbone_settings, our_backbone_types
-    assert sorted(our_backbone_types()) == ['CPVT', 'PyramidCPVT', 'TwinsSVT']
+    assert sorted(our_backbone_types()) == ['CPVT', 'PVTv2', 'PyramidCPVT', 'TwinsSVT']
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     for kind in ('TwinsSVT', 'mmseg.TwinsSVT'):
@@ -313,7 +313,7 @@ def test_svt_configs_get_the_engines_of_our_backbones():
     with pytest.raises(ConfigError, match=r"model\.backbone \(TwinsSVT\) has no setting\(s\) \['window_msk'\]"):
         check_backbone_settings(Config(dict(model=dict(backbone=dict(type='TwinsSVT', window_msk=True)))))
     resnet = Config(dict(model=dict(backbone=dict(type='ResNet'))))
-    with pytest.raises(SystemExit, match=r"engine 'fused' runs our backbones \(PyramidCPVT, TwinsSVT, CPVT\)"):
+    with pytest.raises(SystemExit, match=r"engine 'fused' runs our backbones \(PyramidCPVT, TwinsSVT, PVTv2, CPVT\)"):
         use_engine(resnet, parser.parse_args(['--engine', 'fused']))
 
 

@@ -83,10 +83,10 @@ def test_a_sized_conversion_is_cached_apart_and_read_back(tmp_path):
     model = pyramid()
     cache = tmp_path / 'model.xml'
     plain = ov_engine.to_openvino(model, cache=str(cache))
-    sized = ov_engine.to_openvino(model, cache=str(cache), valid_sizes=True)
+    sized = ov_engine.to_openvino(model, cache=str(cache), sizes_input=True)
     assert (tmp_path / 'model.valid_sizes.xml').is_file() and cache.is_file()
     assert type(plain) is ov_engine.OpenVINOModule and isinstance(sized, ov_engine.SizedOpenVINOModule)
-    again = ov_engine.to_openvino(model, cache=str(cache), valid_sizes=True, shapes='dynamic')
+    again = ov_engine.to_openvino(model, cache=str(cache), sizes_input=True, shapes='dynamic')
     assert len(again.ov_model.inputs) == 2 and again.multiple == 8
     check_exact(Bucketed(again, 8), model)
     with pytest.raises(ValueError, match=r'multiples of 8, got \(97, 131\): pad the batch'):
@@ -122,7 +122,7 @@ def test_a_module_without_valid_sizes_is_refused_before_the_engine_prepares_it(m
 
 @needs_openvino
 def test_a_model_whose_valid_size_path_does_not_export_is_refused_by_name():
-    with pytest.raises(ValueError, match='cannot be converted with valid_sizes: its valid-size path does not trace'):
+    with pytest.raises(ValueError, match='cannot be converted with sizes_input: its valid-size path does not trace'):
         prepare(pyramid(pos_encoding='learned'), 'openvino', bucket=16)
 
 

@@ -22,7 +22,7 @@ DENSE = sorted(p for d in ('retinanet', 'mask_rcnn', 'sem_fpn', 'upernet', 'shap
 # on the shapes PCPVT, Twins-SVT under RetinaNet, Mask R-CNN and Semantic FPN: their recipes, keys and sizes are
 # checked below without a training step).
 SAME_PATH = ('-b_', '-l_', 'retinanet_svt-s_fpn_ms', 'mask-rcnn_pcpvt-s_fpn_ms', 'mask-rcnn_svt-s_fpn_ms',
-             'upernet_pcpvt-s', 'upernet_svt-s')
+             'upernet_pcpvt-s', 'upernet_svt-s', *(f'pvtv2-b{b}_' for b in range(1, 6)))
 STEPPED = [p for p in DENSE if not any(k in p.name for k in SAME_PATH)]
 # Paper parameter counts less the 513,000-parameter ImageNet head left in the Twins backbones.
 EXPECTED_PARAMS = {
@@ -140,7 +140,9 @@ def test_paper_configs_follow_the_recipe(path):
     """Each image of an evaluation batch predicted as alone (the valid-size preprocessor and type 'PredictAlone'),
     and the Twins release's settings: RetinaNet and Mask R-CNN 1x (PVT setting: AdamW, wd 1e-4, lr 1e-4 and 2e-4)
     and 3x multi-scale (Swin setting: lr 1e-4, wd 0.05); Semantic FPN 80k (lr 1e-4, wd 1e-4, poly to 0) and
-    UperNet 160k (mmseg's: lr 6e-5, wd 0.01, warm-up then linear decay); SVT with masked windows."""
+    UperNet 160k (mmseg's: lr 6e-5, wd 0.01, warm-up then linear decay); SVT with masked windows. PVTv2 as mmdet
+    ships its RetinaNet (B4 and B5: lr 1e-4 / 1.4, 8 images a batch; drop path 0.1) and as the PVTv2 release
+    trained its Semantic FPN (40k iterations, lr 2e-4, 32 images a batch)."""
     cfg = read_config(str(path))
     assert cfg.custom_imports.imports == [f'cpvt_backbones.adapters.{cfg.default_scope}', *OPT_INS]
     assert cfg.custom_hooks == [dict(type='RNGStateHook'), dict(type='NonFiniteLossHook')]
@@ -154,14 +156,19 @@ def test_paper_configs_follow_the_recipe(path):
     init = backbone.init_cfg
     assert init.type == 'Pretrained' and init.checkpoint == arch  # the published weights' name
     assert backbone.type == ('TwinsSVT' if arch.startswith('svt') else 'PyramidCPVT' if arch.startswith('pcpvt')
-                             else 'CPVT')
+                             else 'PVTv2' if arch.startswith('pvt_v2') else 'CPVT')
+    pvt_v2 = backbone.type == 'PVTv2'
+    big_pvt_v2 = arch in ('pvt_v2_b4', 'pvt_v2_b5')
+    if pvt_v2:
+        assert backbone.drop_path_rate == 0.1
     if backbone.type == 'TwinsSVT':
         assert backbone.arch.window_mask is True
     opt = cfg.optim_wrapper.optimizer
     assert opt.type == 'AdamW'
     if cfg.default_scope == 'mmdet':
         mask_rcnn = 'roi_head' in cfg.model
-        assert cfg.train_dataloader.batch_size * 8 == 16 and cfg.model.neck.num_outs == 5
+        assert cfg.train_dataloader.batch_size * 8 == (8 if big_pvt_v2 else 16) and cfg.model.neck.num_outs == 5
+        assert cfg.auto_scale_lr.base_batch_size == cfg.train_dataloader.batch_size * 8
         if not mask_rcnn:   # P3-P7 from strides 8/16/32 + two extra convs on the input (start_level=1 over 4 maps)
             assert cfg.model.neck.add_extra_convs == 'on_input'
             assert len(cfg.model.neck.in_channels) - cfg.model.neck.start_level == 3
@@ -169,7 +176,7 @@ def test_paper_configs_follow_the_recipe(path):
         assert cfg.train_cfg.max_epochs == epochs
         assert cfg.param_scheduler[1].milestones == ([27, 33] if epochs == 36 else [8, 11])
         assert opt.weight_decay == (0.05 if '3x' in path.name else 1e-4)
-        assert opt.lr == (2e-4 if mask_rcnn and epochs == 12 else 1e-4)
+        assert opt.lr == (2e-4 if mask_rcnn and epochs == 12 else 1e-4 / 1.4 if big_pvt_v2 else 1e-4)
         if epochs == 36:
             assert 'norm' in cfg.optim_wrapper.paramwise_cfg.custom_keys
     elif 'upernet' in path.name:
@@ -178,9 +185,11 @@ def test_paper_configs_follow_the_recipe(path):
         assert [s.type for s in cfg.param_scheduler] == ['LinearLR', 'PolyLR'] and cfg.param_scheduler[1].power == 1.
         assert cfg.model.auxiliary_head.in_channels == cfg.model.decode_head.in_channels[2]
     else:
-        assert cfg.train_dataloader.batch_size * 8 == 16 and cfg.train_cfg.max_iters == 80000
-        assert opt.lr == 1e-4 and opt.weight_decay == 1e-4
+        iters = 40000 if pvt_v2 else 80000
+        assert cfg.train_dataloader.batch_size * 8 == (32 if pvt_v2 else 16) and cfg.train_cfg.max_iters == iters
+        assert opt.lr == (2e-4 if pvt_v2 else 1e-4) and opt.weight_decay == 1e-4
         assert cfg.param_scheduler[0].type == 'PolyLR' and cfg.param_scheduler[0].eta_min == 0
+        assert cfg.param_scheduler[0].end == iters
     if cfg.default_scope == 'mmseg':
         assert cfg.crop_size == (512, 512) and cfg.model.decode_head.num_classes == 150
 

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cpvt_backbones.layers import Block, ConvMlp, Mlp
+from cpvt_backbones.layers.valid import WHOLE
 from cpvt_backbones.models import CPVT, PyramidCPVT
 
 
@@ -69,7 +70,7 @@ class _Recording(nn.Module):
 def test_a_block_hands_the_grid_only_to_an_mlp_that_declares_it():
     block = Block(8, 2, mlp_layer=_Recording).eval()
     block(torch.randn(2, 1 + 3 * 4, 8), (3, 4))
-    assert block.mlp.seen == [((3, 4), None)]
+    assert block.mlp.seen == [((3, 4), WHOLE)]
     plain = Block(8, 2, mlp_layer=Mlp).eval()       # a plain MLP is called with the tokens alone, as before
     x = torch.randn(2, 12, 8)
     torch.testing.assert_close(plain(x, (3, 4)), (lambda y: y + plain.mlp(plain.norm2(y)))(

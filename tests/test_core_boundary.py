@@ -84,7 +84,7 @@ importlib.import_module('cpvt_backbones.adapters.' + framework)
 assert state() == before, 'importing the adapter changed more than its registry'
 preprocessor = {'mmdet': {'ValidSizeDetDataPreprocessor', 'PredictAlone'},
                 'mmseg': {'ValidSizeSegDataPreprocessor', 'PredictAlone'}}.get(framework, set())
-assert set(registry.module_dict) - known == {'PyramidCPVT', 'TwinsSVT', 'CPVT'} | preprocessor, \
+assert set(registry.module_dict) - known == {'PyramidCPVT', 'TwinsSVT', 'CPVT', 'PVTv2'} | preprocessor, \
     set(registry.module_dict) - known
 import cpvt_backbones.adapters.checkpoint, cpvt_backbones.adapters.hooks
 after = state()

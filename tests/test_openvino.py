@@ -400,7 +400,7 @@ def test_a_conversion_logs_no_traceback(capfd, caplog, monkeypatch):
 
 
 def test_a_model_that_cannot_be_converted_with_valid_sizes_is_refused_before_converting(capfd, monkeypatch):
-    """``valid_sizes=True`` (``prepare(..., 'openvino', bucket=...)``) refuses a model whose valid-size path works
+    """``sizes_input=True`` (``prepare(..., 'openvino', bucket=...)``) refuses a model whose valid-size path works
     image by image (a learned table, a PEG padded other than with zeros), naming its modules, or one whose forward
     takes no valid sizes, before anything is exported or converted: nothing is printed."""
     from cpvt_backbones.deploy import ENGINES, prepare
@@ -410,13 +410,13 @@ def test_a_model_that_cannot_be_converted_with_valid_sizes_is_refused_before_con
     monkeypatch.setattr(ov_engine, 'convert', never)
     monkeypatch.setattr(torch.export, 'export', never)
     learned = small('pcpvt', 'learned')
-    with pytest.raises(ValueError, match=r"cannot be converted with valid_sizes: its valid-size path does not trace: "
+    with pytest.raises(ValueError, match=r"cannot be converted with sizes_input: its valid-size path does not trace: "
                                          r"that of module\(s\) 'pos_embed' works image by image"):
-        ov_engine.to_openvino(learned, valid_sizes=True)
+        ov_engine.to_openvino(learned, sizes_input=True)
     with pytest.raises(ValueError, match=r"module\(s\) 'pos_block.0', 'pos_block.1' works image by image"):
-        ov_engine.to_openvino(small('pcpvt', dict(type='peg', padding_mode='circular')), valid_sizes=True)
-    with pytest.raises(TypeError, match='cannot be converted with valid_sizes: its forward takes no valid_sizes'):
-        ov_engine.to_openvino(torch.nn.Conv2d(3, 4, 1).eval(), valid_sizes=True)
+        ov_engine.to_openvino(small('pcpvt', dict(type='peg', padding_mode='circular')), sizes_input=True)
+    with pytest.raises(TypeError, match='cannot be converted with sizes_input: its forward takes no valid_sizes'):
+        ov_engine.to_openvino(torch.nn.Conv2d(3, 4, 1).eval(), sizes_input=True)
     if not ENGINES['openvino'].missing():
         with pytest.raises(ValueError, match=r"module\(s\) 'pos_embed'"):
             prepare(learned, 'openvino', bucket=16)

@@ -136,13 +136,14 @@ def test_block_parts_are_passed_by_keyword(name):
     optimize() refuses to fuse around it (it would bypass the part)."""
     from cpvt_backbones import optimize
     from cpvt_backbones.layers import Attention, Mlp
+    from cpvt_backbones.layers.valid import WHOLE
 
     calls = []
 
-    class CountingAttention(Attention):
-        def forward(self, x, hw, pos=None):
+    class CountingAttention(Attention):   # an attention takes the block's region (layers.valid) as well
+        def forward(self, x, hw, pos=None, region=WHOLE):
             calls.append(hw)
-            return super().forward(x, hw, pos)
+            return super().forward(x, hw, pos, region)
 
     class RMSNorm(nn.Module):  # torch's nn.RMSNorm needs torch >= 2.4
         def __init__(self, dim, eps=1e-6):

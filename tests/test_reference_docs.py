@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from cpvt_backbones.models import CPVT, PyramidCPVT, TwinsSVT
+from cpvt_backbones.models import CPVT, PVTv2, PyramidCPVT, TwinsSVT
 from cpvt_backbones.models.base import CPVTBase
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,7 +13,7 @@ reference_docs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(reference_docs)
 
 
-@pytest.mark.parametrize('cls', [PyramidCPVT, TwinsSVT, CPVT])
+@pytest.mark.parametrize('cls', [PyramidCPVT, TwinsSVT, PVTv2, CPVT])
 def test_every_constructor_argument_is_documented(cls):
     own = reference_docs.documented_arguments(cls.__init__.__doc__)
     documented = reference_docs.documented(cls)

@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from cpvt_backbones import create_model, list_models
+from cpvt_backbones import create_model
 from cpvt_backbones.convert import native_to_mmseg
 from cpvt_backbones.models.base import take_indices
 
@@ -28,8 +28,9 @@ def timm_model(name, path, **kwargs):
 
 
 def test_every_model_is_registered_without_a_fixed_input_size():
-    assert set(list_models()) <= set(timm.list_models())
-    for name in list_models():
+    from cpvt_backbones.adapters.timm import TIMM_NAMES
+    assert set(TIMM_NAMES.values()) <= set(timm.list_models())
+    for name in TIMM_NAMES.values():
         cfg = timm.models.get_pretrained_cfg(name)
         assert cfg.fixed_input_size is False and cfg.classifier == 'head', name
     from cpvt_backbones.convert import WeightsUnavailableError
@@ -43,8 +44,13 @@ import timm
 before = set(timm.list_models())
 import cpvt_backbones, cpvt_backbones.adapters.timm
 added = set(timm.list_models()) - before
-assert added == set(cpvt_backbones.list_models()), added
+names = cpvt_backbones.adapters.timm.TIMM_NAMES
+assert added == set(names.values()), added
 assert set(timm.list_models()) >= before
+# timm's own PVTv2 stays timm's; ours is beside it
+assert names['pvt_v2_b0'] == 'cpvt_backbones_pvt_v2_b0'
+assert type(timm.create_model('pvt_v2_b0')).__module__.startswith('timm.')
+assert type(timm.create_model('cpvt_backbones_pvt_v2_b0')).__module__.startswith('cpvt_backbones.')
 '''
     subprocess.run([sys.executable, '-c', code], check=True)
 

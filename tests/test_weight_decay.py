@@ -27,7 +27,10 @@ DECAY_ALL = {'retinanet_pcpvt-s_fpn_1x_coco.py', 'retinanet_pcpvt-b_fpn_1x_coco.
              # the Twins release's 1x recipes (PVT setting) and the SVT Semantic FPN decay every parameter too
              *(f'{head}_{b}-{s}_fpn_1x_coco.py' for head in ('retinanet', 'mask-rcnn') for b in ('pcpvt', 'svt')
                for s in 'sbl' if (head, b) != ('retinanet', 'pcpvt')),
-             *(f'fpn_svt-{s}_8xb2-80k_ade20k-512x512.py' for s in 'sbl')}
+             *(f'fpn_svt-{s}_8xb2-80k_ade20k-512x512.py' for s in 'sbl'),
+             # mmdet's PVTv2 RetinaNet and the PVTv2 release's Semantic FPN decay every parameter as well
+             *(f'retinanet_pvtv2-b{b}_fpn_1x_coco.py' for b in range(6)),
+             *(f'fpn_pvtv2-b{b}_8xb4-40k_ade20k-512x512.py' for b in range(3))}
 EXEMPTING = [p for p in CONFIGS if p.name not in DECAY_ALL]
 # Both families at tiny sizes; the columnar one with its class token.
 SMALL = {'pcpvt_tiny': dict(depths=(2, 1, 1, 1)), 'cpvt_tiny': dict(depth=3)}

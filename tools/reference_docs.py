@@ -10,7 +10,7 @@ import inspect
 import re
 from pathlib import Path
 
-from cpvt_backbones.models import CPVT, MODEL_SPECS, PyramidCPVT, TwinsSVT
+from cpvt_backbones.models import CPVT, MODEL_SPECS, PVTv2, Pyramid, PyramidCPVT, TwinsSVT
 from cpvt_backbones.models.base import CPVTBase
 
 PAGE = Path(__file__).resolve().parents[1] / 'docs' / 'reference.md'
@@ -83,16 +83,19 @@ def render() -> str:
     """The page's text: the tables rendered from the docstrings, then the page's hand-written part."""
     parts = ['# Constructor reference', '',
              'Generated from the docstrings by `python tools/reference_docs.py` (all but the last section, '
-             f'"{HANDWRITTEN[3:]}", written by hand); `CPVT`, `PyramidCPVT` and `TwinsSVT` '
-             "take their own trunk arguments (`TwinsSVT` also `PyramidCPVT`'s) and every shared one. A named variant "
+             f'"{HANDWRITTEN[3:]}", written by hand); `CPVT`, `PyramidCPVT`, `TwinsSVT` and `PVTv2` '
+             "take their own trunk arguments (`TwinsSVT` also `PyramidCPVT`'s, the pyramids `Pyramid`'s) and every "
+             'shared one. A named variant '
              '(`create_model(name, **overrides)`, '
              "a config's `arch=dict(base=name, ...)`) is a set of these arguments:", '',
              '| name | class | settings |', '|---|---|---|']
     parts += [f'| `{name}` | `{spec.cls.__name__}` | {", ".join(f"`{k}={v}`" for k, v in spec.settings.items())} |'
               for name, spec in sorted(MODEL_SPECS.items())]
-    for cls in (PyramidCPVT, TwinsSVT, CPVT):
+    for cls in (PyramidCPVT, TwinsSVT, PVTv2, CPVT):
         parts += ['', f'## `{cls.__name__}`: the trunk', '', _table(documented_arguments(cls.__init__.__doc__),
                                                                     _defaults(cls.__init__))]
+    parts += ['', '## Every pyramid\'s (`Pyramid`)', '', _table(documented_arguments(Pyramid.__init__.__doc__),
+                                                                _defaults(Pyramid.__init__))]
     parts += ['', '## Shared arguments (`CPVTBase`)', '',
               _table(documented_arguments(CPVTBase.__init__.__doc__), _defaults(CPVTBase.__init__)), '']
     tail = handwritten(PAGE.read_text()) if PAGE.is_file() else ''

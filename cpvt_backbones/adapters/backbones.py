@@ -11,7 +11,7 @@ import torch
 
 from .. import models as core
 from ..convert import load_into, load_weights_file, resolve_checkpoint
-from ..models import model_settings
+from ..models import MODEL_SPECS, model_settings
 from ..utils import strip_prefix
 
 OUT_TYPES = ('featmap', 'pooled')
@@ -52,7 +52,8 @@ class _OpenMMLabBackbone:
                              'the other engines are applied once the checkpoint is loaded (tools/test.py and '
                              "tools/infer.py --engine fused|torch|openvino|onnxruntime, or adapters.engines."
                              'set_engine(cfg, ...) for a test loop); remove optimize from the config')
-        core_cls = next(c for c in type(self).__mro__ if c in (core.TwinsSVT, core.PyramidCPVT, core.CPVT))
+        families = {spec.cls for spec in MODEL_SPECS.values()}
+        core_cls = next(c for c in type(self).__mro__ if c in families)
         if out_type not in OUT_TYPES:
             raise ValueError(f'out_type must be one of {OUT_TYPES}, got {out_type!r}')
         if out_type == 'pooled' and out_indices is not None:
@@ -117,6 +118,19 @@ class TwinsSVT(_OpenMMLabBackbone, core.TwinsSVT):
     mixin)."""
 
     def __init__(self, arch: str | Mapping[str, Any] = 'svt_small',
+                 out_indices: Sequence[int] | None = None, out_type: str = 'featmap',
+                 drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
+                 init_cfg: dict | None = None, optimize: None = None):
+        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, init_cfg, optimize)
+
+
+class PVTv2(_OpenMMLabBackbone, core.PVTv2):
+    """PVTv2 for mmdet/mmseg/mmpretrain (registered as ``PVTv2``, beside mmdet's own
+    ``PyramidVisionTransformerV2``, whose checkpoints load into it), with ``PyramidCPVT``'s outputs and
+    arguments; ``arch`` is a ``pvt_v2_*`` name or a dict of ``PVTv2``'s arguments. ``optimize``: refused (see the
+    mixin)."""
+
+    def __init__(self, arch: str | Mapping[str, Any] = 'pvt_v2_b2',
                  out_indices: Sequence[int] | None = None, out_type: str = 'featmap',
                  drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
                  init_cfg: dict | None = None, optimize: None = None):

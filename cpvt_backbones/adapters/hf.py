@@ -25,7 +25,7 @@ from ..layers import tokens_to_map
 from ..models.base import init_weights
 from ..models.cpvt import PYRAMID_STRIDES
 from ..models.factory import MODEL_SPECS, create_model, list_models
-from ..models.pcpvt import PyramidCPVT
+from ..models.pcpvt import Pyramid
 
 LOADER_MODULE = 'cpvt_backbones_hf'
 _LOADER_SOURCE = '''"""Lets transformers load this folder with trust_remote_code=True: the classes come from the
@@ -46,7 +46,7 @@ def _num_levels(arch: str, model_args: dict[str, Any]) -> int:
     """Feature maps ``create_model(arch, features_only=True, **model_args)`` returns: one per stage of a pyramid
     model, the simple feature pyramid's four for a columnar one."""
     spec = MODEL_SPECS[arch]
-    if issubclass(spec.cls, PyramidCPVT):
+    if issubclass(spec.cls, Pyramid):
         return len(model_args.get('depths', spec.settings['depths']))
     return len(PYRAMID_STRIDES)
 
@@ -160,7 +160,7 @@ class CPVTBackbone(BackboneMixin, PreTrainedModel):
     @property
     def stem(self) -> torch.nn.Module:
         """The first patch embedding, whose output is the ``stem`` map."""
-        return self.model.patch_embeds[0] if isinstance(self.model, PyramidCPVT) else self.model.patch_embed
+        return self.model.patch_embeds[0] if isinstance(self.model, Pyramid) else self.model.patch_embed
 
     @torch.no_grad()
     def _init_weights(self, module: torch.nn.Module) -> None:

@@ -1,4 +1,4 @@
-"""Registers ``PyramidCPVT``, ``TwinsSVT`` and ``CPVT`` in mmseg's MODELS
+"""Registers ``PyramidCPVT``, ``TwinsSVT``, ``CPVT`` and ``PVTv2`` in mmseg's MODELS
 (``custom_imports=dict(imports=['cpvt_backbones.adapters.mmseg'])``), ``ValidSizeSegDataPreprocessor`` and
 ``PredictAlone`` (a segmentor that predicts each image of a padded batch as alone: ``adapters.alone``)."""
 import functools
@@ -6,11 +6,12 @@ import functools
 from mmseg.registry import MODELS
 
 from .alone import alone_builder, refuse_mixed_sizes
-from .backbones import CPVT, PyramidCPVT, TwinsSVT, mark_valid_sizes
+from .backbones import CPVT, PVTv2, PyramidCPVT, TwinsSVT, mark_valid_sizes
 
 MODELS.register_module(module=PyramidCPVT)
 MODELS.register_module(module=TwinsSVT)
 MODELS.register_module(module=CPVT)
+MODELS.register_module(module=PVTv2)
 MODELS.register_module(name='PredictAlone', module=alone_builder(MODELS))
 
 

@@ -159,7 +159,7 @@ def add_common_args(parser, launchers: Sequence[str] = ('none', 'pytorch', 'slur
 
 def our_backbone_types() -> tuple[str, ...]:
     """The ``type`` names of our backbones in configs: the classes of ``adapters.backbones`` (those the mmdet,
-    mmseg and mmpretrain adapters register: PyramidCPVT, TwinsSVT, CPVT)."""
+    mmseg and mmpretrain adapters register: PyramidCPVT, TwinsSVT, CPVT, PVTv2)."""
     from . import backbones
     return tuple(name for name, cls in vars(backbones).items() if isinstance(cls, type)
                  and issubclass(cls, backbones._OpenMMLabBackbone) and cls is not backbones._OpenMMLabBackbone)

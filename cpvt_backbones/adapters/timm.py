@@ -1,4 +1,6 @@
-"""Registers every model of ``cpvt_backbones.list_models()`` in timm's registry, under the same names.
+"""Registers every model of ``cpvt_backbones.list_models()`` in timm's registry, under the same names, except
+where timm names a model of its own so (PVTv2's ``pvt_v2_*``): ours is then ``cpvt_backbones_<name>``
+(``TIMM_NAMES``), and timm's stays timm's.
 
 ``timm.create_model('pcpvt_small')`` then builds our model through timm's own builder, so timm's conventions
 hold: ``num_classes``, ``in_chans``, any constructor argument (``pos_encoding=...``), ``forward_intermediates``.
@@ -27,7 +29,7 @@ from functools import partial
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models import FeatureInfo, build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import FeatureInfo, build_model_with_cfg, generate_default_cfgs, is_model, register_model
 from timm.models._builder import pretrained_cfg_for_features
 from torch import nn
 
@@ -37,6 +39,8 @@ from ..models.base import take_indices
 from ..models.cpvt import CPVT, PYRAMID_STRIDES
 from ..models.factory import MODEL_SPECS, create_model
 
+# Our name -> its name in timm's registry (decided once, before ours are registered).
+TIMM_NAMES = {name: f'cpvt_backbones_{name}' if is_model(name) else name for name in MODEL_SPECS}
 _HUB_FILE = re.compile(r'https://huggingface\.co/([^/]+/[^/]+)/resolve/main/(.+)$')
 _FEATURE_CLASSES = (None, 'getter', 'list', 'fx')
 
@@ -61,8 +65,8 @@ def _weights(name: str) -> dict[str, str]:
 
 
 default_cfgs = generate_default_cfgs({
-    (f'{name}.in1k' if name in PRETRAINED else name): _pretrained_cfg(name, **(_weights(name) if name in PRETRAINED
-                                                                              else {}))
+    (f'{TIMM_NAMES[name]}.in1k' if name in PRETRAINED else TIMM_NAMES[name]):
+        _pretrained_cfg(name, **(_weights(name) if name in PRETRAINED else {}))
     for name in MODEL_SPECS})
 
 
@@ -95,8 +99,8 @@ def _features(name: str, pretrained: bool, out_indices, feature_cls: str | None,
     levels = len(PYRAMID_STRIDES) if MODEL_SPECS[name].cls is CPVT else \
         len(kwargs.get('depths') or MODEL_SPECS[name].settings['depths'])
     out_indices = tuple(take_indices(levels, out_indices)[0])
-    model = build_model_with_cfg(partial(create_model, name, features_only=True, out_indices=out_indices), name,
-                                 pretrained, pretrained_filter_fn=_filter_weights, **kwargs)
+    model = build_model_with_cfg(partial(create_model, name, features_only=True, out_indices=out_indices),
+                                 TIMM_NAMES[name], pretrained, pretrained_filter_fn=_filter_weights, **kwargs)
     prefix = 'simple_fpn' if isinstance(model, CPVT) else 'blocks'
     info = FeatureInfo([dict(module=f'{prefix}.{i}', num_chs=c, reduction=s) for i, c, s in
                         zip(out_indices, model.out_channels, model.strides, strict=True)],
@@ -115,13 +119,13 @@ def _entrypoint(name: str):
         if kwargs.pop('features_only', False):
             return _features(name, pretrained, kwargs.pop('out_indices', None), kwargs.pop('feature_cls', None),
                              kwargs)
-        return build_model_with_cfg(partial(create_model, name), name, pretrained, pretrained_filter_fn=_filter_weights,
-                                    **kwargs)
-    build.__name__ = build.__qualname__ = name
+        return build_model_with_cfg(partial(create_model, name), TIMM_NAMES[name], pretrained,
+                                    pretrained_filter_fn=_filter_weights, **kwargs)
+    build.__name__ = build.__qualname__ = TIMM_NAMES[name]
     build.__module__ = __name__
     build.__doc__ = f'{name}: {MODEL_SPECS[name].note} (cpvt_backbones).'
     return build
 
 
 for _name in MODEL_SPECS:
-    globals()[_name] = register_model(_entrypoint(_name))
+    globals()[TIMM_NAMES[_name]] = register_model(_entrypoint(_name))

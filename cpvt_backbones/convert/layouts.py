@@ -20,8 +20,9 @@ StateDict = dict[str, torch.Tensor]
 
 # Roots of the native keys that belong to the model itself rather than to a position encoding (whose roots come
 # from the encoding registry, ``native_roots``): the patch embeddings (pyramid, columnar), the class token, the
-# blocks, the final norm, the simple feature pyramid of a dense columnar model, the classifier head.
-MODEL_ROOTS = ('patch_embeds.', 'patch_embed.', 'cls_token', 'blocks.', 'norm.', 'simple_fpn.', 'head.')
+# blocks, the stages' norms (PVTv2) and the final norm, the simple feature pyramid of a dense columnar model, the
+# classifier head.
+MODEL_ROOTS = ('patch_embeds.', 'patch_embed.', 'cls_token', 'blocks.', 'norms.', 'norm.', 'simple_fpn.', 'head.')
 
 
 def native_roots() -> tuple[str, ...]:
@@ -76,7 +77,18 @@ def _stack_blocks(parts: dict[str, torch.Tensor]) -> torch.Tensor:
 QKV = Fold(split_qkv, merge_qkv)
 PER_BLOCK = Fold(_split_blocks, _stack_blocks)
 
-# A rule is (source template, target template) or (source, target, fold); a target None drops the key. Fields:
+
+class Reshape(NamedTuple):
+    """How one tensor of a layout is another's of another shape (a linear layer's weight as a 1 x 1
+    convolution's): ``read`` takes the source's value to the target's, ``write`` back."""
+    read: Callable[[torch.Tensor], torch.Tensor]
+    write: Callable[[torch.Tensor], torch.Tensor]
+
+
+LINEAR_AS_CONV1X1 = Reshape(lambda w: w[:, :, None, None], lambda w: w.flatten(1))
+
+# A rule is (source template, target template), (source, target, fold) or (source, target, reshape); a target
+# None drops the key. Fields:
 # {i} {j} indices, {p} weight|bias, {n} a layer scale's 1|2, {part} q|kv, {rest} anything, {native} a native
 # backbone key (under a root of ``native_roots`` other than the head). A fold rule's templates differ by one
 # field: the source has it (its parts merge into one target key) or the target has it (the source splits).
@@ -90,6 +102,7 @@ class _Compiled(NamedTuple):
     target: str | None
     fold: Fold | None
     field: str | None     # the fold's field: in the source (a merge) or in the target (a split)
+    reshape: Reshape | None = None
 
 
 def _compile(rule: Rule, fields: Mapping[str, str]) -> _Compiled:
@@ -99,8 +112,8 @@ def _compile(rule: Rule, fields: Mapping[str, str]) -> _Compiled:
         pattern += re.escape(source[end:m.start()]) + f'(?P<{m.group(1)}>{fields[m.group(1)]})'
         end = m.end()
     pattern = re.compile(pattern + re.escape(source[end:]))
-    if not folds:
-        return _Compiled(pattern, target, None, None)
+    if not folds or isinstance(folds[0], Reshape):
+        return _Compiled(pattern, target, None, None, folds[0] if folds else None)
     differ = set(_FIELD.findall(source)) ^ set(_FIELD.findall(target))
     if len(differ) != 1:
         raise ValueError(f'fold rule {rule[:2]} must differ by one field, got {sorted(differ)}')
@@ -116,8 +129,10 @@ def _first_match(compiled: Sequence[_Compiled], key: str) -> tuple[int, re.Match
 
 
 def inverted(rules: Sequence[Rule]) -> list[Rule]:
-    """The rules read the other way: targets become sources (a fold splits what it merged, and back)."""
-    return [(target, source, *fold) for source, target, *fold in rules]
+    """The rules read the other way: targets become sources (a fold splits what it merged, and back; a reshape
+    writes what it read)."""
+    return [(target, source, *(Reshape(f.write, f.read) if isinstance(f, Reshape) else f for f in fold))
+            for source, target, *fold in rules]
 
 
 def apply_rules(state_dict: Mapping[str, torch.Tensor], rules: Sequence[Rule], layout: str) -> StateDict:
@@ -142,7 +157,7 @@ def apply_rules(state_dict: Mapping[str, torch.Tensor], rules: Sequence[Rule], l
         if rule.target is None:
             continue
         if rule.fold is None:
-            out[rule.target.format(**names)] = value
+            out[rule.target.format(**names)] = value if rule.reshape is None else rule.reshape.read(value)
         elif rule.field in names:
             part = names.pop(rule.field)
             merges.setdefault((index, rule.target.format(**names)), {})[part] = (key, value)
@@ -314,12 +329,37 @@ def _is_our_classifier(keys: Sequence[str], roots: tuple[str, ...]) -> bool:
         for k in keys)
 
 
+class Layout(NamedTuple):
+    """A family's own layout, registered by its model file (``register_layout``): ``detect(keys)`` says whether
+    a state dict's keys are in it, ``read`` converts them to native, ``write`` (optional) back."""
+    detect: Callable[[Sequence[str]], bool]
+    read: Callable[[Mapping[str, torch.Tensor]], StateDict]
+    write: Callable[[Mapping[str, torch.Tensor]], StateDict] | None = None
+
+
+# The layouts model families register, tried before the built-in ones, in registration order.
+LAYOUTS: dict[str, Layout] = {}
+
+
+def register_layout(name: str, layout: Layout) -> None:
+    """Make ``detect_layout``, ``to_native`` (and with ``layout.write``, ``from_native``) know ``name``."""
+    if name in LAYOUTS or name in READERS:
+        raise ValueError(f'layout {name!r} is registered already')
+    LAYOUTS[name] = layout
+    READERS[name] = layout.read
+    if layout.write is not None:
+        WRITERS[name] = layout.write
+
+
 def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
-    """The layout of a state dict: 'native' (our models', official Twins/CPVT, timm ``twins_pcpvt_*`` and
-    ``twins_svt_*``; any registered position encoding's keys included), 'classifier' (native inside an
-    mmpretrain classifier), 'mmseg', 'mmpretrain' (its own ``PCPVT`` or ``SVT``), 'deit' or 'rope_vit' (timm's
-    RoPE ViTs)."""
+    """The layout of a state dict: one a model family registered (``register_layout``), 'native' (our models',
+    official Twins/CPVT, timm ``twins_pcpvt_*`` and ``twins_svt_*``; any registered position encoding's keys
+    included), 'classifier' (native inside an mmpretrain classifier), 'mmseg', 'mmpretrain' (its own ``PCPVT``
+    or ``SVT``), 'deit' or 'rope_vit' (timm's RoPE ViTs)."""
     keys = list(state_dict)
+    for name, layout in LAYOUTS.items():
+        if layout.detect(keys):
+            return name
     roots = native_roots()
     if any(_ROPE_VIT_ONLY.fullmatch(k) for k in keys):
         return 'rope_vit'

@@ -64,9 +64,11 @@ class CheckpointMismatchError(ValueError):
 
 # The package's model families, told apart by their block keys in the native layout (under any prefix, as a
 # whole detector's ``backbone.``): pyramid blocks ``blocks.{stage}.{block}.`` with windowed attention
-# (``attn.qkv``) are Twins-SVT's, with only sub-sampled global attention (``attn.q``, ``attn.kv``) Twins-PCPVT's;
-# columnar blocks ``blocks.{block}.`` CPVT's.
-FAMILIES = {'svt': ('Twins-SVT', 'TwinsSVT'), 'pcpvt': ('Twins-PCPVT', 'PyramidCPVT'), 'cpvt': ('CPVT', 'CPVT')}
+# (``attn.qkv``) are Twins-SVT's, with a convolutional feed-forward (``mlp.dwconv``) PVTv2's, with neither
+# Twins-PCPVT's; columnar blocks ``blocks.{block}.`` CPVT's.
+FAMILIES = {'svt': ('Twins-SVT', 'TwinsSVT'), 'pvt_v2': ('PVTv2', 'PVTv2'), 'pcpvt': ('Twins-PCPVT', 'PyramidCPVT'),
+            'cpvt': ('CPVT', 'CPVT')}
+_CONV_FEED_FORWARD = re.compile(r'(?:^|\.)blocks\.\d+\.\d+\.mlp\.dwconv\.weight$')
 _WINDOWED = re.compile(r'(?:^|\.)blocks\.\d+\.\d+\.attn\.qkv\.weight$')
 _PYRAMID_BLOCK = re.compile(r'(?:^|\.)blocks\.(\d+)\.(\d+)\.')
 _COLUMNAR_BLOCK = re.compile(r'(?:^|\.)blocks\.(\d+)\.(?!\d)')
@@ -76,11 +78,13 @@ FAMILY_KEYS_SHOWN = 3
 
 
 def checkpoint_family(state_dict: Mapping[str, torch.Tensor]) -> str | None:
-    """Which of ``FAMILIES`` a native-layout state dict (a model's or a checkpoint's) is: 'svt', 'pcpvt' or
-    'cpvt'; None when it has no block of any."""
+    """Which of ``FAMILIES`` a native-layout state dict (a model's or a checkpoint's) is: 'svt', 'pvt_v2', 'pcpvt'
+    or 'cpvt'; None when it has no block of any."""
     keys = list(state_dict)
     if any(_WINDOWED.search(k) for k in keys):
         return 'svt'
+    if any(_CONV_FEED_FORWARD.search(k) for k in keys):
+        return 'pvt_v2'
     if any(_PYRAMID_BLOCK.search(k) for k in keys):
         return 'pcpvt'
     if any(_COLUMNAR_BLOCK.search(k) for k in keys):
@@ -114,8 +118,7 @@ def _named_models(family: str, structure: dict) -> list[str]:
     for name, spec in MODEL_SPECS.items():
         settings = {p.name: p.default for p in inspect.signature(spec.cls.__init__).parameters.values()}
         settings.update(spec.settings)
-        spec_family = ('cpvt' if 'embed_dim' in settings else
-                       'pcpvt' if settings.get('window_sizes') is None else 'svt')
+        spec_family = next(key for key, (_, cls_name) in FAMILIES.items() if cls_name == spec.cls.__name__)
         if spec_family == family and all(tuple(settings[k]) == v if isinstance(v, tuple) else settings[k] == v
                                          for k, v in structure.items()):
             names.append(name)

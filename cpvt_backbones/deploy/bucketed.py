@@ -49,7 +49,7 @@ class Bucketed(nn.Module):
         super().__init__()
         if not takes_valid_sizes(module):
             raise TypeError(f'bucketed shapes pad inputs, so the module must take valid_sizes (our models, the fused '
-                            f'engine, OpenVINO converted with valid_sizes=True); {type(module).__name__} does not')
+                            f'engine, OpenVINO converted with sizes_input=True); {type(module).__name__} does not')
         self.module, self.step = module, check_step(step, module)
         self.buckets: dict[tuple[int, int], int] = {}
         self.in_chans = getattr(module, 'in_chans', 3)

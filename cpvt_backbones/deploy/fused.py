@@ -42,7 +42,7 @@ from ..compat import FEATURES, autocast_enabled, supports
 from ..layers.block import Block
 from ..layers.layout import symbolic_shapes
 from ..layers.position.base import AttentionPosition
-from ..layers.valid import ValidRegion
+from ..layers.valid import WHOLE, Region
 from ..utils import cpu_flags
 
 # Tokens per chunk of the fused MLP: the chunk's hidden activation stays in cache between the two GEMMs and the
@@ -332,7 +332,7 @@ class FusedBlock(nn.Module):
     attention's output projection with the residual accumulated by its GEMM, then the MLP a chunk of tokens at
     a time with the residual added in place, each linear layer through its own kernel (``deploy.optimize``
     makes them ``FusedLinear``). Position encodings inside attention (``pos``) are unaffected: fusion starts
-    after attention. A ``valid`` region (a padded batch, ``layers.valid``) is taken as ``layers.Block`` takes it.
+    after attention. The region (``layers.valid``) is taken as ``layers.Block`` takes it.
     A block with layer scale is not fused (``deploy.optimize`` refuses it). A block holding an int8 layer runs
     fused in eval mode with autograd on too, computed without it (module docstring)."""
 
@@ -340,18 +340,17 @@ class FusedBlock(nn.Module):
         super().__init__()
         self.norm1, self.attn, self.ls1, self.norm2, self.mlp, self.ls2, self.drop_path = (
             block.norm1, block.attn, block.ls1, block.norm2, block.mlp, block.ls2, block.drop_path)
+        self.mlp_takes_grid = block.mlp_takes_grid
         self.train(block.training)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None,
-                valid: ValidRegion | None = None) -> torch.Tensor:
+                region: Region = WHOLE) -> torch.Tensor:
         if self.training or not can_fuse(x, self.int8):
-            return Block.forward(self, x, hw, pos, valid)
+            return Block.forward(self, x, hw, pos, region)
         with torch.no_grad():
-            attended = self.attn.attend(self.norm1(x), hw, pos) if valid is None else \
-                self.attn.attend(self.norm1(x), hw, pos, valid)
-            out = fused_gemms(attended.reshape(-1, attended.shape[-1]), self,
-                              x.reshape(-1, x.shape[-1])).view(x.shape)
-            return out if valid is None else valid.zero_tokens(out)
+            attended = self.attn.attend(self.norm1(x), hw, pos, region)
+            return fused_gemms(attended.reshape(-1, attended.shape[-1]), self,
+                               x.reshape(-1, x.shape[-1])).view(x.shape)
 
     @property
     def int8(self) -> bool:

@@ -21,7 +21,7 @@ and compiles a shape-specialised one for a shape at its ``specialise_after``-th 
 model is faster on its shape but costs a compile and memory per shape, so it pays only for a shape that recurs
 (measured in docs/performance.md with ``benchmarks/openvino_shapes.py``).
 
-``valid_sizes=True`` converts the model with each image's valid size as a second input (``layers.valid``): the
+``sizes_input=True`` converts the model with each image's valid size as a second input (``layers.valid``): the
 module (a ``SizedOpenVINOModule``) then takes ``valid_sizes`` as the model does, so a padded batch gives each
 image what it gets alone, and ``deploy.bucketed.Bucketed`` can run every input at a few padded shapes
 (``prepare(model, 'openvino', bucket=64)``). It needs a model whose valid-size path is traceable (zero-padded
@@ -229,11 +229,11 @@ def check_sized_conversion(model: nn.Module, in_chans: int) -> None:
     forward takes none, or its valid-size path works image by image (``per_image_modules``)."""
     from .batched import takes_valid_sizes
     if not takes_valid_sizes(model):
-        raise TypeError(f'{type(model).__name__} cannot be converted with valid_sizes: its forward takes no '
+        raise TypeError(f'{type(model).__name__} cannot be converted with sizes_input: its forward takes no '
                         'valid_sizes (our models do)')
     modules = per_image_modules(model, in_chans)
     if modules:
-        raise ValueError(f'{type(model).__name__} cannot be converted with valid_sizes: its valid-size path does not '
+        raise ValueError(f'{type(model).__name__} cannot be converted with sizes_input: its valid-size path does not '
                          f'trace: that of module(s) {", ".join(repr(m) for m in modules)} works image by image in '
                          'Python (a learned position table, or a PEG padding other than zeros); convert it without '
                          'valid_sizes (no bucket=)')
@@ -271,11 +271,11 @@ def _without_missing_decomposition_warnings():
         root.removeFilter(quiet)
 
 
-def convert(model: nn.Module, example: torch.Tensor, valid_sizes: bool = False):
+def convert(model: nn.Module, example: torch.Tensor, sizes_input: bool = False):
     """``model`` (evaluation mode, float32) as an ``openvino.Model`` with dynamic batch, height and width, through
     ``torch.export``, plus the pytree spec of its outputs. Every operation records the module it came from.
     Traced at ``example``'s batch and channels, at its size raised to the model's ``min_trace_side``
-    (``deploy.check.trace_size``; a random input of that size where it is raised). ``valid_sizes``: with a
+    (``deploy.check.trace_size``; a random input of that size where it is raised). ``sizes_input``: with a
     second input, each image's valid (height, width), (B, 2) int64 (module docstring)."""
     require('export', 'converting a model to OpenVINO (deploy.to_openvino)')
     ov = _openvino()
@@ -286,17 +286,17 @@ def convert(model: nn.Module, example: torch.Tensor, valid_sizes: bool = False):
         example = torch.randn(*example.shape[:-2], *size, dtype=example.dtype)
     dynamic = torch.export.Dim.DYNAMIC
     inputs, shapes = (example,), ({0: dynamic, 2: dynamic, 3: dynamic},)
-    if valid_sizes:
+    if sizes_input:
         inputs += (torch.tensor([list(size)] * example.shape[0]),)
         shapes += ({0: dynamic},)
     with torch.no_grad():
         try:
-            program = torch.export.export(_WithSizes(model) if valid_sizes else model, inputs,
+            program = torch.export.export(_WithSizes(model) if sizes_input else model, inputs,
                                           dynamic_shapes=shapes)
         except Exception as e:
-            if not valid_sizes:
+            if not sizes_input:
                 raise
-            raise ValueError(f'{type(model).__name__} cannot be converted with valid_sizes: its valid-size path does '
+            raise ValueError(f'{type(model).__name__} cannot be converted with sizes_input: its valid-size path does '
                              f'not trace (a learned position table or a PEG padding other than zeros runs each '
                              f'image on its own): {type(e).__name__}: {str(e)[:300]}') from e
         if any(node.target in DECOMPOSITIONS for node in program.graph.nodes):
@@ -454,14 +454,14 @@ class OpenVINOModule(nn.Module):
 
 
 class SizedOpenVINOModule(OpenVINOModule):
-    """An ``OpenVINOModule`` converted with valid sizes (``convert(..., valid_sizes=True)``): ``forward(x,
+    """An ``OpenVINOModule`` converted with valid sizes (``convert(..., sizes_input=True)``): ``forward(x,
     valid_sizes=None)`` takes each image's valid (h, w) of a padded batch as the models do (``layers.valid``;
     default: every image fills the batch), for inputs whose sides are multiples of ``multiple`` (the model's
     largest stride; a padded bucket's are), refusing others by name."""
 
     def __init__(self, ov_model, *args, multiple: int = 1, **kwargs):
         if len(ov_model.inputs) != 2:
-            raise ValueError(f'a model converted with valid_sizes has two inputs (images, valid sizes), this one has '
+            raise ValueError(f'a model converted with sizes_input has two inputs (images, valid sizes), this one has '
                              f'{len(ov_model.inputs)}')
         super().__init__(ov_model, *args, **kwargs)
         self.multiple = multiple
@@ -473,7 +473,7 @@ class SizedOpenVINOModule(OpenVINOModule):
         if x.shape[-2] % self.multiple or x.shape[-1] % self.multiple:
             raise ValueError(f'OpenVINO runs the model converted with valid sizes at sides that are multiples of '
                              f'{self.multiple}, got {tuple(x.shape[-2:])}: pad the batch (deploy.bucketed.Bucketed, '
-                             "prepare(model, 'openvino', bucket=...)) or convert without valid_sizes")
+                             "prepare(model, 'openvino', bucket=...)) or convert without sizes_input")
         sizes = torch.from_numpy(_whole(x.shape)) if valid_sizes is None else check_valid_sizes(valid_sizes, x)
         return self._run(x, sizes)
 
@@ -520,7 +520,7 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
                 keep_fp32: Sequence[str] = (), shapes: str = 'auto', cache_size: int = 8,
                 threads: int | None = None, example_size: tuple[int, int] = (224, 224),
                 in_chans: int | None = None, cache: str | None = None, float_cache: str | None = None,
-                specialise_after: int = 64, valid_sizes: bool = False) -> OpenVINOModule:
+                specialise_after: int = 64, sizes_input: bool = False) -> OpenVINOModule:
     """``model`` (left as it is) as an ``OpenVINOModule``: converted through ``torch.export`` at an example input
     of ``example_size`` (raised to the model's ``min_trace_side``, ``convert``; any size works afterwards) and
     checked against torch at another size (``check_conversion``), quantized to int8 with NNCF when
@@ -538,7 +538,7 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
     quantizes a saved conversion instead of converting again (one saved without the module names that
     ``keep_fp32`` needs is converted again and saved anew). ``in_chans``: input channels (default: the model's
     ``in_chans`` attribute, else 3). ``shapes``, ``cache_size``, ``specialise_after``, ``threads``: as
-    ``OpenVINOModule`` takes them (checked before anything is converted). ``valid_sizes``: converted with each
+    ``OpenVINOModule`` takes them (checked before anything is converted). ``sizes_input``: converted with each
     image's valid size as a second input (module docstring), a ``SizedOpenVINOModule``, where the model can be
     (refused by name before anything is converted otherwise, ``check_sized_conversion``); its caches are kept
     apart from the plain conversion's (``sized_path``)."""
@@ -549,7 +549,7 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
     _require_eval(model)
     in_chans = in_chans or getattr(model, 'in_chans', 3)
     multiple = 1   # what the sides of the converted model's inputs are multiples of
-    if valid_sizes:
+    if sizes_input:
         from .bucketed import largest_stride
         check_sized_conversion(model, in_chans)
         cache, float_cache = sized_path(cache), sized_path(float_cache)
@@ -557,17 +557,17 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
     if precision != 'int8':
         cache = cache or float_cache
     source = model_fingerprint(model) if cache or float_cache else None
-    loaded = _load(cache, model, in_chans, source, valid_sizes)
+    loaded = _load(cache, model, in_chans, source, sizes_input)
     if loaded is not None:
         ov_model, spec = loaded
     else:
         if precision == 'int8' and calibration is None:
             raise ValueError("precision='int8' quantizes with NNCF: pass calibration=<an iterable of input batches>")
-        saved = _load(float_cache, model, in_chans, source, valid_sizes) if precision == 'int8' else None
+        saved = _load(float_cache, model, in_chans, source, sizes_input) if precision == 'int8' else None
         if saved is not None and (not keep_fp32 or saved[0].has_rt_info(MODULES_KEY)):
             ov_model, spec = saved
         else:  # nothing saved, or saved without the module names that keep_fp32 selects by: convert
-            ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size), valid_sizes)
+            ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size), sizes_input)
             check_conversion(ov_model, spec, model, in_chans)
             if precision == 'int8' and float_cache:
                 _save_or_warn(ov_model, float_cache, source)
@@ -575,7 +575,7 @@ def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable
             ov_model = quantize(ov_model, calibration, keep_fp32, multiple=multiple)
         if cache:
             _save_or_warn(ov_model, cache, source)
-    if valid_sizes:
+    if sizes_input:
         engine = SizedOpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads,
                                      specialise_after, multiple=multiple)
     else:
@@ -601,9 +601,9 @@ def saved_problem(path, source: str | None = None) -> str | None:
     return problem
 
 
-def _load(path: str | None, model: nn.Module, in_chans: int, source: str | None = None, valid_sizes: bool = False):
+def _load(path: str | None, model: nn.Module, in_chans: int, source: str | None = None, sizes_input: bool = False):
     """The model saved at ``path`` (``_read``) where there is one and it checks (made from the model of
-    fingerprint ``source``, where given, with the valid-size input where ``valid_sizes``), else None (with a
+    fingerprint ``source``, where given, with the valid-size input where ``sizes_input``), else None (with a
     warning saying why, where something was there)."""
     if not path or not (Path(path).is_file() or record_path(path).is_file()):
         return None
@@ -614,9 +614,9 @@ def _load(path: str | None, model: nn.Module, in_chans: int, source: str | None 
         except RuntimeError as e:
             problem = f'OpenVINO cannot read it ({e})'
         else:
-            if len(ov_model.inputs) == 1 + valid_sizes:
+            if len(ov_model.inputs) == 1 + sizes_input:
                 return ov_model, spec
-            problem = f'it has {len(ov_model.inputs)} inputs, not {1 + valid_sizes}'
+            problem = f'it has {len(ov_model.inputs)} inputs, not {1 + sizes_input}'
     warnings.warn(f'OpenVINO cache {path}: {problem}; converting again', RuntimeWarning, stacklevel=3)
     return None
 

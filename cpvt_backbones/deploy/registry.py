@@ -315,7 +315,7 @@ register(Engine(
                           'int8': 'what NNCF leaves unquantized (transformer preset), layers in keep_fp32'},
     ('openvino', 'nncf'), "pip install 'cpvt_backbones[openvino]'", _openvino,
     'OpenVINO for the CPU (deploy.openvino): converted once through torch.export, any size after',
-    bucketing={'valid_sizes': True}, cache_suffix='.xml'))
+    bucketing={'sizes_input': True}, cache_suffix='.xml'))
 register(Engine(
     'onnxruntime', 'model', {'fp32': 'everything',
                              'int8': 'all but the linear layers (attention products, norms, convolutions), linear '

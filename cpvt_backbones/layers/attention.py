@@ -1,92 +1,135 @@
-"""Multi-head attention: global with optional spatial reduction of keys and values (PVT's SRA, Twins' GSA), and
-within windows of the token map (Twins' LSA)."""
+"""Multi-head attention: global with optional spatial reduction of keys and values (PVT's SRA, Twins' GSA, PVTv2-li's
+pooling), and within windows of the token map (Twins' LSA)."""
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layout import map_to_tokens, pad_to_multiple, symbolic_shapes, tokens_to_map
+from .layout import map_to_tokens, pad_to_at_least, pad_to_multiple, symbolic_shapes, tokens_to_map
 from .position.base import AttentionPosition, rotate
-from .valid import ValidRegion
+from .valid import WHOLE, Region
+
+REDUCTIONS = ('pad', 'drop', 'pool')
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention whose keys and values come from a map reduced ``sr_ratio`` times per side.
+    """Multi-head self-attention whose keys and values come from a reduced map (PVT's spatial reduction).
 
-    With ``sr_ratio > 1`` the token map is convolved with a kernel = stride = ``sr_ratio`` convolution and
-    layer-normed before the key/value projection, so attention costs O(N * N / sr^2) instead of O(N^2).
-    A map whose side is not a multiple of ``sr_ratio`` is zero-padded bottom/right first, so every row and
-    column of the input is represented among the keys and any map size (even 1 x 1) works.
+    ``reduction`` says how the token map is reduced before the key/value projection:
+
+    * ``'pad'`` (Twins): with ``sr_ratio > 1`` a kernel = stride = ``sr_ratio`` convolution and a norm, the map
+      first zero-padded bottom/right to a multiple of ``sr_ratio``, so every row and column of the input is
+      represented among the keys and any map size (even 1 x 1) works: ceil(h / sr) x ceil(w / sr) keys;
+    * ``'drop'`` (PVT, PVTv2 as timm, mmdet and their releases run it): the same convolution without padding, so
+      the remainder is dropped: h // sr x w // sr keys; a side shorter than ``sr_ratio`` is padded to one cell
+      (where those references fail);
+    * ``'pool'`` (PVTv2-li, "linear"): adaptive average pooling to ``pool_size`` x ``pool_size`` cells (torch's
+      ``AdaptiveAvgPool2d`` bins), a 1 x 1 convolution, a norm and GELU: a fixed number of keys at any size.
+      The pooling is computed as two matrix products, so it exports at any size and pools each image of a
+      padded batch over its own region.
 
     A position encoding that acts inside attention passes an ``AttentionPosition``: a module that makes the
-    query/key input (values keep the tokens), rotary angles for queries and keys, or a bias on the logits.
+    query/key input (values keep the tokens), rotary angles for queries and keys, or a bias on the logits (sized
+    for ``'pad'``).
 
-    With a ``valid`` region (a padded batch, ``layers.valid``) the tokens beyond each image are zeroed before the
-    reduction and excluded as keys (a reduced key is kept where it covers the image, as the image alone has it),
-    so each image's valid queries attend as they would alone.
+    ``region`` (``layers.valid``): a padded batch's ``ValidRegion`` or a ``WholeRegion``. The tokens beyond each
+    image are zeroed before the reduction and excluded as keys (a reduced key is kept where it covers the image,
+    as the image alone has it), so each image's valid queries attend as they would alone.
 
-    The projections keep the official key names (``q``, ``kv``, ``sr``, ``norm``, ``proj``) and attention runs
-    through ``F.scaled_dot_product_attention``. The reduction's norm is ``norm_layer(dim)`` at its default eps
-    (1e-5 for ``nn.LayerNorm``, as the official Twins code and timm; only the blocks' norms use 1e-6).
+    Keys ``q``, ``kv``, ``sr``, ``norm``, ``proj`` as the official weights; attention runs through
+    ``F.scaled_dot_product_attention``. The reduction's norm is ``norm_layer(dim)`` at its default eps (1e-5
+    for ``nn.LayerNorm``, as the official Twins and PVTv2 code and timm; only the blocks' norms use 1e-6).
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.,
-                 proj_drop: float = 0., sr_ratio: int = 1, norm_layer: Callable[..., nn.Module] = nn.LayerNorm):
+                 proj_drop: float = 0., sr_ratio: int = 1, norm_layer: Callable[..., nn.Module] = nn.LayerNorm,
+                 reduction: str = 'pad', pool_size: int = 7):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'dim {dim} must be divisible by num_heads {num_heads}')
         if sr_ratio < 1:
             raise ValueError(f'sr_ratio must be >= 1, got {sr_ratio}')
+        if reduction not in REDUCTIONS:
+            raise ValueError(f'reduction must be one of {REDUCTIONS}, got {reduction!r}')
         self.num_heads = num_heads
         self.sr_ratio = sr_ratio
+        self.reduction = reduction
+        self.pool_size = pool_size
         self.attn_drop = attn_drop
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
-        if sr_ratio > 1:
+        if reduction == 'pool':
+            self.sr = nn.Conv2d(dim, dim, kernel_size=1)
+            self.norm = norm_layer(dim)
+            self.act = nn.GELU()
+        elif sr_ratio > 1:
             self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
             self.norm = norm_layer(dim)
 
-    def _keys_values(self, x: torch.Tensor, hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values (B, heads, M, head_dim) from the (reduced) token map."""
-        B, _, C = x.shape
-        if self.sr_ratio > 1:
-            x = self.norm(map_to_tokens(self.sr(pad_to_multiple(tokens_to_map(x, hw), self.sr_ratio))))
-        k, v = self.kv(x).reshape(B, x.shape[1], 2, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
-        return k, v
+    def _reduce(self, x: torch.Tensor, hw: tuple[int, int], region: Region) -> tuple[torch.Tensor, Region]:
+        """The key/value tokens from the (zeroed) tokens ``x`` and their region."""
+        if self.reduction == 'pool':
+            pooled = adaptive_pool(tokens_to_map(x, hw), self.pool_size, region)
+            return self.act(self.norm(map_to_tokens(self.sr(pooled)))), WHOLE
+        if self.sr_ratio == 1:
+            return x, region
+        m = tokens_to_map(x, hw)
+        m = pad_to_multiple(m, self.sr_ratio) if self.reduction == 'pad' else pad_to_at_least(m, self.sr_ratio)
+        m = self.sr(m)
+        return self.norm(map_to_tokens(m)), region.reduced(self.sr_ratio, m.shape[-2:], self.reduction == 'drop')
 
     def attend(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None,
-               valid: ValidRegion | None = None) -> torch.Tensor:
+               region: Region = WHOLE) -> torch.Tensor:
         """Attention output before the output projection, (B, N, C)."""
         B, N, C = x.shape
-        separate_qk = pos is not None and pos.qk_input is not None
-        if valid is not None:
-            x = valid.zero_tokens(x)
-        qk_input = pos.qk_input(x, hw) if separate_qk else x
-        if separate_qk and valid is not None:
-            qk_input = valid.zero_tokens(qk_input)
+        x = region.zero_tokens(x)
+        qk_input = x if pos is None or pos.qk_input is None else region.zero_tokens(pos.qk_input(x, hw, region))
         q = self.q(qk_input).reshape(B, N, self.num_heads, C // self.num_heads).transpose(1, 2)
-        k, v = self._keys_values(x, hw)
-        if separate_qk:
-            k = self._keys_values(qk_input, hw)[0]
-        mask = None
+        reduced, keys = self._reduce(x, hw, region)
+        k, v = self.kv(reduced).reshape(B, reduced.shape[1], 2, self.num_heads, C // self.num_heads
+                                        ).permute(2, 0, 3, 1, 4)
+        if qk_input is not x:
+            reduced = self._reduce(qk_input, hw, region)[0]
+            k = self.kv(reduced)[..., :C].reshape(B, reduced.shape[1], self.num_heads, -1).transpose(1, 2)
+        bias = None
         if pos is not None:
             if pos.rotary is not None:
                 q, k = rotate(q, pos.rotary.query), rotate(k, pos.rotary.key)
             if pos.bias is not None:
-                mask = pos.bias.to(q.dtype)
-        if valid is not None:
-            keys = valid.reduced(self.sr_ratio).key_mask() if self.sr_ratio > 1 else valid.key_mask()
-            mask = keys if mask is None else mask.masked_fill(~keys, float('-inf'))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                bias = pos.bias.to(q.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keys.attention_mask(bias),
                                              dropout_p=self.attn_drop if self.training else 0.)
         return out.transpose(1, 2).reshape(B, N, C)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None,
-                valid: ValidRegion | None = None) -> torch.Tensor:
-        return self.proj_drop(self.proj(self.attend(x, hw, pos, valid)))
+                region: Region = WHOLE) -> torch.Tensor:
+        return self.proj_drop(self.proj(self.attend(x, hw, pos, region)))
+
+    def extra_repr(self) -> str:
+        return f'sr_ratio={self.sr_ratio}, reduction={self.reduction!r}'
+
+
+def adaptive_pool(x: torch.Tensor, size: int, region: Region) -> torch.Tensor:
+    """``F.adaptive_avg_pool2d(x, size)`` of each image's own region of the (B, C, H, W) map ``x`` (the whole
+    map for a ``WholeRegion``), as two matrix products: output cell i of a side of n cells averages cells
+    floor(i * n / size) .. ceil((i + 1) * n / size) - 1, torch's bins."""
+    H, W = x.shape[-2:]
+    sizes = region.sizes if region.padded else torch.tensor([[H, W]], device=x.device)   # the whole map
+    rows, cols = _pool_weights(sizes[:, 0], size, H, x.dtype), _pool_weights(sizes[:, 1], size, W, x.dtype)
+    return torch.einsum('bih,bchw,bjw->bcij', rows, x, cols)
+
+
+def _pool_weights(n: torch.Tensor, size: int, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, size, length): row i averages the cells of bin i of a side of ``n[b]`` cells (zero beyond it)."""
+    i = torch.arange(size, device=n.device)[None, :, None]
+    start = torch.div(i * n[:, None, None], size, rounding_mode='floor')
+    end = torch.div((i + 1) * n[:, None, None] + size - 1, size, rounding_mode='floor')
+    cells = torch.arange(length, device=n.device)[None, None, :]
+    inside = (cells >= start) & (cells < end)
+    return inside.to(dtype) / (end - start).to(dtype)
 
 
 class LocallyGroupedAttention(nn.Module):
@@ -100,8 +143,8 @@ class LocallyGroupedAttention(nn.Module):
     mmpretrain's SVT mean to (theirs masks only where both H and W are padded: with one side unpadded, a
     ``[-0:]`` slice marks every token as padding, which masks nothing).
 
-    With a ``valid`` region (a padded batch, ``layers.valid``) the tokens beyond each image are zeroed before the
-    partition, so the windows of an image hold what they hold alone: its tokens and zeros (its own padding, and
+    ``region`` (``layers.valid``): on a padded batch's ``ValidRegion`` the tokens beyond each image are zeroed before
+    the partition, so the windows of an image hold what they hold alone: its tokens and zeros (its own padding, and
     with ``window_mask`` those are masked out as keys); the batch's further padding lies in windows of its own.
 
     Takes ``layers.Block``'s ``attn_layer`` arguments: windows reduce nothing, so ``sr_ratio`` must be 1 and
@@ -155,16 +198,15 @@ class LocallyGroupedAttention(nn.Module):
         head_dim = width // parts // self.num_heads
         return t.reshape(B, num_windows, T, parts, self.num_heads, head_dim).permute(3, 0, 1, 4, 2, 5).unbind(0)
 
-    def _key_mask(self, x: torch.Tensor, hw: tuple[int, int], valid: ValidRegion | None = None
-                  ) -> torch.Tensor | None:
+    def _key_mask(self, x: torch.Tensor, hw: tuple[int, int], region: Region) -> torch.Tensor | None:
         """(B * windows, 1, 1, window_size ** 2) True for the real tokens of each window, or None where there
-        is nothing to mask (no mask asked for, or no padding in an eager call without a ``valid`` region). A
+        is nothing to mask (no mask asked for, or no padding in an eager call on a ``WholeRegion``). A
         window of a padded batch that holds no token of its image keeps every key (its outputs are dropped)."""
         ws = self.window_size
         if not self.window_mask:
             return None
-        if valid is not None:
-            real = self.partition(valid.map_mask().to(x.dtype))[0][..., 0] > 0
+        if region.padded:   # each image's own windows
+            real = self.partition(region.map_mask().to(x.dtype))[0][..., 0] > 0
             real = real | ~real.any(dim=-1, keepdim=True)
             return real[:, :, None, None, :].flatten(0, 1)
         if not (symbolic_shapes() or hw[0] % ws or hw[1] % ws):
@@ -172,45 +214,44 @@ class LocallyGroupedAttention(nn.Module):
         real = self.partition(x.new_ones(1, 1, hw[0], hw[1]))[0][..., 0] > 0
         return real[:, :, None, None, :].expand(x.shape[0], -1, -1, -1, -1).flatten(0, 1)
 
-    def _angles(self, angles: torch.Tensor, hw: tuple[int, int], valid: ValidRegion | None) -> torch.Tensor:
+    def _angles(self, angles: torch.Tensor, hw: tuple[int, int], region: Region) -> torch.Tensor:
         """Rotary angles (heads or 1, H * W, d) as windows broadcasting against (B, windows, heads, T, d)
         queries: zero on padded tokens (those of a batch's padding beyond each image too)."""
-        if valid is None:
+        if not region.padded:   # one set of windows for the batch
             return self.partition(tokens_to_map(angles, hw))[0].transpose(0, 1)      # (windows, heads, T, d)
         heads, _, d = angles.shape
-        per_image = (angles[None] * valid.token_mask()[:, None, :, None]).flatten(0, 1)  # (B * heads, H * W, d)
+        per_image = (angles[None] * region.token_mask()[:, None, :, None]).flatten(0, 1)  # (B * heads, H * W, d)
         windows = self.partition(tokens_to_map(per_image, hw))[0]                     # (B * heads, windows, T, d)
         return windows.unflatten(0, (-1, heads)).transpose(1, 2)                       # (B, windows, heads, T, d)
 
     def attend(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None,
-               valid: ValidRegion | None = None) -> torch.Tensor:
+               region: Region = WHOLE) -> torch.Tensor:
         """Attention output before the output projection, (B, N, C)."""
         B, N, C = x.shape
         heads, head_dim = self.num_heads, C // self.num_heads
         if pos is not None and pos.bias is not None:
             raise ValueError('an attention-logit bias (rpe) is sized for global attention and has no place in '
                              'locally-grouped (windowed) attention')
-        if valid is not None:
-            x = valid.zero_tokens(x)
+        x = region.zero_tokens(x)
         windows, grid = self.partition(tokens_to_map(x, hw))
         num_windows, T = windows.shape[1], windows.shape[2]
         q, k, v = self._split_heads(self.qkv(windows), 3)
         if pos is not None and pos.qk_input is not None:
-            qk = pos.qk_input(x, hw)
-            qk_windows = self.partition(tokens_to_map(qk if valid is None else valid.zero_tokens(qk), hw))[0]
+            qk = pos.qk_input(x, hw, region)
+            qk_windows = self.partition(tokens_to_map(region.zero_tokens(qk), hw))[0]
             q, k = self._split_heads(self.qkv(qk_windows)[..., :2 * C], 2)
         if pos is not None and pos.rotary is not None:
-            angles = self._angles(pos.rotary.query, hw, valid)
+            angles = self._angles(pos.rotary.query, hw, region)
             q, k = rotate(q, angles), rotate(k, angles)
         out = F.scaled_dot_product_attention(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
-                                             attn_mask=self._key_mask(x, hw, valid),
+                                             attn_mask=self._key_mask(x, hw, region),
                                              dropout_p=self.attn_drop if self.training else 0.)
         out = out.reshape(B, num_windows, heads, T, head_dim).transpose(2, 3).reshape(B, num_windows, T, C)
         return self.merge(out, grid, hw)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None,
-                valid: ValidRegion | None = None) -> torch.Tensor:
-        return self.proj_drop(self.proj(self.attend(x, hw, pos, valid)))
+                region: Region = WHOLE) -> torch.Tensor:
+        return self.proj_drop(self.proj(self.attend(x, hw, pos, region)))
 
     def extra_repr(self) -> str:
         return f'window_size={self.window_size}, window_mask={self.window_mask}'

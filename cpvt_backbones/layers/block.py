@@ -7,7 +7,7 @@ from torch import nn
 
 from .attention import Attention
 from .position.base import AttentionPosition
-from .valid import ValidRegion
+from .valid import WHOLE, Region
 
 
 class DropPath(nn.Module):
@@ -60,10 +60,11 @@ class Block(nn.Module):
 
     The parts are passed by keyword: ``attn_layer(dim, num_heads, qkv_bias=, attn_drop=, proj_drop=,
     sr_ratio=, norm_layer=)``, ``mlp_layer(dim, hidden_dim, drop=, act_layer=)``, ``norm_layer(dim, eps=)``.
-    ``pos`` (from the model's position encodings) goes to the attention. With a ``valid`` region (a padded batch,
-    ``layers.valid``) the attention takes it too (as its fourth argument) and the tokens beyond each image leave
-    the block as zeros. An MLP whose class sets ``takes_grid = True`` (``layers.mlp.ConvMlp``) is called as
-    ``mlp(x, hw, valid)``: it sees the token map's size and the padded batch's region; any other as ``mlp(x)``.
+    ``pos`` (from the model's position encodings) and ``region`` (``layers.valid``: a padded batch's ``ValidRegion``
+    or a ``WholeRegion``) go to the attention, which zeroes its input beyond each image. An MLP whose class sets
+    ``takes_grid = True`` (``layers.mlp.ConvMlp``) is called as ``mlp(x, hw, region)`` and zeroes what it
+    convolves; any other as ``mlp(x)``. The tokens beyond each image leave the block as they come out (every
+    layer that mixes positions zeroes its own input), so padding is zeroed at most twice per block.
     ``drop`` is the dropout of the attention's projection and of the MLP, ``drop_path`` the stochastic depth of
     both branches.
     """
@@ -82,13 +83,10 @@ class Block(nn.Module):
         self.mlp = mlp_layer(dim, int(dim * mlp_ratio), drop=drop, act_layer=act_layer)
         self.ls2 = nn.Identity() if layer_scale_init is None else LayerScale(dim, layer_scale_init)
         self.drop_path = DropPath(drop_path)
+        self.mlp_takes_grid = getattr(self.mlp, 'takes_grid', False)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int], pos: AttentionPosition | None = None,
-                valid: ValidRegion | None = None) -> torch.Tensor:
-        grid = getattr(self.mlp, 'takes_grid', False)
-        if valid is None:
-            x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), hw, pos)))
-            return x + self.drop_path(self.ls2(self.mlp(self.norm2(x), hw) if grid else self.mlp(self.norm2(x))))
-        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), hw, pos, valid)))
-        mlp = self.mlp(self.norm2(x), hw, valid) if grid else self.mlp(self.norm2(x))
-        return valid.zero_tokens(x + self.drop_path(self.ls2(mlp)))
+                region: Region = WHOLE) -> torch.Tensor:
+        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), hw, pos, region)))
+        y = self.norm2(x)
+        return x + self.drop_path(self.ls2(self.mlp(y, hw, region) if self.mlp_takes_grid else self.mlp(y)))

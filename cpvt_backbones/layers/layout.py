@@ -43,3 +43,22 @@ def pad_to_multiple(x: torch.Tensor, multiple: int) -> torch.Tensor:
     if symbolic_shapes() or pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x
+
+
+def pad_to_at_least(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Zero-pad a map bottom/right so that H and W are at least ``size`` (a kernel = stride = ``size``
+    convolution without padding then gives one cell where the map is smaller); unchanged otherwise. While a
+    graph is being recorded the pad is always applied (by zero where the map is large enough), its amount
+    computed by floor divisions of non-negative sizes alone (``_below``), which torch.export, ONNX and OpenVINO
+    all take without fixing a size."""
+    h, w = x.shape[-2:]
+    pad_h, pad_w = (size - h) * _below(h, size), (size - w) * _below(w, size)
+    if symbolic_shapes() or pad_h or pad_w:
+        x = F.pad(x, (0, pad_w, 0, pad_h))
+    return x
+
+
+def _below(n, size: int):
+    """1 where ``n`` (>= 1) is below ``size``, else 0, by floor divisions of non-negative numbers alone:
+    (size - 1) // n is 0 for n >= size and within 1..size - 1 below it."""
+    return ((size - 1) // n + size) // (size + 1)

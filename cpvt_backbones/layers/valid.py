@@ -82,26 +82,28 @@ def crop_to_image(m: torch.Tensor, hw: Sequence[int], stride: int) -> torch.Tens
 
 class ValidRegion:
     """The valid region of every image on one (H, W) map: image b owns rows < ``sizes[b, 0]`` and columns <
-    ``sizes[b, 1]``; ``prefix`` leading tokens (a class token) belong to every image.
+    ``sizes[b, 1]``; ``prefix`` leading tokens (a class token) belong to every image. ``padded = True``.
 
     Sizes divide as the models' maps do: a map of stride s over an image of h pixels has ceil(h / s) rows
-    (``at``), as a zero-padded patch embedding or key/value reduction gives it alone."""
+    (``region``), as a zero-padded patch embedding gives it alone. ``region(sizes, ...)`` builds one, or a
+    ``WholeRegion`` where there is no padding; the models take either and never ask which."""
+    padded = True
 
     def __init__(self, sizes: torch.Tensor, hw: Sequence[int], prefix: int = 0):
         self.sizes = sizes
         self.hw = (hw[0], hw[1])
         self.prefix = prefix
 
-    @classmethod
-    def of_pixels(cls, sizes: torch.Tensor, stride: int, hw: Sequence[int], prefix: int = 0) -> ValidRegion:
-        """The region on a stride-``stride`` map of size ``hw`` of images ``sizes`` pixels large."""
-        return cls(torch.div(sizes + stride - 1, stride, rounding_mode='floor'), hw, prefix)
-
-    def reduced(self, ratio: int, hw: Sequence[int] | None = None) -> ValidRegion:
-        """The region on this map reduced ``ratio`` times per side (zero-padded to a multiple first); without
-        ``hw`` the reduced map is ceil(H / ratio) x ceil(W / ratio)."""
-        hw = tuple(-(-n // ratio) for n in self.hw) if hw is None else hw
-        return ValidRegion(torch.div(self.sizes + ratio - 1, ratio, rounding_mode='floor'), hw, self.prefix)
+    def reduced(self, ratio: int, hw: Sequence[int] | None = None, floor: bool = False) -> ValidRegion:
+        """The region on this map reduced ``ratio`` times per side: zero-padded to a multiple first (ceil(n /
+        ratio) cells) or, with ``floor``, the remainder dropped unless the side is shorter than ``ratio`` (max(n //
+        ratio, 1) cells, a reduction without padding that pads a map smaller than one cell); without ``hw`` the
+        reduced map's size follows the same rule."""
+        def cells(n):
+            return torch.div(n, ratio, rounding_mode='floor').clamp(min=1) if floor else \
+                torch.div(n + ratio - 1, ratio, rounding_mode='floor')
+        hw = tuple(max(n // ratio, 1) if floor else -(-n // ratio) for n in self.hw) if hw is None else hw
+        return ValidRegion(cells(self.sizes), hw, self.prefix)
 
     def map_mask(self, hw: Sequence[int] | None = None) -> torch.Tensor:
         """(B, 1, H, W) bool, True on each image's valid region (of an ``hw`` map, default this one's)."""
@@ -121,19 +123,23 @@ class ValidRegion:
         """(B, prefix + H * W, C) tokens with those beyond each image set to zero."""
         return x.masked_fill(~self.token_mask()[..., None], 0)
 
-    def zero_map(self, x: torch.Tensor) -> torch.Tensor:
+    def fill_map(self, x: torch.Tensor, value: float = 0.) -> torch.Tensor:
         """A (B, C, H', W') map (H' >= H and W' >= W: the rest is padding) with everything beyond each image set
-        to zero."""
-        return x.masked_fill(~self.map_mask(x.shape[-2:]), 0)
+        to ``value``."""
+        return x.masked_fill(~self.map_mask(x.shape[-2:]), value)
 
-    def key_mask(self) -> torch.Tensor:
-        """(B, 1, 1, prefix + H * W) bool: the keys an image's queries may attend to, for
-        ``F.scaled_dot_product_attention``."""
-        return self.token_mask()[:, None, None]
+    def attention_mask(self, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The ``attn_mask`` of ``F.scaled_dot_product_attention`` for queries of these images over this map's
+        tokens as keys: (B, 1, 1, prefix + H * W) bool, or the float ``bias`` with the other images' keys and
+        the padding at -inf."""
+        keys = self.token_mask()[:, None, None]
+        return keys if bias is None else bias.masked_fill(~keys, float('-inf'))
 
-    def counts(self) -> torch.Tensor:
-        """(B, 1) the number of valid non-prefix tokens of each image."""
-        return self.sizes.prod(dim=1, keepdim=True)
+    def mean(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C) the average of each image's own tokens of the (B, prefix + N, C) ``x`` past the prefix, whose
+        tokens beyond each image are zero (as a model's ``forward_features`` returns them; N need not be this
+        region's H * W)."""
+        return x[:, self.prefix:].sum(dim=1) / self.sizes.prod(dim=1, keepdim=True).to(x.dtype)
 
     def images(self) -> list[tuple[int, int]]:
         """Each image's (rows, columns) as Python ints (for per-image work outside a recorded graph); every call
@@ -143,6 +149,44 @@ class ValidRegion:
             for callback in _PER_IMAGE_WATCHERS:
                 callback(caller)
         return [tuple(pair) for pair in self.sizes.tolist()]
+
+
+class WholeRegion:
+    """``ValidRegion``'s counterpart for a batch without padding: every token of any map belongs to its image, so
+    each method leaves its input as it is, at no cost (nothing is recorded in a graph); ``WHOLE`` is the layers'
+    default. ``padded = False``: the one thing a layer may ask, to choose a whole-map algorithm where the padded
+    one works image by image. ``prefix``: leading tokens ``mean`` skips."""
+    padded = False
+
+    def __init__(self, prefix: int = 0):
+        self.prefix = prefix
+
+    def reduced(self, ratio: int, hw: Sequence[int] | None = None, floor: bool = False) -> WholeRegion:
+        return self
+
+    def zero_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def fill_map(self, x: torch.Tensor, value: float = 0.) -> torch.Tensor:
+        return x
+
+    def attention_mask(self, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+        return bias
+
+    def mean(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, self.prefix:].mean(dim=1)
+
+
+Region = ValidRegion | WholeRegion
+WHOLE = WholeRegion()
+
+
+def region(sizes: torch.Tensor | None, stride: int, hw: Sequence[int], prefix: int = 0) -> Region:
+    """The region on a stride-``stride`` map of size ``hw`` of images ``sizes`` pixels large ((B, 2), from
+    ``check_valid_sizes``): a ``ValidRegion``, or a ``WholeRegion`` for ``sizes=None`` (no padding)."""
+    if sizes is None:   # the one place that tells a padded batch from a plain one
+        return WholeRegion(prefix)
+    return ValidRegion(torch.div(sizes + stride - 1, stride, rounding_mode='floor'), hw, prefix)
 
 
 # What ``watch_per_image`` calls at each ``ValidRegion.images``.
@@ -173,4 +217,5 @@ def watch_per_image(callback: Callable[[torch.nn.Module | None], None]) -> Itera
         _PER_IMAGE_WATCHERS.remove(callback)
 
 
-__all__ = ['ValidRegion', 'check_valid_sizes', 'crop_to_image', 'watch_per_image']
+__all__ = ['WHOLE', 'Region', 'ValidRegion', 'WholeRegion', 'check_valid_sizes', 'crop_to_image', 'region',
+           'watch_per_image']

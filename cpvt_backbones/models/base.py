@@ -13,7 +13,7 @@ from ..compat import autocast_enabled, is_fx_tracing
 from ..layers import Attention, Mlp
 from ..layers.layout import symbolic_shapes
 from ..layers.position import Geometry, PositionEncoding, build_position_encodings, merge_attention
-from ..layers.valid import ValidRegion, check_valid_sizes
+from ..layers.valid import Region, check_valid_sizes, region
 
 
 def check_input(x, in_chans: int, check_finite: bool = False) -> None:
@@ -38,9 +38,7 @@ def refuse_nonfinite(x: torch.Tensor, valid_sizes: torch.Tensor | None = None) -
     """Raise a clear error where the (B, C, H, W) input ``x`` holds NaN or Inf values: with ``valid_sizes`` (a
     padded batch, ``layers.valid.check_valid_sizes``'s (B, 2) tensor) only within each image's valid region,
     the padding beyond it being none of the image's pixels."""
-    bad = ~torch.isfinite(x)
-    if valid_sizes is not None:
-        bad &= ValidRegion(valid_sizes, x.shape[-2:]).map_mask()
+    bad = region(valid_sizes, 1, x.shape[-2:]).fill_map(~torch.isfinite(x), False)
     if bad.any():
         where = " within the images' valid sizes" if valid_sizes is not None else ''
         raise ValueError(f'input of shape {tuple(x.shape)} contains {bad.sum().item()} NaN or Inf values{where}; '
@@ -95,10 +93,18 @@ def init_weights(m: nn.Module) -> None:
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of a model's trunk: a patch embedding of stride ``patch_size`` over the previous map (the
-    image for the first stage), then ``depth`` blocks of width ``dim`` with ``num_heads`` heads, MLP hidden
-    width ``dim * mlp_ratio`` and keys/values reduced ``sr_ratio`` times per side; with a ``window_size``, the
-    even blocks attend within windows of that many tokens per side instead (Twins-SVT)."""
+    """One stage of a model's trunk, all a build loop reads:
+
+    * the patch embedding: stride ``patch_size`` over the previous map (the image for the first stage), kernel
+      ``embed_kernel`` (None: the patch size, non-overlapping; an odd larger kernel overlaps, as PVTv2);
+    * ``depth`` blocks of width ``dim`` with ``num_heads`` heads;
+    * their attention: keys/values reduced ``sr_ratio`` times per side by ``reduction`` (``layers.Attention``:
+      'pad', 'drop' or 'pool'); with a ``window_size`` the even blocks attend within windows of that many tokens
+      per side instead (Twins-SVT);
+    * their MLP: hidden width ``dim * mlp_ratio``, built by ``mlp_layer`` (None: the model's; a layer whose class
+      sets ``takes_grid`` sees the token grid, as ``layers.ConvMlp``);
+    * ``norm``: a norm after the stage's last block, on what the next stage and the outputs see (PVTv2).
+    """
     dim: int
     depth: int
     num_heads: int
@@ -106,6 +112,10 @@ class Stage:
     patch_size: int
     sr_ratio: int = 1
     window_size: int | None = None
+    embed_kernel: int | None = None
+    reduction: str = 'pad'
+    mlp_layer: Callable[..., nn.Module] | None = None
+    norm: bool = False
 
 
 def stage_strides(stages: Sequence[Stage]) -> tuple[int, ...]:
@@ -217,7 +227,7 @@ class CPVTBase(nn.Module):
                 continue
             params = inspect.signature(klass.__init__).parameters.values()
             names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                      and p.name not in ('self', 'num_levels') and p.name not in names]
+                      and p.name not in ('self', 'num_levels', 'stages') and p.name not in names]
             if not any(p.kind is p.VAR_KEYWORD for p in params):
                 break
         return names
@@ -241,7 +251,8 @@ class CPVTBase(nn.Module):
         backbone builds no stage beyond its last output); returns the dropped key prefixes."""
         geometry = Geometry(dims=tuple(s.dim for s in stages), depths=tuple(s.depth for s in stages),
                             heads=tuple(s.num_heads for s in stages), strides=stage_strides(stages),
-                            sr_ratios=tuple(s.sr_ratio for s in stages), num_prefix_tokens=self.num_prefix_tokens)
+                            sr_ratios=tuple(s.sr_ratio for s in stages), num_prefix_tokens=self.num_prefix_tokens,
+                            reductions=tuple(s.reduction for s in stages))
         encodings = build_position_encodings(pos_encoding, geometry)
         for enc in encodings:
             if hasattr(self, enc.attr):
@@ -290,18 +301,17 @@ class CPVTBase(nn.Module):
         dropped key prefixes (``attr.``-qualified)."""
         return [f'{enc.attr}.{key}' for enc in self.pos_encodings for key in enc.cut(kept_depths)]
 
-    def _embed_position(self, stage: int, x: torch.Tensor, hw: tuple[int, int],
-                        valid: ValidRegion | None = None) -> torch.Tensor:
+    def _embed_position(self, stage: int, x: torch.Tensor, hw: tuple[int, int], region: Region) -> torch.Tensor:
         for enc in self.pos_encodings:
-            x = enc.embed(stage, x, hw) if valid is None else valid.zero_tokens(enc.embed(stage, x, hw, valid))
+            x = enc.embed(stage, x, hw, region)
         return x
 
     def _run_blocks(self, blocks: nn.ModuleList, stage: int, x: torch.Tensor, hw: tuple[int, int],
-                    tap: Callable[[int, torch.Tensor], None] | None = None,
-                    stop: int | None = None, valid: ValidRegion | None = None) -> torch.Tensor:
+                    region: Region, tap: Callable[[int, torch.Tensor], None] | None = None,
+                    stop: int | None = None) -> torch.Tensor:
         """Blocks 0..``stop`` (all by default), each given its attention's position input and followed by the
-        encodings' ``after_block`` (a PEG); ``tap(j, x)`` sees the tokens after block j and its PEG. ``valid``:
-        the stage's region of each image of a padded batch (``layers.valid``), kept zero beyond it."""
+        encodings' ``after_block`` (a PEG); ``tap(j, x)`` sees the tokens after block j and its PEG. ``region``:
+        the stage's (``layers.valid``); the tokens beyond each image come out as the last layer left them."""
         encodings = self.pos_encodings
         per_block = [enc.attention(stage, hw) for enc in encodings]
         names = [enc.name for enc in encodings]
@@ -309,10 +319,9 @@ class CPVTBase(nn.Module):
             if stop is not None and j > stop:
                 break
             pos = merge_attention([p[j] if p is not None else None for p in per_block], names)
-            x = self._block(blk, x, hw, pos, valid)
+            x = self._block(blk, x, hw, pos, region)
             for enc in encodings:
-                x = enc.after_block(stage, j, x, hw) if valid is None else \
-                    valid.zero_tokens(enc.after_block(stage, j, x, hw, valid))
+                x = enc.after_block(stage, j, x, hw, region)
             if tap is not None:
                 tap(j, x)
         return x
@@ -383,23 +392,20 @@ class CPVTBase(nn.Module):
                             f'other (x.to({weight.dtype}) or model.to({x.dtype})), or run under torch.autocast')
         return sizes
 
-    @staticmethod
-    def _pooled(x: torch.Tensor, sizes: torch.Tensor | None, stride: int, prefix: int = 0) -> torch.Tensor:
-        """The average of the (B, prefix + N, C) tokens ``x`` past the prefix; with ``sizes`` (pixels, a padded
-        batch) of each image's ceil(h / stride) x ceil(w / stride) valid tokens, the others being zero."""
-        if sizes is None:
-            return x[:, prefix:].mean(dim=1)
-        return x[:, prefix:].sum(dim=1) / ValidRegion.of_pixels(sizes, stride, (0, 0)).counts().to(x.dtype)
-
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
 
-    def _block(self, blk: nn.Module, x: torch.Tensor, hw: tuple[int, int], pos,
-               valid: ValidRegion | None = None) -> torch.Tensor:
-        args = (x, hw, pos) if valid is None else (x, hw, pos, valid)
+    def _block(self, blk: nn.Module, x: torch.Tensor, hw: tuple[int, int], pos, region: Region) -> torch.Tensor:
         if self.grad_checkpointing and torch.is_grad_enabled():
-            return checkpoint(blk, *args, use_reentrant=False)
-        return blk(*args)
+            return checkpoint(blk, x, hw, pos, region, use_reentrant=False)
+        return blk(x, hw, pos, region)
+
+    @staticmethod
+    def _pooled(x: torch.Tensor, valid_sizes, stride: int, prefix: int = 0) -> torch.Tensor:
+        """The average of each image's own tokens of ``forward_features``' (B, prefix + N, C) ``x`` past the
+        prefix (``valid_sizes``: as given to ``forward_features``, or None)."""
+        sizes = None if valid_sizes is None else torch.as_tensor(valid_sizes, device=x.device)
+        return region(sizes, stride, (0, 0), prefix).mean(x)
 
     def no_weight_decay(self) -> set[str]:
         """Names of parameters that the recipes exclude from weight decay: every position encoding's (PEG, as

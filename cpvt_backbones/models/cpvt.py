@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers import Block, LayerNorm2d, PatchEmbed, tokens_to_map
-from ..layers.valid import ValidRegion
+from ..layers.valid import region
 from .base import CPVTBase, Stage, init_weights, take_indices
 
 PYRAMID_STRIDES = (4, 8, 16, 32)
@@ -131,34 +131,27 @@ class CPVT(CPVTBase):
 
     def _tokens(self, x: torch.Tensor, tap=None, stop: int | None = None, sizes: torch.Tensor | None = None):
         """Tokens (B, prefix + h * w, C) after the blocks up to ``stop`` (default: all; see ``_run_blocks``),
-        not yet normed, the token map size (h, w) and, with ``sizes`` (each image's valid (h, w) in pixels of a
-        padded batch), the tokens' ``ValidRegion`` (those beyond each image are zero), else None."""
-        if sizes is not None:
-            x = ValidRegion.of_pixels(sizes, 1, x.shape[-2:]).zero_map(x)
-        x, hw = self.patch_embed(x)
-        valid = None if sizes is None else \
-            ValidRegion.of_pixels(sizes, self.patch_embed.patch_size, hw, self.num_prefix_tokens)
+        not yet normed (beyond each image as the last layer left them), the token map size (h, w) and the tokens'
+        region (``layers.valid``; ``sizes``: each image's valid (h, w) in pixels of a padded batch, or None)."""
+        x, hw = self.patch_embed(region(sizes, 1, x.shape[-2:]).fill_map(x))
+        area = region(sizes, self.patch_embed.patch_size, hw, self.num_prefix_tokens)
         if self.cls_token is not None:
             x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
-        x = self.pos_drop(self._embed_position(0, x, hw, valid))
-        return self._run_blocks(self.blocks, 0, x, hw, tap, stop, valid), hw, valid
+        x = self.pos_drop(self._embed_position(0, x, hw, area))
+        return self._run_blocks(self.blocks, 0, x, hw, area, tap, stop), hw, area
 
     def forward_features(self, x: torch.Tensor, valid_sizes=None) -> torch.Tensor:
         """Normed tokens (B, prefix + N, C); ``valid_sizes``: see ``forward`` (tokens beyond each image zero)."""
         return self._features(x, self._check_input(x, valid_sizes))
 
     def _features(self, x: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
-        x, _, valid = self._tokens(x, sizes=sizes)
-        return self.norm(x) if valid is None else valid.zero_tokens(self.norm(x))
+        x, _, area = self._tokens(x, sizes=sizes)
+        return area.zero_tokens(self.norm(x))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False, valid_sizes=None) -> torch.Tensor:
         """The class token, or the average of the patch tokens (each image's own with ``forward_features``'
         ``valid_sizes``), then the head."""
-        if self.num_prefix_tokens:
-            x = x[:, 0]
-        else:
-            sizes = None if valid_sizes is None else torch.as_tensor(valid_sizes, device=x.device)
-            x = self._pooled(x, sizes, self.patch_embed.patch_size)
+        x = x[:, 0] if self.num_prefix_tokens else self._pooled(x, valid_sizes, self.patch_embed.patch_size)
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor, valid_sizes=None):
@@ -170,18 +163,15 @@ class CPVT(CPVTBase):
         if not self.features_only:
             return self.forward_head(self._features(x, sizes), valid_sizes=sizes)
         H, W = x.shape[-2:]
-        tokens, hw, valid = self._tokens(x, sizes=sizes)
-        feat = tokens_to_map(self.norm(tokens)[:, self.num_prefix_tokens:], hw)
+        tokens, hw, area = self._tokens(x, sizes=sizes)
+        feat = tokens_to_map(area.zero_tokens(self.norm(tokens))[:, self.num_prefix_tokens:], hw)
         outs = []
         for i in self.out_indices:
             s = PYRAMID_STRIDES[i]
-            level = feat
-            if valid is not None and i == 3:  # max pooling: alone the map ends at each image's border
-                level = level.masked_fill(~valid.map_mask(), float('-inf'))
+            # max pooling: alone the map ends at each image's border
+            level = area.fill_map(feat, float('-inf')) if i == 3 else feat
             out = self.simple_fpn[str(i)](level)[..., :(H + s - 1) // s, :(W + s - 1) // s]
-            if valid is not None:
-                out = ValidRegion.of_pixels(sizes, s, out.shape[-2:]).zero_map(out)
-            outs.append(out.contiguous())
+            outs.append(region(sizes, s, out.shape[-2:]).fill_map(out).contiguous())
         return tuple(outs)
 
     def forward_intermediates(self, x: torch.Tensor, indices: None | int | Sequence[int] = None,
@@ -206,19 +196,17 @@ class CPVT(CPVTBase):
 
         def tap(j: int, tokens: torch.Tensor) -> None:
             if j in take:
-                tokens = self.norm(tokens) if norm else tokens
-                tokens = tokens if valid is None else valid.zero_tokens(tokens)
+                tokens = area.zero_tokens(self.norm(tokens) if norm else tokens)
                 prefixes.append(tokens[:, :prefix])
                 tokens = tokens[:, prefix:]
                 maps.append(tokens_to_map(tokens, hw).contiguous() if output_fmt == 'NCHW' else tokens)
 
         p = self.patch_embed.patch_size
         hw = tuple((n + p - 1) // p for n in x.shape[-2:])
-        valid = None if sizes is None else ValidRegion.of_pixels(sizes, p, hw, prefix)
+        area = region(sizes, p, hw, prefix)
         stop = max_index if stop_early or intermediates_only else None
         tokens, _, _ = self._tokens(x, tap, stop, sizes)
-        final = None if intermediates_only else self.norm(tokens) if valid is None else \
-            valid.zero_tokens(self.norm(tokens))
+        final = None if intermediates_only else area.zero_tokens(self.norm(tokens))
         with_prefix = return_prefix_tokens and prefix > 0
         if output_dict:
             out = dict(image_intermediates=maps)

@@ -9,6 +9,8 @@ from ..convert import fetch_weights, load_pretrained, resolve_checkpoint
 from .base import CPVTBase
 from .cpvt import CPVT
 from .pcpvt import PyramidCPVT
+from .pvt_v2 import SIZES as PVT_V2_SIZES
+from .pvt_v2 import PVTv2
 from .svt import TwinsSVT
 
 
@@ -46,6 +48,10 @@ for _size, _dims in _DEIT.items():
         CPVT, dict(_dims, class_token=True), f'CPVT-{_size[0].upper()}: class token, PEG after blocks 0-5')
     MODEL_SPECS[f'cpvt_{_size}_gap'] = ModelSpec(
         CPVT, dict(_dims, class_token=False), f'CPVT-{_size[0].upper()}-GAP: no class token, global average pool')
+
+
+for _name, _settings in PVT_V2_SIZES.items():
+    MODEL_SPECS[_name] = ModelSpec(PVTv2, _settings, f'PVTv2-{_name[7:].upper().replace("_LI", "-li")} (timm {_name})')
 
 
 def list_models() -> list[str]:

@@ -1,4 +1,5 @@
-"""Pyramid CPVT (Twins-PCPVT): PVT's four stages with spatial-reduction attention, a PEG, and GAP."""
+"""The pyramid trunk every pyramid family builds from its stage spec, and Pyramid CPVT (Twins-PCPVT): PVT's four
+stages with spatial-reduction attention, a PEG, and GAP."""
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -7,59 +8,37 @@ import torch
 from torch import nn
 
 from ..layers import Block, LocallyGroupedAttention, PatchEmbed, tokens_to_map
-from ..layers.valid import ValidRegion
+from ..layers.valid import region
 from .base import CPVTBase, Stage, init_weights, stage_strides, take_indices
 
 
-class PyramidCPVT(CPVTBase):
-    """Four-stage pyramid vision transformer with conditional positional encodings (Twins-PCPVT), and with
-    ``window_sizes`` Twins-SVT (``TwinsSVT`` gives its defaults).
+class Pyramid(CPVTBase):
+    """A pyramid vision transformer built from its stage spec (``base.Stage``): the loop every pyramid family
+    shares (``PyramidCPVT``, ``TwinsSVT``, ``PVTv2``); a family's constructor only writes its stages.
 
     One implementation for every task:
 
-    * ``features_only=False``: ImageNet classifier. Final LayerNorm on the last stage, global average pooling,
-      linear ``head`` (``num_classes=0`` returns the pooled features). State-dict keys and shapes are those
-      of the official Twins weights and of timm's ``twins_pcpvt_*`` / ``twins_svt_*``.
+    * ``features_only=False``: ImageNet classifier. A final norm on the last stage (unless the stage has its own),
+      global average pooling, linear ``head`` (``num_classes=0`` returns the pooled features).
     * ``features_only=True``: dense backbone. Returns a tuple of NCHW maps for ``out_indices`` with spatial
-      size ceil(H / s) x ceil(W / s) at strides s = 4, 8, 16, 32, for any H, W >= 1. It builds no head, no
-      final norm and no stage beyond ``max(out_indices)``, so every parameter it owns receives a gradient.
+      size ceil(H / s) x ceil(W / s) at the stages' strides s (4, 8, 16, 32 for the published families), for any
+      H, W >= 1. It builds no head, no final norm and no stage beyond ``max(out_indices)``, so every parameter it
+      owns receives a gradient.
 
     Inputs in either memory format, contiguous or not, give the same result.
 
-    ``min_trace_side``: the smallest input side at which every stage's map spans two windows or more (0
-    without windows); exports (``deploy``) trace at least that large, since a graph traced where a map is one
-    window is recorded for one window only (torch.export specialises the partition's reshape to it and the
-    converted graph is wrong at other sizes).
+    ``min_trace_side``: the smallest input side at which every stage's map spans two windows or more and every
+    dropped-remainder reduction (``reduction='drop'``) has one cell or more (0 when neither applies); exports
+    (``deploy``) trace at least that large, since a graph traced where a map is one window is recorded for one
+    window only (torch.export specialises the partition's reshape to it and the converted graph is wrong at
+    other sizes).
     """
 
-    def __init__(
-        self,
-        embed_dims: Sequence[int] = (64, 128, 320, 512),
-        depths: Sequence[int] = (3, 4, 6, 3),
-        num_heads: Sequence[int] = (1, 2, 5, 8),
-        mlp_ratios: Sequence[float] = (8, 8, 4, 4),
-        sr_ratios: Sequence[int] = (8, 4, 2, 1),
-        patch_sizes: Sequence[int] = (4, 2, 2, 2),
-        window_sizes: Sequence[int] | None = None,
-        window_mask: bool = False,
-        pos_encoding: Any = 'peg',
-        frozen_stages: int = -1,
-        **kwargs: Any,
-    ):
-        """
+    def __init__(self, stages: Sequence[Stage], *, window_mask: bool = False, pos_encoding: Any = 'peg',
+                 frozen_stages: int = -1, **kwargs: Any):
+        """Build the trunk ``stages`` (``base.Stage``; the family's constructor writes them, a user does not).
+
         Args:
-            embed_dims: width of each stage's tokens.
-            depths: blocks of each stage.
-            num_heads: attention heads of each stage's blocks.
-            mlp_ratios: MLP hidden width over the stage's width.
-            sr_ratios: how many times each stage's global attention reduces the key/value map per side (PVT's
-                SRA).
-            patch_sizes: each stage's patch size, its stride over the previous stage's map (the image for the
-                first), so stage strides 4, 8, 16, 32 by default.
-            window_sizes: None (PCPVT: every block attends globally), or each stage's window side in tokens
-                (Twins-SVT): blocks 0, 2, ... then attend within non-overlapping windows
-                (``layers.LocallyGroupedAttention``: keys ``attn.qkv``, ``attn.proj``), maps zero-padded
-                bottom/right to whole windows, and blocks 1, 3, ... globally (``attn_layer``).
             window_mask: with windows, False lets the padded tokens take part in windowed attention as keys
                 (timm's behaviour, the classifiers' default); True masks them out (the Twins release's dense
                 code).
@@ -67,79 +46,84 @@ class PyramidCPVT(CPVTBase):
                 PEG after the first block of every stage (Twins), numbered in network order as ``pos_block.{k}``;
                 or e.g. ``dict(type='peg', positions=((0, 1), (0,), (0,), (0,)), kernel_size=5)``,
                 ``'rope_mixed'``, ``'learned+peg'``, ``'none'``, or a list of those. With windows every encoding
-                applies but ``rpe`` (its bias is sized for global attention); RoPE turns the windowed blocks'
-                keys by their own tokens' angles.
+                applies but ``rpe`` (its bias is sized for global attention over keys reduced with padding: no
+                other reduction takes it either); RoPE turns the windowed blocks' keys by their own tokens' angles
+                and refuses pooled keys.
             frozen_stages: -1 freezes nothing; 0 the first patch embedding (and a position table); k >= 1 also
                 stages 0..k-1 entirely, with their position-encoding parts. Frozen parts have
                 ``requires_grad=False`` and stay in eval mode while the model trains.
             **kwargs: ``CPVTBase``'s arguments.
         """
-        per_stage = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
-                         sr_ratios=sr_ratios, patch_sizes=patch_sizes)
-        if window_sizes is not None:
-            per_stage['window_sizes'] = window_sizes
-        lengths = {k: len(v) for k, v in per_stage.items()}
-        if len(set(lengths.values())) != 1:
-            raise ValueError(f'per-stage settings must all have one entry per stage, got lengths {lengths}')
-        stages = tuple(Stage(dim=d, depth=n, num_heads=h, mlp_ratio=r, patch_size=p, sr_ratio=sr, window_size=ws)
-                       for d, n, h, r, sr, p, ws in zip(embed_dims, depths, num_heads, mlp_ratios, sr_ratios,
-                                                        patch_sizes, window_sizes or (None,) * len(depths)))
-        if window_mask and window_sizes is None:
+        stages = tuple(stages)
+        windowed = [s.window_size for s in stages if s.window_size is not None]
+        if window_mask and not windowed:
             raise ValueError('window_mask=True masks padded tokens out of windows: it needs window_sizes')
         super().__init__(num_levels=len(stages), **kwargs)
         self.num_prefix_tokens = 0
         self.stage_specs = stages
-        self.window_sizes = None if window_sizes is None else tuple(window_sizes)
         self.window_mask = window_mask
         built = stages[:self.out_indices[-1] + 1] if self.features_only else stages
         self.check_frozen_stages(frozen_stages, len(built), 'built stages')
         strides = stage_strides(stages)
-        self.min_trace_side = max((2 * s.window_size * stride for s, stride in zip(stages, strides)
-                                   if s.window_size is not None), default=0)
-
-        drop_paths = self.drop_path_rates(stages)
-        self.patch_embeds = nn.ModuleList()
-        self.pos_drops = nn.ModuleList()
-        self.blocks = nn.ModuleList()
-        prev = self.in_chans
-        for i, stage in enumerate(built):
-            self.patch_embeds.append(PatchEmbed(prev, stage.dim, stage.patch_size, norm_layer=self.norm_layer))
-            self.pos_drops.append(nn.Dropout(self.drop_rate))
-            windowed = partial(LocallyGroupedAttention, window_size=stage.window_size, window_mask=window_mask)
-            blocks = nn.ModuleList()
-            for j in range(stage.depth):
-                local = stage.window_size is not None and j % 2 == 0   # SVT: windows on blocks 0, 2, ...
-                blocks.append(Block(stage.dim, stage.num_heads, stage.mlp_ratio, drop_path=drop_paths[i][j],
-                                    attn_layer=windowed if local else self.attn_layer,
-                                    sr_ratio=1 if local else stage.sr_ratio, **self.block_args))
-            self.blocks.append(blocks)
-            prev = stage.dim
-
+        self.min_trace_side = max([2 * s.window_size * stride for s, stride in zip(stages, strides)
+                                   if s.window_size is not None] +
+                                  [s.sr_ratio * stride for s, stride in zip(stages, strides) if s.reduction == 'drop'],
+                                  default=0)
+        self._build_trunk(built, self.drop_path_rates(stages), window_mask)
         unbuilt = self.mount_position_encodings(pos_encoding, stages, [s.depth for s in built])
-        biased = [enc.name for enc in self.pos_encodings
-                  if any(p is not None and p.bias is not None for p in enc.attention(0, (1, 1)) or ())]
-        if biased and self.window_sizes is not None:
-            raise ValueError(f'position encoding {biased[0]!r} biases global attention logits; windowed blocks '
-                             '(window_sizes) cannot take it')
+        biased = [enc.name for enc in self.pos_encodings if enc.biases_logits]
+        if biased and any(s.window_size is not None or s.reduction != 'pad' for s in stages):
+            raise ValueError(f'position encoding {biased[0]!r} biases global attention logits over keys reduced with '
+                             'padding; windowed blocks (window_sizes) and other reductions cannot take it')
 
         self.out_channels = tuple(stages[i].dim for i in self.out_indices)
         self.strides = tuple(strides[i] for i in self.out_indices)
         self.num_features = built[-1].dim
         self.feature_info = [dict(module=f'blocks.{i}', num_chs=stage.dim, reduction=strides[i])
                              for i, stage in enumerate(built)]
-        dropped = [f'{name}.{i}.' for i in range(len(built), len(stages)) for name in ('patch_embeds', 'blocks')]
+        dropped = [f'{name}.{i}.' for i in range(len(built), len(stages)) for name in ('patch_embeds', 'blocks',
+                                                                                       'norms')]
         self.unbuilt_prefixes = tuple(dropped + unbuilt + (['norm.', 'head.'] if self.features_only else []))
         if not self.features_only:
-            self.norm = self.norm_layer(built[-1].dim, eps=self.norm_eps)
+            self.norm = nn.Identity() if built[-1].norm else self.norm_layer(built[-1].dim, eps=self.norm_eps)
             self.reset_classifier(self.num_classes)
 
         self.apply(init_weights)
-        frozen: list = []
-        if frozen_stages >= 0:
-            frozen += [self.patch_embeds[0]] + self._position_parts(0, (), embedding=True)
-        for i in range(max(frozen_stages, 0)):
-            frozen += [self.patch_embeds[i], self.blocks[i]] + self._position_parts(i, range(built[i].depth), True)
-        self.freeze(frozen)
+        self.freeze(self._stage_parts(frozen_stages))
+
+    def _stage_parts(self, stages: int) -> list:
+        """What ``frozen_stages=stages`` freezes: the first patch embedding (and a position table) from 0 on, and
+        stages 0..stages-1 entirely, with their position-encoding parts."""
+        parts: list = []
+        if stages >= 0:
+            parts += [self.patch_embeds[0]] + self._position_parts(0, (), embedding=True)
+        for i in range(max(stages, 0)):
+            parts += [self.patch_embeds[i], self.blocks[i], self.norms[i]] + \
+                self._position_parts(i, range(len(self.blocks[i])), True)
+        return parts
+
+    def _build_trunk(self, stages: Sequence[Stage], drop_paths: Sequence[Sequence[float]], window_mask: bool) -> None:
+        """``patch_embeds``, ``pos_drops``, ``blocks`` and ``norms`` (identities where a stage has none) of
+        ``stages``, from their specs."""
+        self.patch_embeds, self.pos_drops, self.blocks, self.norms = (nn.ModuleList() for _ in range(4))
+        prev = self.in_chans
+        for i, stage in enumerate(stages):
+            self.patch_embeds.append(PatchEmbed(prev, stage.dim, stage.patch_size, norm_layer=self.norm_layer,
+                                                kernel_size=stage.embed_kernel))
+            self.pos_drops.append(nn.Dropout(self.drop_rate))
+            windowed = partial(LocallyGroupedAttention, window_size=stage.window_size, window_mask=window_mask)
+            reduced = self.attn_layer if stage.reduction == 'pad' else \
+                partial(self.attn_layer, reduction=stage.reduction)
+            parts = dict(self.block_args, mlp_layer=stage.mlp_layer or self.block_args['mlp_layer'])
+            blocks = nn.ModuleList()
+            for j in range(stage.depth):
+                local = stage.window_size is not None and j % 2 == 0   # SVT: windows on blocks 0, 2, ...
+                blocks.append(Block(stage.dim, stage.num_heads, stage.mlp_ratio, drop_path=drop_paths[i][j],
+                                    attn_layer=windowed if local else reduced,
+                                    sr_ratio=1 if local else stage.sr_ratio, **parts))
+            self.blocks.append(blocks)
+            self.norms.append(self.norm_layer(stage.dim, eps=self.norm_eps) if stage.norm else nn.Identity())
+            prev = stage.dim
 
     @property
     def embed_dims(self) -> tuple[int, ...]:
@@ -152,25 +136,21 @@ class PyramidCPVT(CPVTBase):
         image's valid (h, w) in pixels of a padded batch (``layers.valid``): every stage keeps the tokens beyond
         each image zero, the returned ones included."""
         maps = []
-        hw = (0, 0)
         last = len(self.blocks) - 1
         stride = 1
+        inputs = region(sizes, 1, x.shape[-2:]).fill_map(x)
         for i, embed in enumerate(self.patch_embeds):
             if stop is not None and i > stop:
                 break
-            if i == 0:
-                inputs = x if sizes is None else ValidRegion.of_pixels(sizes, 1, x.shape[-2:]).zero_map(x)
-            else:  # masked as tokens, as the PEG does
-                inputs = tokens_to_map(x if sizes is None else ValidRegion.of_pixels(sizes, stride, hw).zero_tokens(x),
-                                       hw)
             x, hw = embed(inputs)
             stride *= embed.patch_size
-            valid = None if sizes is None else ValidRegion.of_pixels(sizes, stride, hw)
-            x = self.pos_drops[i](self._embed_position(i, x, hw, valid))
-            x = self._run_blocks(self.blocks[i], i, x, hw, valid=valid)
+            area = region(sizes, stride, hw)
+            x = self.pos_drops[i](self._embed_position(i, x, hw, area))
+            x = area.zero_tokens(self.norms[i](self._run_blocks(self.blocks[i], i, x, hw, area)))
             if i in take:
-                out = self.norm(x) if norm_last and i == last else x
-                maps.append(tokens_to_map(out if valid is None else valid.zero_tokens(out), hw).contiguous())
+                out = area.zero_tokens(self.norm(x)) if norm_last and i == last else x
+                maps.append(tokens_to_map(out, hw).contiguous())
+            inputs = tokens_to_map(x, hw)   # zeroed as tokens, as the PEG does
         return x, hw, maps
 
     def _final_stride(self) -> int:
@@ -185,14 +165,12 @@ class PyramidCPVT(CPVTBase):
 
     def _features(self, x: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor:
         x, hw, _ = self._stages(x, sizes=sizes)
-        x = self.norm(x)
-        return x if sizes is None else ValidRegion.of_pixels(sizes, self._final_stride(), hw).zero_tokens(x)
+        return region(sizes, self._final_stride(), hw).zero_tokens(self.norm(x))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False, valid_sizes=None) -> torch.Tensor:
         """Global average pooling and the head on ``forward_features``' tokens; with its ``valid_sizes``, each
         image's own tokens averaged."""
-        sizes = None if valid_sizes is None else torch.as_tensor(valid_sizes, device=x.device)
-        x = self._pooled(x, sizes, self._final_stride())
+        x = self._pooled(x, valid_sizes, self._final_stride())
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor, valid_sizes=None):
@@ -222,17 +200,64 @@ class PyramidCPVT(CPVTBase):
         take, max_index = take_indices(len(self.blocks), indices)
         stop = max_index if stop_early or intermediates_only else None
         x, hw, maps = self._stages(x, take, stop, norm_last=norm, sizes=sizes)
-        final = None if intermediates_only else x if self.features_only or stop is not None else self.norm(x)
-        if final is not None and sizes is not None:
-            stride = stage_strides(self.stage_specs)[len(self.blocks) - 1 if stop is None else stop]
-            final = ValidRegion.of_pixels(sizes, stride, hw).zero_tokens(final)
+        final = None if intermediates_only else x if self.features_only or stop is not None else \
+            region(sizes, self._final_stride(), hw).zero_tokens(self.norm(x))
         if output_dict:
             return dict(image_intermediates=maps, **({} if final is None else dict(image_features=final)))
         return maps if intermediates_only else (final, maps)
 
     def _cut_to(self, keep: int) -> list[str]:
-        dropped = [f'{name}.{i}.' for i in range(keep, len(self.blocks)) for name in ('patch_embeds', 'blocks')]
+        dropped = [f'{name}.{i}.' for i in range(keep, len(self.blocks))
+                   for name in ('patch_embeds', 'blocks', 'norms')]
         kept_depths = [len(b) for b in self.blocks[:keep]]
-        for name in ('patch_embeds', 'pos_drops', 'blocks'):
+        for name in ('patch_embeds', 'pos_drops', 'blocks', 'norms'):
             setattr(self, name, getattr(self, name)[:keep])
         return dropped + self._cut_position(kept_depths)
+
+
+class PyramidCPVT(Pyramid):
+    """Four-stage pyramid vision transformer with conditional positional encodings (Twins-PCPVT), and with
+    ``window_sizes`` Twins-SVT (``TwinsSVT`` gives its defaults): a ``Pyramid`` (all said there holds) of
+    non-overlapping patch embeddings, keys and values reduced with padding, plain MLPs, a PEG and a final
+    LayerNorm. State-dict keys and shapes are those of the official Twins weights and of timm's
+    ``twins_pcpvt_*`` / ``twins_svt_*``."""
+
+    def __init__(
+        self,
+        embed_dims: Sequence[int] = (64, 128, 320, 512),
+        depths: Sequence[int] = (3, 4, 6, 3),
+        num_heads: Sequence[int] = (1, 2, 5, 8),
+        mlp_ratios: Sequence[float] = (8, 8, 4, 4),
+        sr_ratios: Sequence[int] = (8, 4, 2, 1),
+        patch_sizes: Sequence[int] = (4, 2, 2, 2),
+        window_sizes: Sequence[int] | None = None,
+        **kwargs: Any,
+    ):
+        """
+        Args:
+            embed_dims: width of each stage's tokens.
+            depths: blocks of each stage.
+            num_heads: attention heads of each stage's blocks.
+            mlp_ratios: MLP hidden width over the stage's width.
+            sr_ratios: how many times each stage's global attention reduces the key/value map per side (PVT's
+                SRA).
+            patch_sizes: each stage's patch size, its stride over the previous stage's map (the image for the
+                first), so stage strides 4, 8, 16, 32 by default.
+            window_sizes: None (PCPVT: every block attends globally), or each stage's window side in tokens
+                (Twins-SVT): blocks 0, 2, ... then attend within non-overlapping windows
+                (``layers.LocallyGroupedAttention``: keys ``attn.qkv``, ``attn.proj``), maps zero-padded
+                bottom/right to whole windows, and blocks 1, 3, ... globally (``attn_layer``).
+            **kwargs: ``Pyramid``'s ``window_mask``, ``pos_encoding`` and ``frozen_stages``, and ``CPVTBase``'s
+                arguments.
+        """
+        per_stage = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
+                         sr_ratios=sr_ratios, patch_sizes=patch_sizes)
+        if window_sizes is not None:
+            per_stage['window_sizes'] = window_sizes
+        lengths = {k: len(v) for k, v in per_stage.items()}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f'per-stage settings must all have one entry per stage, got lengths {lengths}')
+        stages = tuple(Stage(dim=d, depth=n, num_heads=h, mlp_ratio=r, patch_size=p, sr_ratio=sr, window_size=ws)
+                       for d, n, h, r, sr, p, ws in zip(embed_dims, depths, num_heads, mlp_ratios, sr_ratios,
+                                                        patch_sizes, window_sizes or (None,) * len(depths)))
+        super().__init__(stages, **kwargs)

@@ -15,11 +15,14 @@ official Twins/timm keys ``pos_block.{k}.proj.0.*`` are unchanged; ``pos_embed``
 initialisation, and says which of its parts belong to which blocks (``parts_of``, for freezing) and how to
 drop the parts of blocks a model does not build (``cut``).
 
-On a padded batch (``layers.valid``) the model passes ``embed`` and ``after_block`` the stage's ``ValidRegion``
-as a fourth argument (and only then): the tokens beyond each image are zero on the way in, and an encoding makes
-each image's valid tokens what they are for the image alone (a table sized to each image, a convolution that
-sees each image's own border); what it leaves beyond each image is zeroed by the model. ``attention`` is not told:
-rotary angles and biases are functions of token positions from the top-left, the same in any batch.
+``embed`` and ``after_block`` also take the stage's region (``layers.valid``: a padded batch's ``ValidRegion``, or
+a ``WholeRegion``): an encoding makes each image's valid tokens what they are for the image alone (a table sized
+to each image, a convolution that zeroes its input beyond each image and so sees each image's own border); what
+it leaves beyond each image is the next layer's to zero. ``attention`` is not told: rotary angles and biases are
+functions of token positions from the top-left, the same in any batch.
+
+What an encoding is, it declares: ``biases_logits`` (its ``AttentionPosition`` carries a bias sized for global
+attention over a padded reduction, which windowed or other reductions cannot take).
 """
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,14 +39,16 @@ HW = tuple[int, int]
 @dataclass(frozen=True)
 class Geometry:
     """What an encoding needs to know of the network: per stage the token width, the number of blocks and
-    heads, the stride of its token grid in input pixels and the key/value reduction ratio; and the number of
-    leading tokens (a class token) that carry no position."""
+    heads, the stride of its token grid in input pixels, the key/value reduction ratio and how it reduces
+    (``layers.Attention``'s ``reduction``; empty: 'pad' everywhere); and the number of leading tokens (a class
+    token) that carry no position."""
     dims: tuple[int, ...]
     depths: tuple[int, ...]
     heads: tuple[int, ...]
     strides: tuple[int, ...]
     sr_ratios: tuple[int, ...]
     num_prefix_tokens: int = 0
+    reductions: tuple[str, ...] = ()
 
     @property
     def num_stages(self) -> int:
@@ -54,10 +59,19 @@ class Geometry:
         return sum(self.depths[:stage]) + block
 
     def key_hw(self, stage: int, hw: HW) -> HW:
-        """Size of the key/value map of a stage's attention for an ``hw`` query map (``layers.Attention``
-        pads to a multiple of the reduction ratio, then reduces)."""
+        """Size of the key/value map of a stage's attention for an ``hw`` query map (``layers.Attention``:
+        'pad' pads to a multiple of the reduction ratio, then reduces; 'drop' drops the remainder)."""
         sr = self.sr_ratios[stage]
+        if self.reductions and self.reductions[stage] == 'drop':
+            return max(hw[0] // sr, 1), max(hw[1] // sr, 1)
         return (hw[0] + sr - 1) // sr, (hw[1] + sr - 1) // sr
+
+    def check_key_grid(self, encoding: str) -> None:
+        """Raise where a stage's keys lie on no grid of its tokens (pooled keys, PVTv2-li), which ``encoding``
+        places positions on."""
+        if 'pool' in self.reductions:
+            raise ValueError(f'position encoding {encoding!r} places keys on the reduced token grid; pooled keys '
+                             "(reduction='pool', PVTv2-li) lie on none")
 
 
 class Rotary(NamedTuple):
@@ -70,7 +84,7 @@ class Rotary(NamedTuple):
 class AttentionPosition(NamedTuple):
     """What an encoding contributes to one block's attention; any field may be None.
 
-    * ``qk_input``: a module called as ``qk_input(x, hw)`` on the normed tokens; its output replaces them as
+    * ``qk_input``: a module called as ``qk_input(x, hw, region)`` on the normed tokens; its output replaces them as
       the input of the query and key projections (values still see the tokens);
     * ``rotary``: angles that rotate queries and keys after the projections (``rotate``);
     * ``bias``: an additive (heads, queries, keys) bias on the attention logits.
@@ -172,19 +186,20 @@ class PositionEncoding(nn.Module):
     """
     attr: str = ''
     name: str = ''
+    biases_logits: bool = False
 
     def __init__(self, geometry: Geometry):
         super().__init__()
         self.geometry = geometry
 
-    def embed(self, stage: int, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
+    def embed(self, stage: int, x: torch.Tensor, hw: HW, region) -> torch.Tensor:
         return x
 
     def attention(self, stage: int, hw: HW) -> list[AttentionPosition | None] | None:
         """One entry per block of ``stage`` (or None: nothing for any block)."""
         return None
 
-    def after_block(self, stage: int, block: int, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
+    def after_block(self, stage: int, block: int, x: torch.Tensor, hw: HW, region) -> torch.Tensor:
         return x
 
     def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> list[Part]:

@@ -49,13 +49,13 @@ class LearnedEncoding(PositionEncoding):
     def table(self, stage: int) -> nn.Parameter:
         return getattr(self, str(stage))
 
-    def embed(self, stage: int, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
+    def embed(self, stage: int, x: torch.Tensor, hw: HW, region) -> torch.Tensor:
         table = self.table(stage)
         prefix = self.geometry.num_prefix_tokens if stage == 0 else 0
         grid = table[:, prefix:]
-        if valid is not None:  # each image's own grid: the table resized to it, placed top-left
+        if region.padded:  # each image's own grid: the table resized to it, placed top-left
             grid = torch.stack([F.pad(tokens_to_map(self._resized(stage, grid, size), size)[0],
-                                      (0, hw[1] - size[1], 0, hw[0] - size[0])) for size in valid.images()])
+                                      (0, hw[1] - size[1], 0, hw[0] - size[0])) for size in region.images()])
             grid = map_to_tokens(grid)
         else:
             grid = self._resized(stage, grid, hw)

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layout import map_to_tokens, tokens_to_map
+from ..valid import WHOLE, Region
 from .base import HW, Geometry, Placed, PositionEncoding, check_odd_kernel, check_positions
 
 PEG_TYPES = ('depthwise', 'separable')
@@ -28,9 +29,9 @@ class PEG(nn.Module):
     gives it no zero border to read absolute position from (a control; 'circular' and 'reflect' need maps of
     at least k // 2 + 1 tokens per side).
 
-    On a padded batch (``valid``, a ``layers.valid.ValidRegion``) each image's convolution sees its own border:
-    zeros beyond it (the model hands over the map with its padding zeroed) or, with another ``padding_mode``,
-    the image's own map padded that way.
+    ``region`` (``layers.valid``): on a padded batch's ``ValidRegion`` each image's convolution sees its own
+    border: zeros beyond it (the input is zeroed there first) or, with another ``padding_mode``, the image's own
+    map padded that way.
     """
 
     def __init__(self, dim: int, kernel_size: int = 3, peg_type: str = 'depthwise', num_prefix_tokens: int = 0,
@@ -47,13 +48,13 @@ class PEG(nn.Module):
         self.proj = nn.Sequential(*layers)
         self.num_prefix_tokens = num_prefix_tokens
 
-    def forward(self, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hw: HW, region: Region = WHOLE) -> torch.Tensor:
         prefix = self.num_prefix_tokens
         # masked as tokens (contiguous), not as the channels-last map: an exported graph then keeps H and W free
-        feat = tokens_to_map((x if valid is None else valid.zero_tokens(x))[:, prefix:], hw)
-        if valid is not None and self.proj[0].padding_mode != 'zeros':
+        feat = tokens_to_map(region.zero_tokens(x)[:, prefix:], hw)
+        if region.padded and self.proj[0].padding_mode != 'zeros':   # each image padded its own way
             conv = torch.stack([F.pad(self.proj(feat[b:b + 1, :, :h, :w])[0], (0, hw[1] - w, 0, hw[0] - h))
-                                for b, (h, w) in enumerate(valid.images())])
+                                for b, (h, w) in enumerate(region.images())])
         else:
             conv = self.proj(feat)
         out = map_to_tokens(conv + feat)
@@ -119,15 +120,15 @@ class PEGEncoding(Placed, PositionEncoding):
         """``{(stage, block): k}``: PEG ``pos_block.{k}`` follows that block (block -1: the patch embedding)."""
         return {place: k for k, place in enumerate(self.places)}
 
-    def _apply_at(self, stage: int, block: int, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
+    def _apply_at(self, stage: int, block: int, x: torch.Tensor, hw: HW, region: Region) -> torch.Tensor:
         peg = self.at(stage, block)
-        return x if peg is None else peg(x, hw, valid)
+        return x if peg is None else peg(x, hw, region)
 
-    def embed(self, stage: int, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
-        return self._apply_at(stage, -1, x, hw, valid)
+    def embed(self, stage: int, x: torch.Tensor, hw: HW, region: Region) -> torch.Tensor:
+        return self._apply_at(stage, -1, x, hw, region)
 
-    def after_block(self, stage: int, block: int, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
-        return self._apply_at(stage, block, x, hw, valid)
+    def after_block(self, stage: int, block: int, x: torch.Tensor, hw: HW, region: Region) -> torch.Tensor:
+        return self._apply_at(stage, block, x, hw, region)
 
     def parts_of(self, stage: int, blocks: Sequence[int], embedding: bool = False) -> list[nn.Module]:
         return self.placed_parts(stage, list(blocks) + ([-1] if embedding else []))

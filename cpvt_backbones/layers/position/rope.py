@@ -55,6 +55,7 @@ class RoPEEncoding(PositionEncoding):
         if not temperature > 1:
             raise ValueError(f'{self.name} temperature must be > 1, got {temperature!r}')
         self.temperature = temperature
+        geometry.check_key_grid(self.name)
         head_dims = [d // h for d, h in zip(geometry.dims, geometry.heads)]
         if any(hd % 4 for hd in head_dims):
             raise ValueError(f'{self.name} needs head widths that are multiples of 4, got {head_dims}')

@@ -31,6 +31,7 @@ class RPEEncoding(PositionEncoding):
     Keys ``rel_pos.{k}`` (heads, (2K + 1)^2) for block k in network order; initialised N(0, 0.02) truncated."""
     attr = 'rel_pos'
     name = 'rpe'
+    biases_logits = True
 
     def __init__(self, geometry: Geometry, max_distance: int = 8):
         super().__init__(geometry)

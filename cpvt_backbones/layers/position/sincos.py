@@ -29,7 +29,7 @@ class SinCosEncoding(PositionEncoding):
             raise ValueError(f'sincos temperature must be > 1, got {temperature!r}')
         self.temperature = float(temperature)
 
-    def embed(self, stage: int, x: torch.Tensor, hw: HW, valid=None) -> torch.Tensor:
+    def embed(self, stage: int, x: torch.Tensor, hw: HW, region) -> torch.Tensor:
         table = sincos_table(hw, x.shape[-1], self.temperature, x.device).to(x.dtype)
         prefix = self.geometry.num_prefix_tokens if stage == 0 else 0
         if prefix:
