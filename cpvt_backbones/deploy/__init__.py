@@ -6,7 +6,8 @@ engine, precision, ...)``:
 * ``fused`` (``deploy.optimize``, ``deploy.fused``): hand-fused PyTorch CPU kernels for our transformer blocks,
   float32 / static int8, needing nothing beyond torch;
 * ``openvino`` (``deploy.openvino``): OpenVINO for the CPU, float32 / bf16 / int8 (NNCF);
-* ``onnxruntime`` (``deploy.onnxruntime``): onnxruntime on the ONNX export (``deploy.onnx``), float32.
+* ``onnxruntime`` (``deploy.onnxruntime``): onnxruntime on the ONNX export (``deploy.onnx``), float32, and int8 through
+  onnxruntime's static quantization of the linear layers.
 
 ``run_images`` (``deploy.batched``) runs a model or a prepared one over images of many sizes in padded batches,
 each image's output the one it gets alone.
