@@ -9,7 +9,9 @@ embedding, PEG, the key/value reduction, windows), excludes them as keys, and se
 outputs: on its valid region each image gets what it gets alone, to float32 rounding.
 
 ``ValidRegion`` says which tokens of one stage's (B, H, W) token map belong to their image, as sizes from the
-top-left corner; everything is computed with tensor operations, so it also runs under ``torch.compile``.
+top-left corner; everything is computed with tensor operations, so it also runs under ``torch.compile``. A batch
+without padding has a ``WholeRegion`` instead, with the same methods doing nothing; every layer takes one or the
+other (``region`` makes it) and never asks which, so the plain path is the one it always was.
 """
 from __future__ import annotations
 
