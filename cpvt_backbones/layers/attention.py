@@ -117,9 +117,16 @@ def adaptive_pool(x: torch.Tensor, size: int, region: Region) -> torch.Tensor:
     map for a ``WholeRegion``), as two matrix products: output cell i of a side of n cells averages cells
     floor(i * n / size) .. ceil((i + 1) * n / size) - 1, torch's bins."""
     H, W = x.shape[-2:]
-    sizes = region.sizes if region.padded else torch.tensor([[H, W]], device=x.device)   # the whole map
+    sizes = region.sizes if region.padded else _map_size(x)   # the whole map
     rows, cols = _pool_weights(sizes[:, 0], size, H, x.dtype), _pool_weights(sizes[:, 1], size, W, x.dtype)
     return torch.einsum('bih,bchw,bjw->bcij', rows, x, cols)
+
+
+def _map_size(x: torch.Tensor) -> torch.Tensor:
+    """[[H, W]] of the (B, C, H, W) map ``x`` as a (1, 2) int64 tensor computed from its shape (the last index of
+    ``arange`` plus one), which every exporter records as a function of the input's size, not as a constant."""
+    h, w = (torch.arange(n, device=x.device)[-1:] + 1 for n in x.shape[-2:])
+    return torch.stack((h, w), dim=1)
 
 
 def _pool_weights(n: torch.Tensor, size: int, length: int, dtype: torch.dtype) -> torch.Tensor:
