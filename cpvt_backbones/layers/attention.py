@@ -86,12 +86,13 @@ class Attention(nn.Module):
         """Attention output before the output projection, (B, N, C)."""
         B, N, C = x.shape
         x = region.zero_tokens(x)
-        qk_input = x if pos is None or pos.qk_input is None else region.zero_tokens(pos.qk_input(x, hw, region))
+        separate_qk = pos is not None and pos.qk_input is not None
+        qk_input = region.zero_tokens(pos.qk_input(x, hw, region)) if separate_qk else x
         q = self.q(qk_input).reshape(B, N, self.num_heads, C // self.num_heads).transpose(1, 2)
         reduced, keys = self._reduce(x, hw, region)
         k, v = self.kv(reduced).reshape(B, reduced.shape[1], 2, self.num_heads, C // self.num_heads
                                         ).permute(2, 0, 3, 1, 4)
-        if qk_input is not x:
+        if separate_qk:
             reduced = self._reduce(qk_input, hw, region)[0]
             k = self.kv(reduced)[..., :C].reshape(B, reduced.shape[1], self.num_heads, -1).transpose(1, 2)
         bias = None
