@@ -96,16 +96,14 @@ class ValidRegion:
         self.hw = (hw[0], hw[1])
         self.prefix = prefix
 
-    def reduced(self, ratio: int, hw: Sequence[int] | None = None, floor: bool = False) -> ValidRegion:
-        """The region on this map reduced ``ratio`` times per side: zero-padded to a multiple first (ceil(n /
-        ratio) cells) or, with ``floor``, the remainder dropped unless the side is shorter than ``ratio`` (max(n //
-        ratio, 1) cells, a reduction without padding that pads a map smaller than one cell); without ``hw`` the
-        reduced map's size follows the same rule."""
-        def cells(n):
-            return torch.div(n, ratio, rounding_mode='floor').clamp(min=1) if floor else \
-                torch.div(n + ratio - 1, ratio, rounding_mode='floor')
-        hw = tuple(max(n // ratio, 1) if floor else -(-n // ratio) for n in self.hw) if hw is None else hw
-        return ValidRegion(cells(self.sizes), hw, self.prefix)
+    def reduced(self, ratio: int, hw: Sequence[int], floor: bool = False) -> ValidRegion:
+        """The region on the ``hw`` map this one reduces to, ``ratio`` times per side: zero-padded to a multiple
+        first (ceil(n / ratio) cells of each image) or, with ``floor``, the remainder dropped unless the side is
+        shorter than ``ratio`` (max(n // ratio, 1) cells: a reduction without padding that pads a map smaller than
+        one cell)."""
+        cells = torch.div(self.sizes, ratio, rounding_mode='floor').clamp(min=1) if floor else \
+            torch.div(self.sizes + ratio - 1, ratio, rounding_mode='floor')
+        return ValidRegion(cells, hw, self.prefix)
 
     def map_mask(self, hw: Sequence[int] | None = None) -> torch.Tensor:
         """(B, 1, H, W) bool, True on each image's valid region (of an ``hw`` map, default this one's)."""
@@ -163,7 +161,7 @@ class WholeRegion:
     def __init__(self, prefix: int = 0):
         self.prefix = prefix
 
-    def reduced(self, ratio: int, hw: Sequence[int] | None = None, floor: bool = False) -> WholeRegion:
+    def reduced(self, ratio: int, hw: Sequence[int], floor: bool = False) -> WholeRegion:
         return self
 
     def zero_tokens(self, x: torch.Tensor) -> torch.Tensor:

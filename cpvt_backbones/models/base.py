@@ -118,6 +118,15 @@ class Stage:
     norm: bool = False
 
 
+def per_stage(**settings: Sequence) -> list[tuple]:
+    """The family constructors' per-stage settings as one tuple per stage (in the order given), or a ValueError
+    naming each setting's length where they differ."""
+    lengths = {name: len(values) for name, values in settings.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f'per-stage settings must all have one entry per stage, got lengths {lengths}')
+    return list(zip(*settings.values()))
+
+
 def stage_strides(stages: Sequence[Stage]) -> tuple[int, ...]:
     """Each stage's token stride in input pixels."""
     return tuple(math.prod(s.patch_size for s in stages[:i + 1]) for i in range(len(stages)))

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..layers import Block, LocallyGroupedAttention, PatchEmbed, tokens_to_map
 from ..layers.valid import region
-from .base import CPVTBase, Stage, init_weights, stage_strides, take_indices
+from .base import CPVTBase, Stage, init_weights, per_stage, stage_strides, take_indices
 
 
 class Pyramid(CPVTBase):
@@ -55,8 +55,7 @@ class Pyramid(CPVTBase):
             **kwargs: ``CPVTBase``'s arguments.
         """
         stages = tuple(stages)
-        windowed = [s.window_size for s in stages if s.window_size is not None]
-        if window_mask and not windowed:
+        if window_mask and all(s.window_size is None for s in stages):
             raise ValueError('window_mask=True masks padded tokens out of windows: it needs window_sizes')
         super().__init__(num_levels=len(stages), **kwargs)
         self.num_prefix_tokens = 0
@@ -250,14 +249,9 @@ class PyramidCPVT(Pyramid):
             **kwargs: ``Pyramid``'s ``window_mask``, ``pos_encoding`` and ``frozen_stages``, and ``CPVTBase``'s
                 arguments.
         """
-        per_stage = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
-                         sr_ratios=sr_ratios, patch_sizes=patch_sizes)
-        if window_sizes is not None:
-            per_stage['window_sizes'] = window_sizes
-        lengths = {k: len(v) for k, v in per_stage.items()}
-        if len(set(lengths.values())) != 1:
-            raise ValueError(f'per-stage settings must all have one entry per stage, got lengths {lengths}')
-        stages = tuple(Stage(dim=d, depth=n, num_heads=h, mlp_ratio=r, patch_size=p, sr_ratio=sr, window_size=ws)
-                       for d, n, h, r, sr, p, ws in zip(embed_dims, depths, num_heads, mlp_ratios, sr_ratios,
-                                                        patch_sizes, window_sizes or (None,) * len(depths)))
+        windows = {} if window_sizes is None else dict(window_sizes=window_sizes)
+        rows = per_stage(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
+                         sr_ratios=sr_ratios, patch_sizes=patch_sizes, **windows)
+        stages = tuple(Stage(dim=d, depth=n, num_heads=h, mlp_ratio=r, patch_size=p, sr_ratio=sr,
+                             window_size=ws[0] if ws else None) for d, n, h, r, sr, p, *ws in rows)
         super().__init__(stages, **kwargs)

@@ -11,7 +11,7 @@ import torch
 from ..convert.hub import PRETRAINED, WeightSource
 from ..convert.layouts import LINEAR_AS_CONV1X1, QKV, Layout, StateDict, apply_rules, inverted, register_layout
 from ..layers import ConvMlp
-from .base import Stage
+from .base import Stage, per_stage
 from .pcpvt import Pyramid
 
 
@@ -51,15 +51,13 @@ class PVTv2(Pyramid):
             **kwargs: ``Pyramid``'s ``frozen_stages`` (its ``window_mask`` needs windows, which PVTv2 has none
                 of) and ``CPVTBase``'s arguments.
         """
-        lengths = {len(v) for v in (embed_dims, depths, num_heads, mlp_ratios, sr_ratios)}
-        if len(lengths) != 1:
-            raise ValueError('per-stage settings must all have one entry per stage, got lengths '
-                             f'{[len(v) for v in (embed_dims, depths, num_heads, mlp_ratios, sr_ratios)]}')
         mlp = partial(ConvMlp, extra_relu=linear)
+        rows = per_stage(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
+                         sr_ratios=sr_ratios)
         stages = tuple(Stage(dim=d, depth=n, num_heads=h, mlp_ratio=r, patch_size=4 if i == 0 else 2,
                              embed_kernel=7 if i == 0 else 3, sr_ratio=sr, reduction='pool' if linear else 'drop',
                              mlp_layer=mlp, norm=True)
-                       for i, (d, n, h, r, sr) in enumerate(zip(embed_dims, depths, num_heads, mlp_ratios, sr_ratios)))
+                       for i, (d, n, h, r, sr) in enumerate(rows))
         super().__init__(stages, pos_encoding=pos_encoding, **kwargs)
 
 
