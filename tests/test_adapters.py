@@ -40,6 +40,37 @@ def test_registered_and_built_from_config(framework):
     assert [tuple(o.shape) for o in col(torch.randn(1, 3, 50, 75))] == [(1, 48, 13, 19), (1, 192, 2, 3)]
 
 
+def test_every_family_gets_its_registered_backbone(monkeypatch):
+    """One OpenMMLab backbone per family of MODEL_SPECS, made from the specs alone: the registered classes, their
+    default ``arch`` (the spec marked ``default``), pickling by name, and a new family (a subclass with one named
+    size) getting its backbone without a line of adapter code."""
+    import pickle
+
+    from cpvt_backbones.adapters import backbones
+    from cpvt_backbones.models import MODEL_SPECS, ModelSpec, PyramidCPVT
+    assert list(backbones.BACKBONES) == ['PyramidCPVT', 'TwinsSVT', 'CPVT', 'PVTv2']
+    for framework in FRAMEWORKS:
+        importlib.import_module(f'cpvt_backbones.adapters.{framework}')
+        registry = importlib.import_module(f'{framework}.registry').MODELS
+        assert all(registry.get(name) is cls for name, cls in backbones.BACKBONES.items())
+    assert {name: cls.__init__.__defaults__[0] for name, cls in backbones.BACKBONES.items()} == {
+        'PyramidCPVT': 'pcpvt_small', 'TwinsSVT': 'svt_small', 'CPVT': 'cpvt_small_gap', 'PVTv2': 'pvt_v2_b2'}
+    tiny = backbones.BACKBONES['PyramidCPVT']('pcpvt_tiny')
+    assert type(pickle.loads(pickle.dumps(tiny))) is backbones.PyramidCPVT
+
+    class Narrow(PyramidCPVT):
+        pass
+    monkeypatch.setitem(MODEL_SPECS, 'narrow_tiny', ModelSpec(Narrow, dict(MODEL_SPECS['pcpvt_tiny'].settings),
+                                                              default=True))
+    made = backbones._backbone_classes()
+    assert list(made)[-1] == 'Narrow' and issubclass(made['Narrow'], (backbones._OpenMMLabBackbone, Narrow))
+    out = made['Narrow'](out_indices=(3,))(torch.randn(1, 3, 33, 47))
+    assert [tuple(o.shape) for o in out] == [(1, 256, 2, 2)]
+    monkeypatch.setitem(MODEL_SPECS, 'narrow_small', ModelSpec(Narrow, {}, default=True))
+    with pytest.raises(RuntimeError, match=r"Narrow: exactly one of \['narrow_tiny', 'narrow_small'\] must be"):
+        backbones._backbone_classes()
+
+
 def test_arch_as_full_settings_dict():
     fw = 'mmdet'
     arch = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4), mlp_ratios=(2, 2, 2, 2),
@@ -313,7 +344,7 @@ def test_svt_configs_get_the_engines_of_our_backbones():
     with pytest.raises(ConfigError, match=r"model\.backbone \(TwinsSVT\) has no setting\(s\) \['window_msk'\]"):
         check_backbone_settings(Config(dict(model=dict(backbone=dict(type='TwinsSVT', window_msk=True)))))
     resnet = Config(dict(model=dict(backbone=dict(type='ResNet'))))
-    with pytest.raises(SystemExit, match=r"engine 'fused' runs our backbones \(PyramidCPVT, TwinsSVT, PVTv2, CPVT\)"):
+    with pytest.raises(SystemExit, match=r"engine 'fused' runs our backbones \(PyramidCPVT, TwinsSVT, CPVT, PVTv2\)"):
         use_engine(resnet, parser.parse_args(['--engine', 'fused']))
 
 

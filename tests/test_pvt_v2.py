@@ -134,7 +134,7 @@ def test_errors_name_the_problem():
         PVTv2(**dict(SMALL, depths=(2, 2, 2)))
     with pytest.raises(TypeError, match='no argument'):
         create_model('pvt_v2_b0', window_sizes=(7, 7, 7, 7))
-    with pytest.raises(ValueError, match='window_mask=True.*needs window_sizes'):
+    with pytest.raises(TypeError, match=r"no argument\(s\) \['window_mask'\]"):
         create_model('pvt_v2_b0', window_mask=True)
 
 
@@ -226,3 +226,32 @@ def test_exported_engines_run_it_at_any_size(engine, linear):
                 assert out.shape == ref.shape and _rel(out, ref) < 1e-4, hw
     with pytest.raises(ValueError, match='is a ConvMlp, not a plain Mlp'):
         prepare(PVTv2(**SMALL).eval(), 'fused')
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('linear', [False, True], ids=['drop', 'li'])
+def test_openvino_bucketed_gets_each_image_as_alone(linear):
+    """``prepare(..., 'openvino', bucket=32)`` (converted with each image's valid size as an input, compiled once
+    per bucket): a padded batch of odd sizes and single images each get what the model gives at their own size,
+    keys reduced by the strided convolution that drops the remainder or by pooling (li)."""
+    pytest.importorskip('openvino')
+    from cpvt_backbones import prepare
+    from cpvt_backbones.deploy.batched import pad_images
+    from cpvt_backbones.deploy.bucketed import Bucketed
+    torch.manual_seed(0)
+    model = PVTv2(**SMALL, linear=linear, features_only=True, num_classes=0).eval()
+    bucketed = prepare(model, 'openvino', bucket=32)
+    assert isinstance(bucketed, Bucketed)
+    generator = torch.Generator().manual_seed(0)
+    images = [torch.randn(3, *hw, generator=generator) for hw in ((1, 1), (7, 20), (33, 47))]
+    x, sizes = pad_images(images)
+    with torch.no_grad():
+        batch = bucketed(x, valid_sizes=sizes)
+        for i, image in enumerate(images):
+            alone = model(image[None])
+            for out, ref in zip(batch, alone, strict=True):
+                h, w = ref.shape[-2:]
+                assert _rel(out[i:i + 1, :, :h, :w], ref) < 1e-4, (image.shape, ref.shape)
+            for out, ref in zip(bucketed(image[None]), alone, strict=True):
+                assert out.shape == ref.shape and _rel(out, ref) < 1e-4, image.shape
+    assert set(bucketed.buckets) == {(64, 64), (32, 32)}

@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from .. import models as core
 from ..convert import load_into, load_weights_file, resolve_checkpoint
 from ..models import MODEL_SPECS, model_settings
 from ..utils import strip_prefix
@@ -99,51 +98,43 @@ class _OpenMMLabBackbone:
         return out if self.features_only else (out,)
 
 
-class PyramidCPVT(_OpenMMLabBackbone, core.PyramidCPVT):
-    """Pyramid CPVT for mmdet/mmseg/mmpretrain. ``out_type='featmap'`` (dense tasks) returns NCHW maps at
-    strides 4/8/16/32 for ``out_indices`` (default all four); ``'pooled'`` (classification, ``neck=None``)
-    returns the final-normed global average ``(B, C)`` as a 1-tuple. ``optimize``: refused (see the mixin)."""
-
-    def __init__(self, arch: str | Mapping[str, Any] = 'pcpvt_small',
-                 out_indices: Sequence[int] | None = None, out_type: str = 'featmap',
-                 drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
-                 init_cfg: dict | None = None, optimize: None = None):
+def _backbone_class(core_cls: type, names: Sequence[str], default: str) -> type:
+    """The OpenMMLab backbone of the core family ``core_cls``: ``_OpenMMLabBackbone`` before it, under the same
+    class name, with the config-style constructor below."""
+    def __init__(self, arch: str | Mapping[str, Any] = default, out_indices: Sequence[int] | None = None,
+                 out_type: str = 'featmap', drop_path_rate: float = 0., frozen_stages: int = -1,
+                 with_cp: bool = False, init_cfg: dict | None = None, optimize: None = None):
         self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, init_cfg, optimize)
 
-
-class TwinsSVT(_OpenMMLabBackbone, core.TwinsSVT):
-    """Twins-SVT for mmdet/mmseg/mmpretrain, with ``PyramidCPVT``'s outputs and arguments; ``arch`` is an
-    ``svt_*`` name or a dict of ``TwinsSVT``'s arguments (``dict(base='svt_small', window_mask=True)`` masks the
-    padded tokens out of windowed attention, as the Twins release's dense code). ``optimize``: refused (see the
-    mixin)."""
-
-    def __init__(self, arch: str | Mapping[str, Any] = 'svt_small',
-                 out_indices: Sequence[int] | None = None, out_type: str = 'featmap',
-                 drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
-                 init_cfg: dict | None = None, optimize: None = None):
-        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, init_cfg, optimize)
-
-
-class PVTv2(_OpenMMLabBackbone, core.PVTv2):
-    """PVTv2 for mmdet/mmseg/mmpretrain (registered as ``PVTv2``, beside mmdet's own
-    ``PyramidVisionTransformerV2``, whose checkpoints load into it), with ``PyramidCPVT``'s outputs and
-    arguments; ``arch`` is a ``pvt_v2_*`` name or a dict of ``PVTv2``'s arguments. ``optimize``: refused (see the
-    mixin)."""
-
-    def __init__(self, arch: str | Mapping[str, Any] = 'pvt_v2_b2',
-                 out_indices: Sequence[int] | None = None, out_type: str = 'featmap',
-                 drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
-                 init_cfg: dict | None = None, optimize: None = None):
-        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, init_cfg, optimize)
+    name = core_cls.__name__
+    doc = (f"{name} (``models.{name}``) for mmdet/mmseg/mmpretrain. ``arch``: one of {', '.join(names)} (default "
+           f"{default}) or a dict of ``{name}``'s arguments (``base='<name>'`` starts from a named variant). "
+           "``out_type='featmap'`` (dense tasks) returns NCHW maps at strides 4/8/16/32 for ``out_indices`` "
+           "(default all four; a columnar model's simple feature pyramid); ``'pooled'`` (classification, "
+           "``neck=None``) the final-normed pooled feature (or class token) ``(B, C)`` as a 1-tuple. "
+           "``drop_path_rate``, ``frozen_stages``: the core model's; ``with_cp``: its ``grad_checkpointing``; "
+           "``init_cfg``: ``dict(type='Pretrained', checkpoint=...)`` (``init_weights``); ``optimize``: refused "
+           "(see ``_OpenMMLabBackbone``).")
+    __init__.__qualname__ = f'{name}.__init__'
+    return type(name, (_OpenMMLabBackbone, core_cls),
+                {'__init__': __init__, '__doc__': doc, '__module__': __name__, '__qualname__': name})
 
 
-class CPVT(_OpenMMLabBackbone, core.CPVT):
-    """Columnar CPVT for mmdet/mmseg/mmpretrain. ``'featmap'`` returns the simple feature pyramid (strides
-    4/8/16/32, channels dim/4, dim/2, dim, dim); ``'pooled'`` the class token or GAP feature. ``optimize``:
-    refused (see the mixin)."""
+def _backbone_classes() -> dict[str, type]:
+    """One OpenMMLab backbone per family of ``models.MODEL_SPECS`` (in their order), by class name; a family's
+    default ``arch`` is its spec marked ``default``."""
+    classes = {}
+    for family in dict.fromkeys(spec.cls for spec in MODEL_SPECS.values()):
+        names = [name for name, spec in MODEL_SPECS.items() if spec.cls is family]
+        default = [name for name in names if MODEL_SPECS[name].default]
+        if len(default) != 1:
+            raise RuntimeError(f'{family.__name__}: exactly one of {names} must be the default, got {default}')
+        classes[family.__name__] = _backbone_class(family, names, default[0])
+    return classes
 
-    def __init__(self, arch: str | Mapping[str, Any] = 'cpvt_small_gap',
-                 out_indices: Sequence[int] | None = None, out_type: str = 'featmap',
-                 drop_path_rate: float = 0., frozen_stages: int = -1, with_cp: bool = False,
-                 init_cfg: dict | None = None, optimize: None = None):
-        self._setup(arch, out_indices, out_type, drop_path_rate, frozen_stages, with_cp, init_cfg, optimize)
+
+# Registered in each framework's MODELS by the ``mmdet``, ``mmseg`` and ``mmpretrain`` modules; a new family of
+# ``models.MODEL_SPECS`` gets its class here without a line of its own. Each is also a name of this module, so
+# that a pickled model finds its class.
+BACKBONES = _backbone_classes()
+globals().update(BACKBONES)

@@ -1,17 +1,16 @@
-"""Registers ``PyramidCPVT``, ``TwinsSVT``, ``CPVT`` and ``PVTv2`` in mmdet's MODELS
-(``custom_imports=dict(imports=['cpvt_backbones.adapters.mmdet'])``), ``ValidSizeDetDataPreprocessor`` and
-``PredictAlone`` (a detector that predicts each image of a padded batch as alone: ``adapters.alone``)."""
+"""Registers our backbones (``backbones.BACKBONES``: ``PyramidCPVT``, ``TwinsSVT``, ``CPVT``, ``PVTv2``)
+in mmdet's MODELS (``custom_imports=dict(imports=['cpvt_backbones.adapters.mmdet'])``),
+``ValidSizeDetDataPreprocessor`` and ``PredictAlone`` (a detector that predicts each image of a padded batch
+as alone: ``adapters.alone``)."""
 import functools
 
 from mmdet.registry import MODELS
 
 from .alone import alone_builder, refuse_mixed_sizes
-from .backbones import CPVT, PVTv2, PyramidCPVT, TwinsSVT, mark_valid_sizes
+from .backbones import BACKBONES, mark_valid_sizes
 
-MODELS.register_module(module=PyramidCPVT)
-MODELS.register_module(module=TwinsSVT)
-MODELS.register_module(module=CPVT)
-MODELS.register_module(module=PVTv2)
+for _backbone in BACKBONES.values():
+    MODELS.register_module(module=_backbone)
 MODELS.register_module(name='PredictAlone', module=alone_builder(MODELS))
 
 

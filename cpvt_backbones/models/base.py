@@ -4,13 +4,15 @@ import inspect
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..compat import autocast_enabled, is_fx_tracing
-from ..layers import Attention, Mlp
+from ..layers import Attention, Block, LocallyGroupedAttention, Mlp
 from ..layers.layout import symbolic_shapes
 from ..layers.position import Geometry, PositionEncoding, build_position_encodings, merge_attention
 from ..layers.valid import Region, check_valid_sizes, region
@@ -100,7 +102,8 @@ class Stage:
     * ``depth`` blocks of width ``dim`` with ``num_heads`` heads;
     * their attention: keys/values reduced ``sr_ratio`` times per side by ``reduction`` (``layers.Attention``:
       'pad', 'drop' or 'pool'); with a ``window_size`` the even blocks attend within windows of that many tokens
-      per side instead (Twins-SVT);
+      per side instead (Twins-SVT), the padded tokens masked out of the windows with ``window_mask``
+      (``layers.LocallyGroupedAttention``);
     * their MLP: hidden width ``dim * mlp_ratio``, built by ``mlp_layer`` (None: the model's; a layer whose class
       sets ``takes_grid`` sees the token grid, as ``layers.ConvMlp``);
     * ``norm``: a norm after the stage's last block, on what the next stage and the outputs see (PVTv2).
@@ -112,6 +115,7 @@ class Stage:
     patch_size: int
     sr_ratio: int = 1
     window_size: int | None = None
+    window_mask: bool = False
     embed_kernel: int | None = None
     reduction: str = 'pad'
     mlp_layer: Callable[..., nn.Module] | None = None
@@ -132,12 +136,61 @@ def stage_strides(stages: Sequence[Stage]) -> tuple[int, ...]:
     return tuple(math.prod(s.patch_size for s in stages[:i + 1]) for i in range(len(stages)))
 
 
+@dataclass(frozen=True)
+class Parts:
+    """What a family's build loop makes its modules from: ``CPVTBase``'s shared arguments of that name, checked;
+    handed to the build hooks, kept by no model."""
+    qkv_bias: bool
+    drop_rate: float
+    attn_drop_rate: float
+    drop_path_rate: float
+    norm_eps: float
+    layer_scale_init: float | None
+    attn_layer: Callable[..., nn.Module]
+    mlp_layer: Callable[..., nn.Module]
+    norm_layer: Callable[..., nn.Module]
+    act_layer: Callable[..., nn.Module]
+
+    def __post_init__(self):
+        for name in ('drop_rate', 'attn_drop_rate', 'drop_path_rate'):
+            rate = getattr(self, name)
+            if not 0 <= rate < 1:
+                raise ValueError(f'{name} must be in [0, 1) (the probability of dropping), got {rate!r}')
+
+    def norm(self, dim: int) -> nn.Module:
+        """A token norm with the blocks' eps (the blocks' two, a stage's, the final one)."""
+        return self.norm_layer(dim, eps=self.norm_eps)
+
+    def drop_paths(self, stages: Sequence[Stage]) -> list[list[float]]:
+        """Per stage, each block's stochastic-depth rate: linear from 0 to ``drop_path_rate`` over all blocks
+        of ``stages`` (the whole trunk, built or not)."""
+        rates = torch.linspace(0, self.drop_path_rate, sum(s.depth for s in stages), device='cpu').tolist()
+        starts = [sum(s.depth for s in stages[:i]) for i in range(len(stages))]
+        return [rates[start:start + s.depth] for s, start in zip(stages, starts)]
+
+    def block(self, stage: Stage, index: int, drop_path: float) -> Block:
+        """Block ``index`` of ``stage``: on a stage with windows the even blocks attend within them
+        (``layers.LocallyGroupedAttention``, Twins-SVT), every other block with ``attn_layer`` over keys and values
+        reduced by the stage's ``reduction``."""
+        if stage.window_size is not None and index % 2 == 0:
+            attn_layer = partial(LocallyGroupedAttention, window_size=stage.window_size, window_mask=stage.window_mask)
+            sr_ratio = 1
+        else:
+            attn_layer = self.attn_layer if stage.reduction == 'pad' else \
+                partial(self.attn_layer, reduction=stage.reduction)
+            sr_ratio = stage.sr_ratio
+        return Block(stage.dim, stage.num_heads, stage.mlp_ratio, qkv_bias=self.qkv_bias, drop=self.drop_rate,
+                     attn_drop=self.attn_drop_rate, drop_path=drop_path, sr_ratio=sr_ratio, norm_eps=self.norm_eps,
+                     layer_scale_init=self.layer_scale_init, attn_layer=attn_layer,
+                     mlp_layer=stage.mlp_layer or self.mlp_layer, norm_layer=self.norm_layer, act_layer=self.act_layer)
+
+
 class CPVTBase(nn.Module):
-    """What the columnar and the pyramid CPVT share: the arguments below (kept for the family's build loop:
-    ``block_args``, ``drop_rate``, ``norm_layer``, ``act_layer``), the helpers that loop calls
-    (``drop_path_rates``, ``check_frozen_stages``, ``mount_position_encodings``, ``freeze``), and what runs a
-    built model: input checks, the blocks with their position encodings, checkpointing, the classifier
-    methods and timm's pruning.
+    """What every family shares: the constructor's shared arguments and its build order (``__init__``), and what
+    runs a built model: input checks, the blocks with their position encodings, checkpointing, the classifier
+    methods and timm's pruning. A family passes its ``stages`` and builds its modules in three hooks:
+    ``_build_trunk`` (the embeddings and blocks), ``_build_outputs`` (the final norm and what a dense backbone
+    returns) and ``_frozen_parts`` (what ``frozen_stages`` freezes); each gets what it needs as arguments.
 
     Attributes, with the same meaning in every family:
 
@@ -168,38 +221,45 @@ class CPVTBase(nn.Module):
     feature_info: list[dict[str, object]]
     unbuilt_prefixes: tuple[str, ...]
 
-    def __init__(self, *, num_levels: int, in_chans: int = 3, num_classes: int = 1000, qkv_bias: bool = True,
-                 drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.,
-                 norm_eps: float = 1e-6, layer_scale_init: float | None = None,
+    def __init__(self, stages: Sequence[Stage], *, num_levels: int, num_prefix_tokens: int = 0,
+                 pos_encoding: Any = 'peg', frozen_stages: int = -1, in_chans: int = 3, num_classes: int = 1000,
+                 qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0., norm_eps: float = 1e-6, layer_scale_init: float | None = None,
                  attn_layer: Callable[..., nn.Module] = Attention, mlp_layer: Callable[..., nn.Module] = Mlp,
                  norm_layer: Callable[..., nn.Module] = nn.LayerNorm, act_layer: Callable[..., nn.Module] = nn.GELU,
                  features_only: bool = False, out_indices: Sequence[int] | None = None,
                  grad_checkpointing: bool = False, check_finite: bool = False):
-        """Check and keep the shared arguments; ``num_levels``: how many feature maps a dense backbone of this
-        family can return (set by the family, not a user).
+        """Build a family's model in the order every family shares: its trunk (``_build_trunk``), the position
+        encodings ``pos_encoding`` names, its outputs (``_build_outputs``) and head, the initialisation
+        (``_init_weights``), then what ``frozen_stages`` freezes (``_frozen_parts``). The family passes ``stages``
+        (``Stage``, the whole trunk), ``num_levels`` (how many maps a dense backbone can return) and
+        ``num_prefix_tokens`` (leading tokens without a position) and documents ``pos_encoding`` and
+        ``frozen_stages``, whose meaning depends on it. Every family takes the others, passed on by keyword.
 
         Args:
             in_chans: channels of the input image.
-            num_classes: classes of the linear head; 0 builds no head (``forward`` returns the pooled features).
-                Must be 0 with ``features_only``.
+            num_classes: classes of the linear head; 0 builds no head (``forward`` returns the pooled features). Must be
+                0 with ``features_only``.
             qkv_bias: bias on the query, key and value projections.
             drop_rate: dropout after the position encoding, in the attention's output projection and in the MLP.
             attn_drop_rate: dropout on the attention weights.
-            drop_path_rate: stochastic depth of the last block; it rises linearly from 0 at the first block over
-                all blocks of all stages (built or not). This and the two dropout rates must be in [0, 1).
-            norm_eps: eps of the blocks' two norms and the final norm (1e-6, as Twins and DeiT); the patch
-                embedding's and the attention's reduction norm keep ``norm_layer``'s default (1e-5 for
-                ``nn.LayerNorm``, as the official weights were trained).
-            layer_scale_init: CaiT's layer scale on both residual branches of every block, initialised to this
-                value (timm's RoPE ViTs use 1e-5); None for none.
-            attn_layer: the blocks' attention, called ``attn_layer(dim, num_heads, qkv_bias=, attn_drop=,
-                proj_drop=, sr_ratio=, norm_layer=)`` (``layers.Attention``).
-            mlp_layer: the blocks' MLP, called ``mlp_layer(dim, hidden_dim, act_layer=, drop=)`` (``layers.Mlp``).
-            norm_layer: every token norm, called ``norm_layer(dim, eps=)`` or ``norm_layer(dim)``: the blocks'
-                two, the final norm, the patch embeddings' and the attention's reduction norm.
+            drop_path_rate: stochastic depth of the last block; it rises linearly from 0 at the first block over all
+                blocks of all stages (built or not). This and the two dropout rates must be in [0, 1).
+            norm_eps: eps of the blocks' two norms, the stages' and the final norm (1e-6, as Twins and DeiT); the patch
+                embedding's and the attention's reduction norm keep ``norm_layer``'s default (1e-5 for ``nn.LayerNorm``,
+                as the official weights were trained).
+            layer_scale_init: CaiT's layer scale on both residual branches of every block, initialised to this value
+                (timm's RoPE ViTs use 1e-5); None for none.
+            attn_layer: the blocks' attention, called ``attn_layer(dim, num_heads, qkv_bias=, attn_drop=, proj_drop=,
+                sr_ratio=, norm_layer=)`` (and ``reduction=`` where a stage reduces otherwise than by padding;
+                ``layers.Attention``); windowed blocks use ``layers.LocallyGroupedAttention``.
+            mlp_layer: the blocks' MLP where a stage names none, called ``mlp_layer(dim, hidden_dim, act_layer=,
+                drop=)`` (``layers.Mlp``).
+            norm_layer: every token norm, called ``norm_layer(dim, eps=)`` or ``norm_layer(dim)``: the blocks' two, the
+                stages' and the final norm, the patch embeddings' and the attention's reduction norm.
             act_layer: the activation of every MLP (``act_layer()``) and of the simple feature pyramid.
-            features_only: build a dense backbone returning NCHW feature maps (``out_indices``) instead of a
-                classifier: no head, and nothing the last returned map does not need.
+            features_only: build a dense backbone returning NCHW feature maps (``out_indices``) instead of a classifier:
+                no head, and nothing the last returned map does not need.
             out_indices: with ``features_only``, the levels ``forward`` returns (increasing; an int is one level;
                 default all).
             grad_checkpointing: recompute each block's activations in the backward pass (less memory, more time).
@@ -207,25 +267,24 @@ class CPVTBase(nn.Module):
                 ``valid_sizes`` over each image's valid region only).
         """
         super().__init__()
-        for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
-                           ('drop_path_rate', drop_path_rate)):
-            if not 0 <= rate < 1:
-                raise ValueError(f'{name} must be in [0, 1) (the probability of dropping), got {rate!r}')
+        parts = Parts(qkv_bias=qkv_bias, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                      drop_path_rate=drop_path_rate, norm_eps=norm_eps, layer_scale_init=layer_scale_init,
+                      attn_layer=attn_layer, mlp_layer=mlp_layer, norm_layer=norm_layer, act_layer=act_layer)
         self.in_chans = in_chans
         self.check_finite = check_finite
         self.grad_checkpointing = grad_checkpointing
+        self.num_prefix_tokens = num_prefix_tokens
+        self.stage_specs = tuple(stages)
         self._setup_outputs(features_only, num_classes, out_indices, num_levels)
-        self.drop_rate = drop_rate
-        self.drop_path_rate = drop_path_rate
-        self.norm_eps = norm_eps
-        self.norm_layer = norm_layer
-        self.act_layer = act_layer
-        self.attn_layer = attn_layer
-        # What every Block takes besides its stage's settings, its drop path and its attention.
-        self.block_args = dict(qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate, norm_eps=norm_eps,
-                               layer_scale_init=layer_scale_init, mlp_layer=mlp_layer, norm_layer=norm_layer,
-                               act_layer=act_layer)
         self._frozen: list = []
+        built_depths, dropped = self._build_trunk(parts)
+        unbuilt = self._mount_position_encodings(pos_encoding, built_depths)
+        dropped += unbuilt + self._build_outputs(parts) + (['head.'] if features_only else [])
+        self.unbuilt_prefixes = tuple(dropped)
+        if not features_only:
+            self.reset_classifier(num_classes)
+        self._init_weights()
+        self.freeze(self._frozen_parts(frozen_stages))
 
     @classmethod
     def argument_names(cls) -> list[str]:
@@ -236,28 +295,39 @@ class CPVTBase(nn.Module):
                 continue
             params = inspect.signature(klass.__init__).parameters.values()
             names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                      and p.name not in ('self', 'num_levels', 'stages') and p.name not in names]
+                      and p.name not in ('self', 'num_levels', 'stages', 'num_prefix_tokens') and p.name not in names]
             if not any(p.kind is p.VAR_KEYWORD for p in params):
                 break
         return names
 
-    def drop_path_rates(self, stages: Sequence[Stage]) -> list[list[float]]:
-        """Per stage, each block's stochastic-depth rate: linear from 0 to ``drop_path_rate`` over all blocks
-        of ``stages`` (the whole trunk, built or not)."""
-        rates = torch.linspace(0, self.drop_path_rate, sum(s.depth for s in stages), device='cpu').tolist()
-        starts = [sum(s.depth for s in stages[:i]) for i in range(len(stages))]
-        return [rates[start:start + s.depth] for s, start in zip(stages, starts)]
+    def _build_trunk(self, parts: Parts) -> tuple[list[int], list[str]]:
+        """Build the patch embeddings and blocks of ``stage_specs`` (those a dense backbone needs) from
+        ``parts``; return how many blocks of each stage were built and the key prefixes of what was not."""
+        raise NotImplementedError
+
+    def _build_outputs(self, parts: Parts) -> list[str]:
+        """Build the final norm and what a dense backbone returns, and set ``out_channels``, ``strides``,
+        ``num_features`` and ``feature_info``; return the key prefixes of the classification layout not built."""
+        raise NotImplementedError
+
+    def _frozen_parts(self, frozen_stages: int) -> list:
+        """The modules and parameters ``frozen_stages`` freezes (a ValueError where it is out of range)."""
+        raise NotImplementedError
+
+    def _init_weights(self) -> None:
+        """The Twins/timm initialisation of every module (``init_weights``)."""
+        self.apply(init_weights)
 
     @staticmethod
     def check_frozen_stages(frozen_stages: int, limit: int, unit: str) -> None:
         if not -1 <= frozen_stages <= limit:
             raise ValueError(f'frozen_stages must be within -1..{limit} ({unit}), got {frozen_stages}')
 
-    def mount_position_encodings(self, pos_encoding, stages: Sequence[Stage], built_depths: Sequence[int]
-                                 ) -> list[str]:
-        """Build the encodings ``pos_encoding`` names for the whole trunk ``stages``, mount each under its
+    def _mount_position_encodings(self, pos_encoding, built_depths: Sequence[int]) -> list[str]:
+        """Build the encodings ``pos_encoding`` names for the whole trunk ``stage_specs``, mount each under its
         ``attr``, and keep only the parts of the first ``built_depths[i]`` blocks of every stage (a dense
         backbone builds no stage beyond its last output); returns the dropped key prefixes."""
+        stages = self.stage_specs
         geometry = Geometry(dims=tuple(s.dim for s in stages), depths=tuple(s.depth for s in stages),
                             heads=tuple(s.num_heads for s in stages), strides=stage_strides(stages),
                             sr_ratios=tuple(s.sr_ratio for s in stages), num_prefix_tokens=self.num_prefix_tokens,
@@ -268,6 +338,10 @@ class CPVTBase(nn.Module):
                 raise ValueError(f'position encoding {enc.name!r} would replace the model\'s {enc.attr!r}')
             setattr(self, enc.attr, enc)
         self.pos_encoding_attrs = tuple(enc.attr for enc in encodings)
+        biased = [enc.name for enc in encodings if enc.biases_logits]
+        if biased and any(s.window_size is not None or s.reduction != 'pad' for s in stages):
+            raise ValueError(f'position encoding {biased[0]!r} biases global attention logits over keys reduced with '
+                             'padding; windowed blocks (window_sizes) and other reductions cannot take it')
         return self._cut_position(built_depths) if tuple(built_depths) != geometry.depths else []
 
     def freeze(self, parts: list) -> None:

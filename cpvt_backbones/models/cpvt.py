@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers import Block, LayerNorm2d, PatchEmbed, tokens_to_map
+from ..layers import LayerNorm2d, PatchEmbed, tokens_to_map
 from ..layers.valid import region
-from .base import CPVTBase, Stage, init_weights, take_indices
+from .base import CPVTBase, Parts, Stage, take_indices
 
 PYRAMID_STRIDES = (4, 8, 16, 32)
 
@@ -88,42 +88,45 @@ class CPVT(CPVTBase):
         """
         if kwargs.get('features_only') and patch_size != 16:
             raise ValueError(f'the simple feature pyramid is built on stride-16 tokens, got patch_size {patch_size}')
-        super().__init__(num_levels=len(PYRAMID_STRIDES), **kwargs)
-        stage = Stage(embed_dim, depth, num_heads, mlp_ratio, patch_size)
-        self.num_prefix_tokens = int(class_token)
-        self.stage_specs = (stage,)
-        self.check_frozen_stages(frozen_stages, depth, 'blocks')
+        super().__init__((Stage(embed_dim, depth, num_heads, mlp_ratio, patch_size),), num_levels=len(PYRAMID_STRIDES),
+                         num_prefix_tokens=int(class_token), pos_encoding=pos_encoding, frozen_stages=frozen_stages,
+                         **kwargs)
 
-        self.patch_embed = PatchEmbed(self.in_chans, embed_dim, patch_size, norm_layer=None)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        self.pos_drop = nn.Dropout(self.drop_rate)
-        drop_paths, = self.drop_path_rates(self.stage_specs)
-        self.blocks = nn.ModuleList(Block(embed_dim, num_heads, mlp_ratio, drop_path=rate, attn_layer=self.attn_layer,
-                                          **self.block_args) for rate in drop_paths)
-        unbuilt = self.mount_position_encodings(pos_encoding, self.stage_specs, [depth])
+    def _build_trunk(self, parts: Parts) -> tuple[list[int], list[str]]:
+        stage, = self.stage_specs
+        self.patch_embed = PatchEmbed(self.in_chans, stage.dim, stage.patch_size, norm_layer=None)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, stage.dim)) if self.num_prefix_tokens else None
+        self.pos_drop = nn.Dropout(parts.drop_rate)
+        drop_paths, = parts.drop_paths(self.stage_specs)
+        self.blocks = nn.ModuleList(parts.block(stage, j, rate) for j, rate in enumerate(drop_paths))
+        return [stage.depth], []
 
+    def _build_outputs(self, parts: Parts) -> list[str]:
+        dim, patch_size = self.embed_dim, self.patch_embed.patch_size
         self.strides = tuple(PYRAMID_STRIDES[i] for i in self.out_indices)
-        self.out_channels = tuple((embed_dim // 4, embed_dim // 2, embed_dim, embed_dim)[i] for i in self.out_indices)
-        self.norm = self.norm_layer(embed_dim, eps=self.norm_eps)
-        self.num_features = embed_dim
-        self.feature_info = [dict(module=f'blocks.{j}', num_chs=embed_dim, reduction=patch_size) for j in range(depth)]
+        self.out_channels = tuple((dim // 4, dim // 2, dim, dim)[i] for i in self.out_indices)
+        self.norm = parts.norm(dim)
+        self.num_features = dim
+        self.feature_info = [dict(module=f'blocks.{j}', num_chs=dim, reduction=patch_size)
+                             for j in range(len(self.blocks))]
         if self.features_only:
-            self.simple_fpn = nn.ModuleDict({str(i): _simple_pyramid_level(i, embed_dim, self.act_layer)
+            self.simple_fpn = nn.ModuleDict({str(i): _simple_pyramid_level(i, dim, parts.act_layer)
                                              for i in self.out_indices})
-            self.unbuilt_prefixes = tuple(unbuilt) + ('head.',)
-        else:
-            self.unbuilt_prefixes = tuple(unbuilt)
-            self.reset_classifier(self.num_classes)
+        return []
 
-        self.apply(init_weights)
+    def _init_weights(self) -> None:
+        super()._init_weights()
         if self.cls_token is not None:
             nn.init.trunc_normal_(self.cls_token, std=.02)
+
+    def _frozen_parts(self, frozen_stages: int) -> list:
+        self.check_frozen_stages(frozen_stages, len(self.blocks), 'blocks')
         frozen: list = []
         if frozen_stages >= 0:
             frozen += [self.patch_embed] + ([self.cls_token] if self.cls_token is not None else [])
             frozen += self._position_parts(0, (), embedding=True)
         blocks = range(max(frozen_stages, 0))
-        self.freeze(frozen + [self.blocks[j] for j in blocks] + self._position_parts(0, blocks))
+        return frozen + [self.blocks[j] for j in blocks] + self._position_parts(0, blocks)
 
     @property
     def embed_dim(self) -> int:

@@ -16,10 +16,14 @@ from .svt import TwinsSVT
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """A named variant: its family ``cls``, the constructor ``settings``, a ``note`` for listings, ``paper``
+    (a model of a paper, with published parameter counts) and ``default`` (its family's default variant, the
+    ``arch`` its OpenMMLab backbone starts from: one per family)."""
     cls: type[nn.Module]
     settings: Mapping[str, Any]
     note: str = ''
     paper: bool = True
+    default: bool = False
 
 
 _PCPVT = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
@@ -33,11 +37,11 @@ MODEL_SPECS: dict[str, ModelSpec] = {
                                               mlp_ratios=(4, 4, 4, 4), sr_ratios=(8, 4, 2, 1), depths=(2, 2, 2, 2)),
                             'not a paper model: a ~2.6M-parameter pyramid small enough to train on 2 CPU cores',
                             paper=False),
-    'pcpvt_small': ModelSpec(PyramidCPVT, dict(_PCPVT, depths=(3, 4, 6, 3)), 'Twins-PCPVT-S, 24.1M'),
+    'pcpvt_small': ModelSpec(PyramidCPVT, dict(_PCPVT, depths=(3, 4, 6, 3)), 'Twins-PCPVT-S, 24.1M', default=True),
     'pcpvt_base': ModelSpec(PyramidCPVT, dict(_PCPVT, depths=(3, 4, 18, 3)), 'Twins-PCPVT-B, 43.8M'),
     'pcpvt_large': ModelSpec(PyramidCPVT, dict(_PCPVT, depths=(3, 8, 27, 3)), 'Twins-PCPVT-L, 61.0M'),
     'svt_small': ModelSpec(TwinsSVT, dict(_SVT, embed_dims=(64, 128, 256, 512), num_heads=(2, 4, 8, 16),
-                                          depths=(2, 2, 10, 4)), 'Twins-SVT-S, 24.1M'),
+                                          depths=(2, 2, 10, 4)), 'Twins-SVT-S, 24.1M', default=True),
     'svt_base': ModelSpec(TwinsSVT, dict(_SVT, embed_dims=(96, 192, 384, 768), num_heads=(3, 6, 12, 24),
                                          depths=(2, 2, 18, 2)), 'Twins-SVT-B, 56.1M'),
     'svt_large': ModelSpec(TwinsSVT, dict(_SVT, embed_dims=(128, 256, 512, 1024), num_heads=(4, 8, 16, 32),
@@ -47,11 +51,13 @@ for _size, _dims in _DEIT.items():
     MODEL_SPECS[f'cpvt_{_size}'] = ModelSpec(
         CPVT, dict(_dims, class_token=True), f'CPVT-{_size[0].upper()}: class token, PEG after blocks 0-5')
     MODEL_SPECS[f'cpvt_{_size}_gap'] = ModelSpec(
-        CPVT, dict(_dims, class_token=False), f'CPVT-{_size[0].upper()}-GAP: no class token, global average pool')
+        CPVT, dict(_dims, class_token=False), f'CPVT-{_size[0].upper()}-GAP: no class token, global average pool',
+        default=_size == 'small')
 
 
 for _name, _settings in PVT_V2_SIZES.items():
-    MODEL_SPECS[_name] = ModelSpec(PVTv2, _settings, f'PVTv2-{_name[7:].upper().replace("_LI", "-li")} (timm {_name})')
+    MODEL_SPECS[_name] = ModelSpec(PVTv2, _settings, f'PVTv2-{_name[7:].upper().replace("_LI", "-li")} (timm {_name})',
+                                   default=_name == 'pvt_v2_b2')
 
 
 def list_models() -> list[str]:

@@ -1,15 +1,14 @@
 """The pyramid trunk every pyramid family builds from its stage spec, and Pyramid CPVT (Twins-PCPVT): PVT's four
 stages with spatial-reduction attention, a PEG, and GAP."""
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..layers import Block, LocallyGroupedAttention, PatchEmbed, tokens_to_map
+from ..layers import PatchEmbed, tokens_to_map
 from ..layers.valid import region
-from .base import CPVTBase, Stage, init_weights, per_stage, stage_strides, take_indices
+from .base import CPVTBase, Parts, Stage, per_stage, stage_strides, take_indices
 
 
 class Pyramid(CPVTBase):
@@ -34,14 +33,11 @@ class Pyramid(CPVTBase):
     other sizes).
     """
 
-    def __init__(self, stages: Sequence[Stage], *, window_mask: bool = False, pos_encoding: Any = 'peg',
-                 frozen_stages: int = -1, **kwargs: Any):
+    def __init__(self, stages: Sequence[Stage], *, pos_encoding: Any = 'peg', frozen_stages: int = -1,
+                 **kwargs: Any):
         """Build the trunk ``stages`` (``base.Stage``; the family's constructor writes them, a user does not).
 
         Args:
-            window_mask: with windows, False lets the padded tokens take part in windowed attention as keys
-                (timm's behaviour, the classifiers' default); True masks them out (the Twins release's dense
-                code).
             pos_encoding: the position encodings (``cpvt_backbones.layers.position``): by default ``'peg'``, a
                 PEG after the first block of every stage (Twins), numbered in network order as ``pos_block.{k}``;
                 or e.g. ``dict(type='peg', positions=((0, 1), (0,), (0,), (0,)), kernel_size=5)``,
@@ -54,75 +50,61 @@ class Pyramid(CPVTBase):
                 ``requires_grad=False`` and stay in eval mode while the model trains.
             **kwargs: ``CPVTBase``'s arguments.
         """
-        stages = tuple(stages)
-        if window_mask and all(s.window_size is None for s in stages):
-            raise ValueError('window_mask=True masks padded tokens out of windows: it needs window_sizes')
-        super().__init__(num_levels=len(stages), **kwargs)
-        self.num_prefix_tokens = 0
-        self.stage_specs = stages
-        self.window_mask = window_mask
-        built = stages[:self.out_indices[-1] + 1] if self.features_only else stages
-        self.check_frozen_stages(frozen_stages, len(built), 'built stages')
-        strides = stage_strides(stages)
-        self.min_trace_side = max([2 * s.window_size * stride for s, stride in zip(stages, strides)
-                                   if s.window_size is not None] +
-                                  [s.sr_ratio * stride for s, stride in zip(stages, strides) if s.reduction == 'drop'],
-                                  default=0)
-        self._build_trunk(built, self.drop_path_rates(stages), window_mask)
-        unbuilt = self.mount_position_encodings(pos_encoding, stages, [s.depth for s in built])
-        biased = [enc.name for enc in self.pos_encodings if enc.biases_logits]
-        if biased and any(s.window_size is not None or s.reduction != 'pad' for s in stages):
-            raise ValueError(f'position encoding {biased[0]!r} biases global attention logits over keys reduced with '
-                             'padding; windowed blocks (window_sizes) and other reductions cannot take it')
+        super().__init__(stages, num_levels=len(stages), pos_encoding=pos_encoding, frozen_stages=frozen_stages,
+                         **kwargs)
 
-        self.out_channels = tuple(stages[i].dim for i in self.out_indices)
+    @property
+    def min_trace_side(self) -> int:
+        strides = stage_strides(self.stage_specs)
+        return max([2 * s.window_size * stride for s, stride in zip(self.stage_specs, strides)
+                    if s.window_size is not None] +
+                   [s.sr_ratio * stride for s, stride in zip(self.stage_specs, strides) if s.reduction == 'drop'],
+                   default=0)
+
+    def _build_trunk(self, parts: Parts) -> tuple[list[int], list[str]]:
+        """``patch_embeds``, ``pos_drops``, ``blocks`` and ``norms`` (identities where a stage has none) of the
+        stages up to the last output (all for a classifier), from their specs."""
+        stages = self.stage_specs
+        built = stages[:self.out_indices[-1] + 1] if self.features_only else stages
+        drop_paths = parts.drop_paths(stages)
+        self.patch_embeds, self.pos_drops, self.blocks, self.norms = (nn.ModuleList() for _ in range(4))
+        prev = self.in_chans
+        for i, stage in enumerate(built):
+            self.patch_embeds.append(PatchEmbed(prev, stage.dim, stage.patch_size, norm_layer=parts.norm_layer,
+                                                kernel_size=stage.embed_kernel))
+            self.pos_drops.append(nn.Dropout(parts.drop_rate))
+            self.blocks.append(nn.ModuleList(parts.block(stage, j, rate) for j, rate in enumerate(drop_paths[i])))
+            self.norms.append(parts.norm(stage.dim) if stage.norm else nn.Identity())
+            prev = stage.dim
+        dropped = [f'{name}.{i}.' for i in range(len(built), len(stages)) for name in ('patch_embeds', 'blocks',
+                                                                                       'norms')]
+        return [s.depth for s in built], dropped
+
+    def _build_outputs(self, parts: Parts) -> list[str]:
+        """The final norm on the last stage (unless the stage has its own; none for a dense backbone)."""
+        built = self.stage_specs[:len(self.blocks)]
+        strides = stage_strides(self.stage_specs)
+        self.out_channels = tuple(self.stage_specs[i].dim for i in self.out_indices)
         self.strides = tuple(strides[i] for i in self.out_indices)
         self.num_features = built[-1].dim
         self.feature_info = [dict(module=f'blocks.{i}', num_chs=stage.dim, reduction=strides[i])
                              for i, stage in enumerate(built)]
-        dropped = [f'{name}.{i}.' for i in range(len(built), len(stages)) for name in ('patch_embeds', 'blocks',
-                                                                                       'norms')]
-        self.unbuilt_prefixes = tuple(dropped + unbuilt + (['norm.', 'head.'] if self.features_only else []))
-        if not self.features_only:
-            self.norm = nn.Identity() if built[-1].norm else self.norm_layer(built[-1].dim, eps=self.norm_eps)
-            self.reset_classifier(self.num_classes)
+        if self.features_only:
+            return ['norm.']
+        self.norm = nn.Identity() if built[-1].norm else parts.norm(built[-1].dim)
+        return []
 
-        self.apply(init_weights)
-        self.freeze(self._stage_parts(frozen_stages))
-
-    def _stage_parts(self, stages: int) -> list:
-        """What ``frozen_stages=stages`` freezes: the first patch embedding (and a position table) from 0 on, and
-        stages 0..stages-1 entirely, with their position-encoding parts."""
+    def _frozen_parts(self, frozen_stages: int) -> list:
+        """The first patch embedding (and a position table) from 0 on, and stages 0..frozen_stages-1 entirely,
+        with their position-encoding parts."""
+        self.check_frozen_stages(frozen_stages, len(self.blocks), 'built stages')
         parts: list = []
-        if stages >= 0:
+        if frozen_stages >= 0:
             parts += [self.patch_embeds[0]] + self._position_parts(0, (), embedding=True)
-        for i in range(max(stages, 0)):
+        for i in range(max(frozen_stages, 0)):
             parts += [self.patch_embeds[i], self.blocks[i], self.norms[i]] + \
                 self._position_parts(i, range(len(self.blocks[i])), True)
         return parts
-
-    def _build_trunk(self, stages: Sequence[Stage], drop_paths: Sequence[Sequence[float]], window_mask: bool) -> None:
-        """``patch_embeds``, ``pos_drops``, ``blocks`` and ``norms`` (identities where a stage has none) of
-        ``stages``, from their specs."""
-        self.patch_embeds, self.pos_drops, self.blocks, self.norms = (nn.ModuleList() for _ in range(4))
-        prev = self.in_chans
-        for i, stage in enumerate(stages):
-            self.patch_embeds.append(PatchEmbed(prev, stage.dim, stage.patch_size, norm_layer=self.norm_layer,
-                                                kernel_size=stage.embed_kernel))
-            self.pos_drops.append(nn.Dropout(self.drop_rate))
-            windowed = partial(LocallyGroupedAttention, window_size=stage.window_size, window_mask=window_mask)
-            reduced = self.attn_layer if stage.reduction == 'pad' else \
-                partial(self.attn_layer, reduction=stage.reduction)
-            parts = dict(self.block_args, mlp_layer=stage.mlp_layer or self.block_args['mlp_layer'])
-            blocks = nn.ModuleList()
-            for j in range(stage.depth):
-                local = stage.window_size is not None and j % 2 == 0   # SVT: windows on blocks 0, 2, ...
-                blocks.append(Block(stage.dim, stage.num_heads, stage.mlp_ratio, drop_path=drop_paths[i][j],
-                                    attn_layer=windowed if local else reduced,
-                                    sr_ratio=1 if local else stage.sr_ratio, **parts))
-            self.blocks.append(blocks)
-            self.norms.append(self.norm_layer(stage.dim, eps=self.norm_eps) if stage.norm else nn.Identity())
-            prev = stage.dim
 
     @property
     def embed_dims(self) -> tuple[int, ...]:
@@ -230,6 +212,7 @@ class PyramidCPVT(Pyramid):
         sr_ratios: Sequence[int] = (8, 4, 2, 1),
         patch_sizes: Sequence[int] = (4, 2, 2, 2),
         window_sizes: Sequence[int] | None = None,
+        window_mask: bool = False,
         **kwargs: Any,
     ):
         """
@@ -246,12 +229,16 @@ class PyramidCPVT(Pyramid):
                 (Twins-SVT): blocks 0, 2, ... then attend within non-overlapping windows
                 (``layers.LocallyGroupedAttention``: keys ``attn.qkv``, ``attn.proj``), maps zero-padded
                 bottom/right to whole windows, and blocks 1, 3, ... globally (``attn_layer``).
-            **kwargs: ``Pyramid``'s ``window_mask``, ``pos_encoding`` and ``frozen_stages``, and ``CPVTBase``'s
-                arguments.
+            window_mask: with windows, False lets the padded tokens take part in windowed attention as keys
+                (timm's behaviour, the classifiers' default); True masks them out (the Twins release's dense code).
+            **kwargs: ``Pyramid``'s ``pos_encoding`` and ``frozen_stages``, and ``CPVTBase``'s arguments.
         """
+        if window_mask and window_sizes is None:
+            raise ValueError('window_mask=True masks padded tokens out of windows: it needs window_sizes')
         windows = {} if window_sizes is None else dict(window_sizes=window_sizes)
         rows = per_stage(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
                          sr_ratios=sr_ratios, patch_sizes=patch_sizes, **windows)
         stages = tuple(Stage(dim=d, depth=n, num_heads=h, mlp_ratio=r, patch_size=p, sr_ratio=sr,
-                             window_size=ws[0] if ws else None) for d, n, h, r, sr, p, *ws in rows)
+                             window_size=ws[0] if ws else None, window_mask=window_mask)
+                       for d, n, h, r, sr, p, *ws in rows)
         super().__init__(stages, **kwargs)

@@ -48,8 +48,7 @@ class PVTv2(Pyramid):
                 ``linear``).
             linear: PVTv2-li: keys and values pooled to 7 x 7 at every stage, a ReLU in the feed-forward.
             pos_encoding: position encodings on top (``cpvt_backbones.layers.position``); 'none' as PVTv2.
-            **kwargs: ``Pyramid``'s ``frozen_stages`` (its ``window_mask`` needs windows, which PVTv2 has none
-                of) and ``CPVTBase``'s arguments.
+            **kwargs: ``Pyramid``'s ``frozen_stages`` and ``CPVTBase``'s arguments.
         """
         mlp = partial(ConvMlp, extra_relu=linear)
         rows = per_stage(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
