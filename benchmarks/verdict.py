@@ -52,13 +52,14 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = (ROOT / 'README.md', ROOT / 'docs/resolution_study.md', ROOT / 'docs/performance.md',
              ROOT / 'docs/reliability.md')
 # The crop protocol with a class token (the paper's ablation set-up): the study of all fifteen encodings, whose
-# five central ones trained on a GPU, and their retraining on the CPU.
-HEADLINE = ('resolution_crop_cls', 'resolution_crop_cls_cpu', 'recipe_sweep/recipe_sweep_cls')
+# five central ones trained on a GPU, their retraining on the CPU, and PVTv2's convolutional MLP (CPU).
+HEADLINE = ('resolution_crop_cls', 'resolution_crop_cls_cpu', 'recipe_sweep/recipe_sweep_cls',
+            'resolution_crop_cls_conv_mlp')
 # The recipe sweep's cells (recipe_sweep.py): each the default recipe with one or two fields replaced; a cell's
 # studies pool runs of the same recipe (the bicubic cell only tests the default's models another way: not a recipe).
 RECIPES = {
     'default (GAP)': ('recipe_sweep/recipe_sweep_default', 'recipe_sweep/recipe_sweep_default_cpu'),
-    'class token': ('recipe_sweep/recipe_sweep_cls', 'resolution_crop_cls_cpu'),
+    'class token': ('recipe_sweep/recipe_sweep_cls', 'resolution_crop_cls_cpu', 'resolution_crop_cls_conv_mlp'),
     'aliased crops': ('recipe_sweep/recipe_sweep_aliased', 'recipe_sweep/recipe_sweep_aliased_cpu'),
     'position weights decayed': ('recipe_sweep/recipe_sweep_decay_position',),
     'lr 2e-3': ('recipe_sweep/recipe_sweep_lr2e-3',),
