@@ -346,3 +346,15 @@ def test_shape_datasets_are_deterministic(tmp_path):
         (tmp_path / 'b' / 'train' / 'masks' / '00000.png').read_bytes()
     generate_shape_crops(tmp_path / 'crops', num_train=8, num_val=4, size=32)
     assert sorted(p.name for p in (tmp_path / 'crops' / 'train').iterdir()) == sorted(CLASSES)
+
+
+def test_every_constructor_reads_as_a_stage_spec():
+    """No family's constructor (nor the shared ones it passes on to) is longer than 60 lines, docstring included:
+    a family writes its stages and hands them on; the build order lives once, in ``CPVTBase.__init__``."""
+    import inspect
+
+    from cpvt_backbones.models import Pyramid
+    from cpvt_backbones.models.base import CPVTBase
+    classes = {spec.cls for spec in MODEL_SPECS.values()} | {Pyramid, CPVTBase}
+    lengths = {cls.__name__: len(inspect.getsourcelines(cls.__init__)[0]) for cls in classes}
+    assert max(lengths.values()) <= 60, lengths

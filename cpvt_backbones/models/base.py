@@ -190,7 +190,8 @@ class CPVTBase(nn.Module):
     runs a built model: input checks, the blocks with their position encodings, checkpointing, the classifier
     methods and timm's pruning. A family passes its ``stages`` and builds its modules in three hooks:
     ``_build_trunk`` (the embeddings and blocks), ``_build_outputs`` (the final norm and what a dense backbone
-    returns) and ``_frozen_parts`` (what ``frozen_stages`` freezes); each gets what it needs as arguments.
+    returns) and ``_frozen_parts`` (what ``frozen_stages`` freezes), and may extend ``_init_weights``; each hook
+    gets what it needs as arguments.
 
     Attributes, with the same meaning in every family:
 
@@ -229,13 +230,9 @@ class CPVTBase(nn.Module):
                  norm_layer: Callable[..., nn.Module] = nn.LayerNorm, act_layer: Callable[..., nn.Module] = nn.GELU,
                  features_only: bool = False, out_indices: Sequence[int] | None = None,
                  grad_checkpointing: bool = False, check_finite: bool = False):
-        """Build a family's model in the order every family shares: its trunk (``_build_trunk``), the position
-        encodings ``pos_encoding`` names, its outputs (``_build_outputs``) and head, the initialisation
-        (``_init_weights``), then what ``frozen_stages`` freezes (``_frozen_parts``). The family passes ``stages``
-        (``Stage``, the whole trunk), ``num_levels`` (how many maps a dense backbone can return) and
-        ``num_prefix_tokens`` (leading tokens without a position) and documents ``pos_encoding`` and
-        ``frozen_stages``, whose meaning depends on it. Every family takes the others, passed on by keyword.
-
+        """Trunk, position encodings, outputs and head, init, freezing (the class's hooks, in that order). The
+        family passes ``stages`` (the whole trunk), ``num_levels`` (maps a dense backbone can return) and
+        ``num_prefix_tokens`` and documents ``pos_encoding`` and ``frozen_stages``; it passes on the rest.
         Args:
             in_chans: channels of the input image.
             num_classes: classes of the linear head; 0 builds no head (``forward`` returns the pooled features). Must be
