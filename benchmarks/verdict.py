@@ -58,7 +58,8 @@ HEADLINE = ('resolution_crop_cls', 'resolution_crop_cls_cpu', 'recipe_sweep/reci
 # The recipe sweep's cells (recipe_sweep.py): each the default recipe with one or two fields replaced; a cell's
 # studies pool runs of the same recipe (the bicubic cell only tests the default's models another way: not a recipe).
 RECIPES = {
-    'default (GAP)': ('recipe_sweep/recipe_sweep_default', 'recipe_sweep/recipe_sweep_default_cpu'),
+    'default (GAP)': ('recipe_sweep/recipe_sweep_default', 'recipe_sweep/recipe_sweep_default_cpu',
+                      'recipe_sweep/recipe_sweep_default_conv_mlp'),
     'class token': ('recipe_sweep/recipe_sweep_cls', 'resolution_crop_cls_cpu', 'resolution_crop_cls_conv_mlp'),
     'aliased crops': ('recipe_sweep/recipe_sweep_aliased', 'recipe_sweep/recipe_sweep_aliased_cpu'),
     'position weights decayed': ('recipe_sweep/recipe_sweep_decay_position',),
