@@ -182,12 +182,12 @@ def check_backbone_settings(cfg: Config, source: str = 'the config') -> None:
 
     from .. import models as core
     from ..models import model_settings
-    from . import backbones
+    from .backbones import BACKBONES
     settings = (cfg.get('model') or {}).get('backbone') or {}
     kind = str(settings.get('type', '')).rsplit('.', 1)[-1]
-    if kind not in our_backbone_types() or not hasattr(core, kind):
+    if kind not in BACKBONES:
         return
-    cls = getattr(backbones, kind)
+    cls = BACKBONES[kind]
     valid = sorted(p for p in inspect.signature(cls.__init__).parameters if p != 'self')
     unknown = sorted(set(settings) - set(valid) - {'type'})
     if unknown:
