@@ -4,7 +4,7 @@ The classes here subclass the torch-only core, so a detector's state dict reads 
 the official key names. Registration into a framework's registry happens in the ``mmdet``, ``mmseg`` and
 ``mmpretrain`` modules beside this one.
 """
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,6 +34,16 @@ def mark_valid_sizes(inputs: torch.Tensor, data_samples: Sequence[Any] | None) -
     elif hasattr(inputs, VALID_SIZES):
         delattr(inputs, VALID_SIZES)
     return inputs
+
+
+def lazy_builder(make: Callable[[], type]) -> Callable[..., Any]:
+    """A builder to register in a framework's MODELS under a class's name: it builds the class ``make()``
+    returns (cached by the caller), made on the first build rather than at registration, where a framework's
+    module it needs would import the framework's whole model zoo. The builder's docstring is ``make``'s."""
+    def build(**kwargs):
+        return make()(**kwargs)
+    build.__doc__ = make.__doc__
+    return build
 
 
 class _OpenMMLabBackbone:

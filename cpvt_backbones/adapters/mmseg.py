@@ -7,7 +7,7 @@ import functools
 from mmseg.registry import MODELS
 
 from .alone import alone_builder, refuse_mixed_sizes
-from .backbones import BACKBONES, mark_valid_sizes
+from .backbones import BACKBONES, lazy_builder, mark_valid_sizes
 
 for _backbone in BACKBONES.values():
     MODELS.register_module(module=_backbone)
@@ -59,12 +59,6 @@ def valid_size_preprocessor() -> type:
     return ValidSizeSegDataPreprocessor
 
 
-def build_valid_size_preprocessor(**kwargs):
-    """``ValidSizeSegDataPreprocessor`` in a config: mmseg's ``SegDataPreProcessor`` with its arguments, which
-    also pads a test batch of mixed sizes and hands our backbones each image's valid size in the padded batch."""
-    return valid_size_preprocessor()(**kwargs)
+MODELS.register_module(name='ValidSizeSegDataPreprocessor', module=lazy_builder(valid_size_preprocessor))
 
-
-MODELS.register_module(name='ValidSizeSegDataPreprocessor', module=build_valid_size_preprocessor)
-
-__all__ = ['build_valid_size_preprocessor', 'valid_size_preprocessor']
+__all__ = ['valid_size_preprocessor']
