@@ -7,9 +7,8 @@ from .peg import PEGEncoding
 
 class Conv1x1Encoding(PEGEncoding):
     """``conv1x1``: a residual depthwise 1 x 1 convolution after each block in ``positions`` (default: every
-    block; the paper replaces the PEG by twelve of them in DeiT-tiny and gets 68.6, no better than no
-    encoding, 68.2). It sees no neighbour and no padding, so it can carry no position. Keys as the PEG's
-    (``pos_block.{k}.proj.0.*``)."""
+    block, as the paper's control). It sees no neighbour and no padding, so it can carry no position. Keys as
+    the PEG's (``pos_block.{k}.proj.0.*``)."""
     name = 'conv1x1'
     min_kernel = 1
 
