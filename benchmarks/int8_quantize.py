@@ -1,5 +1,5 @@
 """What quantizing activations in plain tensor arithmetic costs the static int8 path, against torch's deprecated
-quantized-tensor quantizer (``torch.quantize_per_tensor``), which ``deploy.fused.OneDNNInt8.quantize`` does not use.
+quantized-tensor quantizer (``torch.quantize_per_tensor``), which ``deploy.kernels.OneDNNInt8.quantize`` does not use.
 
     python -m benchmarks.int8_quantize [NAME] [--cases infer224_b1 infer800x1216 ...] [--repeats 7] [--json PATH]
 
@@ -16,7 +16,7 @@ import torch
 
 from benchmarks.timing import CASES, run_case
 from cpvt_backbones import create_model, prepare, record_input_ranges
-from cpvt_backbones.deploy import fused
+from cpvt_backbones.deploy import kernels as fused
 from cpvt_backbones.utils import cpu_info
 
 

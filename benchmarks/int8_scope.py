@@ -37,8 +37,8 @@ def scores(task: str, checkpoint: str, work_dir: Path, engine: str, precision: s
         cfg = load_config(str(ROOT / spec.config))
         set_test_scale(cfg, scaled(cfg, factors), keep_ratio)
         metrics = evaluate(cfg, checkpoint, str(work_dir), f'{task}-{label}-{engine}-{precision}', precision,
-                           engine=engine, calibration=str(ROOT / CALIBRATION), calibration_images=32,
-                           keep_fp32=keep_fp32)
+                           engine=engine, calibration_source=str(ROOT / CALIBRATION) if precision == 'int8' else None,
+                           calibration_images=32, keep_fp32=keep_fp32 if precision == 'int8' else None)
         out[label] = headline_score(spec.scope, metrics) / 100
     return out
 

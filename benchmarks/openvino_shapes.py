@@ -1,4 +1,4 @@
-"""OpenVINO's shape strategies (``deploy.openvino``: dynamic, static, auto) on a stream of mixed sizes and on a
+"""OpenVINO's shape strategies (``deploy.engines.openvino``: dynamic, static, auto) on a stream of mixed sizes and on a
 stream of recurring sizes.
 
     python -m benchmarks.openvino_shapes [NAME] [--sizes data/shapes/val/images | --sizes 480x640 ...]
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from cpvt_backbones import create_model, prepare
-from cpvt_backbones.deploy.openvino import SHAPES
+from cpvt_backbones.deploy.engines.openvino import SHAPES
 from cpvt_backbones.utils import cpu_info
 
 ROOT = Path(__file__).resolve().parents[1]

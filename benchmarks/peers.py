@@ -27,7 +27,7 @@ from benchmarks.timing import has_fast_bf16
 from cpvt_backbones import create_model
 from cpvt_backbones.convert import native_to_mmseg
 from cpvt_backbones.deploy import ENGINES, PRECISIONS, prepare
-from cpvt_backbones.deploy.onnxruntime import OnnxRuntimeModule
+from cpvt_backbones.deploy.engines.onnxruntime import OnnxRuntimeModule
 from cpvt_backbones.models import PyramidCPVT, TwinsSVT, model_settings
 from cpvt_backbones.utils import cpu_info
 
@@ -89,7 +89,7 @@ def build(name: str, peers: bool = True, onnx_dir: str = 'work_dirs/bench_onnx',
     calibration = [torch.randn(2, 3, 224, 224)]  # int8 ranges for the speed test: random images (same timing)
 
     def prepare_one(engine: str, precision: str) -> torch.nn.Module:
-        options = (dict(cache=str(Path(onnx_dir) / f'{name}-{precision}'), conversion_cache=str(Path(onnx_dir) / name))
+        options = (dict(cache=str(Path(onnx_dir) / f'{name}-{precision}'), float_cache=str(Path(onnx_dir) / name))
                    if engine == 'onnxruntime' else {})
         module = plain if ENGINES[engine].transform is ENGINES['torch'].transform else copy.deepcopy(plain)
         return prepare(module, engine, precision, calibration if precision == 'int8' else None, **options)

@@ -7,9 +7,9 @@ a model over images of many sizes in padded batches, each image as if alone. The
 registrations live in
 ``cpvt_backbones.adapters.{mmdet,mmseg,mmpretrain}`` and are imported by configs through ``custom_imports``.
 """
-from .deploy import optimize, prepare, record_input_ranges, run_images
+from .deploy import prepare, record_input_ranges, run_images
 from .models import CPVT, PyramidCPVT, TwinsSVT, create_model, list_models
 
 __version__ = '0.1.0'
-__all__ = ['CPVT', 'PyramidCPVT', 'TwinsSVT', 'create_model', 'list_models', 'optimize', 'prepare',
+__all__ = ['CPVT', 'PyramidCPVT', 'TwinsSVT', 'create_model', 'list_models', 'prepare',
            'record_input_ranges', 'run_images']

@@ -9,6 +9,7 @@ import torch
 
 from cpvt_backbones import create_model
 from cpvt_backbones.convert import CheckpointMismatchError
+from cpvt_backbones.deploy import EngineRequest
 
 for _framework in ('mmengine', 'mmdet', 'mmseg', 'mmpretrain'):
     pytest.importorskip(_framework)
@@ -249,7 +250,8 @@ def test_int8_keeps_the_configs_float32_modules_unless_told_otherwise(engine):
 
     from mmengine.config import Config
 
-    from cpvt_backbones.adapters.engines import add_engine_args, kept_in_fp32, use_engine
+    from cpvt_backbones.adapters.custom_hooks import use_engine
+    from cpvt_backbones.adapters.engines import add_engine_args, kept_in_fp32
     cfg = Config(dict(int8_keep_fp32=['bbox_head.retina_cls'],
                       model=dict(backbone=dict(type='PyramidCPVT', arch='pcpvt_tiny'))))
     assert kept_in_fp32(cfg) == ('bbox_head.retina_cls',) and kept_in_fp32(cfg, []) == ()
@@ -261,35 +263,38 @@ def test_int8_keeps_the_configs_float32_modules_unless_told_otherwise(engine):
                          (['--keep-fp32', 'neck', 'backbone.blocks.0'], ('neck', 'backbone.blocks.0'))):
         int8_cfg = copy.deepcopy(cfg)
         use_engine(int8_cfg, parser.parse_args(['--engine', engine, '--precision', 'int8', *argv]))
-        assert tuple(int8_cfg.custom_hooks[-1]['keep_fp32']) == hooked
-        assert int8_cfg.custom_hooks[-1]['calibration'] == 'val'
+        assert int8_cfg.custom_hooks[-1]['request'].keep_fp32 == hooked
+        assert int8_cfg.custom_hooks[-1]['request'].calibration_source == 'val'
     torch_cfg = copy.deepcopy(cfg)
     use_engine(torch_cfg, parser.parse_args(['--engine', 'torch', '--precision', 'bf16']))
     assert 'optimize' not in torch_cfg.model.backbone  # bf16: backbone, neck and head under autocast, by the hook
     (hook,) = torch_cfg.custom_hooks
-    assert hook == dict(type='InferenceEngineHook', engine='torch', precision='bf16', calibration=None,
-                        calibration_images=32, keep_fp32=[], cache=None, options={},
-                        conversion_cache=None)
+    assert hook == dict(type='InferenceEngineHook', request=EngineRequest('torch', 'bf16'))
     assert 'cpvt_backbones.adapters.hooks' in torch_cfg.custom_imports['imports']
     fp32_cfg = copy.deepcopy(cfg)
     use_engine(fp32_cfg, parser.parse_args([]))
-    assert fp32_cfg.custom_hooks[-1]['engine'] == 'fused' and 'optimize' not in fp32_cfg.model.backbone
-    with pytest.raises(SystemExit, match='--keep-fp32 configure int8'):
-        use_engine(copy.deepcopy(cfg), parser.parse_args(['--engine', 'torch', '--precision', 'bf16', '--keep-fp32']))
+    assert fp32_cfg.custom_hooks[-1]['request'].engine == 'fused' and 'optimize' not in fp32_cfg.model.backbone
+    with pytest.raises(SystemExit, match="calibration and keep_fp32 configure the calibrated precisions of engine "
+                                         "'torch'"):
+        use_engine(copy.deepcopy(cfg), parser.parse_args(['--engine', 'torch', '--precision', 'bf16', '--keep-fp32',
+                                                          'neck']))
+    with pytest.raises(SystemExit, match="calibration and keep_fp32 configure the calibrated precisions of engine "
+                                         "'fused' \\(int8\\); precision='fp32'"):
+        use_engine(copy.deepcopy(cfg), parser.parse_args(['--calibrate', 'val']))
     with pytest.raises(SystemExit, match="engine 'fused' runs fp32, int8, not 'bf16'; bf16 runs on: torch, openvino"):
         use_engine(copy.deepcopy(cfg), parser.parse_args(['--precision', 'bf16']))
     resnet = Config(dict(model=dict(backbone=dict(type='ResNet'))))
     with pytest.raises(SystemExit, match="engine 'fused' runs our backbones .*'ResNet'.*--engine torch"):
         use_engine(copy.deepcopy(resnet), parser.parse_args(['--engine', 'fused']))
     use_engine(resnet, parser.parse_args([]))  # the default for another backbone: the plain model
-    assert resnet.custom_hooks[-1]['engine'] == 'torch'
+    assert resnet.custom_hooks[-1]['request'].engine == 'torch'
 
 
 def test_one_engine_request_is_checked_once_and_reaches_the_engine_unchanged(monkeypatch, tmp_path):
-    """The route from a config to an engine: the request a tool makes goes into the config's hook as plain values,
-    is checked once where the hook is built, and that same object (not a copy, not checked again) reaches the
-    engine's transform with the kept-float names translated to the module it runs and the cache files named
-    with the engine's suffix; a request with other arguments beside it is refused."""
+    """The route from a config to an engine: the request a tool makes goes into the config's hook as it is (a
+    config file's dict of fields is made into one there), is checked once, where it is made, and reaches the
+    engine's transform not checked again, with the kept-float names renamed to the module it runs and its caches
+    named in one place; a request with other arguments beside it is refused."""
     pytest.importorskip('mmengine')
     from mmengine.config import Config
 
@@ -298,29 +303,32 @@ def test_one_engine_request_is_checked_once_and_reaches_the_engine_unchanged(mon
     from cpvt_backbones.deploy import registry
     from cpvt_backbones.deploy.openmmlab import on_engine
     cfg = Config(dict(model=dict(backbone=dict(type='PyramidCPVT', arch='pcpvt_tiny'))))
+    checks, seen = [], []
+    real_check = registry._engine
+    monkeypatch.setattr(registry, '_engine', lambda *a: checks.append(a) or real_check(*a))
     asked = config_request(cfg, 'fused', 'int8', keep_fp32=['backbone.blocks.0', 'neck'], input_ranges='r.json',
                            cache=str(tmp_path / 'c'))
-    checks, seen = [], []
-    real_check = registry.check_engine
-    monkeypatch.setattr(registry, 'check_engine', lambda *a: checks.append(a) or real_check(*a))
-    hook = InferenceEngineHook(**asked.to_config())
-    assert hook.request == asked and checks == [('fused', 'int8')]
-    fake = registry.Engine('fused', 'backbone', {'int8': ''}, (), '', lambda module, *a, **k: seen.append((a, k)) or
-                           module, '', cache_suffix='.ranges.json')
+    hook = InferenceEngineHook(asked)
+    assert hook.request is asked and checks == [('fused', 'int8')]
+    from_file = InferenceEngineHook(dict(engine='fused', precision='int8', options=dict(input_ranges='r.json')))
+    assert from_file.request == registry.EngineRequest('fused', 'int8', options=dict(input_ranges='r.json'))
+    checks.clear()
+    fake = registry.Engine('fused', 'backbone', {'int8': ''}, lambda module, *a: seen.append(a) or module, '',
+                           calibrated=('int8',), options=('input_ranges',), calibration_option='input_ranges')
     monkeypatch.setitem(registry.ENGINES, 'fused', fake)
     model = type('Detector', (torch.nn.Module,), {})()
     model.backbone = create_model('pcpvt_tiny')
     engine_model(model, cfg, None, hook.request)
-    assert checks == [('fused', 'int8')]  # not checked again on the way down
-    (args, options), = seen
-    assert args[2] == ('blocks.0',) and options == dict(cache=f'{tmp_path / "c"}.ranges.json', conversion_cache=None,
-                                                         input_ranges='r.json')
+    assert checks == []  # not checked again on the way down
+    (request, calibration, cache), = seen
+    assert request.keep_fp32 == ('blocks.0',) and request.options == dict(input_ranges='r.json')
+    assert calibration is None and cache.result('.ranges.json').path == tmp_path / 'c.ranges.json'
     with pytest.raises(ValueError, match='pass the request alone'):
         on_engine(model, hook.request, 'int8')
-    with pytest.raises(ValueError, match=r"engine options \['keep_fp32'\] are fields of the request"):
+    with pytest.raises(ValueError, match=r"engine 'torch': \['keep_fp32'\] are fields of the request"):
         registry.EngineRequest('torch', options=dict(keep_fp32=['a']))
     with pytest.raises(ValueError, match='calibration_images must be at least 1'):
-        registry.EngineRequest('fused', 'int8', calibration='val', calibration_images=0)
+        registry.EngineRequest('fused', 'int8', calibration_source='val', calibration_images=0)
 
 
 def test_svt_configs_get_the_engines_of_our_backbones():
@@ -331,7 +339,8 @@ def test_svt_configs_get_the_engines_of_our_backbones():
 
     from mmengine.config import Config
 
-    from cpvt_backbones.adapters.engines import add_engine_args, default_engine, use_engine
+    from cpvt_backbones.adapters.custom_hooks import use_engine
+    from cpvt_backbones.adapters.engines import add_engine_args, default_engine
     from cpvt_backbones.adapters.runner import ConfigError, check_backbone_settings, our_backbone_types
     assert sorted(our_backbone_types()) == ['CPVT', 'PVTv2', 'PyramidCPVT', 'TwinsSVT']
     parser = argparse.ArgumentParser()
@@ -340,7 +349,7 @@ def test_svt_configs_get_the_engines_of_our_backbones():
         cfg = Config(dict(model=dict(backbone=dict(type=kind, arch='svt_small'))))
         assert default_engine(cfg) == 'fused'
         use_engine(cfg, parser.parse_args(['--engine', 'fused', '--precision', 'int8']))
-        assert cfg.custom_hooks[-1]['engine'] == 'fused' and cfg.custom_hooks[-1]['precision'] == 'int8'
+        assert cfg.custom_hooks[-1]['request'].engine == 'fused' and cfg.custom_hooks[-1]['request'].precision == 'int8'
     with pytest.raises(ConfigError, match=r"model\.backbone \(TwinsSVT\) has no setting\(s\) \['window_msk'\]"):
         check_backbone_settings(Config(dict(model=dict(backbone=dict(type='TwinsSVT', window_msk=True)))))
     resnet = Config(dict(model=dict(backbone=dict(type='ResNet'))))
@@ -384,7 +393,7 @@ def test_engine_caches_are_named_by_everything_that_changes_them(tmp_path, monke
     others.append(engines.cache_name(det, ckpt, 'float'))
     Image.new('RGB', (9, 7), (10, 20, 31)).save(folder / 'x.png')
     others.append(engines.cache_name(det, ckpt, 'int8', (str(folder), 32)))
-    monkeypatch.setattr(engines, '_versions', lambda *names: {'openvino': 'another'})
+    monkeypatch.setattr(engines, 'package_versions', lambda *names: {'openvino': 'another'})
     others.append(engines.cache_name(det, ckpt, 'float'))
     assert len({name, *others}) == len(others) + 1
 
@@ -404,7 +413,9 @@ def test_every_engine_cache_misses_when_a_package_it_requires_is_upgraded(tmp_pa
     ckpt = tmp_path / 'epoch_1.pth'
     ckpt.write_bytes(b'a' * 1000)
     installed = importlib.metadata.version
-    assert set(engines.cache_versions('onnxruntime')) >= {'cpvt_backbones', 'torch', 'onnxruntime', 'onnxscript'}
+    from cpvt_backbones.deploy.artifacts import package_versions
+    assert set(package_versions(ENGINES['onnxruntime'].requires)) >= {'cpvt_backbones', 'torch', 'onnxruntime',
+                                                                       'onnxscript'}
     for name, spec in ENGINES.items():
         before = engines.cache_name(det, ckpt, 'float', engine=name)
         # an engine whose package this stack lacks makes no cache (STACK=upstream has no OpenVINO)

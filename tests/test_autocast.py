@@ -1,4 +1,4 @@
-"""The torch engine's bf16 (``cpvt_backbones.deploy.autocast``): a backbone and a whole detector or segmentor under
+"""The torch engine's bf16 (``cpvt_backbones.deploy.engines.torch``): a backbone and a whole detector or segmentor under
 autocast against float32 on the same weights at odd sizes, float32 outputs, the refusals and the fallback on a
 CPU without native bf16."""
 import copy
@@ -10,8 +10,9 @@ from shapes_models import shapes_model
 
 from cpvt_backbones import create_model
 from cpvt_backbones.compat import torch_at_least
-from cpvt_backbones.deploy import AutocastModule, to_autocast
-from cpvt_backbones.deploy import autocast as autocast_module
+from cpvt_backbones.deploy import prepare
+from cpvt_backbones.deploy.engines import torch as autocast_module
+from cpvt_backbones.deploy.engines.torch import AutocastModule
 
 SIZES = ((1, 1), (97, 131), (7, 500))
 # Relative L2 against float32 on random weights: measured 5e-3 to 1.3e-2 on torch 2.14/2.15, and up to 4.0e-2 for a
@@ -30,7 +31,7 @@ def test_backbone_under_bf16_autocast_at_odd_sizes(name):
     torch.manual_seed(0)
     plain = create_model(name, features_only=True).eval()
     state = copy.deepcopy(plain.state_dict())
-    engine = AutocastModule(plain, 'bf16')
+    engine = AutocastModule(plain)
     assert not engine.training and engine.state_dict().keys() == {f'module.{k}' for k in state}
     for hw in SIZES:
         x = torch.randn(2, 3, *hw)
@@ -51,7 +52,7 @@ def test_weights_made_under_inference_mode_run_in_bf16():
     with torch.inference_mode():
         frozen = copy.deepcopy(plain)
     assert all(p.is_inference() for p in frozen.parameters())
-    engine = AutocastModule(frozen, 'bf16')
+    engine = AutocastModule(frozen)
     x = torch.randn(1, 3, 64, 80)
     with torch.inference_mode():
         out, again, ref = engine(x), engine(x), plain(x)
@@ -62,23 +63,26 @@ def test_without_native_bf16_it_warns_and_runs_float32(monkeypatch):
     monkeypatch.setattr(autocast_module, 'native_bf16', lambda device_type='cpu': False)
     model = create_model('pcpvt_tiny').eval()
     with pytest.warns(RuntimeWarning, match="precision='bf16': this CPU has no native bf16"):
-        engine = to_autocast(model, 'bf16')
-    assert engine.precision == 'fp32'
-    x = torch.randn(1, 3, 33, 47)
-    with torch.no_grad():
-        assert torch.equal(engine(x), model(x))
+        engine = prepare(model, 'torch', 'bf16')
+    assert engine is model
     monkeypatch.setattr(autocast_module, 'native_bf16', lambda device_type='cpu': True)
     with warnings.catch_warnings():
         warnings.simplefilter('error')
-        assert to_autocast(model, 'bf16').precision == 'bf16'
+        assert isinstance(prepare(model, 'torch', 'bf16'), AutocastModule)
+    assert prepare(model, 'torch') is model
 
 
 def test_refusals_name_the_problem():
-    model = create_model('pcpvt_tiny')
-    with pytest.raises(ValueError, match=r"'int8' is not an autocast type: use optimize\(model, precision='int8'\)"):
-        to_autocast(model, 'int8')
+    model = create_model('pcpvt_tiny').eval()
+    with pytest.raises(ValueError, match="engine 'torch' runs fp32, bf16, not 'int8'; int8 runs on: fused, "
+                                         'openvino, onnxruntime'):
+        prepare(model, 'torch', 'int8')
     with pytest.raises(ValueError, match="precision must be one of .* got 'fp16'"):
-        AutocastModule(model, 'fp16')
+        prepare(model, 'torch', 'fp16')
+    with pytest.raises(ValueError, match="calibration configures no precision on engine 'torch'"):
+        prepare(model, 'torch', 'bf16', calibration=[torch.randn(1, 3, 8, 8)])
+    with pytest.raises(ValueError, match=r"engine 'torch': unknown option\(s\) \['threads'\]; its options are none"):
+        prepare(model, 'torch', threads=2)
 
 
 @pytest.mark.parametrize('config', ['retinanet_pcpvt-tiny_fpn_shapes.py', 'fpn_pcpvt-tiny_shapes.py'])
@@ -94,7 +98,7 @@ def test_detector_and_segmentor_under_autocast(config):
     inputs = [torch.randn(1, 3, *hw, generator=torch.Generator().manual_seed(i)) for i, hw in enumerate(SIZES)]
     with torch.no_grad():
         expected = [tree_flatten(model._forward(x))[0] for x in inputs]
-    openmmlab.attach_engine(model, AutocastModule(openmmlab.TensorForward(model), 'bf16'))
+    openmmlab.attach_engine(model, AutocastModule(openmmlab.TensorForward(model)))
     assert set(model.state_dict()) == keys and model.eval() is model and model.to('cpu') is model
     for x, ref in zip(inputs, expected, strict=False):
         with torch.no_grad():
@@ -119,4 +123,4 @@ def test_the_torch_engines_bf16_on_a_model_falls_back_like_the_backbone(monkeypa
         ref = model._forward(x)
         with pytest.warns(RuntimeWarning, match='no native bf16'):
             on_engine(model, 'torch', 'bf16')
-        assert model.inference_engine.precision == 'fp32' and torch.equal(model._forward(x), ref)
+        assert not hasattr(model, 'inference_engine') and torch.equal(model._forward(x), ref)

@@ -136,7 +136,7 @@ def test_openvino_by_hand_converts_our_plain_model_at_any_size():
 
     from benchmarks.peers import _OpenVINOByHand
     from cpvt_backbones import create_model
-    from cpvt_backbones.deploy.openvino import native_bf16
+    from cpvt_backbones.deploy.engines.openvino import native_bf16
     torch.manual_seed(0)
     plain = create_model('pcpvt_tiny', features_only=True).eval()
     by_hand = _OpenVINOByHand(plain)

@@ -9,12 +9,13 @@ import torch
 from torch_features import skip_module_without
 
 from cpvt_backbones import CPVT, PyramidCPVT, prepare, run_images
-from cpvt_backbones.deploy import ENGINES, AutocastModule
+from cpvt_backbones.deploy import ENGINES
 from cpvt_backbones.deploy.batched import pad_images, takes_valid_sizes
 from cpvt_backbones.deploy.bucketed import Bucketed, largest_stride
+from cpvt_backbones.deploy.engines.torch import AutocastModule
 
 skip_module_without('export')
-ov_engine = pytest.importorskip('cpvt_backbones.deploy.openvino')
+ov_engine = pytest.importorskip('cpvt_backbones.deploy.engines.openvino')
 needs_openvino = pytest.mark.skipif(not ov_engine.available(), reason="openvino is not installed "
                                     "(pip install 'cpvt_backbones[openvino]'; make env installs it)")
 
@@ -81,12 +82,12 @@ def test_a_classifier_keeps_its_logits():
 @needs_openvino
 def test_a_sized_conversion_is_cached_apart_and_read_back(tmp_path):
     model = pyramid()
-    cache = tmp_path / 'model.xml'
-    plain = ov_engine.to_openvino(model, cache=str(cache))
-    sized = ov_engine.to_openvino(model, cache=str(cache), sizes_input=True)
-    assert (tmp_path / 'model.valid_sizes.xml').is_file() and cache.is_file()
+    cache = tmp_path / 'model'
+    plain = prepare(model, 'openvino', cache=str(cache))
+    sized = prepare(model, 'openvino', cache=str(cache), sizes_input=True)
+    assert (tmp_path / 'model.valid_sizes.xml').is_file() and (tmp_path / 'model.xml').is_file()
     assert type(plain) is ov_engine.OpenVINOModule and isinstance(sized, ov_engine.SizedOpenVINOModule)
-    again = ov_engine.to_openvino(model, cache=str(cache), sizes_input=True, shapes='dynamic')
+    again = prepare(model, 'openvino', cache=str(cache), sizes_input=True, shapes='dynamic')
     assert len(again.ov_model.inputs) == 2 and again.multiple == 8
     check_exact(Bucketed(again, 8), model)
     with pytest.raises(ValueError, match=r'multiples of 8, got \(97, 131\): pad the batch'):
@@ -142,7 +143,7 @@ def test_every_bucketing_engine_in_the_registry_takes_bucket(engine, precision):
     if spec.missing():
         pytest.skip(f'{engine} needs {spec.missing()}')
     if engine == 'fused' and precision == 'int8':
-        from cpvt_backbones.deploy import fused
+        from cpvt_backbones.deploy import kernels as fused
         if not fused.KERNELS['onednn_int8'].available():
             pytest.skip(fused.unavailable_reason('onednn_int8'))
     model = pyramid()
@@ -172,9 +173,9 @@ def test_torch_bf16_hands_valid_sizes_on_so_run_images_pads_mixed_sizes():
     where its model does, so ``run_images`` pads images of mixed sizes into one batch (one call of the model,
     with their valid sizes) and each output is the image's own; a module without them stays without."""
     model = pyramid()
-    engine = AutocastModule(model, 'bf16')
+    engine = AutocastModule(model)
     assert takes_valid_sizes(engine) and engine.strides == model.strides
-    assert not takes_valid_sizes(AutocastModule(torch.nn.Conv2d(3, 4, 1), 'bf16'))
+    assert not takes_valid_sizes(AutocastModule(torch.nn.Conv2d(3, 4, 1)))
     calls = []
     model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs.get('valid_sizes')),
                                     with_kwargs=True)

@@ -134,9 +134,9 @@ def test_a_pyramid_model_hands_each_stage_its_grid():
             torch.testing.assert_close(batched[b:b + 1], model(image[None]), rtol=1e-5, atol=1e-5)
 
 
-def test_optimize_refuses_a_conv_mlp_by_name():
+def test_the_fused_engine_refuses_a_conv_mlp_by_name():
     """The fused MLP computes fc2(act(fc1(x))): it would silently skip the convolution, so it refuses."""
-    from cpvt_backbones import optimize
+    from cpvt_backbones import prepare
     model = CPVT(embed_dim=32, depth=2, num_heads=2, num_classes=3, pos_encoding='none', mlp_layer=ConvMlp).eval()
     with pytest.raises(ValueError, match=r'blocks\.0\.mlp is a ConvMlp, not a plain Mlp'):
-        optimize(model)
+        prepare(model, 'fused')

@@ -134,3 +134,63 @@ print(len(names))
     res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert int(res.stdout.split()[-1]) > 40
+
+
+def _imports(module: str, path: Path, modules: set[str]) -> set[str]:
+    """The package modules that ``module`` (at ``path``) imports anywhere (at the top, inside functions) or names as
+    a module path in a string (what ``importlib.import_module`` or a config's ``custom_imports`` imports)."""
+    package = module.split('.') if path.name == '__init__.py' else module.split('.')[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = '.'.join(package[:len(package) - node.level + 1] + ([node.module] if node.module else [])) \
+                if node.level else node.module
+            found |= {base, *(f'{base}.{a.name}' for a in node.names)}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and '.' in node.value:
+            found.add(node.value)
+    return (found & modules) - {module}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_adapters_and_the_engines_import_nothing_that_imports_them_back():
+    """No chain of imports, lazy ones and module names in strings included, leads from a module of ``adapters`` or
+    ``deploy`` back to itself (the runner once named the hooks module, whose engine hook imported the engine route,
+    which imported the runner)."""
+    root = Path(cpvt_backbones.__file__).parent
+    paths = {'.'.join(p.relative_to(root.parent).with_suffix('').parts).removesuffix('.__init__'): p
+             for p in root.rglob('*.py')}
+    graph = {m: _imports(m, p, set(paths)) for m, p in paths.items()}
+    cycles = [c for c in _cycles(graph) if any(m.startswith(('cpvt_backbones.adapters', 'cpvt_backbones.deploy'))
+                                                for m in c)]
+    assert not cycles, cycles

@@ -1,5 +1,5 @@
-"""OpenVINO as the CPU engine (``cpvt_backbones.deploy.openvino``): outputs against torch on the same weights for
-both model families at odd sizes (every position encoding on the pyramid), the precisions, the shape strategies,
+"""OpenVINO as the CPU engine (``cpvt_backbones.deploy.engines.openvino``): outputs against torch on the same weights
+for both model families at odd sizes (every position encoding on the pyramid), the precisions, the shape strategies,
 refusals."""
 import builtins
 import sys
@@ -9,14 +9,16 @@ import pytest
 import torch
 from torch_features import skip_module_without
 
-from cpvt_backbones import CPVT, PyramidCPVT, TwinsSVT
+from cpvt_backbones import CPVT, PyramidCPVT, TwinsSVT, prepare
+from cpvt_backbones.deploy.artifacts import ArtifactCache
 from cpvt_backbones.deploy.check import trace_size
+from cpvt_backbones.deploy.registry import EngineRequest
 from cpvt_backbones.layers import ENCODINGS
 
 skip_module_without('export')
 from shapes_models import shapes_model  # noqa: E402
 
-ov_engine = pytest.importorskip('cpvt_backbones.deploy.openvino')
+ov_engine = pytest.importorskip('cpvt_backbones.deploy.engines.openvino')
 if not ov_engine.available():
     pytest.skip("openvino is not installed (pip install 'cpvt_backbones[openvino]'; make env installs it)",
                 allow_module_level=True)
@@ -42,16 +44,29 @@ def small(family: str, encoding: str, **kwargs):
 
 @pytest.fixture(scope='module')
 def converted():
-    """``converted(family, encoding)``: ``small(family, encoding)`` and its float32 ``to_openvino`` engine, converted
+    """``converted(family, encoding)``: ``small(family, encoding)`` and its float32 OpenVINO engine, converted
     once for the tests that take the same model (under pytest-xdist those share a group, ``on_one_worker``)."""
     engines = {}
 
     def get(family, encoding):
         if (family, encoding) not in engines:
             model = small(family, encoding)
-            engines[family, encoding] = model, ov_engine.to_openvino(model)
+            engines[family, encoding] = model, prepare(model, 'openvino')
         return engines[family, encoding]
     return get
+
+
+def prepare_openvino(model, *args, **kwargs):
+    return prepare(model, 'openvino', *args, **kwargs)
+
+
+def save_conversion(model, ov_model, prefix) -> Path:
+    """Save ``ov_model`` as the float32 conversion of ``model`` in the engine's artifact cache at ``prefix`` (as
+    the engine saves one); its .xml."""
+    artifact = ArtifactCache(EngineRequest('openvino', cache=str(prefix)), model).conversion('.xml',
+                                                                                          companions=('.bin',))
+    ov_engine._save(artifact, ov_model)
+    return artifact.path
 
 
 def on_one_worker(family, encoding):
@@ -108,7 +123,7 @@ def test_svt_float32_matches_torch_at_odd_sizes(window_mask):
     model = TwinsSVT(embed_dims=(16, 32), depths=(2, 2), num_heads=(1, 2), mlp_ratios=(2, 2), sr_ratios=(2, 1),
                      patch_sizes=(4, 2), window_sizes=(7, 7), window_mask=window_mask, features_only=True,
                      num_classes=0).eval()
-    engine = ov_engine.to_openvino(model)
+    engine = prepare(model, 'openvino')
     check_sizes(engine, model, FP32_TOLERANCE, sizes=SIZES + ((112, 1024), (448, 448)))
 
 
@@ -126,7 +141,7 @@ def test_exports_trace_windowed_models_where_every_map_spans_several_windows():
     pyramid = PyramidCPVT(embed_dims=(8,), depths=(1,), num_heads=(1,), mlp_ratios=(1,), sr_ratios=(1,),
                           patch_sizes=(4,))
     assert trace_size(pyramid, (56, 56)) == (56, 56)
-    engine = ov_engine.to_openvino(model, example_size=(28, 28))
+    engine = prepare(model, 'openvino', example_size=(28, 28))
     check_sizes(engine, model, FP32_TOLERANCE, sizes=((32, 512), (120, 130)))
 
 
@@ -160,13 +175,13 @@ def test_bf16_runs_bf16_where_native_and_says_so_elsewhere(converted, tmp_path, 
     model, fp32 = converted('pcpvt', 'peg')
     # The conversion does not depend on the precision: bf16 compiles the float32 model, read from a cache file
     # as the tools read it (test_float32_matches_torch_at_odd_sizes checks that conversion).
-    cache = str(tmp_path / 'pcpvt_peg.xml')
-    ov_engine.save(fp32.ov_model.clone(), cache)
+    cache = str(tmp_path / 'pcpvt_peg')
+    save_conversion(model, fp32.ov_model.clone(), cache)
     if ov_engine.native_bf16():
-        check_sizes(ov_engine.to_openvino(model, 'bf16', cache=cache), model, BF16_TOLERANCE, SIZES[1:])
+        check_sizes(prepare(model, 'openvino', 'bf16', cache=cache), model, BF16_TOLERANCE, SIZES[1:])
     monkeypatch.setattr(ov_engine, 'native_bf16', lambda: False)
     with pytest.warns(RuntimeWarning, match='no native bf16.*running float32'):
-        engine = ov_engine.to_openvino(model, 'bf16', cache=cache)
+        engine = prepare(model, 'openvino', 'bf16', cache=cache)
     check_sizes(engine, model, FP32_TOLERANCE, SIZES[1:])
 
 
@@ -175,33 +190,33 @@ def test_int8_quantizes_a_saved_conversion_with_nncf_and_stays_close(converted, 
     """int8 with ``float_cache`` quantizes the float32 conversion saved there (nothing is converted again: the
     module names that keep_fp32 takes survive saving), stays close to torch and saves what it quantized."""
     model, fp32 = converted('pcpvt', 'peg')
-    float_cache, cache = str(tmp_path / 'float.xml'), str(tmp_path / 'int8.xml')
-    ov_engine.save(fp32.ov_model.clone(), float_cache)
+    float_cache, cache = str(tmp_path / 'float'), str(tmp_path / 'int8')
+    float_file = save_conversion(model, fp32.ov_model.clone(), float_cache)
     monkeypatch.setattr(ov_engine, 'convert', lambda *args: pytest.fail('converted again'))
     calibration = [torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(i)) for i in range(8)]
-    engine = ov_engine.to_openvino(model, 'int8', calibration=calibration, keep_fp32=['blocks.1'],
+    engine = prepare(model, 'openvino', 'int8', calibration=calibration, keep_fp32=['blocks.1'],
                                    cache=cache, float_cache=float_cache)
     ops = {op.get_type_name() for op in engine.ov_model.get_ops()}
     assert 'FakeQuantize' in ops or 'FakeConvert' in ops, 'NNCF inserted no quantization'
-    assert Path(cache).is_file() and Path(cache).with_suffix('.bin').is_file()
+    assert (tmp_path / 'int8.xml').is_file() and (tmp_path / 'int8.bin').is_file()
     x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(99))
     with torch.no_grad():
         ref = model(x)
     assert max(relative_errors(engine(x), ref)) < 0.1
-    reread = ov_engine.to_openvino(model, 'int8', cache=cache)  # the quantized model, read without calibration
+    reread = prepare(model, 'openvino', 'int8', cache=cache)  # the quantized model, read without calibration
     assert max(relative_errors(reread(x), engine(x))) < 1e-5
 
     # A conversion saved by openvino.save_model alone (no module names, no record of its checksums) is converted
     # again, and saved anew with both.
     monkeypatch.undo()
     import openvino
-    openvino.save_model(fp32.ov_model.clone(), float_cache, compress_to_fp16=False)
-    assert not openvino.Core().read_model(float_cache).has_rt_info(ov_engine.MODULES_KEY)
-    with pytest.warns(RuntimeWarning, match='float.xml does not have the sha256 recorded.*converting again'):
-        again = ov_engine.to_openvino(model, 'int8', calibration=calibration, keep_fp32=['blocks.1'],
+    openvino.save_model(fp32.ov_model.clone(), float_file, compress_to_fp16=False)
+    assert not openvino.Core().read_model(float_file).has_rt_info(ov_engine.MODULES_KEY)
+    with pytest.warns(RuntimeWarning, match='float.xml does not have the sha256 recorded.*making it again'):
+        again = prepare(model, 'openvino', 'int8', calibration=calibration, keep_fp32=['blocks.1'],
                                       float_cache=float_cache)
     assert max(relative_errors(again(x), ref)) < 0.1
-    assert openvino.Core().read_model(float_cache).has_rt_info(ov_engine.MODULES_KEY)  # saved anew, with them
+    assert openvino.Core().read_model(float_file).has_rt_info(ov_engine.MODULES_KEY)  # saved anew, with them
 
 
 @on_one_worker('pcpvt', 'peg')
@@ -210,7 +225,7 @@ def test_int8_keeps_the_named_modules_in_float32(converted):
     under a name get no quantizer (NNCF's ignored scope), the rest still do; a name that matches nothing is
     refused by name."""
     calibration = [torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(i)) for i in range(4)]
-    ov_model = converted('pcpvt', 'peg')[1].ov_model  # what ov_engine.convert gave to_openvino
+    ov_model = converted('pcpvt', 'peg')[1].ov_model  # what ov_engine.convert gave the engine
     kept = ov_engine.ops_under(ov_model, ['blocks.1'])
     assert kept and all(name in {op.get_friendly_name() for op in ov_model.get_ops()} for name in kept)
     assert set(ov_engine.ops_under(ov_model, ['blocks'])) > set(kept)
@@ -229,20 +244,20 @@ def test_int8_keeps_the_named_modules_in_float32(converted):
 def test_refusals_name_the_problem(converted, monkeypatch):
     model, engine = converted('cpvt', 'peg')
     with pytest.raises(ValueError, match="precision must be one of .*'fp16'"):
-        ov_engine.to_openvino(model, 'fp16')
+        prepare(model, 'openvino', 'fp16')
     with pytest.raises(ValueError, match='pass calibration='):
-        ov_engine.to_openvino(model, 'int8')
-    with pytest.raises(ValueError, match='configure int8'):
-        ov_engine.to_openvino(model, 'bf16', calibration=[torch.randn(1, 3, 32, 32)])
+        prepare(model, 'openvino', 'int8')
+    with pytest.raises(ValueError, match="calibration configures int8 on engine 'openvino'; precision='bf16'"):
+        prepare(model, 'openvino', 'bf16', calibration=[torch.randn(1, 3, 32, 32)])
     with pytest.raises(ValueError, match='shapes must be one of'):
-        ov_engine.to_openvino(model, shapes='ragged')
+        prepare(model, 'openvino', shapes='ragged')
     with pytest.raises(ValueError, match='specialise_after must be at least 1, got 0'):
-        ov_engine.to_openvino(model, shapes='auto', specialise_after=0)
+        prepare(model, 'openvino', shapes='auto', specialise_after=0)
     with pytest.raises(ValueError, match='evaluation mode'):
-        ov_engine.to_openvino(small('cpvt', 'peg').train())
+        prepare_openvino(small('cpvt', 'peg').train())
     with pytest.raises(TypeError, match=r'converts a float32 model, this one has torch.float16 parameters: call '
                                         r'model.float\(\)'):
-        ov_engine.to_openvino(small('cpvt', 'peg').eval().half())
+        prepare_openvino(small('cpvt', 'peg').eval().half())
     with pytest.raises(ValueError, match='4-D NCHW'):
         engine(torch.randn(3, 32, 32))
     with pytest.raises(ValueError, match='expected 3 input channels'):
@@ -257,7 +272,7 @@ def test_refusals_name_the_problem(converted, monkeypatch):
     monkeypatch.setattr(builtins, '__import__', no_openvino)
     monkeypatch.delitem(sys.modules, 'openvino')
     with pytest.raises(ImportError, match=r"pip install 'cpvt_backbones\[openvino\]'"):
-        ov_engine.to_openvino(model)
+        prepare(model, 'openvino')
     assert not ov_engine.available()
 
 
@@ -299,32 +314,27 @@ def test_two_stage_detectors_and_other_models_are_refused():
 
 
 @on_one_worker('pcpvt', 'peg')
-def test_a_saved_model_is_checked_before_use_and_rebuilt_when_it_fails(converted, tmp_path):
-    """``save`` records the sha256 of the .xml and .bin; ``to_openvino(cache=...)`` reads a saved model only when
-    both match: flipped bytes, a truncated or missing .bin, or a model saved without the record are each named
-    (``saved_problem``); the first and the last are converted again through ``to_openvino`` with a warning
-    naming the file and why, and saved anew (the others are repaired by saving again)."""
+def test_a_saved_conversion_is_checked_before_use_and_made_again_when_it_fails(converted, tmp_path):
+    """A conversion in the cache is read only where its record holds (``deploy.artifacts``, whose own tests damage
+    it every way): one whose .bin was damaged, or one made from another model, is converted again with a warning
+    naming the file and why, and saved anew."""
     model, fp32 = converted('pcpvt', 'peg')
-    cache = tmp_path / 'm.xml'
-    ov_engine.save(fp32.ov_model.clone(), str(cache))
-    assert ov_engine.saved_problem(cache) is None
-    weights = cache.with_suffix('.bin')
+    cache = tmp_path / 'm'
+    path = save_conversion(model, fp32.ov_model.clone(), cache)
+    weights = path.with_suffix('.bin')
     good = weights.read_bytes()
-    damage = {'does not have the sha256': lambda: weights.write_bytes(good[:1000] + bytes([good[1000] ^ 0xFF])
-                                                                     + good[1001:]),
-              'truncated': lambda: weights.write_bytes(good[:len(good) // 2]),
-              f'{weights} is missing': weights.unlink,
-              'was not saved by cpvt_backbones': lambda: ov_engine.record_path(cache).unlink()}
-    for k, (says, harm) in enumerate(damage.items()):
-        harm()
-        assert says in ov_engine.saved_problem(cache)
-        if k in (0, len(damage) - 1):   # each conversion takes a while: two of the four go the whole way
-            with pytest.warns(RuntimeWarning, match=f'OpenVINO cache {cache}: .*{says}.*converting again'):
-                engine = ov_engine.to_openvino(model, cache=str(cache))
-            check_sizes(engine, model, FP32_TOLERANCE, SIZES[1:2])
-        else:
-            ov_engine.save(fp32.ov_model.clone(), str(cache))
-        assert ov_engine.saved_problem(cache) is None and weights.read_bytes() == good  # saved anew
+    weights.write_bytes(good[:1000] + bytes([good[1000] ^ 0xFF]) + good[1001:])
+    with pytest.warns(RuntimeWarning, match=f'openvino cache {path}: {weights} does not have the sha256.*making it '
+                                            'again'):
+        engine = prepare(model, 'openvino', cache=str(cache))
+    check_sizes(engine, model, FP32_TOLERANCE, SIZES[1:2])
+    assert weights.read_bytes() == good   # saved anew
+    other = small('pcpvt', 'peg')
+    with torch.no_grad():
+        other.blocks[0][0].mlp.fc1.weight.mul_(2)
+    with pytest.warns(RuntimeWarning, match=f'openvino cache {path}: it was made from another model'):
+        engine = prepare(other, 'openvino', cache=str(cache))
+    check_sizes(engine, other, FP32_TOLERANCE, SIZES[1:2])
 
 
 @on_one_worker('pcpvt', 'peg')
@@ -332,37 +342,9 @@ def test_an_unwritable_cache_is_skipped_with_a_warning(converted, tmp_path):
     model, _ = converted('pcpvt', 'peg')
     blocker = tmp_path / 'not_a_folder'
     blocker.write_text('')
-    with pytest.warns(RuntimeWarning, match='OpenVINO cache .*not_a_folder/m.xml not written .*running without it'):
-        engine = ov_engine.to_openvino(model, cache=str(blocker / 'm.xml'))
+    with pytest.warns(RuntimeWarning, match='openvino cache .*not_a_folder/m.xml not written .*running without it'):
+        engine = prepare(model, 'openvino', cache=str(blocker / 'm'))
     check_sizes(engine, model, FP32_TOLERANCE, SIZES[1:2])
-
-
-def test_a_killed_save_leaves_nothing_the_next_save_does_not_remove(tmp_path):
-    """A save killed mid-write leaves its temporary folder and no model under the final name; the next save in
-    that folder removes it."""
-    import signal
-    import subprocess
-    import time
-    script = f'''
-import time, numpy as np, openvino as ov, openvino.opset13 as ops
-from cpvt_backbones.deploy import openvino as engine
-engine.file_sha256 = lambda path: time.sleep(600)  # stop between writing and renaming
-p = ops.parameter([1, 3, 8, 8], np.float32)
-engine.save(ov.Model([ops.relu(p)], [p]), {str(tmp_path / 'm.xml')!r})
-'''
-    proc = subprocess.Popen([sys.executable, '-c', script])
-    deadline = time.time() + 120
-    while not list(tmp_path.glob(f'{ov_engine.SAVING}*/m.bin')) and time.time() < deadline:
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert list(tmp_path.glob(f'{ov_engine.SAVING}*')) and not (tmp_path / 'm.xml').exists()
-    import numpy as np
-    import openvino as ov
-    import openvino.opset13 as ops
-    p = ops.parameter([1, 3, 8, 8], np.float32)
-    ov_engine.save(ov.Model([ops.relu(p)], [p]), str(tmp_path / 'n.xml'))
-    assert sorted(f.name for f in tmp_path.iterdir()) == ['n.bin', 'n.sha256', 'n.xml']
 
 
 @on_one_worker('pcpvt', 'peg')
@@ -371,7 +353,7 @@ def test_one_module_called_from_several_threads(converted):
     input's outputs, for the dynamic model and for shape-specialised ones compiled while other threads run."""
     from concurrent.futures import ThreadPoolExecutor
     model, _ = converted('pcpvt', 'peg')
-    engine = ov_engine.to_openvino(model, shapes='auto', specialise_after=3)
+    engine = prepare(model, 'openvino', shapes='auto', specialise_after=3)
     inputs = [torch.randn(1, 3, 33 + 8 * (i % 3), 47, generator=torch.Generator().manual_seed(i)) for i in range(24)]
     with torch.no_grad():
         expected = [model(x) for x in inputs]
@@ -390,7 +372,7 @@ def test_a_conversion_logs_no_traceback(capfd, caplog, monkeypatch):
     if hasattr(TorchFXPythonDecoder, '_decomp_table'):   # built (and warned about) once a process: build it here
         monkeypatch.setattr(TorchFXPythonDecoder, '_decomp_table', None)
     model = small('pcpvt', 'peg')
-    engine = ov_engine.to_openvino(model, shapes='dynamic')
+    engine = prepare(model, 'openvino', shapes='dynamic')
     x = torch.randn(1, 3, 40, 56)
     with torch.no_grad():
         assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(engine(x), model(x), strict=True))
@@ -412,11 +394,11 @@ def test_a_model_that_cannot_be_converted_with_valid_sizes_is_refused_before_con
     learned = small('pcpvt', 'learned')
     with pytest.raises(ValueError, match=r"cannot be converted with sizes_input: its valid-size path does not trace: "
                                          r"that of module\(s\) 'pos_embed' works image by image"):
-        ov_engine.to_openvino(learned, sizes_input=True)
+        prepare_openvino(learned, sizes_input=True)
     with pytest.raises(ValueError, match=r"module\(s\) 'pos_block.0', 'pos_block.1' works image by image"):
-        ov_engine.to_openvino(small('pcpvt', dict(type='peg', padding_mode='circular')), sizes_input=True)
+        prepare_openvino(small('pcpvt', dict(type='peg', padding_mode='circular')), sizes_input=True)
     with pytest.raises(TypeError, match='cannot be converted with sizes_input: its forward takes no valid_sizes'):
-        ov_engine.to_openvino(torch.nn.Conv2d(3, 4, 1).eval(), sizes_input=True)
+        prepare_openvino(torch.nn.Conv2d(3, 4, 1).eval(), sizes_input=True)
     if not ENGINES['openvino'].missing():
         with pytest.raises(ValueError, match=r"module\(s\) 'pos_embed'"):
             prepare(learned, 'openvino', bucket=16)

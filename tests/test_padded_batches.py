@@ -4,7 +4,7 @@ import pytest
 import torch
 from shapes_models import shapes_model
 
-from cpvt_backbones import optimize
+from cpvt_backbones import prepare
 from cpvt_backbones.layers.position import ENCODINGS
 from cpvt_backbones.models import CPVT, PyramidCPVT, TwinsSVT
 
@@ -135,7 +135,7 @@ def test_fused_engine_takes_valid_sizes():
     torch.manual_seed(0)
     images = _images(SIZES)
     for model in (PyramidCPVT(**PYRAMID, num_classes=10).eval(), TwinsSVT(**PYRAMID, num_classes=10).eval()):
-        fused = optimize(model, inplace=False)
+        fused = prepare(model, 'fused')
         with torch.no_grad():
             batched = fused(_padded(images), valid_sizes=SIZES)
             for b, image in enumerate(images):

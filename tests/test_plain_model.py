@@ -133,8 +133,8 @@ def test_mmengine_flop_analyzer_sees_every_linear_layer(name):
 @pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
 def test_block_parts_are_passed_by_keyword(name):
     """A new attention, MLP or norm is a class handed to the model: every block builds and calls it, and
-    optimize() refuses to fuse around it (it would bypass the part)."""
-    from cpvt_backbones import optimize
+    the fused engine refuses to fuse around it (it would bypass the part)."""
+    from cpvt_backbones import prepare
     from cpvt_backbones.layers import Attention, Mlp
     from cpvt_backbones.layers.valid import WHOLE
 
@@ -167,7 +167,7 @@ def test_block_parts_are_passed_by_keyword(name):
         model(torch.randn(1, 3, 50, 70))
     assert len(calls) == len(blocks)
     with pytest.raises(ValueError, match=r'norm1 is a RMSNorm, not a plain LayerNorm'):
-        optimize(model)
+        prepare(model, 'fused')
 
 
 @pytest.mark.parametrize('name, features_only', [('pcpvt_tiny', False), ('pcpvt_tiny', True), ('cpvt_tiny', False),

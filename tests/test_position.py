@@ -1,11 +1,10 @@
 """What each position encoding is, and that every one of them runs wherever the models run."""
-import copy
 from pathlib import Path
 
 import pytest
 import torch
 
-from cpvt_backbones import create_model, optimize
+from cpvt_backbones import create_model, prepare
 from cpvt_backbones.compat import supports
 from cpvt_backbones.convert import detect_layout, load_into, native_to_rope_vit, rope_vit_to_native
 from cpvt_backbones.layers.position import ENCODINGS, Geometry, build_position_encodings, resize_table, rotate
@@ -56,10 +55,10 @@ def test_any_size_classifier_backbone_and_intermediates(name, spec):
 
 @pytest.mark.parametrize('spec', SPECS, ids=IDS)
 @pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
-def test_optimize_keeps_every_encoding(name, spec):
+def test_the_fused_engine_keeps_every_encoding(name, spec):
     """The fused path starts after attention, so every encoding (tokens, attention, after a block) is kept."""
     plain = small(name, spec, features_only=True).eval()
-    fast = optimize(copy.deepcopy(plain))
+    fast = prepare(plain, 'fused')
     x = torch.randn(2, 3, 97, 131)
     with torch.no_grad():
         for a, b in zip(plain(x), fast(x), strict=False):
@@ -67,9 +66,9 @@ def test_optimize_keeps_every_encoding(name, spec):
     assert fast.state_dict().keys() == plain.state_dict().keys()
 
 
-def test_optimize_names_what_it_cannot_fuse():
+def test_the_fused_engine_names_what_it_cannot_fuse():
     with pytest.raises(ValueError, match=r'blocks\.0\.ls1 is a LayerScale \(layer_scale_init\)'):
-        optimize(create_model('cpvt_tiny', pos_encoding='rope_mixed', layer_scale_init=1e-5, depth=2).eval())
+        prepare(create_model('cpvt_tiny', pos_encoding='rope_mixed', layer_scale_init=1e-5, depth=2).eval(), 'fused')
 
 
 @pytest.mark.heavy

@@ -438,7 +438,7 @@ def test_prepare_never_changes_its_argument_and_refuses_a_prepared_module():
     what it holds; int8 without calibration batches (None, an empty list, an iterator that yields nothing) is
     refused; int8 on the untouched argument then is int8 indeed."""
     from cpvt_backbones.deploy import prepare
-    from cpvt_backbones.deploy.fused import KERNELS, FusedBlock
+    from cpvt_backbones.deploy.kernels import KERNELS, FusedBlock
     model = _tiny_backbone()
     kinds = [type(m) for m in model.modules()]
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -475,33 +475,6 @@ def _engine_cache_cases():
         yield pytest.param(name, marks=marks)
 
 
-def test_a_cache_records_the_model_it_was_made_from(tmp_path):
-    """What the engines' caches record and check (fast: the file written by a stand-in for the export): the model's
-    fingerprint differs with its weights and with its out_indices, not between copies; a cache written for one
-    model is written again, with a warning, when another asks for it."""
-    import copy
-
-    from cpvt_backbones.deploy import onnxruntime
-    from cpvt_backbones.deploy.check import model_fingerprint
-    first, other, fewer = _tiny_backbone(0), _tiny_backbone(1), _tiny_backbone(0, out_indices=(1,))
-    prints = [model_fingerprint(m) for m in (first, other, fewer, copy.deepcopy(first))]
-    assert len(set(prints[:3])) == 3 and prints[3] == prints[0]
-    written = []
-
-    def write(path):
-        written.append(path)
-        path.write_bytes(f'export {len(written)}'.encode())
-    cache = tmp_path / 'm.onnx'
-    onnxruntime._saved(cache, write, 'exporting', prints[0])
-    onnxruntime._saved(cache, write, 'exporting', prints[0])
-    assert len(written) == 1  # its own cache: read back
-    for source in prints[1:3]:
-        with pytest.warns(RuntimeWarning, match=f'onnxruntime cache {cache}: it was made from another model.*exporting '
-                                                'again'):
-            onnxruntime._saved(cache, write, 'exporting', source)
-    assert len(written) == 3 and json.loads(onnxruntime.record_path(cache).read_text())['source'] == prints[2]
-
-
 @pytest.mark.heavy
 @pytest.mark.parametrize('engine', list(_engine_cache_cases()))
 def test_an_engine_cache_made_from_another_model_is_never_run(engine, tmp_path):
@@ -511,12 +484,12 @@ def test_an_engine_cache_made_from_another_model_is_never_run(engine, tmp_path):
     from cpvt_backbones.deploy import prepare
     if not supports('export'):
         pytest.skip('the converting engines export with torch.export (torch >= 2.6)')
-    cache, again = str(tmp_path / 'cache'), 'exporting again' if engine == 'onnxruntime' else 'converting again'
+    cache = str(tmp_path / 'cache')
     first, other, fewer = _tiny_backbone(0), _tiny_backbone(1), _tiny_backbone(0, out_indices=(1,))
     x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(2))
     prepare(first, engine, cache=cache)
     for model in (other, fewer):
-        with pytest.warns(RuntimeWarning, match=f'(?i){engine} cache .*made from another model.*{again}'):
+        with pytest.warns(RuntimeWarning, match=f'{engine} cache .*made from another model.*making it again'):
             prepared = prepare(model, engine, cache=cache)
         with torch.no_grad():
             ref = model(x)
@@ -529,11 +502,20 @@ def test_an_engine_cache_made_from_another_model_is_never_run(engine, tmp_path):
 
 
 def test_fused_int8_ranges_saved_for_another_model_are_calibrated_again(tmp_path):
-    from cpvt_backbones.deploy.optimize import calibrated_ranges
+    """The fused engine's calibrated ranges are an artifact like any other: read back for the model they were
+    calibrated on (the calibration is then never iterated), calibrated again with a warning for another."""
+    from cpvt_backbones.deploy import prepare
+
+    class Never:
+        def __iter__(self):
+            raise AssertionError('calibrated again')
     batches = [torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(i)) for i in range(2)]
-    cache = str(tmp_path / 'ranges.json')
-    first = calibrated_ranges(_tiny_backbone(0), batches, cache=cache)
-    assert calibrated_ranges(_tiny_backbone(0), None, cache=cache) == {k: list(v) for k, v in first.items()}
-    with pytest.warns(RuntimeWarning, match='ranges.json: recorded for another model; calibrating again'):
-        second = calibrated_ranges(_tiny_backbone(1), batches, cache=cache)
-    assert second != first
+    cache, saved = str(tmp_path / 'model'), tmp_path / 'model.ranges.json'
+    prepare(_tiny_backbone(0), 'fused', 'int8', calibration=batches, cache=cache)
+    first = saved.read_text()
+    assert json.loads(Path(f'{saved}.record.json').read_text())['calibration']['images'] == 2
+    prepare(_tiny_backbone(0), 'fused', 'int8', calibration=Never(), cache=cache)
+    with pytest.warns(RuntimeWarning, match='fused cache .*model.ranges.json: it was made from another model.*making '
+                                            'it again'):
+        prepare(_tiny_backbone(1), 'fused', 'int8', calibration=batches, cache=cache)
+    assert saved.read_text() != first

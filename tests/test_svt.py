@@ -96,8 +96,9 @@ def test_windowed_attention_refuses_what_it_cannot_honour():
         tiny(pos_encoding='rpe')
     with pytest.raises(ValueError, match='TwinsSVT needs window_sizes'):
         tiny(window_sizes=None)
-    with pytest.raises(ValueError, match='window_mask=True .* needs window_sizes'):
-        PyramidCPVT(depths=(1, 1, 1, 1), window_mask=True)
+    for windowed in (dict(window_mask=True), dict(window_sizes=(7, 7, 7, 7))):   # windows are TwinsSVT's alone
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{next(iter(windowed))}'"):
+            PyramidCPVT(depths=(1, 1, 1, 1), **windowed)
     with pytest.raises(ValueError, match='one entry per stage'):
         tiny(window_sizes=(7, 7))
 

@@ -413,7 +413,7 @@ def test_an_engine_cache_hit_says_loaded_not_saved(checkpoint, tmp_path, monkeyp
     int8 ranges, calibrated on a folder, are saved by the first run and loaded by the second."""
     from cpvt_backbones.adapters.engines import config_request, engine_model
     from cpvt_backbones.adapters.runner import read_config
-    from cpvt_backbones.deploy.fused import KERNELS, unavailable_reason
+    from cpvt_backbones.deploy.kernels import KERNELS, unavailable_reason
     if not KERNELS['onednn_int8'].available():
         pytest.skip(f"the fused engine's int8: {unavailable_reason('onednn_int8')}")
     monkeypatch.setenv('CPVT_WEIGHTS_DIR', str(tmp_path / 'cache'))

@@ -189,7 +189,8 @@ def run_task(name: str, out: Path, retrain: bool, init_from: str, runs: list, in
             cfg.test_dataloader.batch_size = batch_size
             metrics = evaluate(cfg, checkpoint, str(out / name / 'eval'),
                                f'{name}-{label}-{engine}-{precision}-batch{batch_size}', precision,
-                               ranges if precision == 'int8' else None, engine, CALIBRATION, 32)
+                               ranges if (engine, precision) == ('fused', 'int8') else None, engine,
+                               CALIBRATION if precision == 'int8' else None, 32)
             for key in scores:   # 0 where a metric is missing: no box passed the score threshold
                 value = float(metrics.get(SCORES[key].metric, 0.)) * SCORES[key].scale
                 scores[key].setdefault(label, {})[column] = value

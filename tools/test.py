@@ -25,7 +25,8 @@ metrics stay the framework's.
 import argparse
 import os
 
-from cpvt_backbones.adapters.engines import add_engine_args, use_engine
+from cpvt_backbones.adapters.custom_hooks import strict_loading, use_engine
+from cpvt_backbones.adapters.engines import add_engine_args
 from cpvt_backbones.adapters.runner import (
     ConfigError,
     add_common_args,
@@ -34,7 +35,6 @@ from cpvt_backbones.adapters.runner import (
     load_config,
     quiet_known_warnings,
     runner_checkpoint,
-    strict_loading,
 )
 from cpvt_backbones.convert.loading import one_line_errors
 

@@ -59,7 +59,7 @@ class _OpenMMLabBackbone:
         if optimize is not None:
             raise ValueError(f'optimize={optimize!r}: the backbone takes no inference engine; the fused CPU path and '
                              'the other engines are applied once the checkpoint is loaded (tools/test.py and '
-                             "tools/infer.py --engine fused|torch|openvino|onnxruntime, or adapters.engines."
+                             "tools/infer.py --engine fused|torch|openvino|onnxruntime, or adapters.custom_hooks."
                              'set_engine(cfg, ...) for a test loop); remove optimize from the config')
         families = {spec.cls for spec in MODEL_SPECS.values()}
         core_cls = next(c for c in type(self).__mro__ if c in families)

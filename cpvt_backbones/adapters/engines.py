@@ -1,8 +1,8 @@
 """A config's model on an inference engine (``deploy.ENGINES``), for the tools, the mmengine hook and the demo: the
 command-line options, calibration on the config's own test pipeline, caches named by content, and the one route
 from a built detector, segmentor or classifier with its checkpoint loaded to that model on an engine,
-``engine_model``. ``set_engine`` asks a config's test loop for it (``InferenceEngineHook`` takes the route once the
-checkpoint is loaded); tools/infer.py takes it once the inferencer has loaded the weights.
+``engine_model``. ``custom_hooks.set_engine`` asks a config's test loop for it (``InferenceEngineHook`` takes the
+route once the checkpoint is loaded); tools/infer.py takes it once the inferencer has loaded the weights.
 
 An engine that covers the backbone runs our backbone (the rest of the model stays in PyTorch float32); one that
 covers the model runs backbone, neck and head (``deploy.openmmlab``), with the data preprocessor and
@@ -11,8 +11,6 @@ post-processing in the framework's Python, in float32.
 import argparse
 import copy
 import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import warnings
 from collections.abc import Iterator, Sequence
@@ -22,9 +20,10 @@ import torch
 from mmengine.config import Config
 
 from ..deploy import PRECISIONS
+from ..deploy.artifacts import package_versions
 from ..deploy.registry import ENGINES, EngineRequest, engine_table
 from ..utils import file_sha256
-from .runner import add_hook, build_runner, evaluation_datasets, our_backbone, our_backbone_types
+from .runner import build_runner, evaluation_datasets, our_backbone, our_backbone_types
 
 DEFAULT_ENGINE = 'fused'
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
@@ -51,27 +50,28 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 def engine_request(cfg: Config, args: argparse.Namespace) -> EngineRequest:
     """What ``add_engine_args`` asked for, as one ``EngineRequest`` checked for this config (``config_request``);
     a SystemExit naming the problem otherwise."""
-    if (args.calibrate or args.keep_fp32 is not None) and args.precision != 'int8':
-        raise SystemExit('--calibrate and --keep-fp32 configure int8: use them with --precision int8')
     try:
-        return config_request(cfg, args.engine or default_engine(cfg), args.precision, args.calibrate or 'val',
+        return config_request(cfg, args.engine or default_engine(cfg), args.precision, args.calibrate,
                               args.calibrate_images, args.keep_fp32)
     except (ValueError, ImportError) as e:
         raise SystemExit(str(e)) from e
 
 
-def config_request(cfg: Config, engine: str | None = None, precision: str = 'fp32', calibration: str = 'val',
+def config_request(cfg: Config, engine: str | None = None, precision: str = 'fp32',
+                   calibration_source: str | None = None,
                    calibration_images: int = 32, keep_fp32: Sequence[str] | None = None,
                    **options) -> EngineRequest:
     """The ``EngineRequest`` for the model of ``cfg``: ``engine`` (default ``default_engine(cfg)``) at
-    ``precision``; for int8 calibrated on ``calibration_images`` of ``calibration`` ('val' or a folder) with the
-    modules of ``kept_in_fp32(cfg, keep_fp32)`` in float32 (both dropped at other precisions); ``options``: the
-    engine's (``cache``, ``conversion_cache``: path prefixes instead of the names ``engine_model`` gives by
-    content). An engine that covers the backbone is refused where the config's backbone is not ours."""
+    ``precision``; at a precision the engine calibrates, on ``calibration_images`` of ``calibration_source`` ('val',
+    the default, or a folder) with the modules of ``kept_in_fp32(cfg, keep_fp32)`` in float32 (given at another
+    precision, the request refuses them); ``options``: the request's ``cache`` and ``float_cache`` (path prefixes
+    instead of the names ``engine_model`` gives by content) and the engine's own. An engine that covers the
+    backbone is refused where the config's backbone is not ours."""
     engine = engine or default_engine(cfg)
-    int8 = precision == 'int8'
-    request = EngineRequest.of(engine, precision, kept_in_fp32(cfg, keep_fp32) if int8 else (),
-                               calibration if int8 else None, calibration_images, **options)
+    if engine in ENGINES and precision in ENGINES[engine].calibrated:
+        calibration_source, keep_fp32 = calibration_source or 'val', kept_in_fp32(cfg, keep_fp32)
+    request = EngineRequest.of(engine, precision, keep_fp32 or (), calibration_source=calibration_source,
+                               calibration_images=calibration_images, **options)
     if request.spec.covers == 'backbone' and our_backbone(cfg) is None:
         raise ValueError(f'engine {engine!r} runs our backbones ({", ".join(our_backbone_types())}); this config\'s '
                          f'backbone is {cfg.model.get("backbone", {}).get("type")!r}: use --engine torch')
@@ -81,18 +81,6 @@ def config_request(cfg: Config, engine: str | None = None, precision: str = 'fp3
 def default_engine(cfg: Config) -> str:
     """``DEFAULT_ENGINE`` (the fused CPU kernels) where the config's backbone is ours, else torch."""
     return DEFAULT_ENGINE if our_backbone(cfg) is not None else 'torch'
-
-
-def use_engine(cfg: Config, args: argparse.Namespace) -> None:
-    """``set_engine`` with what ``add_engine_args`` asked for (``engine_request``)."""
-    set_engine(cfg, engine_request(cfg, args))
-
-
-def set_engine(cfg: Config, request: EngineRequest) -> None:
-    """Have the test loop of ``cfg`` run its model as ``request`` asks (``config_request``): an
-    ``InferenceEngineHook`` holding the request's fields, which takes ``engine_model`` once the checkpoint is
-    loaded."""
-    add_hook(cfg, dict(type='InferenceEngineHook', **request.to_config()))
 
 
 def kept_in_fp32(cfg: Config, keep_fp32: Sequence[str] | None = None) -> tuple[str, ...]:
@@ -153,33 +141,19 @@ def _image_batches(pipeline, images: list[Path]) -> Iterator[tuple[dict, int]]:
         yield pseudo_collate([data]), 1
 
 
-def _versions(*packages: str) -> dict:
-    return {name: importlib.metadata.version(name) for name in packages}
-
-
-def cache_versions(engine: str | None = None) -> dict[str, str]:
-    """The installed versions that key an engine's caches: this package's, torch's and those of the packages
-    ``engine`` requires (its registry entry's ``requires``); of every registered engine's where ``engine`` is
-    None."""
-    from ..deploy import ENGINES
-    engines = [ENGINES[engine]] if engine is not None else list(ENGINES.values())
-    packages = dict.fromkeys(['cpvt_backbones', 'torch', *(p for e in engines for p in e.requires)])
-    return _versions(*(name for name in packages if importlib.util.find_spec(name) is not None))
-
-
 def cache_name(cfg: Config, checkpoint: Path, kind: str, calibration: tuple[str, int] | None = None,
-               *extra: str, checkpoint_sha256: str | None = None, engine: str | None = None) -> str:
+               *extra: str, checkpoint_sha256: str | None = None, engine: str = 'torch') -> str:
     """A file name for what is derived from the model of ``cfg`` with ``checkpoint``: the checkpoint's stem,
     ``kind`` and a hash of everything that changes the result: the config's model section (after overrides; its
     ``train_cfg`` and ``test_cfg`` left out: training and post-processing settings, which no engine runs), the
-    checkpoint's content (sha256), ``extra``, the versions of ``cache_versions(engine)`` (this package, torch and
-    the packages ``engine`` requires), and for ``calibration`` (source, number of images) the config's test
-    dataloader with its pipeline and, for a folder, the content of its images. The same inputs give the same
-    name, any change another. ``checkpoint_sha256``: the checkpoint's sha256 where the caller has it already
-    (names for several kinds of one checkpoint read the file once)."""
+    checkpoint's content (sha256), ``extra``, the versions of this package, torch and the packages ``engine``
+    requires (``deploy.artifacts.package_versions``), and for ``calibration`` (source, number of images) the
+    config's test dataloader with its pipeline and, for a folder, the content of its images. The same inputs give
+    the same name, any change another. ``checkpoint_sha256``: the checkpoint's sha256 where the caller has it
+    already (names for several kinds of one checkpoint read the file once)."""
     model = {k: v for k, v in cfg.model.to_dict().items() if k not in ('train_cfg', 'test_cfg')}
     key = dict(model=model, checkpoint=checkpoint_sha256 or file_sha256(checkpoint), kind=kind,
-               extra=list(extra), versions=cache_versions(engine))
+               extra=list(extra), versions=package_versions(ENGINES[engine].requires))
     if calibration is not None:
         source, num_images = calibration
         images = _calibration_source(source)[1]
@@ -208,21 +182,23 @@ class _Batches:
 
 def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int = 32) -> Path:
     """The fused engine's int8 input ranges for the model of ``cfg`` with ``checkpoint``, calibrated on
-    ``num_images`` images of ``source`` ('val' or a folder) through this config's test pipeline, as a JSON file
-    (``images``, ``input_ranges``) for ``config_request(cfg, 'fused', 'int8', input_ranges=...)``: ranges fixed
-    once for evaluations at other test sizes (tools/demo.py). Kept in ``weights_dir()/fused`` under
+    ``num_images`` images of ``source`` ('val' or a folder) through this config's test pipeline: the engine's
+    saved artifact (a JSON file of ranges by layer), for ``config_request(cfg, 'fused', 'int8', input_ranges=...)``:
+    ranges fixed once for evaluations at other test sizes (tools/demo.py). Kept in ``weights_dir()/fused`` under
     ``cache_name`` and reused while everything it was derived from stays the same."""
     from mmengine.runner import load_checkpoint
 
     from ..convert import weights_dir
-    from ..deploy.optimize import calibrated_ranges
+    from ..deploy import prepare
+    from ..deploy.artifacts import artifact_path
     if our_backbone(cfg) is None:
         raise ValueError(f'calibrate: the config\'s backbone is not one of ours ({", ".join(our_backbone_types())})')
     ckpt = Path(checkpoint).resolve()
     if not ckpt.is_file():
         raise FileNotFoundError(f'calibrate: no checkpoint file {checkpoint}')
     source, images = _calibration_source(source)
-    out = weights_dir() / 'fused' / f'{cache_name(cfg, ckpt, "int8", (source, num_images), engine="fused")}.ranges.json'
+    prefix = weights_dir() / 'fused' / cache_name(cfg, ckpt, 'int8', (source, num_images), engine='fused')
+    out = artifact_path(str(prefix), '.ranges.json')
     if not out.is_file():
         cfg = copy.deepcopy(cfg)
         cfg.work_dir = str(out.parent / 'work_dir')
@@ -231,7 +207,9 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
         runner = build_runner(cfg)
         load_checkpoint(runner.model, str(ckpt), map_location='cpu', revise_keys=[(r'^module\.', '')])
         runner.model.eval()
-        calibrated_ranges(runner.model.backbone, _Batches(runner.model, cfg, images, num_images), (), str(out))
+        request = EngineRequest('fused', 'int8', calibration_source=source, calibration_images=num_images,
+                                cache=str(prefix))
+        prepare(runner.model.backbone, request, _Batches(runner.model, cfg, images, num_images))
     return out
 
 
@@ -252,7 +230,7 @@ def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: str | None,
     """``model`` (a built model of ``cfg`` with ``checkpoint``'s weights, in evaluation mode from here on) as
     ``request`` asks, in place (``deploy.openmmlab.on_engine``): the backbone replaced, or backbone, neck and head
     attached as one engine module. int8 is calibrated on ``request.calibration_images`` of
-    ``request.calibration`` (``calibration_batches``: 'val' or a folder), each batch through the model's own data
+    ``request.calibration_source`` (``calibration_batches``: 'val' or a folder), each batch through the model's own data
     preprocessor. Where the request names no cache and ``checkpoint`` is a file, what the engine derives (a
     conversion, calibrated ranges) is kept under ``weights_dir()/<engine>``, named by ``cache_name``, and read
     back next time; the line printed names the files read back ("loaded") and those written ("saved")."""
@@ -261,21 +239,21 @@ def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: str | None,
     engine, precision, keep_fp32 = request.engine, request.precision, request.keep_fp32
     model.eval()
     batches = None
-    if precision == 'int8':
-        source, images = _calibration_source(request.calibration or 'val')
+    if precision in request.spec.calibrated:
+        source, images = _calibration_source(request.calibration_source or 'val')
         batches = _Batches(model, cfg, images, request.calibration_images)
-    caches = (request.cache, request.conversion_cache)
     ckpt = Path(checkpoint).resolve() if checkpoint else None
-    if request.cache is None and request.conversion_cache is None and ckpt is not None and ckpt.is_file():
+    if request.cache is None and request.float_cache is None and ckpt is not None and ckpt.is_file():
         folder = weights_dir() / engine
-        calibrated = (source, request.calibration_images) if precision == 'int8' else None
+        calibrated = (source, request.calibration_images) if batches is not None else None
         digest = file_sha256(ckpt)
-        caches = (str(folder / cache_name(cfg, ckpt, precision, calibrated, *sorted(keep_fp32),
+        request = request.filled(
+            cache=str(folder / cache_name(cfg, ckpt, precision, calibrated, *sorted(keep_fp32),
                                           checkpoint_sha256=digest, engine=engine)),
-                  str(folder / cache_name(cfg, ckpt, 'float', checkpoint_sha256=digest, engine=engine)))
-    prefixes = [p for p in caches if p]
+            float_cache=str(folder / cache_name(cfg, ckpt, 'float', checkpoint_sha256=digest, engine=engine)))
+    prefixes = [p for p in (request.cache, request.float_cache) if p]
     before = _cache_files(prefixes)
-    on_engine(model, request, calibration=batches, caches=caches)
+    on_engine(model, request, calibration=batches)
     after = _cache_files(prefixes)  # what this engine kept, its own first
     loaded = [p for p, stamp in after.items() if before.get(p) == stamp]
     saved = [p for p in after if p not in loaded]
@@ -286,6 +264,6 @@ def engine_model(model: torch.nn.Module, cfg: Config, checkpoint: str | None,
     return model
 
 
-__all__ = ['DEFAULT_ENGINE', 'IMAGE_SUFFIXES', 'add_engine_args', 'cache_name', 'cache_versions', 'calibrate',
+__all__ = ['DEFAULT_ENGINE', 'IMAGE_SUFFIXES', 'add_engine_args', 'cache_name', 'calibrate',
            'calibration_batches', 'config_request', 'default_engine', 'engine_request', 'engine_model',
-           'kept_in_fp32', 'set_engine', 'use_engine']
+           'kept_in_fp32']

@@ -6,7 +6,8 @@ from typing import NamedTuple
 
 from mmengine.config import Config
 
-from .engines import config_request, set_engine
+from .custom_hooks import set_engine
+from .engines import config_request
 from .runner import build_runner, evaluation_datasets, runner_checkpoint
 
 __all__ = ['METRICS', 'Metric', 'evaluate', 'headline_score', 'set_cls_test_size', 'set_test_scale']
@@ -55,17 +56,17 @@ def set_cls_test_size(cfg: Config, size: int, crop_ratio: float | None = None) -
 
 
 def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str, precision: str = 'fp32',
-             input_ranges: str | None = None, engine: str | None = None, calibration: str = 'val',
+             input_ranges: str | None = None, engine: str | None = None, calibration_source: str | None = None,
              calibration_images: int = 32, keep_fp32: Sequence[str] | None = None) -> dict:
     """Run the config's test loop on ``checkpoint`` and return its metrics, the model on ``engine`` at
     ``precision`` (``adapters.engines.config_request``; by default ``default_engine(cfg)``): int8 calibrated on
-    ``calibration_images`` of ``calibration``, or for the fused engine at ``input_ranges`` (a file of
-    ``adapters.engines.calibrate``: ranges fixed once for every test size), leaving the modules of
-    ``kept_in_fp32(cfg, keep_fp32)`` in float32."""
+    ``calibration_images`` of ``calibration_source`` ('val' by default), or for the fused engine at
+    ``input_ranges`` (a file of ``adapters.engines.calibrate``: ranges fixed once for every test size), leaving
+    the modules of ``kept_in_fp32(cfg, keep_fp32)`` in float32."""
     cfg = copy.deepcopy(cfg)
-    int8 = precision == 'int8'
-    set_engine(cfg, config_request(cfg, engine, precision, calibration, calibration_images, keep_fp32,
-                                   **(dict(input_ranges=str(input_ranges)) if int8 and input_ranges else {})))
+    ranges = dict(input_ranges=str(input_ranges)) if input_ranges else {}
+    set_engine(cfg, config_request(cfg, engine, precision, calibration_source, calibration_images, keep_fp32,
+                                   **ranges))
     cfg.load_from = runner_checkpoint(cfg, checkpoint)
     cfg.work_dir = work_dir
     cfg.experiment_name = name

@@ -18,7 +18,7 @@ process restores the state of rank 0, the one that wrote the checkpoint; with mm
 workers' own seeded generators, which this does not touch.
 """
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from functools import partial
 
 import numpy as np
@@ -134,18 +134,14 @@ class NonFiniteLossHook(Hook):
 
 @HOOKS.register_module()
 class InferenceEngineHook(Hook):
-    """Before the test loop (after the runner has loaded the checkpoint), put the model on an inference engine
-    (``adapters.engines.engine_model``, the one route to an engine) as the ``deploy.EngineRequest`` of these
-    arguments asks, checked when the hook is built (where a config asks for the engine): ``engine`` at
-    ``precision``, int8 calibrated on ``calibration_images`` of ``calibration`` ('val' or a folder) with the
-    modules named in ``keep_fp32`` in float32, ``cache`` and ``conversion_cache`` path prefixes (None: named by
-    content), ``options`` the engine's. tools/test.py adds it (``adapters.engines.set_engine``)."""
+    """Before the test loop (after the runner has loaded the checkpoint), put the model on an inference engine as
+    ``request`` asks (``adapters.engines.engine_model``, the one route to an engine): a ``deploy.EngineRequest``
+    (tools/test.py's, ``custom_hooks.set_engine``), or in a config file the dict of its fields
+    (``request=dict(engine='openvino', precision='int8')``), made into one here. A request whose caches are None
+    is kept under names ``engine_model`` gives by content."""
 
-    def __init__(self, engine: str = 'fused', precision: str = 'fp32', calibration: str | None = None,
-                 calibration_images: int = 32, keep_fp32: Sequence[str] = (), cache: str | None = None,
-                 options: dict | None = None, conversion_cache: str | None = None):
-        self.request = EngineRequest(engine, precision, calibration, calibration_images, tuple(keep_fp32), cache,
-                                     dict(options or {}), conversion_cache)
+    def __init__(self, request: 'EngineRequest | Mapping'):
+        self.request = request if isinstance(request, EngineRequest) else EngineRequest(**request)
 
     def before_test(self, runner) -> None:
         from .engines import engine_model
@@ -159,7 +155,7 @@ class StrictLoadHook(Hook):
     that do not fit are logged, the layers they miss keep their initial weights, and the run goes on); this hook
     sees the checkpoint as the runner hands it over, before it is loaded, and raises ``CheckpointMismatchError``
     (``adapters.runner.refuse_unfit``) naming the checkpoint and the config. ``tools/test.py`` adds it
-    (``adapters.runner.strict_loading``). A checkpoint with NaN or Inf weights is refused by key too, unless
+    (``custom_hooks.strict_loading``). A checkpoint with NaN or Inf weights is refused by key too, unless
     ``allow_nonfinite``."""
     priority = 'VERY_HIGH'
 

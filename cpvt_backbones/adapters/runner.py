@@ -3,7 +3,6 @@ look up), the Runner with the framework's known notices filtered, the checkpoint
 model), AMP and CPU multi-process launch."""
 import contextlib
 import gc
-import importlib
 import logging
 import os
 import re
@@ -24,11 +23,10 @@ from ..convert.loading import (
 )
 from ..utils import atomic_write, file_sha256
 
-__all__ = ['ConfigError', 'KNOWN_LOG_LINES', 'KNOWN_WARNINGS', 'add_common_args', 'add_hook', 'build_runner',
+__all__ = ['ConfigError', 'KNOWN_LOG_LINES', 'KNOWN_WARNINGS', 'add_common_args', 'build_runner',
            'check_backbone_settings', 'check_option_keys', 'enable_amp',
            'checkpoint_state', 'evaluation_datasets', 'launched', 'load_config', 'our_backbone', 'prepare_launch',
-           'quiet_known_warnings', 'read_config', 'refuse_unfit', 'runner_checkpoint', 'strict_loading']
-HOOKS_MODULE = 'cpvt_backbones.adapters.hooks'  # our hooks, registered when it is imported (an opt-in)
+           'quiet_known_warnings', 'read_config', 'refuse_unfit', 'runner_checkpoint']
 
 # Warnings mmengine, mmdet and mmseg print each time they build a model, a Runner or an inferencer, none about
 # anything our tools or configs could change.
@@ -60,8 +58,13 @@ class _DropKnownLogLines(logging.Filter):
 
 
 def build_runner(cfg: Config):
-    """mmengine's Runner for ``cfg``, its logger without ``KNOWN_LOG_LINES`` (every other line still shows)."""
+    """mmengine's Runner for ``cfg``, the modules of its ``custom_imports`` imported first (as a config file's are
+    when it is read; those added in memory, such as our hooks', ``custom_hooks.add_hook``), its logger without
+    ``KNOWN_LOG_LINES`` (every other line still shows)."""
     from mmengine.runner import Runner
+    from mmengine.utils import import_modules_from_strings
+    if cfg.get('custom_imports'):
+        import_modules_from_strings(**cfg.custom_imports)
     runner = Runner.from_cfg(cfg)
     runner.logger.addFilter(_DropKnownLogLines())
     return runner
@@ -252,22 +255,6 @@ def refuse_unfit(model: torch.nn.Module, checkpoint: Mapping, source: str, allow
         raise CheckpointMismatchError(report, source, FAMILY_KEYS_SHOWN if family else None, family)
     if not allow_nonfinite:
         refuse_non_finite(state, model, source)
-
-
-def add_hook(cfg: Config, hook: dict) -> None:
-    """Put one of our hooks (``adapters.hooks``) in the config: the module imported (registering it) and among the
-    config's ``custom_imports``, ``hook`` among its ``custom_hooks`` in place of any of the same type."""
-    importlib.import_module(HOOKS_MODULE)
-    imports = cfg.get('custom_imports') or dict(imports=[], allow_failed_imports=False)
-    if HOOKS_MODULE not in imports['imports']:
-        cfg.custom_imports = dict(imports, imports=list(imports['imports']) + [HOOKS_MODULE])
-    cfg.custom_hooks = [h for h in cfg.get('custom_hooks', []) if h.get('type') != hook['type']] + [hook]
-
-
-def strict_loading(cfg: Config, allow_nonfinite: bool = False) -> None:
-    """Have the runner of ``cfg`` refuse a checkpoint that does not fit its model, or (unless ``allow_nonfinite``)
-    holds NaN or Inf weights (``StrictLoadHook``)."""
-    add_hook(cfg, dict(type='StrictLoadHook', **(dict(allow_nonfinite=True) if allow_nonfinite else {})))
 
 
 def enable_amp(cfg: Config) -> None:

@@ -1,10 +1,4 @@
-"""The check every converting engine runs once it has converted a model: its outputs against torch's; and what an
-engine's cache records it was made from (``model_fingerprint``)."""
-import hashlib
-import json
-import re
-from pathlib import Path
-
+"""The check every converting engine runs once it has converted a model: its outputs against torch's."""
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
@@ -43,53 +37,3 @@ def trace_size(model: nn.Module, size: tuple[int, int]) -> tuple[int, int]:
 
 
 __all__ = ['check_against_torch', 'trace_size']
-
-
-_SIMPLE = (bool, int, float, str, type(None))
-
-
-def _settings(module: nn.Module) -> dict:
-    """A module's plain settings: its public attributes that are numbers, strings, None or tuples/lists of them
-    (``out_indices``, ``features_only``, ``num_classes``, strides ...), which ``repr`` may not show."""
-    out = {}
-    for key, value in sorted(vars(module).items()):
-        if key.startswith('_') or key == 'training':
-            continue
-        if isinstance(value, _SIMPLE) or (isinstance(value, (tuple, list)) and all(isinstance(v, _SIMPLE)
-                                                                                   for v in value)):
-            out[key] = list(value) if isinstance(value, (tuple, list)) else value
-    return out
-
-
-def model_fingerprint(model: nn.Module) -> str:
-    """The sha256 of what ``model`` computes: its structure (``repr``, and every submodule's class and plain
-    settings, so another ``out_indices`` differs) and its weights (every parameter's and buffer's name, dtype,
-    shape and bytes). What an engine's cache records it was made from, and checks before it is used."""
-    digest = hashlib.sha256()
-    structure = [repr(model)] + [[name, type(m).__qualname__, _settings(m)] for name, m in model.named_modules()]
-    text = json.dumps(structure, default=repr)
-    digest.update(re.sub(r' at 0x[0-9a-fA-F]+', '', text).encode())  # no object addresses: the same in every process
-    tensors = dict(model.named_parameters())
-    tensors.update(model.named_buffers())
-    for name in sorted(tensors):
-        t = tensors[name].detach()
-        digest.update(f'{name}:{t.dtype}:{tuple(t.shape)};'.encode())
-        if t.numel():
-            digest.update(t.to('cpu').contiguous().reshape(-1).view(torch.uint8).numpy())
-    return digest.hexdigest()
-
-
-def source_problem(record: Path, source: str) -> str | None:
-    """Why the cache whose JSON ``record`` this is does not belong to the model of fingerprint ``source``, or
-    None."""
-    try:
-        recorded = json.loads(Path(record).read_text()).get('source')
-    except (OSError, ValueError, AttributeError) as e:
-        return f'its record {record} cannot be read ({e})'
-    if recorded is None:
-        return ('its record names no model it was made from (saved by an older version, or by save() without '
-                'source=)')
-    if recorded != source:
-        return ('it was made from another model (its structure, settings or weights differ from this one\'s: '
-                f'recorded {recorded[:12]}..., this model {source[:12]}...)')
-    return None

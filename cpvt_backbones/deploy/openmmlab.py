@@ -121,29 +121,29 @@ def attach_engine(model: nn.Module, engine: nn.Module) -> nn.Module:
 
 
 def on_engine(model: nn.Module, engine: 'str | EngineRequest', precision: str = 'fp32',
-              calibration: Iterable[torch.Tensor] | None = None, keep_fp32: Sequence[str] = (),
-              caches: tuple[str | None, str | None] | None = None, **options) -> nn.Module:
+              calibration: Iterable[torch.Tensor] | None = None, keep_fp32: Sequence[str] = (), **options) -> nn.Module:
     """``model`` (an OpenMMLab model in evaluation mode) on ``engine`` at ``precision`` (or as an
-    ``EngineRequest`` asks, given alone), in place; returns ``model``. An engine that covers the backbone replaces
-    ``model.backbone``; one that covers the model runs backbone, neck and head (``TensorForward``, attached with
-    ``attach_engine``) where it changes anything, and refuses a model that is not a single-stage detector or a
-    segmentor. ``calibration``: preprocessed input batches (int8); ``keep_fp32``: names of ``model``'s modules
-    whose layers stay float32, translated here to the names in what the engine runs; ``caches``: the (result,
-    float32 conversion) path prefixes named for this model (``deploy.registry.prepare_request``); ``options``:
-    the engine's (``deploy.registry.Engine``; ``cache`` among them)."""
-    from .registry import EngineRequest, prepare_request
+    ``EngineRequest`` asks, given alone), in place, through ``deploy.prepare``; returns ``model``. An engine that
+    covers the backbone replaces ``model.backbone``; one that covers the model runs backbone, neck and head
+    (``TensorForward``, attached with ``attach_engine``) where it changes anything, and refuses a model that is not
+    a single-stage detector or a segmentor. ``calibration``: preprocessed input batches; ``keep_fp32``: names of
+    ``model``'s modules whose layers stay float32, renamed here to the names in what the engine runs; ``options``:
+    the request's other fields and the engine's own."""
+    from .registry import EngineRequest, prepare
     request = EngineRequest.of(engine, precision, keep_fp32, **options)
     if request.spec.covers == 'backbone':
         keep = [p[len('backbone.'):] for p in request.keep_fp32 if p.startswith('backbone.')]
-        set_submodule(model, 'backbone', prepare_request(model.backbone, request, calibration, keep, caches))
+        prepared = prepare(model.backbone, request.filled(keep_fp32=keep), calibration=calibration)
+        set_submodule(model, 'backbone', prepared)
         return model
     try:
         target, whole = TensorForward(model), None
     except ValueError as e:  # not a single-stage detector or a segmentor: an engine may still run it as it is
         target, whole = model, e
-    keep = [f'model.{p}' for p in request.keep_fp32] if whole is None else request.keep_fp32
+    if whole is None:
+        request = request.filled(keep_fp32=[f'model.{p}' for p in request.keep_fp32])
     with exportable(model):
-        prepared = prepare_request(target, request, calibration, keep, caches)
+        prepared = prepare(target, request, calibration=calibration)
     if prepared is not target:
         if whole is not None:
             raise ValueError(f'engine {request.engine!r} at {request.precision} runs the backbone, neck and head of a '

@@ -196,12 +196,24 @@ class Pyramid(CPVTBase):
         return dropped + self._cut_position(kept_depths)
 
 
+def twins_stages(embed_dims: Sequence[int], depths: Sequence[int], num_heads: Sequence[int],
+                 mlp_ratios: Sequence[float], sr_ratios: Sequence[int], patch_sizes: Sequence[int],
+                 window_sizes: Sequence[int] | None = None, window_mask: bool = False) -> tuple[Stage, ...]:
+    """The stages of a Twins pyramid (``PyramidCPVT``; with ``window_sizes``, ``TwinsSVT``), one value per stage
+    in each sequence."""
+    windows = {} if window_sizes is None else dict(window_sizes=window_sizes)
+    rows = per_stage(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
+                     sr_ratios=sr_ratios, patch_sizes=patch_sizes, **windows)
+    return tuple(Stage(dim=d, depth=n, num_heads=h, mlp_ratio=r, patch_size=p, sr_ratio=sr,
+                       window_size=ws[0] if ws else None, window_mask=window_mask)
+                 for d, n, h, r, sr, p, *ws in rows)
+
+
 class PyramidCPVT(Pyramid):
-    """Four-stage pyramid vision transformer with conditional positional encodings (Twins-PCPVT), and with
-    ``window_sizes`` Twins-SVT (``TwinsSVT`` gives its defaults): a ``Pyramid`` (all said there holds) of
-    non-overlapping patch embeddings, keys and values reduced with padding, plain MLPs, a PEG and a final
-    LayerNorm. State-dict keys and shapes are those of the official Twins weights and of timm's
-    ``twins_pcpvt_*`` / ``twins_svt_*``."""
+    """Four-stage pyramid vision transformer with conditional positional encodings (Twins-PCPVT): a ``Pyramid`` (all
+    said there holds) of non-overlapping patch embeddings, keys and values reduced with padding, plain MLPs, a PEG
+    and a final LayerNorm; every block attends globally (the windowed form is ``TwinsSVT``). State-dict keys and
+    shapes are those of the official Twins weights and of timm's ``twins_pcpvt_*``."""
 
     def __init__(
         self,
@@ -211,8 +223,6 @@ class PyramidCPVT(Pyramid):
         mlp_ratios: Sequence[float] = (8, 8, 4, 4),
         sr_ratios: Sequence[int] = (8, 4, 2, 1),
         patch_sizes: Sequence[int] = (4, 2, 2, 2),
-        window_sizes: Sequence[int] | None = None,
-        window_mask: bool = False,
         **kwargs: Any,
     ):
         """
@@ -225,20 +235,6 @@ class PyramidCPVT(Pyramid):
                 SRA).
             patch_sizes: each stage's patch size, its stride over the previous stage's map (the image for the
                 first), so stage strides 4, 8, 16, 32 by default.
-            window_sizes: None (PCPVT: every block attends globally), or each stage's window side in tokens
-                (Twins-SVT): blocks 0, 2, ... then attend within non-overlapping windows
-                (``layers.LocallyGroupedAttention``: keys ``attn.qkv``, ``attn.proj``), maps zero-padded
-                bottom/right to whole windows, and blocks 1, 3, ... globally (``attn_layer``).
-            window_mask: with windows, False lets the padded tokens take part in windowed attention as keys
-                (timm's behaviour, the classifiers' default); True masks them out (the Twins release's dense code).
             **kwargs: ``Pyramid``'s ``pos_encoding`` and ``frozen_stages``, and ``CPVTBase``'s arguments.
         """
-        if window_mask and window_sizes is None:
-            raise ValueError('window_mask=True masks padded tokens out of windows: it needs window_sizes')
-        windows = {} if window_sizes is None else dict(window_sizes=window_sizes)
-        rows = per_stage(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
-                         sr_ratios=sr_ratios, patch_sizes=patch_sizes, **windows)
-        stages = tuple(Stage(dim=d, depth=n, num_heads=h, mlp_ratio=r, patch_size=p, sr_ratio=sr,
-                             window_size=ws[0] if ws else None, window_mask=window_mask)
-                       for d, n, h, r, sr, p, *ws in rows)
-        super().__init__(stages, **kwargs)
+        super().__init__(twins_stages(embed_dims, depths, num_heads, mlp_ratios, sr_ratios, patch_sizes), **kwargs)

@@ -1,10 +1,10 @@
 """OpenVINO as the CPU engine: a built model converted once, compiled for the CPU, behind the call contract of the
 module it came from (an NCHW float tensor in; the same tensor, tuple, list or dict of tensors out).
 
-``to_openvino(model, precision=...)`` exports ``model`` with ``torch.export`` (batch, height and width dynamic),
-converts the program with ``openvino.convert_model`` and returns an ``OpenVINOModule``. The model may be a backbone, a
-classifier, or any module whose forward maps one image batch to tensors (an OpenMMLab model's backbone + neck +
-head in tensor mode, ``deploy.openmmlab``). Precisions, as everywhere in the package:
+``prepare(model, 'openvino', precision)`` exports ``model`` with ``torch.export`` (batch, height and width
+dynamic), converts the program with ``openvino.convert_model`` and returns an ``OpenVINOModule``. The model may be
+a backbone, a classifier, or any module whose forward maps one image batch to tensors (an OpenMMLab model's
+backbone + neck + head in tensor mode, ``deploy.openmmlab``). Precisions, as everywhere in the package:
 
 * ``'fp32'``: OpenVINO's float32 kernels (its CPU default on bf16-capable CPUs is bf16, so fp32 is asked for
   explicitly);
@@ -13,7 +13,7 @@ head in tensor mode, ``deploy.openmmlab``). Precisions, as everywhere in the pac
 * ``'int8'``: NNCF post-training quantization (``nncf.quantize``, transformer preset) calibrated on
   ``calibration`` (an iterable of input batches: real images through the config's test pipeline, as the tools
   make them), float32 where not quantized; ``keep_fp32`` keeps the layers under named modules out of it (module
-  name prefixes, as ``optimize`` takes them: every converted operation remembers the module it came from).
+  name prefixes, as every engine takes them: every converted operation remembers the module it came from).
 
 Shapes: ``shapes='dynamic'`` compiles one model for every input size; ``shapes='static'`` compiles a model per
 input shape on first use and keeps the last ``cache_size``; ``shapes='auto'`` (the default) runs the dynamic model
@@ -37,14 +37,10 @@ import collections
 import contextlib
 import json
 import logging
-import os
 import queue
-import shutil
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,14 +48,12 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..compat import require
-from ..utils import atomic_write, checksum_problem, file_sha256
-from .check import check_against_torch, model_fingerprint, source_problem, trace_size
-from .precision import PRECISIONS, check_precision
+from ...compat import require
+from ..check import check_against_torch, trace_size
+from ..registry import Engine, EngineModule, register
 
 SHAPES = ('dynamic', 'static', 'auto')
 EXTRA = "pip install 'cpvt_backbones[openvino]'"
-SAVING = '.saving-'  # the prefix of the folder a model is written in before it is renamed into place
 
 
 def _openvino():
@@ -98,7 +92,6 @@ def compile_config(precision: str, threads: int | None = None) -> dict[Any, Any]
     """The CPU plugin's properties for ``precision``: the inference precision (bf16 only where native, with a
     warning otherwise) and, if given, the number of threads."""
     ov = _openvino()
-    check_precision(precision)
     kind = ov.Type.f32
     if precision == 'bf16':
         if native_bf16():
@@ -172,8 +165,6 @@ def _torch_half_pixel(ov_model) -> None:
 # saved model keeps them all (``save``, ``_read``).
 MODULE_KEY = 'torch_module'
 MODULES_KEY = 'cpvt_backbones_torch_modules'
-# Where a conversion records the model it was made from (``check.model_fingerprint``), and ``save`` in its record.
-SOURCE_KEY = 'cpvt_backbones_source'
 
 
 def _record_modules(ov_model, graph) -> None:
@@ -191,14 +182,12 @@ def _record_modules(ov_model, graph) -> None:
             op.get_rt_info()[MODULE_KEY] = path
 
 
-def _require_eval(model: nn.Module) -> None:
-    """Refuse what ``to_openvino`` does not convert: a model in training mode, or one not in float32."""
-    if model.training:
-        raise ValueError('to_openvino converts a model in evaluation mode; call model.eval() first')
+def _require_float32(model: nn.Module) -> None:
+    """Refuse a model not in float32, which the engine does not convert."""
     other = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
     if other:
-        raise TypeError(f'to_openvino converts a float32 model, this one has {", ".join(other)} parameters: call '
-                        "model.float() first (precision='bf16' or 'int8' lowers the precision on OpenVINO's side)")
+        raise TypeError(f'the openvino engine converts a float32 model, this one has {", ".join(other)} parameters: '
+                        "call model.float() first (precision='bf16' or 'int8' lowers the precision on OpenVINO's side)")
 
 
 def per_image_modules(model: nn.Module, in_chans: int) -> list[str]:
@@ -206,8 +195,8 @@ def per_image_modules(model: nn.Module, in_chans: int) -> list[str]:
     Python (``layers.valid.watch_per_image``), found by running it eagerly on one small padded batch (a square
     image of two strides or more, at the model's largest stride, at least 32 px, beside one of half its height):
     what ``torch.export`` cannot record, so that a conversion with valid sizes is refused before it starts."""
-    from ..layers.valid import watch_per_image
-    from .bucketed import largest_stride
+    from ...layers.valid import watch_per_image
+    from ..bucketed import largest_stride
     stride = largest_stride(model)
     side = stride * max(2, -(-32 // stride))
     x = torch.randn(2, in_chans, side, side, generator=torch.Generator().manual_seed(0))
@@ -227,7 +216,7 @@ def per_image_modules(model: nn.Module, in_chans: int) -> list[str]:
 def check_sized_conversion(model: nn.Module, in_chans: int) -> None:
     """Refuse, by name and before anything is converted, a model that cannot be converted with valid sizes: its
     forward takes none, or its valid-size path works image by image (``per_image_modules``)."""
-    from .batched import takes_valid_sizes
+    from ..batched import takes_valid_sizes
     if not takes_valid_sizes(model):
         raise TypeError(f'{type(model).__name__} cannot be converted with sizes_input: its forward takes no '
                         'valid_sizes (our models do)')
@@ -277,10 +266,10 @@ def convert(model: nn.Module, example: torch.Tensor, sizes_input: bool = False):
     Traced at ``example``'s batch and channels, at its size raised to the model's ``min_trace_side``
     (``deploy.check.trace_size``; a random input of that size where it is raised). ``sizes_input``: with a
     second input, each image's valid (height, width), (B, 2) int64 (module docstring)."""
-    require('export', 'converting a model to OpenVINO (deploy.to_openvino)')
+    require('export', "converting a model to OpenVINO (prepare(model, 'openvino'))")
     ov = _openvino()
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
-    _require_eval(model)
+    _require_float32(model)
     size = trace_size(model, tuple(example.shape[-2:]))
     if size != tuple(example.shape[-2:]):
         example = torch.randn(*example.shape[:-2], *size, dtype=example.dtype)
@@ -307,7 +296,6 @@ def convert(model: nn.Module, example: torch.Tensor, sizes_input: bool = False):
     ov_model = ov.convert_model(decoder)
     _record_modules(ov_model, decoder.pt_module.graph)
     _torch_half_pixel(ov_model)
-    ov_model.set_rt_info(model_fingerprint(model), SOURCE_KEY)
     return ov_model, spec
 
 
@@ -338,8 +326,6 @@ def quantize(ov_model, calibration: Iterable[torch.Tensor], keep_fp32: Sequence[
     model's largest stride, ``SizedOpenVINOModule``), with the batch's own size as every image's valid size."""
     nncf = _nncf()
     batches = [np.ascontiguousarray(x.detach().float().cpu().numpy()) for x in calibration]
-    if not batches:
-        raise ValueError('int8 needs calibration data: an iterable of input batches (NCHW float tensors)')
     if len(ov_model.inputs) == 2:
         batches = [[_pad_to(x, multiple), _whole(x.shape)] for x in batches]
     kwargs = dict(ignored_scope=nncf.IgnoredScope(names=ops_under(ov_model, keep_fp32), validate=False)
@@ -369,7 +355,7 @@ def _whole(shape: Sequence[int]) -> np.ndarray:
     return np.array([list(shape[-2:])] * shape[0], dtype=np.int64)
 
 
-class OpenVINOModule(nn.Module):
+class OpenVINOModule(EngineModule, nn.Module):
     """A compiled OpenVINO model with the call contract of the module it was converted from.
 
     ``forward(x)`` takes an NCHW float tensor (any batch, height, width and dtype that converts to float32) and
@@ -387,6 +373,7 @@ class OpenVINOModule(nn.Module):
     per concurrent call, made on demand and reused), and the choice and compilation of models is serialised."""
 
     COUNTED_SHAPES = 1024
+    engine = 'openvino'
 
     def __init__(self, ov_model, out_spec, in_chans: int, precision: str = 'fp32', shapes: str = 'auto',
                  cache_size: int = 8, threads: int | None = None, specialise_after: int = 64):
@@ -437,7 +424,7 @@ class OpenVINOModule(nn.Module):
         return compiled
 
     def forward(self, x: torch.Tensor):
-        from ..models.base import check_input
+        from ...models.base import check_input
         check_input(x, self.in_chans)
         return self._run(x)
 
@@ -467,8 +454,8 @@ class SizedOpenVINOModule(OpenVINOModule):
         self.multiple = multiple
 
     def forward(self, x: torch.Tensor, valid_sizes=None):
-        from ..layers.valid import check_valid_sizes
-        from ..models.base import check_input
+        from ...layers.valid import check_valid_sizes
+        from ...models.base import check_input
         check_input(x, self.in_chans)
         if x.shape[-2] % self.multiple or x.shape[-1] % self.multiple:
             raise ValueError(f'OpenVINO runs the model converted with valid sizes at sides that are multiples of '
@@ -504,133 +491,99 @@ def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: tupl
     if len(ov_model.inputs) == 1:
         return check_against_torch(OpenVINOModule(ov_model, spec, in_chans), model, in_chans, 'OpenVINO conversion',
                                    size, tolerance)
-    from .bucketed import largest_stride
+    from ..bucketed import largest_stride
     multiple = largest_stride(model)
     return check_against_torch(SizedOpenVINOModule(ov_model, spec, in_chans, multiple=multiple), model, in_chans,
                                'OpenVINO conversion', tuple(-(-n // multiple) * multiple for n in size), tolerance)
 
 
-def sized_path(path: str | None) -> str | None:
-    """Where the conversion with valid sizes of the model cached at ``path`` (NAME.xml) is kept:
-    NAME.valid_sizes.xml."""
-    return None if path is None else str(Path(path).with_suffix('.valid_sizes.xml'))
+def _check(precision: str, options) -> None:
+    check_shapes(options.get('shapes', 'auto'), options.get('cache_size', 8), options.get('specialise_after', 64))
+    threads = options.get('threads')
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f'engine openvino: threads must be a positive int, got {threads!r}')
 
 
-def to_openvino(model: nn.Module, precision: str = 'fp32', calibration: Iterable[torch.Tensor] | None = None,
-                keep_fp32: Sequence[str] = (), shapes: str = 'auto', cache_size: int = 8,
-                threads: int | None = None, example_size: tuple[int, int] = (224, 224),
-                in_chans: int | None = None, cache: str | None = None, float_cache: str | None = None,
-                specialise_after: int = 64, sizes_input: bool = False) -> OpenVINOModule:
+def _prepare(model: nn.Module, request, calibration, cache) -> OpenVINOModule:
     """``model`` (left as it is) as an ``OpenVINOModule``: converted through ``torch.export`` at an example input
-    of ``example_size`` (raised to the model's ``min_trace_side``, ``convert``; any size works afterwards) and
-    checked against torch at another size (``check_conversion``), quantized to int8 with NNCF when
-    ``precision='int8'`` (on ``calibration``; the modules under the name prefixes ``keep_fp32`` stay float32),
-    compiled for the CPU at ``precision``.
-
-    ``cache``: an ``.xml`` path where the converted (and quantized) model is saved (``save``), and read instead of
-    converting when it is there and checks (``saved_problem``: its files match their record, and the record says
-    it was made from this model, ``check.model_fingerprint``: the same structure, settings and weights); its name
-    should tell the rest of what it holds (calibration: the tools derive it from everything that changes the
-    converted model, ``adapters.engines.cache_name``). A saved model that does not check, or that was made from
-    another model, is converted again (with a warning saying why), never run; a cache that cannot be written is
-    skipped with a warning. ``float_cache``: the same for the float32 conversion that int8 quantizes (for fp32
-    and bf16 it is ``cache`` where that is not given), so that int8 with other calibration or ``keep_fp32``
-    quantizes a saved conversion instead of converting again (one saved without the module names that
-    ``keep_fp32`` needs is converted again and saved anew). ``in_chans``: input channels (default: the model's
-    ``in_chans`` attribute, else 3). ``shapes``, ``cache_size``, ``specialise_after``, ``threads``: as
-    ``OpenVINOModule`` takes them (checked before anything is converted). ``sizes_input``: converted with each
-    image's valid size as a second input (module docstring), a ``SizedOpenVINOModule``, where the model can be
-    (refused by name before anything is converted otherwise, ``check_sized_conversion``); its caches are kept
-    apart from the plain conversion's (``sized_path``)."""
-    check_precision(precision)
-    check_shapes(shapes, cache_size, specialise_after)
-    if precision != 'int8' and (calibration is not None or keep_fp32):
-        raise ValueError(f'calibration and keep_fp32 configure int8; precision={precision!r} does not use them')
-    _require_eval(model)
-    in_chans = in_chans or getattr(model, 'in_chans', 3)
+    of the option ``example_size`` (224 x 224, raised to the model's ``min_trace_side``, ``convert``; any size works
+    afterwards) and checked against torch at another size (``check_conversion``), quantized to int8 with NNCF at
+    int8 (on ``calibration``; the modules under ``request.keep_fp32`` stay float32), compiled for the CPU at the
+    request's precision. Options: ``shapes``, ``cache_size``, ``specialise_after``, ``threads`` as
+    ``OpenVINOModule`` takes them; ``in_chans`` (default: the model's, else 3); ``sizes_input``: converted with each
+    image's valid size as a second input (module docstring; refused by name before anything is converted where
+    the model cannot be, ``check_sized_conversion``), kept apart in the cache (variant ``valid_sizes``).
+    ``cache``: the saved conversion (``conversion``) and quantized model (``result``) are read instead of made
+    where they hold for this model (``deploy.artifacts``); a conversion saved without the module names that
+    ``keep_fp32`` selects by is converted again."""
+    options = request.options
+    precision, keep_fp32 = request.precision, request.keep_fp32
+    sizes_input = bool(options.get('sizes_input', False))
+    in_chans = options.get('in_chans') or getattr(model, 'in_chans', 3)
     multiple = 1   # what the sides of the converted model's inputs are multiples of
     if sizes_input:
-        from .bucketed import largest_stride
+        from ..bucketed import largest_stride
         check_sized_conversion(model, in_chans)
-        cache, float_cache = sized_path(cache), sized_path(float_cache)
         multiple = largest_stride(model)
-    if precision != 'int8':
-        cache = cache or float_cache
-    source = model_fingerprint(model) if cache or float_cache else None
-    loaded = _load(cache, model, in_chans, source, sizes_input)
+    variant = 'valid_sizes' if sizes_input else ''
+    result, conversion = cache.result('.xml', variant, ('.bin',)), cache.conversion('.xml', variant, ('.bin',))
+    loaded = _load(result, model, in_chans, sizes_input)
     if loaded is not None:
         ov_model, spec = loaded
     else:
-        if precision == 'int8' and calibration is None:
-            raise ValueError("precision='int8' quantizes with NNCF: pass calibration=<an iterable of input batches>")
-        saved = _load(float_cache, model, in_chans, source, sizes_input) if precision == 'int8' else None
+        saved = _load(conversion, model, in_chans, sizes_input) if precision == 'int8' else None
         if saved is not None and (not keep_fp32 or saved[0].has_rt_info(MODULES_KEY)):
             ov_model, spec = saved
         else:  # nothing saved, or saved without the module names that keep_fp32 selects by: convert
-            ov_model, spec = convert(model, torch.randn(2, in_chans, *example_size), sizes_input)
+            ov_model, spec = convert(model, torch.randn(2, in_chans, *options.get('example_size', (224, 224))),
+                                     sizes_input)
             check_conversion(ov_model, spec, model, in_chans)
-            if precision == 'int8' and float_cache:
-                _save_or_warn(ov_model, float_cache, source)
+            if precision == 'int8' and conversion is not None:
+                _save(conversion, ov_model)
         if precision == 'int8':
             ov_model = quantize(ov_model, calibration, keep_fp32, multiple=multiple)
-        if cache:
-            _save_or_warn(ov_model, cache, source)
-    if sizes_input:
-        engine = SizedOpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads,
-                                     specialise_after, multiple=multiple)
-    else:
-        engine = OpenVINOModule(ov_model, spec, in_chans, precision, shapes, cache_size, threads, specialise_after)
-    engine.strides = tuple(getattr(model, 'strides', ()) or ())   # its output maps' (run_images crops by them)
-    return engine
+        if result is not None:
+            _save(result, ov_model, calibration)
+    settings = dict(precision=precision, shapes=options.get('shapes', 'auto'), cache_size=options.get('cache_size', 8),
+                    threads=options.get('threads'), specialise_after=options.get('specialise_after', 64))
+    module_cls = SizedOpenVINOModule if sizes_input else OpenVINOModule
+    prepared = module_cls(ov_model, spec, in_chans, **settings, **(dict(multiple=multiple) if sizes_input else {}))
+    prepared.strides = tuple(getattr(model, 'strides', ()) or ())   # its output maps' (run_images crops by them)
+    return prepared
 
 
-def record_path(path) -> Path:
-    """The record ``save`` writes beside ``NAME.xml``: ``NAME.sha256``, the sha256 of the .xml and the .bin."""
-    return Path(path).with_suffix('.sha256')
-
-
-def saved_problem(path, source: str | None = None) -> str | None:
-    """Why the model saved at ``path`` (.xml, .bin and their record) cannot be used, or None: a file is missing,
-    there is no record (not written by ``save``, or its write was cut short), a file's sha256 differs from the
-    record (truncated, damaged, or replaced since), or, given ``source`` (the ``check.model_fingerprint`` of the
-    model it should hold), the record names another model or none."""
-    path = Path(path)
-    problem = checksum_problem(record_path(path), dict(xml=path, bin=path.with_suffix('.bin')))
-    if problem is None and source is not None:
-        problem = source_problem(record_path(path), source)
-    return problem
-
-
-def _load(path: str | None, model: nn.Module, in_chans: int, source: str | None = None, sizes_input: bool = False):
-    """The model saved at ``path`` (``_read``) where there is one and it checks (made from the model of
-    fingerprint ``source``, where given, with the valid-size input where ``sizes_input``), else None (with a
-    warning saying why, where something was there)."""
-    if not path or not (Path(path).is_file() or record_path(path).is_file()):
+def _load(artifact, model: nn.Module, in_chans: int, sizes_input: bool = False):
+    """The model saved as ``artifact`` (``_read``) where there is one and it holds for ``model`` with the
+    valid-size input where ``sizes_input``, else None (with a warning saying why, where something was there)."""
+    path = artifact.load() if artifact is not None else None
+    if path is None:
         return None
-    problem = saved_problem(path, source)
-    if problem is None:
-        try:
-            ov_model, spec = _read(path, model, in_chans)
-        except RuntimeError as e:
-            problem = f'OpenVINO cannot read it ({e})'
-        else:
-            if len(ov_model.inputs) == 1 + sizes_input:
-                return ov_model, spec
-            problem = f'it has {len(ov_model.inputs)} inputs, not {1 + sizes_input}'
-    warnings.warn(f'OpenVINO cache {path}: {problem}; converting again', RuntimeWarning, stacklevel=3)
-    return None
-
-
-def _save_or_warn(ov_model, path: str, source: str | None = None) -> None:
     try:
-        save(ov_model, path, source)
-    except OSError as e:
-        warnings.warn(f'OpenVINO cache {path} not written ({type(e).__name__}: {e}); running without it',
-                      RuntimeWarning, stacklevel=3)
+        ov_model, spec = _read(path, model, in_chans)
+    except RuntimeError as e:
+        artifact.refuse(f'OpenVINO cannot read it ({e})')
+        return None
+    if len(ov_model.inputs) != 1 + sizes_input:
+        artifact.refuse(f'it has {len(ov_model.inputs)} inputs, not {1 + sizes_input}')
+        return None
+    return ov_model, spec
 
 
-def _read(path: str, model: nn.Module, in_chans: int):
-    """A saved conversion of ``model`` (with the module of every operation, as ``save`` recorded them) and the
+def _save(artifact, ov_model, calibration=None) -> None:
+    """Save ``ov_model`` as ``artifact`` (``openvino.save_model``, float32 weights kept as they are). The IR keeps
+    no custom per-operation data, so the module each operation came from (``MODULE_KEY``, what ``keep_fp32``
+    selects by) is recorded in the model's own runtime info (``MODULES_KEY``, by operation name)."""
+    ov = _openvino()
+    modules = {op.get_friendly_name(): op.get_rt_info()[MODULE_KEY].astype(str) for op in ov_model.get_ops()
+               if MODULE_KEY in op.get_rt_info()}
+    if modules:
+        ov_model.set_rt_info(json.dumps(modules, separators=(',', ':')), MODULES_KEY)
+    artifact.save(lambda target: ov.save_model(ov_model, str(target), compress_to_fp16=False),
+                  None if calibration is None else calibration.describe())
+
+
+def _read(path, model: nn.Module, in_chans: int):
+    """A saved conversion of ``model`` (with the module of every operation, as ``_save`` recorded them) and the
     pytree spec of ``model``'s outputs (from one small call)."""
     with torch.no_grad():
         _, spec = pytree.tree_flatten(model(torch.randn(1, in_chans, 32, 32)))
@@ -644,49 +597,16 @@ def _read(path: str, model: nn.Module, in_chans: int):
     return ov_model, spec
 
 
-def _remove_abandoned(folder: Path) -> None:
-    """Delete the folders that ``save`` of a process no longer running left behind (it was killed mid-write)."""
-    for tmp in folder.glob(f'{SAVING}*'):
-        try:
-            pid = int(tmp.name[len(SAVING):].split('-')[0])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(tmp, ignore_errors=True)
-        except (ValueError, PermissionError):
-            continue
+register(Engine(
+    'openvino', 'model', {'fp32': 'everything',
+                          'bf16': "what OpenVINO's bf16 inference precision keeps; float32 throughout on CPUs "
+                                  'without native bf16 (with a warning)',
+                          'int8': 'what NNCF leaves unquantized (transformer preset), layers in keep_fp32'},
+    _prepare, 'OpenVINO for the CPU (deploy.engines.openvino): converted once through torch.export, any size after',
+    requires=('openvino', 'nncf'), install=EXTRA, calibrated=('int8',),
+    options=('shapes', 'cache_size', 'specialise_after', 'threads', 'example_size', 'in_chans', 'sizes_input'),
+    check=_check, bucketing={'sizes_input': True}))
 
-
-def save(ov_model, path: str, source: str | None = None) -> None:
-    """``openvino.save_model`` to ``path`` (.xml, with its .bin beside it and their record, ``record_path``):
-    written in a temporary folder and renamed into place, the record last, so that a crash never leaves a model
-    that ``to_openvino(cache=...)`` would take as whole; folders that killed saves left behind are removed. The IR
-    keeps no custom per-operation data, so the module each operation came from (``MODULE_KEY``, what
-    ``keep_fp32`` selects by) is recorded in the model's own runtime info (``MODULES_KEY``, by operation name).
-    ``source``: the ``check.model_fingerprint`` of the model it was made from (default: what ``convert`` recorded
-    in the model, ``SOURCE_KEY``), kept in the record for ``to_openvino`` to check."""
-    ov = _openvino()
-    path = Path(path)
-    if path.suffix != '.xml':
-        raise ValueError(f'an OpenVINO model is saved as NAME.xml (+ NAME.bin), got {path}')
-    modules = {op.get_friendly_name(): op.get_rt_info()[MODULE_KEY].astype(str) for op in ov_model.get_ops()
-               if MODULE_KEY in op.get_rt_info()}
-    if modules:
-        ov_model.set_rt_info(json.dumps(modules, separators=(',', ':')), MODULES_KEY)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned(path.parent)
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f'{SAVING}{os.getpid()}-') as tmp:
-        xml, weights = Path(tmp) / path.name, Path(tmp) / path.with_suffix('.bin').name
-        ov.save_model(ov_model, str(xml), compress_to_fp16=False)
-        if source is None and ov_model.has_rt_info(SOURCE_KEY):
-            source = ov_model.get_rt_info(SOURCE_KEY).astype(str)
-        record = dict(xml=file_sha256(xml), bin=file_sha256(weights), openvino=ov.get_version(), source=source)
-        record_path(path).unlink(missing_ok=True)  # the old record goes first: a half-renamed pair never checks
-        os.replace(weights, path.with_suffix('.bin'))
-        os.replace(xml, path)
-        atomic_write(record_path(path), json.dumps(record).encode())
-
-
-__all__ = ['EXTRA', 'MODULE_KEY', 'MODULES_KEY', 'PRECISIONS', 'SHAPES', 'OpenVINOModule', 'SizedOpenVINOModule',
-           'available', 'check_conversion', 'check_shapes', 'check_sized_conversion', 'compile_config', 'convert',
-           'native_bf16', 'ops_under', 'per_image_modules', 'quantize', 'record_path', 'save', 'saved_problem',
-           'sized_path', 'source_problem', 'to_openvino']
+__all__ = ['EXTRA', 'MODULE_KEY', 'MODULES_KEY', 'SHAPES', 'OpenVINOModule', 'SizedOpenVINOModule', 'available',
+           'check_conversion', 'check_shapes', 'check_sized_conversion', 'compile_config', 'convert', 'native_bf16',
+           'ops_under', 'per_image_modules', 'quantize']

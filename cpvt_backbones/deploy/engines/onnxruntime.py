@@ -5,15 +5,11 @@ tensors out, float32 on the CPU); int8 through onnxruntime's static quantization
 
 The model may be a backbone, a classifier, or an OpenMMLab model's backbone + neck + head in tensor mode
 (``deploy.openmmlab.TensorForward``). Precisions: float32, and int8 (``quantize``: the linear layers, static,
-calibrated). ``cache``: an ``.onnx`` path where the result is saved and read instead of made again when it is
-there and its record (the file's sha256 and the ``check.model_fingerprint`` of the model it was made from,
-written beside it) matches; one that does not, or that was made from another model, is made again with a warning
-saying why, never run. The engine is optional (``pip install onnxruntime onnxscript``, which ``make env`` installs).
+calibrated). What it makes is kept and read back through the one artifact cache (``deploy.artifacts``). The
+engine is optional (``pip install onnxruntime onnxscript``, which ``make env`` installs).
 """
 import ast
-import json
 import tempfile
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -22,10 +18,9 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..utils import atomic_write, checksum_problem, file_sha256
-from .check import check_against_torch, model_fingerprint, source_problem
-from .onnx import export
-from .precision import check_precision
+from ..check import check_against_torch
+from ..onnx import export
+from ..registry import Engine, EngineModule, register
 
 INSTALL = 'pip install onnxruntime onnxscript'
 
@@ -38,10 +33,12 @@ def _onnxruntime():
     return onnxruntime
 
 
-class OnnxRuntimeModule(nn.Module):
+class OnnxRuntimeModule(EngineModule, nn.Module):
     """An onnxruntime session with the call contract of the module it was exported from. ``forward(x)`` takes an
     NCHW float tensor (any batch, height and width) and returns CPU float32 tensors in the original output
     structure. onnxruntime's ``run`` may be called from several threads at once."""
+
+    engine = 'onnxruntime'
 
     def __init__(self, path: str, out_spec, in_chans: int, threads: int | None = None):
         super().__init__()
@@ -53,7 +50,7 @@ class OnnxRuntimeModule(nn.Module):
         self.eval()
 
     def forward(self, x: torch.Tensor):
-        from ..models.base import check_input
+        from ...models.base import check_input
         check_input(x, self.in_chans)
         array = np.ascontiguousarray(x.detach().to('cpu', torch.float32).numpy())
         outs = self.session.run(None, {'image': array})
@@ -63,27 +60,15 @@ class OnnxRuntimeModule(nn.Module):
         return f'path={self.path!r}'
 
 
-def record_path(path) -> Path:
-    """The record beside a saved export: ``NAME.onnx.sha256``, the file's sha256."""
-    return Path(str(path) + '.sha256')
-
-
-def _saved(path: Path, write: Callable[[Path], None], what: str, source: str | None = None) -> Path:
-    """``path`` where it matches its record (and, given ``source``, the record says it was made from the model of
-    that fingerprint), else ``write`` it (to a temporary name, then renamed) and record it; a file that fails its
-    record is written again with a warning naming it and why."""
-    problem = checksum_problem(record_path(path), dict(onnx=path)) if path.is_file() else None
-    if path.is_file() and problem is None and source is not None:
-        problem = source_problem(record_path(path), source)
-    if problem:
-        warnings.warn(f'onnxruntime cache {path}: {problem}; {what} again', RuntimeWarning, stacklevel=3)
-    if problem or not path.is_file():
-        tmp = path.with_name(f'.{path.name}.writing')
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write(tmp)
-        record_path(path).unlink(missing_ok=True)
-        tmp.replace(path)
-        atomic_write(record_path(path), json.dumps(dict(onnx=file_sha256(path), source=source)).encode())
+def _made(artifact, folder: Path, name: str, write: Callable[[Path], None], calibration=None) -> Path:
+    """The file of ``artifact`` where it is saved and holds for the model, else written by ``write`` and saved
+    there (``deploy.artifacts``); with no artifact, or where it cannot be saved, written in ``folder``."""
+    path = artifact.load() if artifact is not None else None
+    if path is None and artifact is not None:
+        path = artifact.save(write, None if calibration is None else calibration.describe())
+    if path is None:
+        path = folder / name
+        write(path)
     return path
 
 
@@ -132,15 +117,12 @@ def quantize(source, target, calibration: Iterable[torch.Tensor], keep_fp32: Seq
 
     class Batches(CalibrationDataReader):
         def __init__(self):
-            self.batches, self.count = iter(calibration), 0
+            self.batches = iter(calibration)
 
         def get_next(self):
             batch = next(self.batches, None)
             if batch is None:
-                if not self.count:
-                    raise ValueError('onnxruntime int8: the calibration gave no input batch')
                 return None
-            self.count += 1
             return {'image': np.ascontiguousarray(batch.to('cpu', torch.float32).numpy())}
 
     quantize_static(str(source), str(target), Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
@@ -148,47 +130,48 @@ def quantize(source, target, calibration: Iterable[torch.Tensor], keep_fp32: Seq
                     op_types_to_quantize=['MatMul', 'Gemm'], nodes_to_quantize=nodes)
 
 
-def to_onnxruntime(model: nn.Module, precision: str = 'fp32', calibration: Iterable[torch.Tensor] | None = None,
-                   keep_fp32: Sequence[str] = (), cache: str | None = None, float_cache: str | None = None,
-                   threads: int | None = None, example_size: tuple[int, int] = (224, 224),
-                   in_chans: int | None = None) -> OnnxRuntimeModule:
-    """``model`` (evaluation mode, float32; left as it is) as an ``OnnxRuntimeModule``: exported at ``example_size``
-    (``deploy.onnx.export``: any size works afterwards), for 'int8' then quantized (``quantize``: ``calibration``, an
-    iterable of input batches, is required; ``keep_fp32``: module name prefixes left in float32). The float32 export is
-    checked against torch at another size (``deploy.check.check_against_torch``); how far int8 may move the outputs is
-    the engine's contract (docs/performance.md, the engine room). ``cache``: the ``.onnx`` path of the result;
-    ``float_cache``: that of the float32 export int8 starts from (default: a temporary file); both are read instead of
-    made again when their record matches. ``threads``: onnxruntime's intra-op threads (default: torch's). ``in_chans``:
-    input channels (default: the model's ``in_chans`` attribute, else 3)."""
-    check_precision(precision)
-    if precision not in ('fp32', 'int8'):
-        raise ValueError(f'the onnxruntime engine runs fp32 and int8, not {precision!r} (deploy.ENGINES lists which '
-                         'engine runs which precision)')
-    if precision == 'int8' and calibration is None:
-        raise ValueError('onnxruntime int8 is static: give calibration, an iterable of input batches')
-    if model.training:
-        raise ValueError('to_onnxruntime exports a model in evaluation mode: call model.eval() first')
+def _prepare(model: nn.Module, request, calibration, cache) -> OnnxRuntimeModule:
+    """``model`` (left as it is) as an ``OnnxRuntimeModule``: exported at the option ``example_size`` (224 x 224,
+    ``deploy.onnx.export``: any size works afterwards) and checked against torch at another size
+    (``deploy.check.check_against_torch``), at int8 then quantized (``quantize``, on ``calibration``; the modules
+    under ``request.keep_fp32`` stay float32); how far int8 may move the outputs is the engine's contract
+    (docs/performance.md, the engine room). ``cache``: the export (``conversion``) and the quantized model
+    (``result``) are read instead of made where they hold for this model (``deploy.artifacts``). Options:
+    ``threads``, onnxruntime's intra-op threads (default: torch's); ``in_chans`` (default: the model's, else 3)."""
     _onnxruntime()
-    in_chans = in_chans or getattr(model, 'in_chans', 3)
+    in_chans = request.options.get('in_chans') or getattr(model, 'in_chans', 3)
+    example_size = request.options.get('example_size', (224, 224))
+    threads = request.options.get('threads')
     with torch.no_grad():
         _, spec = pytree.tree_flatten(model(torch.randn(1, in_chans, 32, 32)))
     names = [f'out{i}' for i in range(spec.num_leaves)]
     folder = tempfile.TemporaryDirectory(prefix='cpvt_onnxruntime-')
-    exported = float_cache if precision == 'int8' else cache
-    source = model_fingerprint(model) if exported or cache else None
-
-    def write_export(path: Path) -> None:
-        export(model, str(path), names, example_size, in_chans=in_chans)
-    onnx_file = _saved(Path(exported) if exported else Path(folder.name) / 'model.onnx', write_export, 'exporting',
-                       source)
-    engine = OnnxRuntimeModule(str(onnx_file), spec, in_chans, threads)
-    check_against_torch(engine, model, in_chans, 'onnxruntime export')
-    if precision == 'int8':
-        path = _saved(Path(cache) if cache else Path(folder.name) / 'model.int8.onnx',
-                      lambda target: quantize(onnx_file, target, calibration, keep_fp32), 'quantizing', source)
-        engine = OnnxRuntimeModule(str(path), spec, in_chans, threads)
-    engine.folder = folder  # removed with the module
-    return engine
+    exported = _made(cache.conversion('.onnx'), Path(folder.name), 'model.onnx',
+                     lambda path: export(model, str(path), names, example_size, in_chans=in_chans))
+    prepared = OnnxRuntimeModule(str(exported), spec, in_chans, threads)
+    check_against_torch(prepared, model, in_chans, 'onnxruntime export')
+    if request.precision == 'int8':
+        quantized = _made(cache.result('.onnx'), Path(folder.name), 'model.int8.onnx',
+                          lambda target: quantize(exported, target, calibration, request.keep_fp32), calibration)
+        prepared = OnnxRuntimeModule(str(quantized), spec, in_chans, threads)
+    prepared.folder = folder  # removed with the module
+    return prepared
 
 
-__all__ = ['INSTALL', 'OnnxRuntimeModule', 'linear_nodes', 'quantize', 'record_path', 'to_onnxruntime']
+def _check(precision: str, options) -> None:
+    threads = options.get('threads')
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f'engine onnxruntime: threads must be a positive int, got {threads!r}')
+
+
+register(Engine(
+    'onnxruntime', 'model', {'fp32': 'everything',
+                             'int8': 'all but the linear layers (attention products, norms, convolutions), linear '
+                                     'layers in keep_fp32'},
+    _prepare, 'onnxruntime (CPU provider) on the ONNX export with dynamic batch, height and width '
+              "(deploy.engines.onnxruntime); int8: onnxruntime's static quantization, activations at ranges calibrated "
+              'on input batches',
+    requires=('onnxruntime', 'onnxscript'), install=INSTALL, calibrated=('int8',),
+    options=('threads', 'example_size', 'in_chans'), check=_check))
+
+__all__ = ['INSTALL', 'OnnxRuntimeModule', 'linear_nodes', 'quantize']

@@ -1,4 +1,5 @@
-"""``optimize(model)``: the fused CPU path as a transform that keeps the weights and the function."""
+"""The fused engine (``prepare(model, 'fused')``): the fused CPU path as a transform that keeps the weights and the
+function."""
 import copy
 
 import pytest
@@ -6,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cpvt_backbones import create_model, optimize, record_input_ranges
-from cpvt_backbones.deploy import fused
-from cpvt_backbones.deploy.fused import FusedBlock, FusedLinear
-from cpvt_backbones.deploy.optimize import pick_gemm
+from cpvt_backbones import create_model, prepare, record_input_ranges
+from cpvt_backbones.deploy import kernels as fused
+from cpvt_backbones.deploy.engines.fused import pick_gemm
+from cpvt_backbones.deploy.kernels import FusedBlock, FusedLinear
 from cpvt_backbones.layers import Block
 
 CASES = [('pcpvt_tiny', False), ('pcpvt_tiny', True), ('cpvt_tiny', False), ('cpvt_tiny_gap', False),
@@ -19,7 +20,7 @@ CASES = [('pcpvt_tiny', False), ('pcpvt_tiny', True), ('cpvt_tiny', False), ('cp
 def pair(name: str, features_only: bool, gemm: str = 'auto'):
     torch.manual_seed(0)
     plain = create_model(name, features_only=features_only)
-    return plain, optimize(copy.deepcopy(plain), gemm)
+    return plain, prepare(copy.deepcopy(plain).eval(), 'fused', gemm=gemm)
 
 
 def as_tuple(out):
@@ -50,10 +51,10 @@ def test_auto_picks_one_library_for_the_whole_model():
     assert len({m.kernel for m in fast.modules() if isinstance(m, FusedLinear)}) == 1
     assert pick_gemm(plain.blocks[0][0]) in fused.GEMMS
     # The swapped-in modules keep the mode of the ones they replace: an eval model stays on the fused path.
-    evaluated = optimize(create_model('pcpvt_tiny').eval())
+    evaluated = prepare(create_model('pcpvt_tiny').eval(), 'fused')
     assert not any(m.training for m in evaluated.modules())
     with pytest.raises(ValueError, match="gemm must be one of .* got 'blas'"):
-        optimize(plain, 'blas')
+        prepare(plain.eval(), 'fused', gemm='blas')
 
 
 @pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
@@ -67,14 +68,19 @@ def test_training_computes_the_same_gradients(name):
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), n
 
 
-def test_parameters_are_shared_not_copied():
-    """An optimizer built on the model before ``optimize`` keeps training the same tensors."""
+def test_prepare_leaves_the_model_and_refuses_a_prepared_one():
+    """The fused modules share the copy's parameters (same names, no second copy of a weight); the model given
+    is left as it was, and a prepared model is refused, naming what it holds."""
     torch.manual_seed(0)
-    model = create_model('pcpvt_tiny')
-    before = {n: p for n, p in model.named_parameters()}
-    optimize(model)
-    assert all(p is before[n] for n, p in model.named_parameters())
-    assert optimize(model) is model and sum(isinstance(m, FusedBlock) for m in model.modules()) == 8
+    model = create_model('pcpvt_tiny').eval()
+    fast = prepare(model, 'fused')
+    assert sum(isinstance(m, FusedBlock) for m in fast.modules()) == 8
+    assert not any(isinstance(m, (FusedBlock, FusedLinear)) for m in model.modules())
+    block = fast.blocks[0][0]
+    assert block.mlp.fc1.weight is dict(fast.named_parameters())['blocks.0.0.mlp.fc1.weight']
+    with pytest.raises(ValueError, match="prepared for an engine already .*the fused engine's FusedBlock at "
+                                         "'blocks.0.0'"):
+        prepare(fast, 'fused')
 
 
 def test_mlp_chunks_cover_every_token(monkeypatch):
@@ -84,7 +90,7 @@ def test_mlp_chunks_cover_every_token(monkeypatch):
     blk = Block(16, 2, 4., qkv_bias=True, sr_ratio=2).eval()
     x = torch.randn(3, 5 * 9, 16)
     for gemm in fused.GEMMS:
-        fast = optimize(nn.ModuleDict(dict(block=blk)), gemm, inplace=False)['block']
+        fast = prepare(nn.ModuleDict(dict(block=blk)).eval(), 'fused', gemm=gemm)['block']
         with torch.no_grad():
             assert torch.allclose(fast(x, (5, 9)), blk(x, (5, 9)), atol=1e-5)
 
@@ -100,21 +106,23 @@ class Wrapper(nn.Module):
 
 def test_refuses_what_it_cannot_fuse_faithfully():
     torch.manual_seed(0)
-    wrapped = create_model('pcpvt_tiny')
+    wrapped = create_model('pcpvt_tiny').eval()
     wrapped.blocks[1][0].mlp.fc1 = Wrapper(wrapped.blocks[1][0].mlp.fc1)
     with pytest.raises(ValueError, match=r'blocks\.1\.0\.mlp\.fc1 is a Wrapper'):
-        optimize(wrapped)
-    assert not any(isinstance(m, (FusedBlock, FusedLinear)) for m in wrapped.modules()), 'left half-optimized'
+        prepare(wrapped, 'fused')
+    assert not any(isinstance(m, (FusedBlock, FusedLinear)) for m in wrapped.modules()), 'left half-prepared'
 
-    hooked = create_model('cpvt_tiny')
+    hooked = create_model('cpvt_tiny').eval()
     hooked.blocks[3].attn.q.register_forward_hook(lambda *a: None)
     with pytest.raises(ValueError, match=r'blocks\.3\.attn\.q has forward hooks'):
-        optimize(hooked)
+        prepare(hooked, 'fused')
 
     with pytest.raises(ValueError, match='float32 CPU model.*float64'):
-        optimize(create_model('cpvt_tiny').double())
+        prepare(create_model('cpvt_tiny').double().eval(), 'fused')
     with pytest.raises(ValueError, match='no cpvt_backbones transformer block'):
-        optimize(nn.Sequential(nn.Linear(4, 4)))
+        prepare(nn.Sequential(nn.Linear(4, 4)).eval(), 'fused')
+    with pytest.raises(ValueError, match='in evaluation mode: call model.eval'):
+        prepare(create_model('cpvt_tiny'), 'fused')
 
 
 def test_the_fused_engine_through_the_registry_and_not_the_config():
@@ -125,7 +133,6 @@ def test_the_fused_engine_through_the_registry_and_not_the_config():
     from mmengine.registry import DefaultScope
 
     import cpvt_backbones.adapters.mmdet  # noqa: F401
-    from cpvt_backbones.deploy import prepare
     with DefaultScope.overwrite_default_scope('mmdet'):
         torch.manual_seed(0)
         plain = MODELS.build(dict(type='PyramidCPVT', arch='pcpvt_tiny')).eval()
@@ -141,7 +148,7 @@ def test_the_fused_engine_through_the_registry_and_not_the_config():
 # Relative L2 error of each map against float32, on random weights; the trained demo models' accuracy in each
 # precision is in docs/performance.md.
 TOLERANCE = {'int8': 0.08}
-# Each lower precision: optimize's precision and the kernel its linear layers run (int8: at calibrated ranges).
+# Each lower precision: the engine's precision and the kernel its linear layers run (int8: at calibrated ranges).
 MODES = {'int8': ('int8', 'onednn_int8')}
 
 
@@ -164,7 +171,7 @@ def calibrated(model: nn.Module, sizes=((64, 64), (40, 88), (2, 3))):
 
 def lowered(plain: nn.Module, mode: str, **kwargs) -> nn.Module:
     ranges = calibrated(plain) if mode == 'int8' else None
-    return optimize(plain, precision=MODES[mode][0], input_ranges=ranges, **kwargs)
+    return prepare(plain, 'fused', MODES[mode][0], input_ranges=ranges, **kwargs)
 
 
 @pytest.mark.parametrize('mode', list(MODES))
@@ -174,7 +181,7 @@ def test_lower_precision_at_odd_sizes_leaves_the_plain_model_alone(name, mode):
     torch.manual_seed(0)
     plain = create_model(name, features_only=True).eval()
     state = copy.deepcopy(plain.state_dict())
-    fast = lowered(plain, mode, inplace=False)
+    fast = lowered(plain, mode)
     assert {m.kernel for m in fast.modules() if isinstance(m, FusedLinear)} == {MODES[mode][1]}
     assert fast.state_dict().keys() == state.keys()
     for hw in ((1, 1), (97, 131)):
@@ -191,7 +198,7 @@ def test_lower_precision_at_odd_sizes_leaves_the_plain_model_alone(name, mode):
 
 
 @pytest.mark.parametrize('mode', list(MODES))
-def test_a_model_copied_under_inference_mode_runs_optimized(mode):
+def test_a_model_copied_under_inference_mode_runs_on_the_fused_engine(mode):
     """Weights made under ``torch.inference_mode()`` are inference tensors, which have no version counter: the
     lower-precision kernels still derive their weights from them (once), and match the plain model."""
     _precision_or_skip(mode)
@@ -220,7 +227,7 @@ def test_static_int8_mlp_hands_uint8_from_one_gemm_to_the_next():
     _precision_or_skip('int8')
     torch.manual_seed(0)
     plain = create_model('pcpvt_tiny').eval()
-    fast = lowered(plain, 'int8', inplace=False)
+    fast = lowered(plain, 'int8')
     block = fast.blocks[1][0]
     x = torch.randn(50, block.mlp.fc1.in_features)
     kernel = fused.KERNELS['onednn_int8']
@@ -239,10 +246,10 @@ def test_static_int8_needs_a_range_for_every_layer_it_quantizes():
     ranges = calibrated(model)
     del ranges['blocks.2.1.mlp.fc2']
     with pytest.raises(ValueError, match=r'no range for 1 linear layer\(s\) \(blocks\.2\.1\.mlp\.fc2\)'):
-        optimize(model, precision='int8', input_ranges=ranges, inplace=False)
-    optimize(model, precision='int8', input_ranges=ranges, keep_fp32=('blocks.2.1.mlp.fc2',), inplace=False)
+        prepare(model, 'fused', 'int8', input_ranges=ranges)
+    prepare(model, 'fused', 'int8', input_ranges=ranges, keep_fp32=('blocks.2.1.mlp.fc2',))
     with pytest.raises(ValueError, match="precision='fp32' does not use them"):
-        optimize(model, precision='fp32', input_ranges=ranges)
+        prepare(model, 'fused', input_ranges=ranges)
     layer = FusedLinear(nn.Linear(8, 4), 'onednn_int8')
     with pytest.raises(RuntimeError, match='needs the range of the layer'), torch.no_grad():
         layer(torch.randn(3, 8))
@@ -255,21 +262,21 @@ def test_static_int8_needs_a_range_for_every_layer_it_quantizes():
     assert (wide - exact).abs().max() < (narrow - exact).abs().max()
 
 
-def test_a_precision_optimize_does_not_run_is_refused_by_name(monkeypatch):
-    """bf16 is not fused (the plain model under autocast runs it as fast): the error names what to use; a
-    precision this torch build cannot run names why."""
-    with pytest.raises(ValueError, match=r"optimize runs 'fp32' or 'int8', not 'bf16': .*deploy.to_autocast\(model\)"):
-        optimize(create_model('pcpvt_tiny'), precision='bf16')
+def test_a_precision_the_fused_engine_does_not_run_is_refused_by_name(monkeypatch):
+    """bf16 is not fused (the plain model under autocast runs it as fast): the error names the engines that run
+    it; a precision this torch build cannot run names why, when the request is made."""
+    model = create_model('pcpvt_tiny').eval()
+    with pytest.raises(ValueError, match="engine 'fused' runs fp32, int8, not 'bf16'; bf16 runs on: torch"):
+        prepare(model, 'fused', 'bf16')
     with pytest.raises(ValueError, match="precision must be one of .* got 'fp16'"):
-        optimize(create_model('pcpvt_tiny'), precision='fp16')
+        prepare(model, 'fused', 'fp16')
     monkeypatch.setattr(fused.KERNELS['onednn_int8'], 'available', lambda: False)
     with pytest.raises(RuntimeError, match="precision='int8' cannot run here: this torch"):
-        optimize(create_model('pcpvt_tiny'), precision='int8', input_ranges={})
+        prepare(model, 'fused', 'int8', input_ranges={})
 
 
 def test_the_fused_engines_int8_calibrates_on_the_batches_it_is_given():
     _precision_or_skip('int8')
-    from cpvt_backbones.deploy import prepare
     plain = create_model('pcpvt_tiny').eval()
     batches = [torch.randn(1, 3, 64, 80, generator=torch.Generator().manual_seed(i)) for i in range(2)]
     model = prepare(copy.deepcopy(plain), 'fused', 'int8', calibration=batches)
@@ -277,19 +284,17 @@ def test_the_fused_engines_int8_calibrates_on_the_batches_it_is_given():
     with record_input_ranges(plain) as ranges:
         for x in batches:
             plain(x)
-    reference = optimize(copy.deepcopy(plain), precision='int8', input_ranges=ranges)
+    reference = prepare(plain, 'fused', 'int8', input_ranges=ranges)
     x = torch.randn(1, 3, 64, 80)
     with torch.no_grad():
         assert torch.equal(model(x), reference(x))
     with pytest.raises(ValueError, match='int8 quantizes activations at calibrated ranges'):
         prepare(copy.deepcopy(plain), 'fused', 'int8')
-    with pytest.raises(ValueError, match="engine 'fused' runs fp32, int8, not 'bf16'; bf16 runs on: torch"):
-        prepare(copy.deepcopy(plain), 'fused', 'bf16')
 
 
 @pytest.mark.parametrize('mode', list(MODES))
-def test_weights_loaded_after_optimize_are_the_ones_used(mode):
-    """Weights loaded into an optimized model (a runner that loads a checkpoint after the engine is attached) are
+def test_weights_loaded_after_prepare_are_the_ones_used(mode):
+    """Weights loaded into a prepared model (a runner that loads a checkpoint after the engine is attached) are
     the ones used: the lower-precision copies follow the new weights."""
     _precision_or_skip(mode)
     torch.manual_seed(0)
@@ -342,7 +347,7 @@ def test_svt_windowed_and_global_blocks_are_fused_at_odd_sizes(window_mask, mode
         _precision_or_skip(mode)
     plain = small_svt(window_mask, features_only=True)
     state = copy.deepcopy(plain.state_dict())
-    fast = lowered(plain, mode, inplace=False) if mode == 'int8' else optimize(plain, inplace=False)
+    fast = lowered(plain, mode) if mode == 'int8' else prepare(plain, 'fused')
     windowed = [m for m in fast.modules()
                 if isinstance(m, FusedBlock) and isinstance(m.attn, LocallyGroupedAttention)]
     assert len(windowed) == 4 and sum(isinstance(m, FusedBlock) for m in fast.modules()) == 8
@@ -371,7 +376,7 @@ def test_svt_fused_keeps_the_window_mask_semantics():
     windows differ where windows are padded (so the comparison sees the mask) and agree where none is."""
     unmasked, masked = small_svt(False), small_svt(True)
     masked.load_state_dict(unmasked.state_dict())
-    fast = {m: optimize(copy.deepcopy(model)) for m, model in ((False, unmasked), (True, masked))}
+    fast = {m: prepare(model, 'fused') for m, model in ((False, unmasked), (True, masked))}
     with torch.no_grad():
         x = torch.randn(1, 3, 97, 131)
         assert float((masked(x) - unmasked(x)).norm() / unmasked(x).norm()) > 1e-3
@@ -385,12 +390,12 @@ def test_svt_refuses_a_wrapped_or_hooked_windowed_projection():
     model = small_svt()
     model.blocks[0][0].attn.qkv = Wrapper(model.blocks[0][0].attn.qkv)
     with pytest.raises(ValueError, match=r'blocks\.0\.0\.attn\.qkv is a Wrapper'):
-        optimize(model)
-    assert not any(isinstance(m, (FusedBlock, FusedLinear)) for m in model.modules()), 'left half-optimized'
+        prepare(model, 'fused')
+    assert not any(isinstance(m, (FusedBlock, FusedLinear)) for m in model.modules()), 'left half-prepared'
     hooked = small_svt()
     hooked.blocks[2][0].attn.qkv.register_forward_hook(lambda *a: None)
     with pytest.raises(ValueError, match=r'blocks\.2\.0\.attn\.qkv has forward hooks'):
-        optimize(hooked)
+        prepare(hooked, 'fused')
 
 
 @pytest.mark.parametrize('name', ['pcpvt_tiny', 'cpvt_tiny'])
@@ -399,7 +404,6 @@ def test_the_fused_engines_int8_is_int8_with_autograd_on_or_off(name):
     quantized GEMMs run without it: no gradient flows back through them), not float32's; in training mode with
     autograd on it refuses by name instead of training float32."""
     _precision_or_skip('int8')
-    from cpvt_backbones.deploy import prepare
     torch.manual_seed(0)
     plain = create_model(name, features_only=True).eval()
     batches = [torch.randn(2, 3, 64, 80, generator=torch.Generator().manual_seed(i)) for i in range(2)]

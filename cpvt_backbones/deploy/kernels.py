@@ -12,7 +12,7 @@ A ``Kernel`` runs a linear layer's GEMM on 2-D float32 tokens (``KERNELS``):
 
 * ``mkl``, ``onednn``: float32. oneDNN adds the bias and the residual in its GEMM epilogue (and runs AVX-512
   code where MKL runs AVX2 code, on AMD CPUs); MKL's ``addmm`` accumulates into the residual (beta = 1) and
-  biases the cached chunk in place. Which is faster depends on the CPU (``deploy.optimize`` times both).
+  biases the cached chunk in place. Which is faster depends on the CPU (``deploy.engines.fused`` times both).
 * ``onednn_int8``: static int8 through oneDNN: int8 weights per output channel (symmetric, made once),
   activations quantized to uint8 with a scale and zero point fixed by calibration (``FusedLinear.input_range``,
   from ``deploy.record_input_ranges``); bias and residual in the GEMM's epilogue, and in the MLP the first GEMM
@@ -20,7 +20,7 @@ A ``Kernel`` runs a linear layer's GEMM on 2-D float32 tokens (``KERNELS``):
   float32 at all. On CPUs without int8 dot-product instructions (AVX2 without VNNI) the activations use 7 bits
   (``activation_qmax``), as PyTorch's x86 quantization backends do (``reduce_range``).
 
-These modules are not part of the models: ``cpvt_backbones.deploy.optimize`` swaps them in for a built model's
+These modules are not part of the models: the fused engine (``deploy.engines.fused``) swaps them in for a built model's
 blocks and linear layers, sharing the same parameters (an int8 copy of a weight is derived data, not in
 the state dict). They read ``weight``/``bias`` directly, so hooks on the linear layers inside a fused block do
 not fire in the fused path; the plain model is the one to instrument. The fused path runs where it applies:
@@ -44,6 +44,7 @@ from ..layers.layout import symbolic_shapes
 from ..layers.position.base import AttentionPosition
 from ..layers.valid import WHOLE, Region
 from ..utils import cpu_flags
+from .registry import EngineModule
 
 # Tokens per chunk of the fused MLP: the chunk's hidden activation stays in cache between the two GEMMs and the
 # GELU instead of going out to memory and back (the chunk sizes compared: docs/performance.md).
@@ -184,8 +185,8 @@ class OneDNNInt8(Kernel):
 
     def pack(self, layer):
         if getattr(layer, 'input_range', None) is None:
-            raise RuntimeError(f'kernel onednn_int8 needs the range of the layer\'s input ({layer}): run '
-                               'models.record_input_ranges and pass its ranges to optimize')
+            raise RuntimeError(f'kernel onednn_int8 needs the range of the layer\'s input ({layer}): prepare the '
+                               "model on the fused engine at int8 (calibration=..., or input_ranges=...)")
         qweight, scales = _int8_weight(layer)
         packed = torch.ops.onednn.qlinear_prepack(qweight, None)
         bias = None if layer.bias is None else layer.bias.detach()
@@ -234,7 +235,7 @@ def _saturate(codes: torch.Tensor) -> torch.Tensor:
 
 
 KERNELS = {'mkl': MKL(), 'onednn': OneDNN(), 'onednn_int8': OneDNNInt8()}
-GEMMS = tuple(k for k in ('mkl', 'onednn') if KERNELS[k].available())  # float32: optimize picks the faster
+GEMMS = tuple(k for k in ('mkl', 'onednn') if KERNELS[k].available())  # float32: the fused engine picks the faster
 
 
 def check_kernel(name: str) -> str:
@@ -275,11 +276,13 @@ def fused_gemms(attended: torch.Tensor, block: nn.Module, residual: torch.Tensor
     return flat
 
 
-class FusedLinear(nn.Module):
+class FusedLinear(EngineModule, nn.Module):
     """An ``nn.Linear``'s parameters (shared, same key names) applied through ``kernel`` where ``can_fuse``
     allows, else with ``F.linear``. ``packed`` is what the kernel derives from the weights (packed
     packed int8 weights) and ``input_range``, not part of the state dict: derived again whenever the weight,
-    bias or range changes (a checkpoint loaded after ``optimize``, as OpenMMLab's runners do)."""
+    bias or range changes (a checkpoint loaded after ``prepare``, as OpenMMLab's runners do)."""
+
+    engine = 'fused'
 
     def __init__(self, layer: nn.Linear, kernel: str = 'onednn'):
         super().__init__()
@@ -327,14 +330,16 @@ class FusedLinear(nn.Module):
                 f'kernel={self.kernel}')
 
 
-class FusedBlock(nn.Module):
+class FusedBlock(EngineModule, nn.Module):
     """A ``layers.Block``'s submodules (shared, same key names) run through the fused kernels in inference:
     attention's output projection with the residual accumulated by its GEMM, then the MLP a chunk of tokens at
-    a time with the residual added in place, each linear layer through its own kernel (``deploy.optimize``
+    a time with the residual added in place, each linear layer through its own kernel (``deploy.engines.fused``
     makes them ``FusedLinear``). Position encodings inside attention (``pos``) are unaffected: fusion starts
     after attention. The region (``layers.valid``) is taken as ``layers.Block`` takes it.
-    A block with layer scale is not fused (``deploy.optimize`` refuses it). A block holding an int8 layer runs
+    A block with layer scale is not fused (the fused engine refuses it). A block holding an int8 layer runs
     fused in eval mode with autograd on too, computed without it (module docstring)."""
+
+    engine = 'fused'
 
     def __init__(self, block: nn.Module):
         super().__init__()
