@@ -2,7 +2,6 @@
 import contextlib
 import functools
 import hashlib
-import json
 import os
 import platform
 import re
@@ -55,25 +54,6 @@ def atomic_write(path: str | Path, write: bytes | Callable[[BinaryIO], object],
         finally:
             os.close(dir_fd)
     return path
-
-
-def checksum_problem(record: Path, files: Mapping[str, Path]) -> str | None:
-    """Why ``files`` (key -> path) do not match the sha256 that the JSON ``record`` holds under each key, or None:
-    a file missing, the record missing (not written, or its writing was cut short) or unreadable, or a file whose
-    sha256 differs from the record (truncated, damaged or replaced since)."""
-    for file in files.values():
-        if not file.is_file():
-            return f'{file} is missing'
-    try:
-        recorded = json.loads(record.read_text())
-    except FileNotFoundError:
-        return f'{record} is missing (it was not saved by cpvt_backbones, or its saving was cut short)'
-    except (OSError, ValueError) as e:
-        return f'{record} cannot be read ({e})'
-    for key, file in files.items():
-        if file_sha256(file) != recorded.get(key):
-            return f'{file} does not have the sha256 recorded in {record} (truncated, damaged or replaced)'
-    return None
 
 
 def strip_prefix(state: Mapping[str, V], prefix: str, source: str = 'the checkpoint') -> dict[str, V]:

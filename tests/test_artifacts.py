@@ -11,7 +11,7 @@ import torch
 
 from cpvt_backbones import create_model
 from cpvt_backbones.deploy.artifacts import SAVING, Artifact, ArtifactCache, artifact_path, model_fingerprint
-from cpvt_backbones.deploy.registry import EngineRequest
+from cpvt_backbones.deploy.registry import Calibration, EngineRequest
 
 
 def write_pair(path):
@@ -28,10 +28,13 @@ def test_a_saved_artifact_is_reused_only_where_its_record_holds(tmp_path):
     truncated or missing file, no record, another model's fingerprint, other package versions."""
     saved = artifact(tmp_path)
     assert saved.load() is None   # nothing there: no warning
-    assert saved.save(write_pair, calibration={'images': 4}) == tmp_path / 'm.xml'
+    calibration = Calibration([torch.ones(4, 3, 2, 2)], 'val')
+    assert saved.save(lambda path: [*calibration] and write_pair(path), calibration) == tmp_path / 'm.xml'
     record = json.loads((tmp_path / 'm.xml.record.json').read_text())
-    assert record['source'] == 'model-a' and record['versions'] == {'torch': '1'} and record['calibration'] == {
-        'images': 4} and set(record['files']) == {'file', '.bin'}
+    assert record['source'] == 'model-a' and record['versions'] == {'torch': '1'} and set(record['files']) == {
+        'file', '.bin'}
+    assert {k: record['calibration'][k] for k in ('source', 'batches', 'images')} == dict(source='val', batches=1,
+                                                                                         images=4)
     assert saved.load() == tmp_path / 'm.xml'
     assert 'made from another model' in artifact(tmp_path, source='model-b').problem()
     assert 'made by other package versions' in artifact(tmp_path, versions={'torch': '2'}).problem()

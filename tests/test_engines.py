@@ -1,6 +1,7 @@
 """The engine room (``deploy.registry``): every engine runs every precision it declares and refuses the others by
 name, the docs print the registry's table, onnxruntime as an engine, and the fused int8 contract."""
 import copy
+import json
 import re
 from pathlib import Path
 
@@ -208,6 +209,8 @@ def test_onnxruntime_int8_quantizes_the_linear_layers_less_those_kept(tmp_path):
     prepare(model, 'onnxruntime', 'int8', calibration, keep_fp32=['blocks.0'], cache=str(tmp_path / 'q'),
             float_cache=str(tmp_path / 'f'))
     assert len(linear_nodes(tmp_path / 'f.onnx')) == len(linears)
+    recorded = json.loads((tmp_path / 'q.onnx.record.json').read_text())['calibration']
+    assert recorded['batches'] == 2 and recorded['images'] == 4   # what the quantized model was calibrated on
     kept = len([n for n in linears if n.startswith('blocks.0.')])
     assert 0 < kept < len(linears)
     assert len(linear_nodes(tmp_path / 'f.onnx', ['blocks.0'])) == len(linears) - kept

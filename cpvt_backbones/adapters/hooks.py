@@ -1,21 +1,8 @@
-"""``RNGStateHook``: resume with the random state an uninterrupted run would have had. ``NonFiniteLossHook``: stop
-at the first non-finite loss, keeping every finite checkpoint. ``InferenceEngineHook``: test with the model on an
-inference engine. ``StrictLoadHook``: refuse a checkpoint that does not fit the model.
-``PredictAloneHook``: predict each image of a padded batch as if it were alone.
-
-mmengine's resume restores weights, optimizer, schedulers and the data position, but not the global random
-generators: torch's, which stochastic depth and dropout draw from, and numpy's and Python's, which the data
-pipeline draws from. How the data position comes back differs: mmengine 0.10.7 replays the dataloader up to
-the resumed iteration (the pipeline redraws its numbers, so numpy and Python end where they were), the OneDL
-fork advances the sampler without loading anything (they do not). This hook stores the three generators'
-states in every checkpoint and sets them back on resume: numpy's and Python's just before the first new batch is
-drawn (after a replay, which it lets pass; iteration-based loops), torch's just after (making the dataloader
-iterator, which the OneDL loop does again after skipping, draws from it), so the run continues as an
-uninterrupted one would on either loop; a checkpoint
-loaded to start another run (``load_from``, which begins at iteration 0) leaves the generators alone. Each
-process restores the state of rank 0, the one that wrote the checkpoint; with mmengine's default
-``diff_rank_seed=False`` all ranks' states are equal anyway. Pipelines in dataloader workers draw from the
-workers' own seeded generators, which this does not touch.
+"""Our mmengine hooks, registered in mmengine's ``HOOKS`` when this module is imported (the opt-in a config's
+``custom_imports`` makes): ``RNGStateHook`` resumes with the random state an uninterrupted run would have had;
+``NonFiniteLossHook`` stops at the first non-finite loss, keeping every finite checkpoint; ``InferenceEngineHook``
+tests with the model on an inference engine; ``StrictLoadHook`` refuses a checkpoint that does not fit the model;
+``PredictAloneHook`` predicts each image of a padded batch as if it were alone.
 """
 import random
 from collections.abc import Callable, Mapping
@@ -32,6 +19,11 @@ from .runner import refuse_unfit
 
 @HOOKS.register_module()
 class RNGStateHook(Hook):
+    """Stores torch's, numpy's and Python's generators in every checkpoint and sets them back on resume, so the run
+    continues as an uninterrupted one would: numpy's and Python's (the data pipeline's) just before the first new
+    batch is drawn, after any replay of the dataloader, torch's (stochastic depth, dropout, the dataloader's base
+    seed) just after; each process restores rank 0's state. A checkpoint loaded to start another run
+    (``load_from``) leaves the generators alone. Why both moments: docs/compatibility.md (resume)."""
     priority = 'VERY_LOW'
 
     def __init__(self):

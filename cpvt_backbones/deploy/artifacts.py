@@ -128,10 +128,11 @@ class Artifact:
         """Warn that the saved artifact is not used, and why (it is made again)."""
         warnings.warn(f'{self.engine} cache {self.path}: {problem}; making it again', RuntimeWarning, stacklevel=3)
 
-    def save(self, write: Callable[[Path], None], calibration: dict | None = None) -> Path | None:
+    def save(self, write: Callable[[Path], None], calibration=None) -> Path | None:
         """``write(path)`` the artifact (its companions beside ``path``) in a temporary folder beside it, then
-        rename every file into place and write the record last; returns ``path``, or None (with a warning) where it
-        could not be written. Folders that killed saves left behind are removed."""
+        rename every file into place and write the record last, with what ``calibration`` (a
+        ``registry.Calibration``, or None) describes once ``write`` has run; returns ``path``, or None (with a
+        warning) where it could not be written. Folders that killed saves left behind are removed."""
         folder = self.path.parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -140,7 +141,8 @@ class Artifact:
                 made = {key: Path(tmp) / file.name for key, file in self.files.items()}
                 write(made['file'])
                 record = dict(files={key: file_sha256(file) for key, file in made.items()}, source=self.source,
-                              versions=self.versions, calibration=calibration)
+                              versions=self.versions,
+                              calibration=None if calibration is None else calibration.describe())
                 self.record.unlink(missing_ok=True)  # the old record goes first: a half-renamed set never checks
                 for key in sorted(made, key=lambda k: k == 'file'):
                     os.replace(made[key], self.files[key])

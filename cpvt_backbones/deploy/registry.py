@@ -149,10 +149,11 @@ class EngineRequest:
 
     def filled(self, **values) -> 'EngineRequest':
         """This request with what a route fills in for the model it prepares (``keep_fp32`` renamed to that
-        model's module names, the caches it names by content), not checked again."""
-        unknown = set(values) - {'keep_fp32', 'cache', 'float_cache'}
+        model's module names, the caches it names by content, the options under which the engine runs buckets),
+        not checked again."""
+        unknown = set(values) - {'keep_fp32', 'cache', 'float_cache', 'options'}
         if unknown:
-            raise ValueError(f'a route fills in keep_fp32 and the caches only, not {sorted(unknown)}')
+            raise ValueError(f'a route fills in keep_fp32, the caches and options only, not {sorted(unknown)}')
         out = copy.copy(self)
         for name, value in values.items():
             object.__setattr__(out, name, tuple(value) if name == 'keep_fp32' else value)
@@ -222,7 +223,7 @@ def prepare(module: nn.Module, engine: 'str | EngineRequest', precision: str = '
         if not takes_valid_sizes(module):
             raise TypeError(f'bucket={bucket}: bucketed shapes pad inputs, so the module must take valid_sizes (our '
                             f'models do); {type(module).__name__} does not')
-        request = EngineRequest(**{**vars(request), 'options': {**request.options, **spec.bucketing}})
+        request = request.filled(options={**request.options, **spec.bucketing})
     if precision not in spec.calibrated:
         if calibration is not None:
             raise ValueError(f'calibration configures {", ".join(spec.calibrated) or "no precision"} on engine '

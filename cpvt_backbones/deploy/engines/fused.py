@@ -123,7 +123,7 @@ def calibrated_ranges(model: nn.Module, calibration, keep_fp32: Sequence[str], c
         for batch in calibration:
             model(batch)
     if artifact is not None:
-        artifact.save(lambda target: target.write_text(json.dumps(ranges, indent=1)), calibration.describe())
+        artifact.save(lambda target: target.write_text(json.dumps(ranges, indent=1)), calibration)
     return ranges
 
 

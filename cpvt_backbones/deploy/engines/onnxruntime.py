@@ -65,7 +65,7 @@ def _made(artifact, folder: Path, name: str, write: Callable[[Path], None], cali
     there (``deploy.artifacts``); with no artifact, or where it cannot be saved, written in ``folder``."""
     path = artifact.load() if artifact is not None else None
     if path is None and artifact is not None:
-        path = artifact.save(write, None if calibration is None else calibration.describe())
+        path = artifact.save(write, calibration)
     if path is None:
         path = folder / name
         write(path)

@@ -578,8 +578,7 @@ def _save(artifact, ov_model, calibration=None) -> None:
                if MODULE_KEY in op.get_rt_info()}
     if modules:
         ov_model.set_rt_info(json.dumps(modules, separators=(',', ':')), MODULES_KEY)
-    artifact.save(lambda target: ov.save_model(ov_model, str(target), compress_to_fp16=False),
-                  None if calibration is None else calibration.describe())
+    artifact.save(lambda target: ov.save_model(ov_model, str(target), compress_to_fp16=False), calibration)
 
 
 def _read(path, model: nn.Module, in_chans: int):
