@@ -324,16 +324,18 @@ def test_static_int8_is_calibrated_once_and_reused(workdir, trained, tmp_path):
         runs.setdefault(str(source), []).append((path, path.stat().st_mtime_ns))
     (folder,), (val_first, val_again) = [v for k, v in runs.items() if k != 'val'], runs['val']
     assert folder[0] != val_first[0] and val_first == val_again  # same file, not written again
-    record = json.loads(val_first[0].read_text())
+    ranges = json.loads(val_first[0].read_text())
+    calibrated = json.loads(Path(f'{val_first[0]}.record.json').read_text())['calibration']
     from torch import nn
 
     from cpvt_backbones import create_model
     linears = {n for n, m in create_model('pcpvt_tiny', features_only=True).named_modules()
                if isinstance(m, nn.Linear)}
-    assert record['images'] == 3 and set(record['input_ranges']) == linears
-    assert all(low < high for low, high in record['input_ranges'].values())
+    assert calibrated['source'] == 'val' and calibrated['images'] == 3 and set(ranges) == linears
+    assert all(low < high for low, high in ranges.values())
     res = run([ROOT / 'tools/test.py', SEG, checkpoint, '--calibrate', 'val'], workdir, env)
-    assert res.returncode != 0 and '--calibrate and --keep-fp32 configure int8' in res.stderr
+    assert res.returncode != 0 and "calibration and keep_fp32 configure the calibrated precisions of engine 'fused'" \
+        in res.stderr
 
 
 @needs_torch('export')
