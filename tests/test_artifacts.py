@@ -11,7 +11,7 @@ import torch
 
 from cpvt_backbones import create_model
 from cpvt_backbones.deploy.artifacts import SAVING, Artifact, ArtifactCache, artifact_path, model_fingerprint
-from cpvt_backbones.deploy.registry import Calibration, EngineRequest
+from cpvt_backbones.deploy.registry import ENGINES, Calibration, Engine, EngineRequest
 
 
 def write_pair(path):
@@ -84,19 +84,25 @@ artifacts.Artifact(Path({str(tmp_path / 'm.xml')!r}), 'test', 's', {{}}, ('.bin'
     assert sorted(f.name for f in tmp_path.iterdir()) == ['n.bin', 'n.xml', 'n.xml.record.json']
 
 
-def test_a_requests_artifacts_are_named_in_one_place(tmp_path):
+def test_a_requests_artifacts_are_named_in_one_place(tmp_path, monkeypatch):
     """At a precision the engine calibrates the result and the float32 conversion are two artifacts (its cache and
     float_cache); elsewhere one, named by either prefix; a variant is kept apart; no prefix, no artifact."""
+    converting = Engine('converting', 'model', {'fp32': '', 'int8': ''}, lambda module, *a: module, '',
+                        calibrated=('int8',))
+    monkeypatch.setitem(ENGINES, converting.name, converting)
     model = torch.nn.Linear(2, 2)
-    int8 = ArtifactCache(EngineRequest('openvino', 'int8', cache=f'{tmp_path}/q', float_cache=f'{tmp_path}/f'), model)
+
+    def cache(precision='fp32', **prefixes):
+        return ArtifactCache(EngineRequest('converting', precision, **prefixes), model)
+    int8 = cache('int8', cache=f'{tmp_path}/q', float_cache=f'{tmp_path}/f')
     assert int8.result('.xml').path == tmp_path / 'q.xml' and int8.conversion('.xml').path == tmp_path / 'f.xml'
-    fp32 = ArtifactCache(EngineRequest('openvino', cache=f'{tmp_path}/q'), model)
+    fp32 = cache(cache=f'{tmp_path}/q')
     assert fp32.result('.xml').path == fp32.conversion('.xml').path == tmp_path / 'q.xml'
     assert fp32.conversion('.xml', 'valid_sizes').path == tmp_path / 'q.valid_sizes.xml'
     assert artifact_path('a/b', '.onnx') == type(tmp_path)('a/b.onnx')
-    none = ArtifactCache(EngineRequest('openvino', 'int8'), model)
+    none = cache('int8')
     assert none.result('.xml') is None and none.conversion('.xml') is None
-    assert ArtifactCache(EngineRequest('openvino', 'int8', cache='q'), model).conversion('.xml') is None
+    assert cache('int8', cache='q').conversion('.xml') is None
 
 
 def test_the_fingerprint_tells_models_apart():

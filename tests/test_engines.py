@@ -117,8 +117,9 @@ def test_an_engine_refuses_what_it_does_not_declare_naming_those_that_do():
     with pytest.raises(ValueError, match="calibration and keep_fp32 configure the calibrated precisions of engine "
                                          r"'torch' \(none\)"):
         prepare(model, 'torch', 'fp32', keep_fp32=['stages.0'])
-    with pytest.raises(ValueError, match=r"engine 'openvino': unknown option\(s\) \['shape'\]; its options are shapes"):
-        prepare(model, 'openvino', shape='static')
+    with pytest.raises(ValueError, match=r"engine 'fused': unknown option\(s\) \['gemms'\]; its options are gemm, "
+                                         r"input_ranges"):
+        prepare(model, 'fused', gemms='mkl')
     with pytest.raises(ValueError, match=r"engine 'fused': \['cache_dir'\] are fields of the request|unknown option"):
         prepare(model, 'fused', cache_dir='x')
     with pytest.raises(ValueError, match='evaluation mode'):

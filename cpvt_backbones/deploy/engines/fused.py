@@ -142,10 +142,6 @@ def _check(precision: str, options: Mapping[str, object]) -> None:
         raise ValueError(f'engine fused: gemm must be one of {list(GEMMS)} (or auto), got {gemm!r}')
     if options.get('input_ranges') is not None and precision != 'int8':
         raise ValueError(f'engine fused: input_ranges calibrate int8; precision={precision!r} does not use them')
-    low = PRECISION_KERNELS[precision]
-    if low is not None and not KERNELS[low].available():
-        raise RuntimeError(f"engine fused: precision={precision!r} cannot run here: {unavailable_reason(low)} "
-                           f"(torch reports CPU capability {torch.backends.cpu.get_cpu_capability()})")
 
 
 def _prepare(model: nn.Module, request, calibration, cache) -> nn.Module:
@@ -154,6 +150,10 @@ def _prepare(model: nn.Module, request, calibration, cache) -> nn.Module:
     the linear layers under ``request.keep_fp32`` in float32), through the GEMM library of the option ``gemm``
     ('mkl', 'onednn', or 'auto': ``pick_gemm``)."""
     precision, keep = request.precision, tuple(request.keep_fp32)
+    low = PRECISION_KERNELS[precision]
+    if low is not None and not KERNELS[low].available():
+        raise RuntimeError(f"engine fused: precision={precision!r} cannot run here: {unavailable_reason(low)} "
+                           f"(torch reports CPU capability {torch.backends.cpu.get_cpu_capability()})")
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
         if tensor.device.type != 'cpu' or tensor.dtype != torch.float32:
             raise ValueError(f'engine fused works on a float32 CPU model; {name} is {tensor.dtype} on {tensor.device}')
@@ -178,7 +178,6 @@ def _prepare(model: nn.Module, request, calibration, cache) -> nn.Module:
     if gemm == 'auto':  # timed on a block of median width: the narrow first stage's is too close to call
         widths = sorted((b for _, b in blocks), key=lambda b: b.mlp.fc1.in_features)
         gemm = pick_gemm(widths[len(widths) // 2])
-    low = PRECISION_KERNELS[precision]
     for name, _ in blocks:
         set_submodule(model, name, FusedBlock(model.get_submodule(name)))
     for name, _ in linears:
