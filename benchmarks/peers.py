@@ -92,7 +92,7 @@ def build(name: str, peers: bool = True, onnx_dir: str = 'work_dirs/bench_onnx',
         options = (dict(cache=str(Path(onnx_dir) / f'{name}-{precision}'), float_cache=str(Path(onnx_dir) / name))
                    if engine == 'onnxruntime' else {})
         module = plain if ENGINES[engine].transform is ENGINES['torch'].transform else copy.deepcopy(plain)
-        return prepare(module, engine, precision, calibration if precision == 'int8' else None, **options)
+        return prepare(module, engine, precision, calibration=calibration if precision == 'int8' else None, **options)
     impls = engine_impls(prepare_one, BACKBONE_NAMES, precisions, skip)
     if 'onnxruntime' in impls and 'int8' in precisions:
         impls['onnxruntime_int8'] = _onnxruntime_dynamic_int8(impls['onnxruntime'])

@@ -152,7 +152,7 @@ def test_every_bucketing_engine_in_the_registry_takes_bucket(engine, precision):
     calibration = [image[None] for image in images] if precision == 'int8' else None
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='.*no native bf16')   # bf16 runs float32 there, saying so
-        bucketed = prepare(model, engine, precision, calibration, bucket=64)
+        bucketed = prepare(model, engine, precision, calibration=calibration, bucket=64)
     assert isinstance(bucketed, Bucketed) and takes_valid_sizes(bucketed)
     x, sizes = pad_images(images[:len(BATCH)])
     with torch.no_grad():

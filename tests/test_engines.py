@@ -74,7 +74,7 @@ def test_every_engine_runs_every_precision_it_declares(engine, precision, tmp_pa
     options = dict(cache=str(tmp_path / 'm')) if engine in ('openvino', 'onnxruntime') else {}
     with quiet_bf16():
         prepared = prepare(copy.deepcopy(model), engine, precision,
-                           calibration if precision == 'int8' else None, **options)
+                           calibration=calibration if precision == 'int8' else None, **options)
     x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(99))
     with torch.no_grad():
         assert relative(prepared(x), model(x)) < TOLERANCE[precision]
@@ -97,7 +97,7 @@ def test_svt_on_every_engine_at_every_precision_at_odd_sizes(engine, precision, 
     options = dict(cache=str(tmp_path / 'm')) if engine in ('openvino', 'onnxruntime') else {}
     with quiet_bf16():
         prepared = prepare(copy.deepcopy(model), engine, precision,
-                           calibration if precision == 'int8' else None, **options)
+                           calibration=calibration if precision == 'int8' else None, **options)
     for hw in SVT_SIZES:
         x = torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(99 + hw[1]))
         with torch.no_grad():
@@ -207,7 +207,7 @@ def test_onnxruntime_int8_quantizes_the_linear_layers_less_those_kept(tmp_path):
     model = small()
     calibration = [torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(i)) for i in range(2)]
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    prepare(model, 'onnxruntime', 'int8', calibration, keep_fp32=['blocks.0'], cache=str(tmp_path / 'q'),
+    prepare(model, 'onnxruntime', 'int8', calibration=calibration, keep_fp32=['blocks.0'], cache=str(tmp_path / 'q'),
             float_cache=str(tmp_path / 'f'))
     assert len(linear_nodes(tmp_path / 'f.onnx')) == len(linears)
     recorded = json.loads((tmp_path / 'q.onnx.record.json').read_text())['calibration']

@@ -209,7 +209,7 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
         runner.model.eval()
         request = EngineRequest('fused', 'int8', calibration_source=source, calibration_images=num_images,
                                 cache=str(prefix))
-        prepare(runner.model.backbone, request, _Batches(runner.model, cfg, images, num_images))
+        prepare(runner.model.backbone, request, calibration=_Batches(runner.model, cfg, images, num_images))
     return out
 
 

@@ -197,7 +197,7 @@ class Calibration:
         return dict(source=self.source, **(self._seen or {}))
 
 
-def prepare(module: nn.Module, engine: 'str | EngineRequest', precision: str = 'fp32',
+def prepare(module: nn.Module, engine: 'str | EngineRequest', precision: str = 'fp32', *,
             calibration: Iterable[torch.Tensor] | None = None, keep_fp32: Sequence[str] = (),
             bucket: int | None = None, **options) -> nn.Module:
     """``module`` (evaluation mode, float32; what the engine covers) on ``engine`` at ``precision``, or as an
