@@ -129,11 +129,8 @@ def calibrated_ranges(model: nn.Module, calibration, keep_fp32: Sequence[str], c
 
 def _input_ranges(value) -> Mapping[str, Sequence[float]]:
     """The ranges of the option ``input_ranges``: a mapping, or the path of a JSON file holding one (a saved
-    artifact of this engine, or ``{'input_ranges': ...}``)."""
-    if not isinstance(value, (str, Path)):
-        return value
-    saved = json.loads(Path(value).read_text())
-    return saved.get('input_ranges', saved)
+    artifact of this engine, ``adapters.engines.calibrate``)."""
+    return json.loads(Path(value).read_text()) if isinstance(value, (str, Path)) else value
 
 
 def _check(precision: str, options: Mapping[str, object]) -> None:

@@ -544,10 +544,10 @@ def _prepare(model: nn.Module, request, calibration, cache) -> OpenVINOModule:
             ov_model = quantize(ov_model, calibration, keep_fp32, multiple=multiple)
         if result is not None:
             _save(result, ov_model, calibration)
-    settings = dict(precision=precision, shapes=options.get('shapes', 'auto'), cache_size=options.get('cache_size', 8),
-                    threads=options.get('threads'), specialise_after=options.get('specialise_after', 64))
+    settings = {k: options[k] for k in ('shapes', 'cache_size', 'threads', 'specialise_after') if k in options}
     module_cls = SizedOpenVINOModule if sizes_input else OpenVINOModule
-    prepared = module_cls(ov_model, spec, in_chans, **settings, **(dict(multiple=multiple) if sizes_input else {}))
+    prepared = module_cls(ov_model, spec, in_chans, precision, **settings,
+                          **(dict(multiple=multiple) if sizes_input else {}))
     prepared.strides = tuple(getattr(model, 'strides', ()) or ())   # its output maps' (run_images crops by them)
     return prepared
 
