@@ -1,46 +1,39 @@
 """The resolution verdict across training recipes: the crop protocol with global average pooling, one factor at a
-time from the default recipe, five encodings, seeds fixed in advance.
+time from the default recipe, five encodings, seeds fixed in advance (design and results: docs/resolution_study.md).
 
     python -m benchmarks.recipe_sweep [--scale small|large] [--cells default aliased ... F1+F2 cls]
         [--seeds 0 1 2] [--jobs N] [--threads T] [--device cpu|cuda] [--set FIELD=VALUE ...]
 
 Each cell is one resolution study (``benchmarks.resolution_study.run_study``; its outputs under
-``--out/recipe_sweep[_large]/``) whose ``StudyConfig`` is the default recipe's with fields replaced: the default
-(``SCALES`` and ``COMMON``: antialiased crops, 64 wide with 2 heads, peak learning rate 1e-3, position encodings
-exempt from weight decay, 4 epochs of 20,000 images, bilinear test resizing, global average pooling), each
-factor of ``FACTORS``, two factors at once ('F1+F2'), and the class-token head ('cls'). A test-time factor
-(bicubic resizing) tests the default's saved models again. ``--set FIELD=VALUE`` replaces a field in every cell
-(a smaller test, say: ``--set test_images=500``).
+``--out/recipe_sweep[_large]/``) whose ``StudyConfig`` is the default recipe's (``SCALES`` and ``COMMON``) with
+fields replaced: the default, each factor of ``FACTORS``, two factors at once ('F1+F2'), and the class-token
+head ('cls'). A test-time factor (bicubic resizing) tests the default's saved models again. ``--set
+FIELD=VALUE`` replaces a field in every cell (a smaller test, say: ``--set test_images=500``). ``--scale large``
+(``SCALES``): every Fashion-MNIST image on the paper's 14 x 14 token grid, a GPU's scale (``--device cuda``).
 
-``--scale large``: all 60,000 training images and the 10,000 test images, patch 1 at 14 px (a 14 x 14 token
-grid, the paper's), 4 epochs (3x the small scale's iterations): a GPU's scale (``--device cuda``).
-
-Runs go through a pool of ``--jobs`` processes with ``--threads`` threads each; every run is resumable
-(the trainer's checkpoints), so an interrupted sweep continues where it stopped. Writes
-``recipe_sweep[_large].{json,csv,md,png}`` with the verdict table: per recipe and test size the encodings in
-order, the leader's lead over the second paired by seed with its 95% interval (a leader only where the interval
-excludes zero), and the paper's claim (a gain at 1.4x without fine-tuning while the learned table drops) judged
-per recipe the same way. Every table and claim is per recipe and training device: where a recipe's seeds
-trained on more than one device (``--device`` differs between invocations that share the runs), each device's
-seeds make their own row, never one pooled.
+Runs train ``--jobs`` at once, each with ``--threads`` torch threads (in this process where ``--jobs`` is 1);
+every run is resumable (the trainer's checkpoints), so an interrupted sweep continues where it stopped. Writes
+``recipe_sweep[_large].{json,csv,md,png}``: per recipe and test size the encodings in order and the leader's lead
+over the second (``verdict``), and the paper's claim per recipe (``paper_claim``), each paired by seed with its
+95% interval; every table and claim is per recipe and training device (``by_device``), never pooled.
 """
 import argparse
 import itertools
 import json
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
 from benchmarks.resolution_study import run_study
-from benchmarks.study.common import format_paired, mean_std, paired, run_meta, write_csv
+from benchmarks.study.common import format_paired, mean_std, paired, run_meta
 from benchmarks.study.config import VARIANTS, StudyConfig, parse_fields
 from benchmarks.study.data import ensure_data, load_split
+from benchmarks.study.grid import write_report
+from benchmarks.study.pool import run_all
 from benchmarks.study.report import line_style
 from benchmarks.study.specs import size_tests
 from benchmarks.study.trainer import run
@@ -115,34 +108,29 @@ class Sweep:
                                seeds=tuple(seeds), out=self.out / self.tag)
 
 
-_DATA: dict[tuple, tuple] = {}
-
-
-def _train_one(config: StudyConfig, variant: str, seed: int, threads: int) -> str:
-    """One (cell, encoding, seed) run in a pool worker: trained (or resumed), tested, cached in result.json."""
-    torch.set_num_threads(threads)
-    key = (config.data, config.train_images, config.test_images)
-    if key not in _DATA:
-        _DATA[key] = (load_split(config.data, 'train', config.train_images),
-                      load_split(config.data, 'test', config.test_images))
-    run(variant, seed, config, _DATA[key], config.run_dir(variant, seed))
+def train_one(data: tuple, config: StudyConfig, variant: str, seed: int) -> str:
+    """One run on ``data`` (the training and test splits): trained (or resumed) and tested; its name."""
+    run(variant, seed, config, data, config.run_dir(variant, seed))
     return f'{config.run_set}/{variant}-seed{seed}'
 
 
 def run_cells(sweep: Sweep, cells: Sequence[str], seeds: Sequence[int], jobs: int, threads: int) -> None:
-    """Train every run the cells need (one per training recipe, encoding and seed) in a pool, then write each
-    cell's study outputs (tests a cell adds run there, on the saved models)."""
-    todo, seen = [], set()
+    """Train every run the cells need, once per training recipe, encoding and seed (``pool.run_all``: ``jobs`` at
+    once, ``threads`` torch threads each); then each cell's study (the tests it adds run on the saved models)."""
+    todo = {}   # by the data they train on, each run once (cells with the same training share their runs)
     for cell in cells:
         config = sweep.config(cell, seeds)
+        runs = todo.setdefault((config.data, config.train_images, config.test_images), {})
         for seed, variant in itertools.product(seeds, ENCODINGS):
-            if (config.run_set, variant, seed) not in seen:
-                seen.add((config.run_set, variant, seed))
-                todo.append((config, variant, seed))
-    if todo:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context('spawn')) as pool:
-            for done in pool.map(_train_one, *zip(*todo, strict=True), [threads] * len(todo)):
-                print(f'[sweep] {done} finished', flush=True)
+            runs.setdefault((config.run_set, variant, seed), (config, variant, seed))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)   # one job runs here, with --threads as each of more jobs does in its process
+    try:
+        for (path, train_images, test_images), calls in todo.items():
+            data = load_split(path, 'train', train_images), load_split(path, 'test', test_images)
+            run_all(train_one, list(calls.values()), data, jobs, threads, 'sweep')
+    finally:
+        torch.set_num_threads(previous)
     for cell in cells:
         run_study(sweep.config(cell, seeds))
 
@@ -253,22 +241,18 @@ def write_outputs(cells: list[dict], sweep: Sweep, meta: dict) -> None:
     parts = [part for c in cells for part in by_device(c)]
     rows = [row for part in parts for row in verdict(part)]
     claims = {part['cell']: {peg: paper_claim(part, peg) for peg in ('peg_0', 'peg_0-5')} for part in parts}
-    out = sweep.out
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv([{k: (' > '.join(v) if k == 'order' else format_paired(v) if isinstance(v, dict) else v)
-                for k, v in r.items()} for r in rows], out / f'{sweep.tag}.csv')
-    (out / f'{sweep.tag}.json').write_text(json.dumps(dict(meta=meta, cells=cells, verdict=rows, paper=claims),
-                                                      indent=2))
     lines = ['Each recipe per training device (its seeds listed): the same seed gives a different run on another '
              'device.', ''] + verdict_table(rows)
     lines += ['', "The paper's claim at 1.4x (a gain without fine-tuning while the learned table drops), change "
               'in points paired by seed with its 95% interval:', '',
               '| recipe | PEG after block 0 | PEGs after blocks 0-5 |', '|---|---|---|']
     lines += [f'| {cell} | {c["peg_0"]} | {c["peg_0-5"]} |' for cell, c in claims.items()]
-    (out / f'{sweep.tag}.md').write_text('\n'.join(lines) + f'\n\nTop-1 (%) mean ± std over seeds on Fashion-MNIST '
-                                         f'({meta["scale"]} scale). Run time of the invocation: '
-                                         f'{meta["wall_minutes"]} min on {meta["device"]}.\n\n`{meta["command"]}`\n')
-    plot(parts, out / f'{sweep.tag}.png')
+    markdown = ('\n'.join(lines) + f'\n\nTop-1 (%) mean ± std over seeds on Fashion-MNIST ({meta["scale"]} scale). '
+                f'Run time of the invocation: {meta["wall_minutes"]} min on {meta["device"]}.\n\n`{meta["command"]}`\n')
+    table = [{k: (' > '.join(v) if k == 'order' else format_paired(v) if isinstance(v, dict) else v)
+              for k, v in r.items()} for r in rows]
+    write_report(sweep.out, sweep.tag, dict(meta=meta, cells=cells, verdict=rows, paper=claims), markdown, table,
+                 {'': lambda path: plot(parts, path)})
     print('\n'.join(lines))
 
 
@@ -279,10 +263,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help='recipes to run: default, cls, a factor, or F1+F2')
     p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2], help='fixed before the sweep runs')
     p.add_argument('--jobs', type=int, default=2, help='runs trained at once (processes)')
-    p.add_argument('--threads', type=int, default=1, help='torch threads per process')
+    p.add_argument('--threads', type=int, default=1, help='torch threads per run (in this process where --jobs is 1)')
     p.add_argument('--device', default='cpu')
-    p.add_argument('--data', type=Path, default=StudyConfig().data,
-                   help='directory with the Fashion-MNIST IDX files')
+    p.add_argument('--data', type=Path, default=StudyConfig().data, help='directory with the Fashion-MNIST IDX files')
     p.add_argument('--set', nargs='+', default=[], metavar='FIELD=VALUE',
                    help="StudyConfig fields replaced in every cell, after the scale's (e.g. test_images=500)")
     p.add_argument('--work-dir', type=Path, default=RUNS,

@@ -35,14 +35,13 @@ per-seed numbers, mean and standard deviation, the paper's figure per variant, t
 """
 
 import argparse
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.study.common import parse_shard, run_meta
+from benchmarks.study.common import parse_shard
 from benchmarks.study.config import CROP_AREA, CROP_RESAMPLE, TEST_RESAMPLE, TF32, VARIANTS, StudyConfig, command_args
 from benchmarks.study.data import ensure_data, load_split
-from benchmarks.study.grid import Grid
+from benchmarks.study.grid import Grid, conduct
 from benchmarks.study.report import StudyReport, plot_peg_response, trained_on
 from benchmarks.study.trainer import run
 
@@ -125,39 +124,40 @@ def parse_args(argv: Sequence[str] | None = None) -> StudyConfig:
 
 def run_study(config: StudyConfig, command: Sequence[str] | None = None) -> list[dict]:
     """Train and test this shard's runs of ``config``; once every run of the study has finished, write its
-    report. ``command``: the options the meta records (default: those that give ``config``)."""
+    report and return its rows ([] while runs of other shards are pending). ``command``: the options the meta
+    records (default: those that give ``config``)."""
     ensure_data(config.data)
-    start = time.perf_counter()
     data = (load_split(config.data, 'train', config.train_images),
             load_split(config.data, 'test', config.test_images))
     grid = Grid([(v, seed) for seed in config.seeds for v in config.variants], lambda k: [config.run_dir(*k)],
                 config.shard_index, config.num_shards)
-    for variant, seed in grid.shard():
-        run(variant, seed, config, data, config.run_dir(variant, seed))
-    if not grid.complete('study'):
-        return []
-    results = [run(v, seed, config, data, config.run_dir(v, seed)) for v, seed in grid.keys]
-    meta = dict(run_meta('benchmarks.resolution_study', command_args(config) if command is None else command, start),
-                dataset='Fashion-MNIST', train_images=config.train_images, test_images=config.test_images,
-                image_size=config.image_size, test_sizes=list(config.test_sizes),
-                canvas_sizes=list(config.canvas_sizes), seeds=list(config.seeds), epochs=config.epochs,
-                iterations=results[0]['iterations'], batch_size=config.batch_size, lr=config.lr,
-                weight_decay=config.weight_decay, drop_path=config.drop_path, crop_scale=config.crop_scale,
-                crop_resample=config.crop_resample, test_resample=config.test_resample,
-                decay_position=config.decay_position, device=config.device, tf32=config.tf32,
-                trained_on=trained_on(results), runs=config.run_set,
-                model=dict(dim=config.dim, depth=config.depth, heads=config.heads, patch=config.patch,
-                           head=config.head),
-                params={r['variant']: r['params'] for r in results},
-                run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1),
-                train_minutes=round(sum(r['train_seconds'] for r in results) / 60, 1),
-                test_minutes=round(sum(r['eval_seconds'] for r in results) / 60, 1))
-    report = StudyReport(config, results, meta)
-    report.write()
-    if any(v in config.variants for v in ('peg_0', 'peg_0-5', 'peg_-1_wide')):
-        plot_peg_response(config, data[1][0][:1], config.out / f'{config.name}_peg_response.png')
-    print(f'[study] {meta["wall_minutes"]} min; results in {config.out}')
-    return report.rows
+
+    def load(key: tuple[str, int]) -> list[dict]:
+        return [run(*key, config, data, config.run_dir(*key))]
+
+    def report(results: list[dict], meta: dict) -> list[dict]:
+        meta = dict(meta, dataset='Fashion-MNIST', train_images=config.train_images, test_images=config.test_images,
+                    image_size=config.image_size, test_sizes=list(config.test_sizes),
+                    canvas_sizes=list(config.canvas_sizes), seeds=list(config.seeds), epochs=config.epochs,
+                    iterations=results[0]['iterations'], batch_size=config.batch_size, lr=config.lr,
+                    weight_decay=config.weight_decay, drop_path=config.drop_path, crop_scale=config.crop_scale,
+                    crop_resample=config.crop_resample, test_resample=config.test_resample,
+                    decay_position=config.decay_position, device=config.device, tf32=config.tf32,
+                    trained_on=trained_on(results), runs=config.run_set,
+                    model=dict(dim=config.dim, depth=config.depth, heads=config.heads, patch=config.patch,
+                               head=config.head),
+                    params={r['variant']: r['params'] for r in results},
+                    run_minutes=round(sum(r['train_seconds'] + r['eval_seconds'] for r in results) / 60, 1),
+                    train_minutes=round(sum(r['train_seconds'] for r in results) / 60, 1),
+                    test_minutes=round(sum(r['eval_seconds'] for r in results) / 60, 1))
+        study = StudyReport(config, results, meta)
+        study.write()
+        if any(v in config.variants for v in ('peg_0', 'peg_0-5', 'peg_-1_wide')):
+            plot_peg_response(config, data[1][0][:1], config.out / f'{config.name}_peg_response.png')
+        print(f'[study] {meta["wall_minutes"]} min; results in {config.out}')
+        return study.rows
+    return conduct(grid, 'study', 'benchmarks.resolution_study', command_args(config) if command is None else command,
+                   lambda todo: [load(key) for key in todo], load, report) or []
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:

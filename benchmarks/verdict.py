@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.native_detail.render import render_markdown as native_markdown
+from benchmarks.native_detail.spec import Native, NativeSummary
 from benchmarks.study import report
 from benchmarks.study.common import format_paired, mean_std, paired
 from benchmarks.study.config import VARIANTS, StudyConfig
@@ -35,8 +37,6 @@ from benchmarks.study.summary import (
     SEEDS,
     Dense,
     DenseSummary,
-    Native,
-    NativeSummary,
     Recipe,
     Record,
     RecordData,
@@ -370,13 +370,12 @@ def central(s: Summary, note: str, a: str = 'peg_0-5', b: str = 'learned') -> st
 def native(s: NativeSummary) -> str:
     """The task whose larger test sizes carry real detail by construction (``benchmarks.native_detail``): its own
     report, rendered again from its runs."""
-    from benchmarks import native_detail
-    return native_detail.render_markdown(s.summary, s.config, s.meta).rstrip('\n')
+    return native_markdown(s.summary, s.config, s.meta).rstrip('\n')
 
 
 DENSE_BACKBONES = {'peg': 'pcpvt_tiny (PEG)', 'pvt': 'mmdet PVT v1 (learned, resized)',
                    'none': 'pcpvt_tiny without PEG', 'learned': 'pcpvt_tiny, learned table (resized)',
-                   'rope_mixed': 'pcpvt_tiny, RoPE-Mixed'}   # benchmarks/dense_study.py's backbones
+                   'rope_mixed': 'pcpvt_tiny, RoPE-Mixed'}   # benchmarks/dense_study's backbones
 
 
 def dense(s: DenseSummary) -> str:

@@ -1,4 +1,4 @@
-"""The confirmatory native-detail study (benchmarks/confirm_detail.py): its protocol refused or hashed, runs that
+"""The confirmatory native-detail study (benchmarks/confirm_detail/): its protocol refused or hashed, runs that
 resume, the analysis (paired intervals, Holm's correction, the claims' verdicts) on synthetic records, a report
 refused from a dirty tree, and a tiny study end to end; with the study library it adds (t distribution, Holm,
 blur-up, warm-up, a deeper stem, the conv-MLP arm)."""
@@ -11,11 +11,13 @@ import subprocess
 import pytest
 import torch
 
-from benchmarks import confirm_detail as cd
+from benchmarks.confirm_detail import analysis, cli, design, render
+from benchmarks.confirm_detail import protocol as proto
 from benchmarks.study import stats
-from benchmarks.study.common import _T975, STUDIED_CODE, paired
+from benchmarks.study.common import _T975, paired
 from benchmarks.study.config import StudyConfig
 from benchmarks.study.data import blur_up, resize
+from benchmarks.study.records import STUDIED_CODE
 from benchmarks.study.stem import ConvStem
 from benchmarks.study.trainer import build_model, make_optimizer
 from cpvt_backbones.layers import ConvMlp
@@ -27,7 +29,7 @@ ARMS = ['none', 'peg_0-5', 'conv_mlp', 'cnn']
 def tiny(tmp_path, status='draft', name='tiny', **changes) -> str:
     """The study's protocol cut to seconds (64 fields at 80 px, 2 epochs of 2 steps, 12 test scenes), written to
     ``tmp_path``; ``changes`` replace top-level entries."""
-    data = json.loads(cd.PROTOCOL.read_text())
+    data = json.loads(proto.PROTOCOL.read_text())
     data.update(status=status, name=name, arms=ARMS, seeds=[0, 1])
     data['recipe'].update(epochs=2, warmup_epochs=1, batch_size=32, dim=16, heads=2, stem_layers=1)
     data['pilot'] = dict(name=f'{name}_pilot', seeds=[100], arms=['none', 'peg_0-5'],
@@ -50,8 +52,8 @@ def tiny(tmp_path, status='draft', name='tiny', **changes) -> str:
 def committed(monkeypatch):
     """Provenance and the rendering commit as a clean commit would give them (the suite may run in a tree being
     edited)."""
-    monkeypatch.setattr(cd, 'provenance', lambda device: dict(ORIGIN))
-    monkeypatch.setattr(cd, 'committed', lambda root=None, doing='': ('c' * 40, 'git'))
+    monkeypatch.setattr(cli, 'provenance', lambda device: dict(ORIGIN))
+    monkeypatch.setattr(render, 'committed', lambda root=None, doing='': ('c' * 40, 'git'))
 
 
 def _argv(tmp_path, protocol, *more):
@@ -62,21 +64,22 @@ def _argv(tmp_path, protocol, *more):
 
 
 def test_the_committed_protocol_parses_and_centres_its_crops_on_the_1x_test():
-    protocol = cd.Protocol.load(cd.PROTOCOL)
-    assert protocol.sha256 == hashlib.sha256(cd.PROTOCOL.read_bytes()).hexdigest()
+    protocol = proto.Protocol.load(proto.PROTOCOL)
+    assert protocol.sha256 == hashlib.sha256(proto.PROTOCOL.read_bytes()).hexdigest()
     assert protocol.arms == ('learned', 'none', 'peg_0-5', 'peg_0-5_circular', 'conv_mlp', 'cnn')
-    assert protocol['seeds'] == [0, 1, 2, 3, 4] and min(protocol['pilot']['seeds']) >= cd.PILOT_SEEDS
+    assert protocol['seeds'] == [0, 1, 2, 3, 4] and min(protocol['pilot']['seeds']) >= proto.PILOT_SEEDS
     assert not set(protocol['data']['scene_sets'].values()) & set(range(5))   # none of the earlier studies' sets
-    config = cd.study_config(protocol, pilot=False)
+    config = design.study_config(protocol, pilot=False)
     assert config.blur_up == protocol['blur_up']['share'] and config.stem and config.head == 'gap'
     assert config.warmup * config.epochs == pytest.approx(protocol['recipe']['warmup_epochs'])
     # the crops' object sizes centred on the 1x test's (fewer fields and crops than the study measures)
-    small = cd.Protocol(copy.deepcopy(protocol.data), protocol.path, protocol.sha256)
+    small = proto.Protocol(copy.deepcopy(protocol.data), protocol.path, protocol.sha256)
     small.data['data']['train_fields'] = 800
-    scales = cd.object_scales(small, crops=5000)
+    scales = design.object_scales(small, crops=5000)
     below = {k: t['crop_share_below'] for k, t in scales['tests'].items()}
     assert 0.42 < below['native56'] < 0.58 and below['native112'] > 0.9, below   # measured: 0.49 and 0.98
-    assert scales['empty_crops'] < 0.05 and 'share of crop objects smaller than its median' in cd.scales_text(scales)
+    assert scales['empty_crops'] < 0.05
+    assert 'share of crop objects smaller than its median' in render.scales_text(scales)
 
 
 @pytest.mark.parametrize('change, message', [
@@ -93,27 +96,27 @@ def test_the_committed_protocol_parses_and_centres_its_crops_on_the_1x_test():
     (lambda d: d.update(status='final'), 'status must be one of'),
 ])
 def test_a_malformed_protocol_is_refused_naming_the_entry(tmp_path, change, message):
-    data = json.loads(cd.PROTOCOL.read_text())
+    data = json.loads(proto.PROTOCOL.read_text())
     change(data)
     path = tmp_path / 'p.json'
     path.write_text(json.dumps(data))
-    with pytest.raises(cd.ProtocolError, match=message.replace('(', r'\(').replace(')', r'\)')
+    with pytest.raises(proto.ProtocolError, match=message.replace('(', r'\(').replace(')', r'\)')
                        .replace('[', r'\[').replace(']', r'\]')):
-        cd.Protocol.load(path)
+        proto.Protocol.load(path)
 
 
 def test_no_protocol_no_confirmatory_run_under_a_draft_and_no_continuing_under_another(tmp_path, committed, capsys):
     with pytest.raises(SystemExit, match='no protocol at'):
-        cd.main(_argv(tmp_path, str(tmp_path / 'missing.json')))
+        cli.main(_argv(tmp_path, str(tmp_path / 'missing.json')))
     draft = tiny(tmp_path)
     with pytest.raises(SystemExit, match=r'is a draft: confirmatory seeds \[0, 1\] run only under a fixed protocol'):
-        cd.main(_argv(tmp_path, draft))
+        cli.main(_argv(tmp_path, draft))
     assert not (tmp_path / 'runs' / 'tiny').exists()          # refused before anything started
     with pytest.raises(SystemExit, match='a fixed protocol'):    # and a run refuses on its own
-        protocol = cd.Protocol.load(draft)
-        cd.run('none', 0, cd.study_config(protocol, False), None, protocol, dict(ORIGIN))
+        protocol = proto.Protocol.load(draft)
+        design.run('none', 0, design.study_config(protocol, False), None, protocol, dict(ORIGIN))
     # a pilot runs under the draft; each record holds the file's hash
-    cd.main(_argv(tmp_path, draft, '--pilot', '--shard', '0/4'))
+    cli.main(_argv(tmp_path, draft, '--pilot', '--shard', '0/4'))
     started = json.loads((tmp_path / 'runs' / 'tiny_pilot' / 'a' / 'none-seed100' / 'result.json').read_text())
     sha = hashlib.sha256((tmp_path / 'tiny.json').read_bytes()).hexdigest()
     assert started['protocol_sha256'] == sha and started['pilot'] and started['candidate'] == 'a'
@@ -123,7 +126,7 @@ def test_no_protocol_no_confirmatory_run_under_a_draft_and_no_continuing_under_a
     changed['question'] += ' (edited)'
     (tmp_path / 'tiny.json').write_text(json.dumps(changed))
     with pytest.raises(SystemExit, match='A changed protocol needs a new study name'):
-        cd.main(_argv(tmp_path, draft, '--pilot', '--shard', '1/4'))
+        cli.main(_argv(tmp_path, draft, '--pilot', '--shard', '1/4'))
 
 
 # -- runs ----------------------------------------------------------------------------------------------------------
@@ -132,20 +135,20 @@ def test_no_protocol_no_confirmatory_run_under_a_draft_and_no_continuing_under_a
 def test_a_run_interrupted_after_an_epoch_resumes_to_the_same_record(tmp_path, committed, monkeypatch, capsys):
     protocol = tiny(tmp_path, status='fixed')
     argv = ['--protocol', protocol, '--out', str(tmp_path / 'out'), '--shard', '3/4']   # cnn seed 0
-    cd.main(argv + ['--work-dir', str(tmp_path / 'whole')])
+    cli.main(argv + ['--work-dir', str(tmp_path / 'whole')])
     calls = []
-    real = cd.correct
+    real = design.correct
 
     def failing(*args, **kwargs):
         calls.append(1)
         if len(calls) > 8:   # the first check validates and runs 7 tests; the second check stops the run
             raise KeyboardInterrupt
         return real(*args, **kwargs)
-    monkeypatch.setattr(cd, 'correct', failing)
+    monkeypatch.setattr(design, 'correct', failing)
     with pytest.raises(KeyboardInterrupt):
-        cd.main(argv + ['--work-dir', str(tmp_path / 'cut')])
-    monkeypatch.setattr(cd, 'correct', real)
-    cd.main(argv + ['--work-dir', str(tmp_path / 'cut')])
+        cli.main(argv + ['--work-dir', str(tmp_path / 'cut')])
+    monkeypatch.setattr(design, 'correct', real)
+    cli.main(argv + ['--work-dir', str(tmp_path / 'cut')])
     assert 'cnn seed 0: resuming after epoch 1' in capsys.readouterr().out
     whole, cut = (json.loads((tmp_path / d / 'tiny' / 'cnn-seed0' / 'result.json').read_text())
                   for d in ('whole', 'cut'))
@@ -158,7 +161,7 @@ def test_a_run_interrupted_after_an_epoch_resumes_to_the_same_record(tmp_path, c
 
 def test_a_tiny_pilot_and_confirmatory_study_end_to_end(tmp_path, committed, monkeypatch):
     draft = tiny(tmp_path)
-    document = cd.main(_argv(tmp_path, draft, '--pilot'))
+    document = cli.main(_argv(tmp_path, draft, '--pilot'))
     assert set(document['summaries']) == {'a', 'b'} and document['choice']['candidate'] in ('a', 'b')
     pilot_md = (tmp_path / 'out' / 'tiny_pilot.md').read_text()
     assert 'The recipe the pilot fixes' in pilot_md and '### Candidate `b`: ' in pilot_md
@@ -173,7 +176,7 @@ def test_a_tiny_pilot_and_confirmatory_study_end_to_end(tmp_path, committed, mon
     assert all(round(v * 12) % 100 == 0 for v in record['checks'][1]['final'].values())   # all 12
 
     fixed = tiny(tmp_path, status='fixed')
-    document = cd.main(_argv(tmp_path, fixed))
+    document = cli.main(_argv(tmp_path, fixed))
     summary = document['summaries']['']
     assert [r['seed'] for r in document['runs'] if r['variant'] == 'none'] == [0, 1]
     assert {(r['arm'], r['size']) for r in summary['rows']} == {(a, s) for a in ARMS for s in (80, 96, 112)}
@@ -186,8 +189,8 @@ def test_a_tiny_pilot_and_confirmatory_study_end_to_end(tmp_path, committed, mon
     assert 'Holm over these' in text and 'Apparent object radius' in text and 'rendered at commit cccccccccc' in text
     assert (tmp_path / 'out' / 'tiny.png').stat().st_size > 0 and (tmp_path / 'out' / 'tiny.csv').is_file()
     # a second invocation trains nothing again
-    monkeypatch.setattr(cd, 'train', lambda *a, **k: pytest.fail('a finished run was trained again'))
-    assert cd.main(_argv(tmp_path, fixed))['summaries'] == document['summaries']
+    monkeypatch.setattr(design, 'train', lambda *a, **k: pytest.fail('a finished run was trained again'))
+    assert cli.main(_argv(tmp_path, fixed))['summaries'] == document['summaries']
 
 
 # -- the analysis --------------------------------------------------------------------------------------------------
@@ -215,7 +218,7 @@ def _synthetic(protocol):
 
 
 def _synthetic_protocol(tmp_path):
-    data = json.loads(cd.PROTOCOL.read_text())
+    data = json.loads(proto.PROTOCOL.read_text())
     data['analysis']['contrasts'] = [
         dict(id='peg', measure='detail', a='peg_0-5', size=96),
         dict(id='table', measure='detail', a='learned', size=96),
@@ -230,12 +233,12 @@ def _synthetic_protocol(tmp_path):
     data['arms'], data['pilot']['arms'] = ['learned', 'peg_0-5', 'cnn'], ['learned', 'peg_0-5']
     path = tmp_path / 'synthetic.json'
     path.write_text(json.dumps(data))
-    return cd.Protocol.load(path)
+    return proto.Protocol.load(path)
 
 
 def test_the_final_epoch_analysis_pairs_by_seed_and_holm_corrects_the_named_contrasts(tmp_path):
     protocol = _synthetic_protocol(tmp_path)
-    summary = cd.summarise(_synthetic(protocol), protocol, ['learned', 'peg_0-5', 'cnn'])
+    summary = analysis.summarise(_synthetic(protocol), protocol, ['learned', 'peg_0-5', 'cnn'])
     peg96 = next(r for r in summary['rows'] if (r['arm'], r['size']) == ('peg_0-5', 96))
     assert peg96['native'] == (round(82 + sum(PEG_DETAIL) / 5 + 2, 2), peg96['native'][1])
     expected = paired([82 + s + d for s, d in enumerate(PEG_DETAIL)], [82. + s for s in range(5)])
@@ -270,18 +273,18 @@ def test_runs_without_shared_seeds_or_without_a_final_check_are_refused(tmp_path
     protocol = _synthetic_protocol(tmp_path)
     records = _synthetic(protocol)
     with pytest.raises(ValueError, match='same seeds'):
-        cd.summarise(records[1:], protocol, ['learned', 'peg_0-5', 'cnn'])
+        analysis.summarise(records[1:], protocol, ['learned', 'peg_0-5', 'cnn'])
     records[0]['checks'] = records[0]['checks'][:1]
     with pytest.raises(ValueError, match='not the final epoch 2'):
-        cd.summarise(records, protocol, ['learned', 'peg_0-5', 'cnn'])
+        analysis.summarise(records, protocol, ['learned', 'peg_0-5', 'cnn'])
 
 
 def test_the_pilot_fixes_the_first_candidate_whose_learning_rule_holds_else_the_nearest():
     def summary(gap):
         return dict(learns=dict(gaps=dict(learned=gap, none=gap - 1), holds=gap <= 3))
-    assert cd.pilot_choice(dict(a=summary(5.), b=summary(2.), c=summary(1.))) == dict(
+    assert analysis.pilot_choice(dict(a=summary(5.), b=summary(2.), c=summary(1.))) == dict(
         candidate='b', holds=True, gaps=dict(a=5., b=2., c=1.))
-    assert cd.pilot_choice(dict(a=summary(6.), b=summary(4.))) == dict(candidate='b', holds=False,
+    assert analysis.pilot_choice(dict(a=summary(6.), b=summary(4.))) == dict(candidate='b', holds=False,
                                                                       gaps=dict(a=6., b=4.))
 
 
@@ -305,7 +308,7 @@ def test_a_report_is_refused_from_a_dirty_tree_and_records_its_commit_apart_from
     _git(repo, 'commit', '-q', '-m', 'c')
     meta = dict(command='python -m benchmarks.confirm_detail', wall_minutes=0.,
                 object_scales=dict(levels=[50], crops=[5.], empty_crops=0.01, tests={}))
-    document = cd.write_outputs({'': records}, protocol, False, tmp_path / 'out', meta, root=repo)
+    document = render.write_outputs({'': records}, protocol, False, tmp_path / 'out', meta, root=repo)
     assert document['meta']['rendered_at'] == _git(repo, 'rev-parse', 'HEAD') != 'a' * 40
     assert document['meta']['run_commits'] == ['a' * 40]
     text = (tmp_path / 'out' / 'confirm_detail.md').read_text()
@@ -313,18 +316,18 @@ def test_a_report_is_refused_from_a_dirty_tree_and_records_its_commit_apart_from
     assert '**reversed**' in text and '**not shown**' in text
     (repo / 'benchmarks' / 'a.py').write_text('x = 2\n')
     with pytest.raises(SystemExit, match='refusing to render a report from uncommitted code'):
-        cd.write_outputs({'': records}, protocol, False, tmp_path / 'out', meta, root=repo)
+        render.write_outputs({'': records}, protocol, False, tmp_path / 'out', meta, root=repo)
     _git(repo, 'commit', '-q', '-am', 'd')
     (repo / 'cpvt_backbones' / 'new.py').write_text('')   # untracked code counts too
     with pytest.raises(SystemExit, match='uncommitted'):
-        cd.write_outputs({'': records}, protocol, False, tmp_path / 'out', meta, root=repo)
+        render.write_outputs({'': records}, protocol, False, tmp_path / 'out', meta, root=repo)
     (repo / 'cpvt_backbones' / 'new.py').unlink()
     records[0] = dict(records[0], accelerator='other CPU')
     with pytest.raises(SystemExit, match='more than one accelerator'):
-        cd.write_outputs({'': records}, protocol, False, tmp_path / 'out', meta, root=repo)
+        render.write_outputs({'': records}, protocol, False, tmp_path / 'out', meta, root=repo)
     records[0] = dict(records[0], accelerator='test CPU', protocol_sha256='0' * 64)
     with pytest.raises(SystemExit, match='runs of another protocol'):
-        cd.write_outputs({'': records}, protocol, False, tmp_path / 'out', meta, root=repo)
+        render.write_outputs({'': records}, protocol, False, tmp_path / 'out', meta, root=repo)
 
 
 # -- the study library it adds -------------------------------------------------------------------------------------

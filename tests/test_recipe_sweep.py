@@ -110,3 +110,24 @@ def test_a_tiny_sweep_end_to_end(tmp_path, fake_fmnist):
     text = (tmp_path / 'out' / 'recipe_sweep.md').read_text()
     assert '| default (cpu) | 0 | 40 px (1.43x) |' in text
     assert 'python -m benchmarks.recipe_sweep --cells default' in text
+
+
+def test_one_job_trains_each_run_once_here_with_the_threads_asked_for(tmp_path, monkeypatch):
+    """--jobs 1: the runs train in this process, each once (a test-time cell shares the default's), on splits
+    loaded once, with --threads torch threads; the cells' studies follow with the thread count as it was."""
+    import torch
+    loaded, trained, studied = [], [], []
+    monkeypatch.setattr(sweep, 'load_split', lambda path, split, n: loaded.append((split, n)) or split)
+    monkeypatch.setattr(sweep, 'run', lambda variant, seed, config, data, run_dir: trained.append(
+        (config.run_set, variant, seed, data, torch.get_num_threads(), run_dir)))
+    monkeypatch.setattr(sweep, 'run_study', lambda config: studied.append((config.name, torch.get_num_threads())))
+    before = torch.get_num_threads()
+    s = sweep.Sweep('small', tmp_path, dict(work_dir=tmp_path / 'runs'))
+    sweep.run_cells(s, ['default', 'bicubic', 'aliased'], [0, 1], 1, before + 1)
+    assert loaded == [('train', 20000), ('test', 2500)]
+    assert [t[:3] for t in trained] == [(f'recipe_sweep_{c}', v, seed) for c in ('default', 'aliased')
+                                        for seed in (0, 1) for v in ENC]
+    assert {t[3:5] for t in trained} == {(('train', 'test'), before + 1)}
+    assert trained[0][5] == tmp_path / 'runs' / 'recipe_sweep_default' / 'none-seed0'
+    assert studied == [(f'recipe_sweep_{c}', before) for c in ('default', 'bicubic', 'aliased')]
+    assert torch.get_num_threads() == before

@@ -120,10 +120,10 @@ def test_the_native_detail_table_compares_one_device(tmp_path):
 
 def test_the_per_epoch_native_detail_record_still_reads():
     """native_matched (one check an epoch, every test at every check, in its log) is summarised by the same code."""
-    from benchmarks import native_detail
-    from benchmarks.study.summary import load_native
-    earlier = load_native('native_matched')
-    text = native_detail.render_markdown(earlier.summary, earlier.config, earlier.meta)
+    from benchmarks.native_detail.render import render_markdown
+    from benchmarks.native_detail.spec import Native
+    earlier = summary.load_input(Native('native_matched'))
+    text = render_markdown(earlier.summary, earlier.config, earlier.meta)
     assert 'reaches 61.32; 1 check an epoch)** (the headline): the position variants start 7.32 points apart' in text
     assert earlier.summary['analyses']['matched']['start_spread'] == 7.32
 

@@ -1,19 +1,19 @@
 """What the studies share: mean and spread over seeds, paired differences with their 95% interval, the CSV
-table, the run's metadata, where runs are kept, and sharding."""
+table, an invocation's metadata, where runs are kept, sharding and the options every trained study takes."""
 import argparse
 import csv
-import hashlib
 import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+
+from benchmarks.study.records import code_version
 
 
 def mean_std(values: Sequence[float], digits: int = 2) -> tuple[float, float]:
@@ -57,80 +57,6 @@ def write_csv(rows: list[dict], path: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != 'seeds'])
         writer.writeheader()
         writer.writerows({k: v for k, v in row.items() if k != 'seeds'} for row in rows)
-
-
-def code_version() -> str:
-    """The git commit of the code running the study (with '+changes' if its tree differs), or 'unknown'."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(['git', '-C', str(root), 'rev-parse', 'HEAD'], capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(['git', '-C', str(root), 'status', '--porcelain', '--untracked-files=no'],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return 'unknown'
-    return commit + ('+changes' if dirty else '')
-
-
-STUDIED_CODE = ('benchmarks', 'cpvt_backbones')   # what a study's results depend on (its results excluded)
-
-
-def source_digest(root: Path | None = None) -> str:
-    """sha256 over the Python files of ``STUDIED_CODE`` (paths and contents, in path order): what the code was,
-    checkable against any commit without git on the machine that ran it."""
-    root = root or Path(__file__).resolve().parents[2]
-    digest = hashlib.sha256()
-    for path in sorted(p for d in STUDIED_CODE for p in (root / d).rglob('*.py')
-                       if 'results' not in p.relative_to(root).parts):
-        digest.update(path.relative_to(root).as_posix().encode() + b'\0' + path.read_bytes() + b'\0')
-    return digest.hexdigest()
-
-
-def accelerator(device: str) -> str:
-    """The device's name: the GPU's ('NVIDIA H100 80GB HBM3'), or the CPU's model name with the vector ISA torch
-    runs on it ('AMD EPYC (AVX512)'): machines of one model name differ in ISA, and so in float rounding."""
-    if device.startswith('cuda'):
-        return torch.cuda.get_device_name(torch.device(device))
-    try:
-        names = [line.split(':', 1)[1].strip() for line in Path('/proc/cpuinfo').read_text().splitlines()
-                 if line.startswith('model name')]
-    except OSError:
-        names = []
-    name = names[0] if names else platform.processor() or platform.machine()
-    return f'{name} ({torch.backends.cpu.get_cpu_capability()})'
-
-
-def committed(root: Path | None = None, doing: str = 'record runs') -> tuple[str, str]:
-    """The clean git commit of the tree at ``root`` (the repository by default) and where it was read ('git', or
-    'CPVT_STUDY_COMMIT': without git, a bare machine given a copy of a clean checkout names it in
-    ``$CPVT_STUDY_COMMIT``). Raises SystemExit, saying it refuses to ``doing``, where ``STUDIED_CODE`` (results
-    excluded) has uncommitted changes, untracked files included, or where neither names a commit."""
-    root = root or Path(__file__).resolve().parents[2]
-    paths = [*STUDIED_CODE, ':(exclude)benchmarks/results']
-    try:
-        commit = subprocess.run(['git', '-C', str(root), 'rev-parse', 'HEAD'], capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(['git', '-C', str(root), 'status', '--porcelain', '--', *paths],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        source = 'git'
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty, source = os.environ.get('CPVT_STUDY_COMMIT', ''), '', 'CPVT_STUDY_COMMIT'
-        if not commit:
-            raise SystemExit('[study] no git here to name the code\'s commit: set CPVT_STUDY_COMMIT to the commit '
-                             'this copy was made from') from None
-    if dirty:
-        raise SystemExit(f'[study] refusing to {doing} from uncommitted code; commit or stash first:\n{dirty}')
-    return commit, source
-
-
-def provenance(device: str, root: Path | None = None) -> dict:
-    """What a recorded run came from: the accelerator's name, torch's version, the clean git commit of the code
-    (``committed``: refuses uncommitted code, a run is recorded only from committed code) and ``source_digest``;
-    without git the digest is what ties the copy to the commit ``$CPVT_STUDY_COMMIT`` names."""
-    root = root or Path(__file__).resolve().parents[2]
-    commit, source = committed(root)
-    return dict(accelerator=accelerator(device), torch=torch.__version__, commit=commit, commit_from=source,
-                source_digest=source_digest(root))
 
 
 def run_meta(module: str, argv: Sequence[str] | None, started: float) -> dict:

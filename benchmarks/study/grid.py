@@ -1,14 +1,16 @@
-"""What every study does with its runs, once: the grid of runs split into shards, each run resumed from what it
-left (a run is done once its result.json exists) on the accelerator it started on (``start_on``), the report
-written only when every shard's runs are done, and the report's files (``write_report``)."""
+"""What every study does with its runs, once: the grid of runs split into shards (``Grid``), the skeleton that
+runs a shard and reports once every shard's runs are done (``conduct``), and the report's files
+(``write_report``)."""
 import json
-import shutil
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from benchmarks.study.common import write_csv
-from cpvt_backbones.utils import atomic_write
+from benchmarks.study.common import run_meta, write_csv
+
+T = TypeVar('T')
 
 
 @dataclass(frozen=True)
@@ -50,24 +52,20 @@ class Grid:
         return not pending
 
 
-def start_on(run_dir: Path, stamp: dict, tag: str, label: str,
-             partial: Sequence[str] = ('checkpoint.pth', 'final.pth', 'checks')) -> None:
-    """Where a run starts, or resumes: ``run_dir``/started_on.json records ``stamp`` (its ``accelerator`` and
-    whatever else a study ties a run to) when the run starts. A run started on another accelerator has its
-    ``partial`` training (files or folders under ``run_dir``) removed and starts again from the beginning, with a
-    line (``[tag] label started on ...``) saying so: a run resumes only where it started (float rounding)."""
-    started = run_dir / 'started_on.json'
-    if started.is_file():
-        before = json.loads(started.read_text())['accelerator']
-        if before != stamp['accelerator']:
-            print(f'[{tag}] {label} started on {before}, not {stamp["accelerator"]}: training it again from the '
-                  'start', flush=True)
-            for path in (run_dir / name for name in partial):
-                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-            started.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not started.is_file():
-        atomic_write(started, json.dumps(stamp).encode())
+def conduct(grid: Grid, tag: str, module: str, argv: Sequence[str] | None, work: Callable[[list], None],
+            load: Callable[[Hashable], Sequence[dict]], report: Callable[[list[dict], dict], T]) -> T | None:
+    """A study's invocation: ``work`` does this shard's keys not done yet (resuming each where it stopped); once
+    every key of every shard is done, ``report`` gets every key's records (``load``, in grid order) and the
+    invocation's meta (``run_meta`` of ``module`` and ``argv``: the command, the code's commit, the wall time) and
+    its answer is returned. None while runs of other shards are pending (a line ``[tag] ...`` says which)."""
+    start = time.perf_counter()
+    todo = grid.todo()
+    if todo:
+        work(todo)
+    if not grid.complete(tag):
+        return None
+    results = [record for key in grid.keys for record in load(key)]
+    return report(results, run_meta(module, argv, start))
 
 
 def write_report(out: Path, name: str, document: dict, markdown: str, rows: Sequence[dict] = (),
@@ -84,4 +82,4 @@ def write_report(out: Path, name: str, document: dict, markdown: str, rows: Sequ
         draw(out / f'{name}{suffix}.png')
 
 
-__all__ = ['Grid', 'start_on', 'write_report']
+__all__ = ['Grid', 'conduct', 'write_report']

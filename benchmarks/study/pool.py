@@ -1,5 +1,5 @@
 """Runs spread over processes: the images drawn once, then shared by every process through one memory-mapped
-file, each process with its own torch threads."""
+file, each process with its own torch threads (``map_shared``, ``run_all``)."""
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -39,4 +39,16 @@ def map_shared(fn: Callable, calls: Sequence[tuple], data, jobs: int, threads: i
             yield from pool.map(_call, [fn] * len(calls), calls)
 
 
-__all__ = ['drawing_pool', 'map_shared']
+def run_all(fn: Callable, calls: Sequence[tuple], data, jobs: int, threads: int, tag: str) -> None:
+    """``fn(data, *call)`` for each of ``calls``: one after another in this process where ``jobs`` is 1, else in
+    ``jobs`` processes sharing ``data`` (``map_shared``), a line ``[tag] NAME finished`` as each returns its run's
+    NAME."""
+    if jobs == 1:
+        for call in calls:
+            fn(data, *call)
+        return
+    for done in map_shared(fn, calls, data, jobs, threads, f'{tag}-'):
+        print(f'[{tag}] {done} finished', flush=True)
+
+
+__all__ = ['drawing_pool', 'map_shared', 'run_all']

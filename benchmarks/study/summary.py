@@ -146,12 +146,6 @@ class RecordData:
 
 
 @dataclass(frozen=True)
-class Dense:
-    """What a comparison reads: a dense study (``benchmarks.dense_study``) by its result file's name."""
-    name: str
-
-
-@dataclass(frozen=True)
 class DenseSummary:
     """The typed summary of a dense study: ``scores`` {task: {variant: {seed: score per test factor}}} (seeds in
     order) and the seeds its invocation fixed."""
@@ -161,36 +155,17 @@ class DenseSummary:
 
 
 @dataclass(frozen=True)
-class Native:
-    """What a comparison reads: a native-detail study (``benchmarks.native_detail``) by its result file's name."""
+class Dense:
+    """What a comparison reads: a dense study (``benchmarks.dense_study``) by its result file's name."""
     name: str
 
-
-@dataclass(frozen=True)
-class NativeSummary:
-    """The typed summary of a native-detail study, on one accelerator: its ``StudyConfig`` as recorded, its meta
-    and ``native_detail.summarise``'s analyses (checks selected, levels, changes, leaders)."""
-    name: str
-    config: object
-    meta: dict
-    summary: dict
-
-
-def load_native(name: str, results: Path = RESULTS) -> NativeSummary:
-    """The native-detail study ``name`` summarised again from its runs; a ValueError where they trained on more than
-    one accelerator."""
-    from benchmarks import native_detail
-    data = load(name, results)
-    meta, runs = data['meta'], data['runs']
-    devices = {r['accelerator'] for r in runs}
-    if len(devices) != 1:
-        raise ValueError(f'{name}: runs trained on {sorted(devices)}; a table compares one device')
-    config = native_detail.recorded_config(meta, list(dict.fromkeys(r['variant'] for r in runs)))
-    # the per-epoch form (native_matched) predates these two settings: one check an epoch, no smoothing
-    meta = dict(meta, checks_per_epoch=meta.get('checks_per_epoch', 1))
-    return NativeSummary(name, config, meta, native_detail.summarise(runs, config, meta.get('smooth', 1),
-                                                                     meta.get('level'), meta.get('window', 1),
-                                                                     meta.get('match', 'first')))
+    def load(self, results: Path = RESULTS) -> DenseSummary:
+        """Its ``DenseSummary``: every run's scores by task, variant and seed."""
+        data = load(self.name, results)
+        scores: dict = {}
+        for run in sorted(data['runs'], key=lambda r: r['seed']):
+            scores.setdefault(run['task'], {}).setdefault(run['variant'], {})[run['seed']] = run['scores']
+        return DenseSummary(self.name, list(data['meta']['seeds']), scores)
 
 
 def load_study(study: Study, results: Path = RESULTS) -> Summary | dict[str, Summary]:
@@ -215,25 +190,19 @@ def load_study(study: Study, results: Path = RESULTS) -> Summary | dict[str, Sum
 
 
 def load_input(spec, results: Path = RESULTS):
-    """A block's input loaded: a ``Study`` as its summary, a ``Dense`` or ``Native`` study as its typed summary, a
-    ``Record`` as its file, a ``Recipe`` as the recipe (dict), a mapping entry by entry."""
+    """A block's input loaded: a ``Study`` as its summary, a ``Dense`` study as its typed summary, a ``Record`` as
+    its file, a ``Recipe`` as the recipe (dict), a spec with its own ``load(results)`` (a study's, such as
+    ``benchmarks.native_detail.spec.Native``) as what that returns, a mapping entry by entry."""
     if isinstance(spec, Study):
         return load_study(spec, results)
     if isinstance(spec, Record):
         return RecordData(spec.name, load(spec.name, results))
     if isinstance(spec, Recipe):
         return pooled_runs(spec.names, results)[0]
-    if isinstance(spec, Native):
-        return load_native(spec.name, results)
-    if isinstance(spec, Dense):
-        data = load(spec.name, results)
-        scores: dict = {}
-        for run in sorted(data['runs'], key=lambda r: r['seed']):
-            scores.setdefault(run['task'], {}).setdefault(run['variant'], {})[run['seed']] = run['scores']
-        return DenseSummary(spec.name, list(data['meta']['seeds']), scores)
+    if hasattr(spec, 'load'):
+        return spec.load(results)
     return {key: load_input(value, results) for key, value in spec.items()}
 
 
-__all__ = ['DEVICES', 'EACH', 'RECIPE_FIELDS', 'RESULTS', 'SEEDS', 'Dense', 'DenseSummary', 'Native',
-           'NativeSummary', 'Recipe', 'Record', 'RecordData', 'Study', 'Summary', 'by_device', 'load', 'load_input',
-           'load_native', 'load_study', 'pooled_runs']
+__all__ = ['DEVICES', 'EACH', 'RECIPE_FIELDS', 'RESULTS', 'SEEDS', 'Dense', 'DenseSummary', 'Recipe', 'Record',
+           'RecordData', 'Study', 'Summary', 'by_device', 'load', 'load_input', 'load_study', 'pooled_runs']

@@ -1,5 +1,5 @@
 """The demo's CPU-sized tasks on the shapes data (``datasets.shapes``): their configs, the scores the demo reports,
-the test sizes, the int8 calibration images. tools/demo.py runs ``DEMO_TASKS``; benchmarks/dense_study.py and
+the test sizes, the int8 calibration images. tools/demo.py runs ``DEMO_TASKS``; benchmarks/dense_study/ and
 benchmarks/int8_scope.py study ``SHAPES_TASKS``. Paths are relative to the repository root."""
 from pathlib import Path
 from typing import NamedTuple

@@ -1,0 +1,3 @@
+from benchmarks.confirm_detail.cli import main
+
+main()

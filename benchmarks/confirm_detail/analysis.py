@@ -1,0 +1,166 @@
+"""The final-epoch analysis the protocol names, from the runs' records alone: per arm and size the gains from detail
+and from scale (``summarise``), the contrasts with Holm's correction (``analyse_contrasts``), each claim's verdict
+(``verdict``), the learning rule (``learns``), every check's curve (``curves``) and the recipe a pilot fixes
+(``pilot_choice``)."""
+from collections.abc import Sequence
+
+import numpy as np
+
+from benchmarks.confirm_detail.protocol import Protocol
+from benchmarks.study.common import mean_std
+from benchmarks.study.specs import Drawn, DrawnResized
+from benchmarks.study.stats import holm, interval, paired_test
+
+
+def measure(check: dict, name: str, size: int | None, train_size: int, on: str = 'final') -> float:
+    """One check's value of a measure, from its tests ``on`` ('final': every test scene, the final check's;
+    'tests': the first ``tests.check_images``, every check's): 'start' (native top-1 at the training size), 'val'
+    (validation top-1), 'detail' (native - upsampled at ``size``), 'scale' (upsampled at ``size`` - start),
+    'change' (native at ``size`` - start)."""
+    t = check[on]
+    start = t[Drawn(train_size).key]
+    if name == 'start':
+        return start
+    if name == 'val':
+        return check['val']
+    native, upsampled = t[Drawn(size).key], t[DrawnResized(size).key]
+    return {'detail': native - upsampled, 'scale': upsampled - start, 'change': native - start}[name]
+
+
+def final_check(result: dict) -> dict:
+    """A run's final check (its last epoch's); a ValueError where the run's checks stop before its last epoch."""
+    last = result['checks'][-1]
+    if last['epoch'] != result['epochs']:
+        raise ValueError(f'{result["variant"]} seed {result["seed"]}: the last check is at epoch {last["epoch"]}, '
+                         f'not the final epoch {result["epochs"]}')
+    return last
+
+
+def by_arm(results: list[dict], arms: Sequence[str]) -> dict[str, list[dict]]:
+    """Each arm's runs in seed order; a ValueError where the arms do not share their seeds (the pairing)."""
+    runs = {a: sorted((r for r in results if r['variant'] == a), key=lambda r: r['seed']) for a in arms}
+    seeds = {a: [r['seed'] for r in rs] for a, rs in runs.items()}
+    if len({tuple(s) for s in seeds.values()}) != 1 or not next(iter(seeds.values())):
+        raise ValueError(f'every arm needs runs of the same seeds (paired by seed), got {seeds}')
+    return runs
+
+
+def _paired(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> dict:
+    test = paired_test(a, b)
+    lo, hi = interval(test, level)
+    return dict(mean=round(test['mean'], 2), lo=_round(lo), hi=_round(hi), n=test['n'], p=test['p'],
+                sign='=' if lo is None or lo <= 0 <= hi else '+' if lo > 0 else '-')
+
+
+def summarise(results: list[dict], protocol: Protocol, arms: Sequence[str]) -> dict:
+    """The final-epoch analysis of ``results`` (``arms``' runs, paired by seed): per arm its start, validation
+    and training top-1 ('arms'); per arm and upsampled size native and upsampled top-1 (mean, sd, per seed) with
+    the gains from detail and from scale and the change, each paired with its 95% interval ('rows'); the
+    protocol's contrasts, Holm-corrected over its family ('contrasts'); each claim's verdict ('claims'); the
+    learning rule ('learns'); and each arm's curve, one point per check: mean start, gain from detail and change
+    per size ('curves')."""
+    size = protocol.train_size
+    runs = by_arm(results, arms)
+    final = {a: [final_check(r) for r in rs] for a, rs in runs.items()}
+    arm_rows = {}
+    for a, checks in final.items():
+        start, val = [measure(c, 'start', None, size) for c in checks], [c['val'] for c in checks]
+        trained = [r['log'][-1]['train_top1'] for r in runs[a]]
+        arm_rows[a] = dict(arm=a, seeds=[r['seed'] for r in runs[a]], start=mean_std(start), start_per_seed=start,
+                           val=mean_std(val), val_per_seed=val, train_top1=mean_std(trained))
+    rows = []
+    for a, checks in final.items():
+        for s in protocol.upsampled:
+            native = [c['final'][Drawn(s).key] for c in checks]
+            upsampled = [c['final'][DrawnResized(s).key] for c in checks]
+            start = arm_rows[a]['start_per_seed']
+            rows.append(dict(arm=a, size=s, native=mean_std(native), upsampled=mean_std(upsampled),
+                             native_per_seed=native, upsampled_per_seed=upsampled,
+                             detail=_paired(native, upsampled), scale=_paired(upsampled, start),
+                             change=_paired(native, start)))
+    contrasts = analyse_contrasts(final, protocol)
+    claims = [dict(claim, verdict=verdict(contrasts[claim['contrast']], claim['direction']))
+              for claim in protocol['claims'] if claim['contrast'] in contrasts]
+    return dict(arms=arm_rows, rows=rows, contrasts=contrasts, claims=claims, learns=learns(arm_rows, protocol),
+                curves=curves(runs, protocol))
+
+
+def analyse_contrasts(final: dict[str, list[dict]], protocol: Protocol) -> dict[str, dict]:
+    """Each of the protocol's contrasts among the arms in ``final`` (each arm's final checks, paired by seed):
+    the per-seed values (a's measure, less b's where it names b), the paired mean with its 95% interval, and
+    Holm's adjusted interval and p-value over the family of those contrasts (``stats.holm``)."""
+    size, alpha = protocol.train_size, 1 - protocol['analysis']['confidence']
+    named = [c for c in protocol['analysis']['contrasts'] if c['a'] in final and c.get('b', c['a']) in final]
+    values, paired = {}, {}
+    for c in named:
+        a = [measure(check, c['measure'], c.get('size'), size) for check in final[c['a']]]
+        b = [measure(check, c['measure'], c.get('size'), size) for check in final[c['b']]] if c.get('b') \
+            else [0.] * len(a)
+        values[c['id']] = [x - y for x, y in zip(a, b, strict=True)]
+        paired[c['id']] = paired_test(a, b)
+    adjusted = holm(paired, alpha)
+    out = {}
+    for c in named:
+        test, adj = paired[c['id']], adjusted[c['id']]
+        lo, hi = interval(test, 1 - alpha)
+        out[c['id']] = dict(c, per_seed=[round(v, 2) for v in values[c['id']]], mean=round(test['mean'], 2),
+                            lo=_round(lo), hi=_round(hi), p=test['p'], holm_lo=_round(adj['lo']),
+                            holm_hi=_round(adj['hi']), holm_level=adj['level'], p_holm=adj['p_holm'],
+                            sign=adj['sign'])
+    return out
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def verdict(contrast: dict, direction: str) -> str:
+    """'holds' where the contrast's Holm-adjusted interval excludes zero on the claimed side ('either': on
+    either), 'reversed' where it excludes zero on the other, else 'not shown'."""
+    sign = contrast['sign']
+    if sign == '=':
+        return 'not shown'
+    return 'holds' if direction in ('either', sign) else 'reversed'
+
+
+def learns(arm_rows: dict, protocol: Protocol) -> dict:
+    """The learning rule: each of ``learns.arms`` against ``learns.reference`` on validation top-1 at the final
+    epoch (mean over seeds): the gap (reference - arm) and whether it is within ``learns.within`` points."""
+    rule = protocol['learns']
+    if rule['reference'] not in arm_rows:
+        return dict(rule, gaps={}, holds=None)
+    ref = arm_rows[rule['reference']]['val'][0]
+    gaps = {a: round(ref - arm_rows[a]['val'][0], 2) for a in rule['arms'] if a in arm_rows}
+    return dict(rule, gaps=gaps, holds=all(g <= rule['within'] for g in gaps.values()) if gaps else None)
+
+
+def curves(runs: dict[str, list[dict]], protocol: Protocol) -> dict[str, list[dict]]:
+    """Per arm, one point per check (the checks every seed has): its epoch and the mean over seeds of the start,
+    the validation, and per upsampled size the gain from detail and the change, each check read on the same
+    ``tests.check_images`` test scenes."""
+    size, out = protocol.train_size, {}
+    for a, rs in runs.items():
+        count = min(len(r['checks']) for r in rs)
+        points = []
+        for i in range(count):
+            checks = [r['checks'][i] for r in rs]
+
+            def mean(name: str, at: int | None = None, checks=checks) -> float:
+                return round(float(np.mean([measure(c, name, at, size, 'tests') for c in checks])), 2)
+            points.append(dict(epoch=checks[0]['epoch'], start=mean('start'), val=mean('val'),
+                               detail={str(s): mean('detail', s) for s in protocol.upsampled},
+                               change={str(s): mean('change', s) for s in protocol.upsampled}))
+        out[a] = points
+    return out
+
+
+def pilot_choice(summaries: dict[str, dict]) -> dict:
+    """The recipe the pilot fixes, from each candidate's learning rule (``summaries``: {candidate: summary}, in
+    the protocol's order): the first whose rule holds, else the one whose largest gap is smallest ('holds'
+    False)."""
+    gaps = {c: max(s['learns']['gaps'].values()) for c, s in summaries.items() if s['learns']['gaps']}
+    if not gaps:
+        return dict(candidate=None, holds=None, gaps={})
+    held = [c for c in summaries if summaries[c]['learns']['holds']]
+    chosen = held[0] if held else min(gaps, key=gaps.get)
+    return dict(candidate=chosen, holds=bool(held), gaps=gaps)

@@ -1,0 +1,176 @@
+"""The study's protocol file, read, checked and hashed (``Protocol``), and the guards that tie every run to it: no
+confirmatory run under a draft (``check_may_run``), no study continued under another protocol
+(``check_study_protocol``)."""
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.study.config import VARIANTS
+
+ROOT = Path(__file__).resolve().parents[2]
+PROTOCOL = ROOT / 'benchmarks/protocols/confirm_detail.json'
+PILOT_SEEDS = 100                    # pilot seeds are >= this; confirmatory seeds below it
+STATUSES = ('draft', 'fixed')
+# The recipe's fields and their types; each sets the StudyConfig field of its name (warmup_epochs sets warmup, as
+# its share of the epochs).
+RECIPE = dict(epochs=int, warmup_epochs=(int, float), batch_size=int, lr=float, weight_decay=float,
+              drop_path=float, dim=int, depth=int, heads=int, patch=int, stem_layers=int)
+MEASURES = ('start', 'detail', 'scale', 'change', 'val')
+DIRECTIONS = ('+', '-', 'either')
+SCENE_SETS = ('train', 'validation', 'test', 'pilot_test')
+TAG = 'confirm'
+
+
+class ProtocolError(ValueError):
+    """A protocol file the study cannot run: the message names the entry."""
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ProtocolError(message)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A study's protocol: the parsed file (``data``), where it lies (``path``) and the sha256 of its bytes."""
+    data: dict
+    path: Path
+    sha256: str
+
+    @classmethod
+    def load(cls, path: Path | str) -> 'Protocol':
+        """The protocol at ``path``, validated (``validate``); SystemExit where there is no file (the study runs only
+        from one), ProtocolError naming a malformed entry."""
+        path = Path(path).resolve()
+        if not path.is_file():
+            raise SystemExit(f'[{TAG}] no protocol at {path}: the study runs only from its protocol file')
+        raw = path.read_bytes()
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ProtocolError(f'{path}: not JSON ({e})') from e
+        protocol = cls(data, path, hashlib.sha256(raw).hexdigest())
+        try:
+            protocol.validate()
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ProtocolError(f'{path}: a missing or malformed entry ({type(e).__name__}: {e})') from e
+        return protocol
+
+    def __getitem__(self, key: str):
+        return self.data[key]
+
+    @property
+    def status(self) -> str:
+        return self.data['status']
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return tuple(self.data['arms'])
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The test sizes (px), the training size first."""
+        return tuple(self.data['tests']['native'])
+
+    @property
+    def train_size(self) -> int:
+        return self.data['crops']['size']
+
+    @property
+    def upsampled(self) -> tuple[int, ...]:
+        return tuple(self.data['tests']['upsampled'])
+
+    def recipe(self, candidate: str | None = None) -> dict:
+        """The recipe, with the pilot candidate ``candidate``'s changes where given."""
+        return dict(self.data['recipe'], **(self.data['pilot']['recipes'][candidate] if candidate else {}))
+
+    def validate(self) -> None:
+        """ProtocolError naming the first entry the study cannot run: missing or unknown keys, arms, seeds on the
+        wrong side of ``PILOT_SEEDS``, scene sets shared with each other or with earlier studies, sizes, a crop
+        that would be upsampled, blur-up sizes other than the upsampled tests', contrasts or claims naming what
+        does not exist."""
+        d = self.data
+        keys = {'format', 'name', 'status', 'question', 'design', 'arms', 'seeds', 'recipe', 'pilot', 'data',
+                'crops', 'blur_up', 'tests', 'analysis', 'learns', 'claims'}
+        _need(isinstance(d, dict) and not keys - set(d), f'{self.path}: needs the entries {sorted(keys)}; missing '
+              f'{sorted(keys - set(d)) if isinstance(d, dict) else "all"}')
+        _need(d['format'] == 1, f'format must be 1, got {d["format"]!r}')
+        _need(d['status'] in STATUSES, f'status must be one of {STATUSES}, got {d["status"]!r}')
+        for name in (d['name'], d['pilot'].get('name')):
+            _need(isinstance(name, str) and name.replace('_', '').replace('-', '').isalnum(),
+                  f'a study name must be letters, digits, - and _, got {name!r}')
+        _need(d['name'] != d['pilot']['name'], 'the pilot needs a name of its own')
+        unknown = [a for a in (*d['arms'], *d['pilot'].get('arms', ())) if a not in VARIANTS]
+        _need(not unknown, f'unknown arm(s) {unknown}: one of {", ".join(VARIANTS)}')
+        _need(len(set(d['arms'])) == len(d['arms']) and set(d['pilot'].get('arms', ())) <= set(d['arms']),
+              'arms must be distinct, and the pilot\'s arms the study\'s')
+        seeds, pilot_seeds = d['seeds'], d['pilot'].get('seeds', [])
+        _need(bool(seeds) and all(isinstance(s, int) and 0 <= s < PILOT_SEEDS for s in seeds),
+              f'the confirmatory seeds must lie in 0..{PILOT_SEEDS - 1}, got {seeds}')
+        _need(bool(pilot_seeds) and all(isinstance(s, int) and s >= PILOT_SEEDS for s in pilot_seeds),
+              f'the pilot\'s seeds must be >= {PILOT_SEEDS}, got {pilot_seeds}')
+        for recipe in (d['recipe'], *d['pilot'].get('recipes', {}).values()):
+            wrong = sorted(k for k, v in recipe.items() if k not in RECIPE or not isinstance(v, RECIPE[k])
+                           or isinstance(v, bool))
+            _need(not wrong, f'recipe entries {wrong}: not one of {sorted(RECIPE)} with its type')
+        _need(set(d['recipe']) == set(RECIPE), f'the recipe needs every entry of {sorted(RECIPE)}')
+        _need(bool(d['pilot'].get('recipes')), 'the pilot needs at least one candidate recipe (none: {})')
+        sets = d['data']['scene_sets']
+        _need(set(sets) == set(SCENE_SETS), f'data.scene_sets needs {SCENE_SETS}')
+        _need(len(set(sets.values())) == len(sets), f'the scene sets must be distinct, got {sets}')
+        reused = sorted(set(sets.values()) & set(d['data']['earlier_scene_sets']))
+        _need(not reused, f'scene sets {reused} are earlier studies\' (data.earlier_scene_sets)')
+        size, sizes = d['crops']['size'], d['tests']['native']
+        _need(sizes[0] == size and sorted(set(sizes)) == list(sizes),
+              f'tests.native must rise from the training size {size}, got {sizes}')
+        _need(bool(d['tests']['upsampled']) and set(d['tests']['upsampled']) == {s for s in sizes if s > size},
+              f'tests.upsampled must be every native size above {size}, got {d["tests"]["upsampled"]}')
+        _need(sorted(d['blur_up']['sizes']) == sorted(d['tests']['upsampled']) and 0 <= d['blur_up']['share'] <= 1,
+              'blur_up draws crops as the upsampled tests are drawn: its sizes are tests.upsampled, its share in '
+              '[0, 1]')
+        _need(d['tests']['checks_per_epoch'] == 1, 'the study tests one check an epoch (tests.checks_per_epoch 1)')
+        _need(1 <= d['tests']['check_images'] <= d['data']['test_images'],
+              'tests.check_images (the test scenes every check reads) must lie in 1..data.test_images')
+        shortest = d['data']['field_px'] * d['crops']['min_area'] ** 0.5
+        _need(shortest >= size - 1e-6, f'the smallest crop (its side at aspect 1: {shortest:.3f} px of a field at '
+              f'data.field_px) would be upsampled to {size} px')
+        _need(d['analysis']['epoch'] == 'final' and 0 < d['analysis']['confidence'] < 1,
+              'the analysis reads the final epoch (analysis.epoch "final") at a confidence in (0, 1)')
+        contrasts = d['analysis']['contrasts']
+        ids = [c['id'] for c in contrasts]
+        _need(len(set(ids)) == len(ids) and bool(ids), 'the analysis needs contrasts with distinct ids')
+        for c in contrasts:
+            _need(c['measure'] in MEASURES, f'contrast {c["id"]}: measure must be one of {MEASURES}')
+            _need(c['a'] in d['arms'] and c.get('b', c['a']) in d['arms'], f'contrast {c["id"]}: unknown arm')
+            _need(c['measure'] in ('start', 'val') or c.get('size') in d['tests']['upsampled'],
+                  f'contrast {c["id"]}: size must be one of tests.upsampled')
+        for claim in d['claims']:
+            _need(claim['contrast'] in ids and claim['direction'] in DIRECTIONS,
+                  f'claim {claim["id"]}: names contrast {claim["contrast"]!r} and direction {claim["direction"]!r}; '
+                  f'contrasts {ids}, directions {DIRECTIONS}')
+        learns = d['learns']
+        _need(learns['reference'] in d['arms'] and set(learns['arms']) <= set(d['arms']),
+              'learns: its arms and reference must be arms')
+
+
+def check_may_run(protocol: Protocol, seeds: Sequence[int]) -> None:
+    """Refuses (SystemExit) confirmatory seeds (below ``PILOT_SEEDS``) under a draft protocol: only pilots run
+    before the protocol is fixed."""
+    confirmatory = sorted(s for s in seeds if s < PILOT_SEEDS)
+    if confirmatory and protocol.status != 'fixed':
+        raise SystemExit(f'[{TAG}] {protocol.path} is a {protocol.status}: confirmatory seeds {confirmatory} run only '
+                         f'under a fixed protocol (pilot seeds are >= {PILOT_SEEDS})')
+
+
+def check_study_protocol(study_dir: Path, protocol: Protocol) -> None:
+    """Refuses (SystemExit) to continue the study under ``study_dir`` where any of its runs (started_on.json or
+    result.json) records another protocol hash than the file's: a changed protocol needs a new study name."""
+    other = sorted({str(path.parent.relative_to(study_dir)) for name in ('started_on.json', 'result.json')
+                    for path in study_dir.rglob(name)
+                    if json.loads(path.read_text()).get('protocol_sha256') != protocol.sha256})
+    if other:
+        raise SystemExit(f'[{TAG}] runs of {study_dir.name} were started under another protocol than {protocol.path} '
+                         f'(sha256 {protocol.sha256[:12]}): {", ".join(other[:6])}{" ..." if len(other) > 6 else ""}.'
+                         ' A changed protocol needs a new study name (its name, or pilot.name)')

@@ -1,0 +1,3 @@
+from benchmarks.dense_study.cli import main
+
+main()

@@ -1,0 +1,3 @@
+from benchmarks.native_detail.cli import main
+
+main()
