@@ -338,6 +338,36 @@ def test_static_int8_is_calibrated_once_and_reused(workdir, trained, tmp_path):
         in res.stderr
 
 
+@needs_torch('int8_kernel')
+@on_one_worker(SEG)
+def test_calibrate_writes_the_fused_ranges_once_for_a_request_to_read(workdir, trained, tmp_path, monkeypatch):
+    """``adapters.engines.calibrate`` (what ``make demo --precisions int8`` fixes its ranges with): the fused
+    engine's ranges artifact of the config's model on a folder's images, with a record of that calibration, read
+    back unchanged by the next call; a request at int8 takes the file as its ``input_ranges``, and a config whose
+    backbone is not ours or a missing checkpoint is refused."""
+    from torch import nn
+
+    from cpvt_backbones import create_model
+    from cpvt_backbones.adapters.engines import calibrate, config_request
+    from cpvt_backbones.adapters.runner import load_config
+    checkpoint, folder = trained(SEG), workdir / 'data' / 'shapes' / 'train' / 'images'
+    monkeypatch.chdir(workdir)
+    monkeypatch.setenv('CPVT_WEIGHTS_DIR', str(tmp_path))
+    cfg = load_config(str(SEG))
+    path = calibrate(cfg, str(checkpoint), str(folder), 2)
+    written = path.stat().st_mtime_ns
+    assert path.name.endswith('.ranges.json') and path.is_relative_to(tmp_path / 'fused')
+    ranges = json.loads(path.read_text())
+    linears = {n for n, m in create_model('pcpvt_tiny', features_only=True).named_modules() if isinstance(m, nn.Linear)}
+    assert set(ranges) == linears and all(low < high for low, high in ranges.values())
+    calibration = json.loads(Path(f'{path}.record.json').read_text())['calibration']
+    assert calibration['source'] == str(folder.resolve()) and calibration['images'] == 2, calibration
+    assert calibrate(cfg, str(checkpoint), str(folder), 2) == path and path.stat().st_mtime_ns == written
+    assert config_request(cfg, 'fused', 'int8', input_ranges=str(path)).options['input_ranges'] == str(path)
+    with pytest.raises(FileNotFoundError, match='no checkpoint file'):
+        calibrate(cfg, str(tmp_path / 'missing.pth'), str(folder), 2)
+
+
 @needs_torch('export')
 @pytest.mark.parametrize('cfg, package', SHARED_CHECKPOINT)
 def test_openvino_engine_gives_torchs_metrics_and_predictions(cfg, package, workdir, trained, tmp_path):

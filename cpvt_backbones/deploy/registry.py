@@ -32,8 +32,8 @@ class Engine:
     """One inference engine. ``transform(module, request, calibration, cache)`` returns ``module`` on the engine
     (``module`` itself where the engine runs it as it is, else a new module; ``module`` is never changed):
     ``calibration``, a ``Calibration`` at the precisions in ``calibrated`` (else None); ``cache``, the request's
-    ``deploy.artifacts.ArtifactCache``. ``options``: the names of the engine's own options, whose values ``check``
-    (``check(precision, options)``) refuses where wrong; ``calibration_option``: the option that stands in for
+    ``deploy.artifacts.ArtifactCache``. ``options``: the names of the engine's own options, whose values ``validate``
+    (``validate(precision, options)``) refuses where wrong; ``calibration_option``: the option that stands in for
     calibration (ranges recorded before). ``trains``: the precisions whose prepared module also trains.
     ``bucketing``: the options under which its prepared module takes ``valid_sizes`` (``prepare(..., bucket=)``), or
     None where it cannot. ``requires``: packages it needs (``install`` says how to get them); their versions go
@@ -47,7 +47,7 @@ class Engine:
     install: str = ''
     calibrated: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
-    check: Callable[[str, Mapping[str, object]], None] | None = None
+    validate: Callable[[str, Mapping[str, object]], None] | None = None
     calibration_option: str | None = None
     trains: tuple[str, ...] = ()
     bucketing: Mapping[str, object] | None = None
@@ -125,8 +125,8 @@ class EngineRequest:
             raise ValueError(f'engine {self.engine!r}: ' + (f'{sorted(fields)} are fields of the request, not options'
                              if fields else f'unknown option(s) {unknown}; its options are '
                              f'{", ".join(spec.options) or "none"}'))
-        if spec.check is not None:
-            spec.check(self.precision, self.options)
+        if spec.validate is not None:
+            spec.validate(self.precision, self.options)
 
     @classmethod
     def of(cls, engine: 'str | EngineRequest', precision: str = 'fp32', keep_fp32: Sequence[str] = (),

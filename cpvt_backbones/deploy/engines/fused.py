@@ -133,7 +133,7 @@ def _input_ranges(value) -> Mapping[str, Sequence[float]]:
     return json.loads(Path(value).read_text()) if isinstance(value, (str, Path)) else value
 
 
-def _check(precision: str, options: Mapping[str, object]) -> None:
+def _validate(precision: str, options: Mapping[str, object]) -> None:
     gemm = options.get('gemm', 'auto')
     if gemm != 'auto' and gemm not in GEMMS:
         raise ValueError(f'engine fused: gemm must be one of {list(GEMMS)} (or auto), got {gemm!r}')
@@ -192,7 +192,7 @@ register(Engine(
                                   'linear layers in keep_fp32; the rest of the model'},
     _prepare, "this package's fused CPU kernels for our transformer blocks (deploy.engines.fused); int8: static, "
               'activations at ranges calibrated on input batches',
-    calibrated=('int8',), options=('gemm', 'input_ranges'), check=_check, calibration_option='input_ranges',
+    calibrated=('int8',), options=('gemm', 'input_ranges'), validate=_validate, calibration_option='input_ranges',
     trains=('fp32',), bucketing={}))
 
 __all__ = ['PRECISION_KERNELS', 'calibrated_ranges', 'pick_gemm', 'record_input_ranges']

@@ -158,7 +158,7 @@ def _prepare(model: nn.Module, request, calibration, cache) -> OnnxRuntimeModule
     return prepared
 
 
-def _check(precision: str, options) -> None:
+def _validate(precision: str, options) -> None:
     threads = options.get('threads')
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f'engine onnxruntime: threads must be a positive int, got {threads!r}')
@@ -172,6 +172,6 @@ register(Engine(
               "(deploy.engines.onnxruntime); int8: onnxruntime's static quantization, activations at ranges calibrated "
               'on input batches',
     requires=('onnxruntime', 'onnxscript'), install=INSTALL, calibrated=('int8',),
-    options=('threads', 'example_size', 'in_chans'), check=_check))
+    options=('threads', 'example_size', 'in_chans'), validate=_validate))
 
 __all__ = ['INSTALL', 'OnnxRuntimeModule', 'linear_nodes', 'quantize']

@@ -497,7 +497,7 @@ def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: tupl
                                'OpenVINO conversion', tuple(-(-n // multiple) * multiple for n in size), tolerance)
 
 
-def _check(precision: str, options) -> None:
+def _validate(precision: str, options) -> None:
     check_shapes(options.get('shapes', 'auto'), options.get('cache_size', 8), options.get('specialise_after', 64))
     threads = options.get('threads')
     if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -604,7 +604,7 @@ register(Engine(
     _prepare, 'OpenVINO for the CPU (deploy.engines.openvino): converted once through torch.export, any size after',
     requires=('openvino', 'nncf'), install=EXTRA, calibrated=('int8',),
     options=('shapes', 'cache_size', 'specialise_after', 'threads', 'example_size', 'in_chans', 'sizes_input'),
-    check=_check, bucketing={'sizes_input': True}))
+    validate=_validate, bucketing={'sizes_input': True}))
 
 __all__ = ['EXTRA', 'MODULE_KEY', 'MODULES_KEY', 'SHAPES', 'OpenVINOModule', 'SizedOpenVINOModule', 'available',
            'check_conversion', 'check_shapes', 'check_sized_conversion', 'compile_config', 'convert', 'native_bf16',
