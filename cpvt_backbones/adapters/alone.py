@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..layers.valid import crop_to_image
-from .backbones import VALID_SIZES, _OpenMMLabBackbone
+from .backbones import VALID_SIZES, _OpenMMLabBackbone, lazy_builder, register
 
 # The metainfo keys that describe a sample's place in a padded batch: its shape, then the padding mmseg crops.
 _ALONE_KEYS = ('batch_input_shape', 'pad_shape', 'img_padding_size', 'padding_size')
@@ -140,4 +140,13 @@ def refuse_mixed_sizes(preprocessor: nn.Module, inputs: torch.Tensor, data_sampl
                      'to custom_hooks; or predict one image per batch')
 
 
-__all__ = ['alone_builder', 'batched_backbone', 'predict_alone', 'refuse_mixed_sizes']
+def register_dense(registry, preprocessor: str, make: Callable[[], type]) -> None:
+    """What a detection or segmentation framework gets in ``registry`` (its MODELS): our backbones
+    (``backbones.register``), ``PredictAlone`` (``alone_builder``) and, under the name ``preprocessor``, its
+    valid-size data preprocessor: the class ``make`` returns, made on its first build (``backbones.lazy_builder``)."""
+    register(registry)
+    registry.register_module(name='PredictAlone', module=alone_builder(registry))
+    registry.register_module(name=preprocessor, module=lazy_builder(make))
+
+
+__all__ = ['alone_builder', 'batched_backbone', 'predict_alone', 'refuse_mixed_sizes', 'register_dense']

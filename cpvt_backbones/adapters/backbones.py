@@ -148,3 +148,9 @@ def _backbone_classes() -> dict[str, type]:
 # that a pickled model finds its class.
 BACKBONES = _backbone_classes()
 globals().update(BACKBONES)
+
+
+def register(registry) -> None:
+    """Our backbones (``BACKBONES``) in a framework's ``registry`` (its MODELS), under their class names."""
+    for backbone in BACKBONES.values():
+        registry.register_module(module=backbone)

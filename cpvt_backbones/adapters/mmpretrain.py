@@ -2,7 +2,6 @@
 in mmpretrain's MODELS (``custom_imports=dict(imports=['cpvt_backbones.adapters.mmpretrain'])``)."""
 from mmpretrain.registry import MODELS
 
-from .backbones import BACKBONES
+from .backbones import register
 
-for _backbone in BACKBONES.values():
-    MODELS.register_module(module=_backbone)
+register(MODELS)

@@ -6,12 +6,8 @@ import functools
 
 from mmseg.registry import MODELS
 
-from .alone import alone_builder, refuse_mixed_sizes
-from .backbones import BACKBONES, lazy_builder, mark_valid_sizes
-
-for _backbone in BACKBONES.values():
-    MODELS.register_module(module=_backbone)
-MODELS.register_module(name='PredictAlone', module=alone_builder(MODELS))
+from .alone import refuse_mixed_sizes, register_dense
+from .backbones import mark_valid_sizes
 
 
 @functools.cache
@@ -59,6 +55,6 @@ def valid_size_preprocessor() -> type:
     return ValidSizeSegDataPreprocessor
 
 
-MODELS.register_module(name='ValidSizeSegDataPreprocessor', module=lazy_builder(valid_size_preprocessor))
+register_dense(MODELS, 'ValidSizeSegDataPreprocessor', valid_size_preprocessor)
 
 __all__ = ['valid_size_preprocessor']
