@@ -24,9 +24,9 @@ Cold pass: each way alone from a fresh engine over the whole stream (its time in
 resident memory above the start of the pass, ``/proc/self/status`` VmHWM reset through ``clear_refs``; the
 memory it keeps afterwards; outputs are compared group by group and dropped, so neither holds them). Warm pass:
 the stream again, every way on each group in turn (the order rotated from group to group); each way's images/s
-over the stream. Every way's outputs are checked against the plain model's at each image's own size (computed
-first, untimed): the largest relative L2 is reported. The CPU's ISA is printed with the figures. Nothing else
-should run meanwhile. ``--ways``: only the ways named (all by default).
+over the stream. Every way's outputs are checked against the torch engine's (the model as it is) at each image's
+own size (computed first, untimed): the largest relative L2 is reported. The CPU's ISA is printed with the
+figures. Nothing else should run meanwhile. ``--ways``: only the ways named (all by default).
 """
 import argparse
 import json
@@ -143,9 +143,9 @@ def main(argv=None) -> dict:
             'openvino bucketed': (lambda: prepare(model, 'openvino', **bucketed), None),
             f'openvino bucketed batch {n}': (lambda: prepare(model, 'openvino', **bucketed), n),
         }
-        plain = runner(model, None)
+        on_torch = runner(model, None)
         with torch.no_grad():   # also the process's first calls (thread pools, allocator): nobody's cold pass
-            reference = [plain(group) for group in groups]
+            reference = [on_torch(group) for group in groups]
         unknown = set(args.ways or ()) - set(ways)
         if unknown:
             p.error(f'--ways: no way named {sorted(unknown)}; the ways: {list(ways)}')

@@ -3,8 +3,8 @@ quantized-tensor quantizer (``torch.quantize_per_tensor``), which ``deploy.kerne
 
     python -m benchmarks.int8_quantize [NAME] [--cases infer224_b1 infer800x1216 ...] [--repeats 7] [--json PATH]
 
-Our optimized int8 model (``NAME``, default ``pcpvt_small``, random weights, ranges calibrated on random images)
-is timed as it is ('ours_int8') and with the quantizer swapped for the deprecated one while it runs
+The fused engine's int8 model (``NAME``, default ``pcpvt_small``, random weights, ranges calibrated on random
+images) is timed as it is ('fused_int8') and with the quantizer swapped for the deprecated one while it runs
 ('deprecated_quantizer'), interleaved in one process (``timing.run_case``); the codes are checked equal first.
 """
 import argparse
@@ -55,24 +55,24 @@ def main() -> None:
     print(f"[int8_quantize] {info['cpu']}: {info['isa']} ({', '.join(info['flags'])}), "
           f'{torch.get_num_threads()} threads, torch {torch.__version__}', flush=True)
     torch.manual_seed(0)
-    plain = create_model(args.name, features_only=True).eval()
-    with record_input_ranges(plain) as ranges:
-        plain(torch.randn(2, 3, 224, 224))
-    ours = prepare(plain, 'fused', 'int8', input_ranges=ranges)
-    ours.inference_only = True
+    model = create_model(args.name, features_only=True).eval()
+    with record_input_ranges(model) as ranges:
+        model(torch.randn(2, 3, 224, 224))
+    fused_int8 = prepare(model, 'fused', 'int8', input_ranges=ranges)
+    fused_int8.inference_only = True
     x = torch.randn(20000, 64) * 3
     same = torch.equal(fused.OneDNNInt8.quantize(x, 6 / 255, 128), deprecated_quantize(x, 6 / 255, 128))
     print(f'[int8_quantize] codes equal to the deprecated quantizer: {same}')
     rows = []
     for case in args.cases:
-        row = run_case({'ours_int8': ours, 'deprecated_quantizer': _WithDeprecatedQuantizer(ours)}, case,
-                       args.repeats, ('deprecated_quantizer',), reference='ours_int8')
+        row = run_case({'fused_int8': fused_int8, 'deprecated_quantizer': _WithDeprecatedQuantizer(fused_int8)},
+                       case, args.repeats, ('deprecated_quantizer',), reference='fused_int8')
         rounds = row['round_s']
-        ratios = [a / b for a, b in zip(rounds['ours_int8'], rounds['deprecated_quantizer'], strict=False)]
+        ratios = [a / b for a, b in zip(rounds['fused_int8'], rounds['deprecated_quantizer'], strict=False)]
         row['time_ratio_range'] = [min(ratios), max(ratios)]
         rows.append(row)
-        print(f"| {case} | {row['ours_int8_s']:.4f} | {row['deprecated_quantizer_s']:.4f} | "
-              f"{row['ours_int8_s'] / row['deprecated_quantizer_s']:.3f} ({min(ratios):.3f}-{max(ratios):.3f}) | "
+        print(f"| {case} | {row['fused_int8_s']:.4f} | {row['deprecated_quantizer_s']:.4f} | "
+              f"{row['fused_int8_s'] / row['deprecated_quantizer_s']:.3f} ({min(ratios):.3f}-{max(ratios):.3f}) | "
               f"{row['max_abs_diff_deprecated_quantizer']:.1e} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(info, torch=torch.__version__, codes_equal=same, cases=rows),

@@ -1,18 +1,20 @@
 """The implementations the speed benchmark times, all on the same weights: every registered engine (``deploy.ENGINES``)
 at float32 and at each lower precision asked for that it runs, listed from the registry and prepared through
 ``deploy.prepare`` (bf16 only on CPUs with native bf16; int8 calibrated on random images, which decides accuracy, not
-speed); mmseg's ``PCPVT``/``SVT`` and timm's ``twins_pcpvt_*``/``twins_svt_*`` (``PEER_NAMES``; SVT ours and mmseg's
-with the padding of windows masked out, as the dense configs run it, timm's without, so its maps differ where windows
-are padded); onnxruntime's own dynamic int8 quantization of our export (what a deployer would try instead of a
-calibrated int8); with ``engines``, OpenVINO compiled per shape, OpenVINO used by hand and torch.compile (inductor
-with freezing, dynamic shapes). Each maps a batch to its tuple of four NCHW maps. Registered engines are named
-``<engine>`` (float32) or ``<engine>_<precision>``, except those of ``BACKBONE_NAMES``.
+speed); mmseg's ``PCPVT``/``SVT`` and timm's ``twins_pcpvt_*``/``twins_svt_*`` (``PEER_NAMES``; SVT on the engines
+and mmseg's with the padding of windows masked out, as the dense configs run it, timm's without, so its maps differ
+where windows are padded); onnxruntime's own dynamic int8 quantization of our export (``onnxruntime_dynamic_int8``:
+what a deployer would try instead of a calibrated int8); with ``engines``, OpenVINO compiled per shape, OpenVINO used
+by hand and torch.compile (inductor with freezing, dynamic shapes). Each maps a batch to its tuple of four NCHW maps.
+Registered engines are named ``<engine>`` (float32) or ``<engine>_<precision>`` (``impl_name``); the others keep
+their projects' names (``mmseg``, ``timm``) or say what they are (``openvino_by_hand``, ``torch_compile``). The
+reference every other is compared with is ``fused`` (``REFERENCE``).
 
 ``build_dense`` gives the end-to-end implementations: a whole RetinaNet or Semantic FPN with ``pcpvt_small``
 (the COCO and ADE20K configs, random weights) in tensor mode (backbone + neck + head; preprocessing and
 post-processing are the framework's Python in every implementation, so they are left out), on every registered
-engine (``deploy.openmmlab.on_engine``), named as above except ``DENSE_NAMES``. Each maps a batch to the flat
-tuple of the tensor-mode outputs."""
+engine (``deploy.openmmlab.on_engine``), named as above; the reference is ``torch`` (``DENSE_REFERENCE``), the
+model as it is. Each maps a batch to the flat tuple of the tensor-mode outputs."""
 import contextlib
 import copy
 import re
@@ -32,28 +34,26 @@ from cpvt_backbones.models import PyramidCPVT, TwinsSVT, model_settings
 from cpvt_backbones.utils import cpu_info
 
 ROOT = Path(__file__).resolve().parents[1]
-# The benchmark's names for registered engines at a precision where they are not '<engine>[_<precision>]'.
-BACKBONE_NAMES = {('fused', 'fp32'): 'ours', ('torch', 'fp32'): 'plain', ('torch', 'bf16'): 'plain_bf16',
-                  ('fused', 'int8'): 'ours_int8', ('onnxruntime', 'int8'): 'onnxruntime_static_int8'}
-DENSE_NAMES = {('torch', 'fp32'): 'eager', ('fused', 'fp32'): 'optimized', ('fused', 'int8'): 'optimized_int8',
-               ('torch', 'bf16'): 'autocast_bf16'}
+REFERENCE = 'fused'   # the backbone benchmark's reference: the others are timed and compared against it
+DENSE_REFERENCE = 'torch'   # end to end: the model as it is
 
 
-def impl_name(engine: str, precision: str, names: dict[tuple[str, str], str]) -> str:
-    return names.get((engine, precision), engine if precision == 'fp32' else f'{engine}_{precision}')
+def impl_name(engine: str, precision: str) -> str:
+    """The benchmarks' name of ``engine`` at ``precision``: ``<engine>`` at float32, else ``<engine>_<precision>``."""
+    return engine if precision == 'fp32' else f'{engine}_{precision}'
 
 
-def registered(names: dict[tuple[str, str], str]) -> tuple[str, ...]:
+def registered() -> tuple[str, ...]:
     """Every (engine, precision) of the registry by its benchmark name, in registry order."""
-    return tuple(impl_name(e, p, names) for e, spec in ENGINES.items() for p in PRECISIONS if p in spec.precisions)
+    return tuple(impl_name(e, p) for e, spec in ENGINES.items() for p in PRECISIONS if p in spec.precisions)
 
 
 PEER_NAMES = ('pcpvt_small', 'pcpvt_base', 'pcpvt_large', 'svt_small', 'svt_base', 'svt_large')
-PEERS = tuple(n for n in registered(BACKBONE_NAMES) if n != 'ours') + (
-    'mmseg', 'timm', 'onnxruntime_int8', 'openvino_static', 'openvino_by_hand', 'torch_compile')
+PEERS = tuple(n for n in registered() if n != REFERENCE) + (
+    'mmseg', 'timm', 'onnxruntime_dynamic_int8', 'openvino_static', 'openvino_by_hand', 'torch_compile')
 
 
-def engine_impls(prepare_one: Callable, names: dict[tuple[str, str], str], precisions: Sequence[str],
+def engine_impls(prepare_one: Callable, precisions: Sequence[str],
                  skip: Sequence[str] = ()) -> dict[str, torch.nn.Module]:
     """``{name: prepare_one(engine, precision)}`` for every registered engine outside ``skip`` whose packages
     are installed, at float32 and each of ``precisions`` it runs (bf16 only where the CPU has it natively: a
@@ -69,7 +69,7 @@ def engine_impls(prepare_one: Callable, names: dict[tuple[str, str], str], preci
         for precision in ('fp32', *precisions):
             if precision not in spec.precisions:
                 continue
-            name = impl_name(engine, precision, names)
+            name = impl_name(engine, precision)
             if precision == 'bf16' and not has_fast_bf16(cpu_info()):
                 print(f'[bench] {name} left out: this CPU has no native bf16 (avx512_bf16 or AMX)')
                 continue
@@ -80,27 +80,27 @@ def engine_impls(prepare_one: Callable, names: dict[tuple[str, str], str], preci
 
 def build(name: str, peers: bool = True, onnx_dir: str = 'work_dirs/bench_onnx', precisions: Sequence[str] = (),
           engines: bool = False, skip: Sequence[str] = ()) -> dict[str, Callable]:
-    """``engine_impls`` of the backbone for the registered engines outside ``skip`` (``ours``: the fused engine;
-    ``plain``: torch float32; onnxruntime's export kept in ``onnx_dir``, with int8 in ``precisions`` also
-    ``onnxruntime_int8``, onnxruntime's dynamic int8 of that export, beside the engine's static int8), ``mmseg`` and
-    ``timm`` (with ``peers``), and with ``engines`` the extras of ``_engines``: each maps a batch to its four NCHW
-    maps."""
-    weights, plain = backbone(name)
+    """``engine_impls`` of the backbone for the registered engines outside ``skip`` (``fused``, the reference;
+    ``torch``: the model as it is; onnxruntime's export kept in ``onnx_dir``, with int8 in ``precisions`` also
+    ``onnxruntime_dynamic_int8``, onnxruntime's dynamic int8 of that export, beside the engine's static
+    ``onnxruntime_int8``), ``mmseg`` and ``timm`` (with ``peers``), and with ``engines`` the extras of ``_engines``:
+    each maps a batch to its four NCHW maps."""
+    weights, model = backbone(name)
     calibration = [torch.randn(2, 3, 224, 224)]  # int8 ranges for the speed test: random images (same timing)
 
     def prepare_one(engine: str, precision: str) -> torch.nn.Module:
         options = (dict(cache=str(Path(onnx_dir) / f'{name}-{precision}'), float_cache=str(Path(onnx_dir) / name))
                    if engine == 'onnxruntime' else {})
-        module = plain if ENGINES[engine].transform is ENGINES['torch'].transform else copy.deepcopy(plain)
+        module = model if ENGINES[engine].transform is ENGINES['torch'].transform else copy.deepcopy(model)
         return prepare(module, engine, precision, calibration=calibration if precision == 'int8' else None, **options)
-    impls = engine_impls(prepare_one, BACKBONE_NAMES, precisions, skip)
+    impls = engine_impls(prepare_one, precisions, skip)
     if 'onnxruntime' in impls and 'int8' in precisions:
-        impls['onnxruntime_int8'] = _onnxruntime_dynamic_int8(impls['onnxruntime'])
+        impls['onnxruntime_dynamic_int8'] = _onnxruntime_dynamic_int8(impls['onnxruntime'])
     if peers and name in PEER_NAMES:
         impls['mmseg'] = _mmseg(name, weights)
         impls['timm'] = _timm(name, weights)
     if engines:
-        impls.update(_engines(plain))
+        impls.update(_engines(model))
     return impls
 
 
@@ -110,12 +110,12 @@ def backbone(name: str) -> tuple[dict[str, torch.Tensor], torch.nn.Module]:
     torch.manual_seed(0)
     weights = create_model(name).state_dict()
     dense = dict(window_mask=True) if name.startswith('svt_') else {}
-    plain = create_model(name, features_only=True, **dense).eval()
-    plain.load_state_dict({k: v for k, v in weights.items() if not k.startswith(('norm.', 'head.'))})
-    return weights, plain
+    model = create_model(name, features_only=True, **dense).eval()
+    model.load_state_dict({k: v for k, v in weights.items() if not k.startswith(('norm.', 'head.'))})
+    return weights, model
 
 
-def ours(name: str) -> torch.nn.Module:
+def fused_backbone(name: str) -> torch.nn.Module:
     """``backbone(name)`` on the fused engine: what --scaling and --breakdown time."""
     return prepare(backbone(name)[1], 'fused')
 
@@ -135,7 +135,7 @@ DENSE_CONFIGS = {'retinanet': 'configs/retinanet/retinanet_pcpvt-s_fpn_1x_coco.p
                  'semantic_fpn': 'configs/sem_fpn/fpn_pcpvt-s_8xb2-80k_ade20k-512x512.py',
                  'semantic_fpn_shapes': 'configs/shapes/fpn_pcpvt-tiny_shapes.py'}
 DEFAULT_DENSE = ('retinanet', 'semantic_fpn')
-DENSE_PEERS = tuple(n for n in registered(DENSE_NAMES) if n != 'eager')
+DENSE_PEERS = tuple(n for n in registered() if n != DENSE_REFERENCE)
 
 
 def dense_model(task: str) -> torch.nn.Module:
@@ -164,9 +164,9 @@ class _TensorMode(torch.nn.Module):
 def build_dense(task: str, precisions: Sequence[str] = (), calibration_size: tuple[int, int] = (512, 512),
                 skip: Sequence[str] = ()) -> tuple[dict[str, torch.nn.Module], dict]:
     """(``engine_impls`` of the config's model in tensor mode for the registered engines outside ``skip``, each
-    through ``deploy.openmmlab.on_engine`` on a copy, ``eager`` the model as it is; {implementation: seconds to
-    build it}): the build time is the engines' conversion, quantization and compilation. int8 is calibrated on
-    two random images of ``calibration_size`` (which decides accuracy, not speed)."""
+    through ``deploy.openmmlab.on_engine`` on a copy, ``torch`` the model as it is; {implementation: seconds to
+    build it, the reference left out}): the build time is the engines' conversion, quantization and compilation.
+    int8 is calibrated on two random images of ``calibration_size`` (which decides accuracy, not speed)."""
     from cpvt_backbones.deploy.openmmlab import on_engine
     model = dense_model(task)
     calibration = [torch.randn(1, 3, *calibration_size, generator=torch.Generator().manual_seed(i)) for i in range(2)]
@@ -175,23 +175,23 @@ def build_dense(task: str, precisions: Sequence[str] = (), calibration_size: tup
     def prepare_one(engine: str, precision: str) -> torch.nn.Module:
         start = time.perf_counter()
         prepared = on_engine(copy.deepcopy(model), engine, precision, calibration if precision == 'int8' else None)
-        setup[impl_name(engine, precision, DENSE_NAMES)] = time.perf_counter() - start
+        setup[impl_name(engine, precision)] = time.perf_counter() - start
         return _TensorMode(prepared)
-    impls = engine_impls(prepare_one, DENSE_NAMES, precisions, skip)
-    setup.pop('eager', None)
+    impls = engine_impls(prepare_one, precisions, skip)
+    setup.pop(DENSE_REFERENCE, None)
     return impls, setup
 
 
-def _engines(plain: torch.nn.Module) -> dict[str, torch.nn.Module]:
+def _engines(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """What the registry's engines are compared with: OpenVINO compiled per shape (its ``'static'`` shapes; the
     registered engine runs ``'auto'``, which stays on the dynamic model through a case's few calls;
     ``benchmarks/openvino_shapes.py`` measures it on streams), OpenVINO used by hand, without this package,
     and torch.compile, each timed from its first call."""
-    plain = plain.eval()
-    out = {'openvino_static': prepare(plain, 'openvino', shapes='static'),
-           'openvino_by_hand': _OpenVINOByHand(plain), 'torch_compile': _Compiled(plain)}
-    for model in out.values():
-        model.inference_only = True
+    model = model.eval()
+    out = {'openvino_static': prepare(model, 'openvino', shapes='static'),
+           'openvino_by_hand': _OpenVINOByHand(model), 'torch_compile': _Compiled(model)}
+    for impl in out.values():
+        impl.inference_only = True
     return out
 
 

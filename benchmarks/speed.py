@@ -1,9 +1,10 @@
-"""Speed and memory of our pyramid CPVT backbone on every registered engine (``deploy.ENGINES``: ``ours`` is the fused
-engine, ``plain`` torch eager, then OpenVINO, onnxruntime and any engine registered since), against mmseg's
-``PCPVT``/``SVT`` and timm's ``twins_pcpvt_*``/``twins_svt_*`` (what a CPU deployer would pick instead); with
-``--precision bf16 int8`` also every engine at those precisions it runs (bf16 on CPUs with AVX512-BF16 or AMX) and
-onnxruntime's dynamic int8 quantization of our export; with ``--engines`` also OpenVINO compiled per shape, OpenVINO
-by hand and torch.compile (inductor, freezing), each with its first call at every case (where it compiles) reported.
+"""Speed and memory of our pyramid CPVT backbone on every registered engine (``deploy.ENGINES``, each named by its
+engine: ``fused``, the reference, ``torch``, the model as it is, then ``openvino``, ``onnxruntime`` and any engine
+registered since), against mmseg's ``PCPVT``/``SVT`` and timm's ``twins_pcpvt_*``/``twins_svt_*`` (what a CPU
+deployer would pick instead); with ``--precision bf16 int8`` also every engine at those precisions it runs
+(``<engine>_<precision>``; bf16 on CPUs with AVX512-BF16 or AMX) and onnxruntime's dynamic int8 quantization of our
+export (``onnxruntime_dynamic_int8``); with ``--engines`` also OpenVINO compiled per shape, OpenVINO by hand and
+torch.compile (inductor, freezing), each with its first call at every case (where it compiles) reported.
 
     python -m benchmarks.speed [NAME ...] [--json PATH] [--repeats 5] [--cases infer224 infer512 ...]
                                [--precision bf16 int8] [--engines] [--retain-freed-memory]
@@ -15,16 +16,16 @@ by hand and torch.compile (inductor, freezing), each with its first call at ever
 
 The implementations are in ``peers.py``, the measuring in ``timing.py``, the tables and plot in ``speed_tables.py``.
 
-All three get identical weights (ours -> timm unchanged, -> mmseg through ``convert.native_to_mmseg``; mmseg's
-encoder-layer LayerNorms are set to the official eps 1e-6, which it hard-codes to 1e-5), and their feature maps
-are compared before anything is timed. Each case then runs the implementations interleaved (A B C A B C ...)
-in one process after a warm-up round and reports medians. Inference runs under ``torch.inference_mode()``;
-the training step is forward + backward of the sum of the maps' means (no optimizer), in train mode with
-drop path 0. Peak memory is the rise of the process's resident-set high-water mark over one call (reset
-through /proc/self/clear_refs, Linux only). GFLOPs are ours, counted by torch's FlopCounterMode with the CPU
-flash-attention kernels registered: 2 FLOPs per multiply-add of every matmul, convolution and attention
-product (backward included for the training step); norms, activations, softmax and adds are not counted.
-The matmul rate is the practical limit: fp32 2048 x 2048 x 2048 products through MKL (``torch.mm``) and
+Every implementation gets identical weights (the native ones: timm takes them unchanged, mmseg through
+``convert.native_to_mmseg``, its encoder-layer LayerNorms set to the official eps 1e-6, which it hard-codes to
+1e-5), and their feature maps are compared with the reference's before anything is timed. Each case then runs the
+implementations interleaved (A B C A B C ...) in one process after a warm-up round and reports medians. Inference
+runs under ``torch.inference_mode()``; the training step is forward + backward of the sum of the maps' means (no
+optimizer), in train mode with drop path 0. Peak memory is the rise of the process's resident-set high-water mark
+over one call (reset through /proc/self/clear_refs, Linux only). GFLOPs are the reference's, counted by torch's
+FlopCounterMode with the CPU flash-attention kernels registered: 2 FLOPs per multiply-add of every matmul,
+convolution and attention product (backward included for the training step); norms, activations, softmax and adds
+are not counted. The matmul rate is the practical limit: fp32 2048 x 2048 x 2048 products through MKL (``torch.mm``) and
 through oneDNN (the two libraries the fused path chooses from), timed in the same interleaved rounds as the
 models (the speed of a shared machine drifts from minute to minute); the faster median counts. (On AMD CPUs
 MKL runs its AVX2 code even where oneDNN uses AVX-512.) Every result records the CPU's vector ISA and the
@@ -37,13 +38,12 @@ Names without an mmseg/timm counterpart (``cpvt_*``, ``pcpvt_tiny``) are timed a
 ``--end-to-end`` times whole models in tensor mode (backbone + neck + head of the COCO RetinaNet and the ADE20K
 Semantic FPN configs with ``pcpvt_small`` by default, or the demo's Semantic FPN with ``pcpvt_tiny``,
 ``semantic_fpn_shapes``; random weights; ``peers.build_dense``) on every registered engine
-(``eager``: torch float32, the reference; ``optimized``: the fused backbone), each at every ``--precision`` it
-runs; by default at
-800 x 1216 and 512 x 512, batch 1. Besides the medians it reports each engine's build time (export,
-conversion, quantization, compilation) and its first call.
+(``torch``: the model as it is, float32, the reference; ``fused``: its backbone on the fused engine), each at
+every ``--precision`` it runs; by default at 800 x 1216 and 512 x 512, batch 1. Besides the medians it reports each
+engine's build time (export, conversion, quantization, compilation) and its first call.
 
-``--breakdown`` profiles one call of ours per case (torch.profiler, self time of each op) and splits time and
-FLOPs into GEMMs, attention, convolutions and the rest (norms, activations, adds, copies, Python), with each
+``--breakdown`` profiles one call of the fused engine per case (torch.profiler, self time of each op) and splits time
+and FLOPs into GEMMs, attention, convolutions and the rest (norms, activations, adds, copies, Python), with each
 kind's rate as a fraction of the matmul rate, and the ``ceiling``: the fraction the whole model would reach if
 the rest took no time at all.
 """
@@ -54,7 +54,17 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.peers import DEFAULT_DENSE, DENSE_CONFIGS, DENSE_PEERS, PEERS, build, build_dense, ours
+from benchmarks.peers import (
+    DEFAULT_DENSE,
+    DENSE_CONFIGS,
+    DENSE_PEERS,
+    DENSE_REFERENCE,
+    PEERS,
+    REFERENCE,
+    build,
+    build_dense,
+    fused_backbone,
+)
 from benchmarks.speed_tables import breakdown_table, dense_table, plot_scaling, scaling_table, table
 from benchmarks.timing import CASES, SCALING_SIZES, allocator_info, breakdown, retain_freed_memory, run_case, scaling
 from cpvt_backbones.deploy import ENGINES
@@ -69,7 +79,7 @@ def main() -> None:
     parser.add_argument('--repeats', type=int, default=5, help='timed rounds per case, after one warm-up round')
     parser.add_argument('--threads', type=int, help='torch threads (default: torch.get_num_threads())')
     parser.add_argument('--scaling', action='store_true', help='time/memory against input pixels instead')
-    parser.add_argument('--breakdown', action='store_true', help='where our time goes, by kind of op')
+    parser.add_argument('--breakdown', action='store_true', help="where the fused engine's time goes, by kind of op")
     parser.add_argument('--sizes', type=int, nargs='+', default=list(SCALING_SIZES), help='for --scaling')
     parser.add_argument('--json', help='write the results here')
     parser.add_argument('--onnx-dir', default='work_dirs/bench_onnx', help='where our ONNX export is written')
@@ -100,7 +110,7 @@ def main() -> None:
     result = dict(meta)
     if args.scaling:
         name = args.names[0]
-        rows = scaling(dict(ours=ours(name)), args.sizes, args.repeats)
+        rows = scaling(fused_backbone(name), args.sizes, args.repeats)
         print(scaling_table(rows))
         plot_scaling(rows, Path(args.plot), name)
         print(f'[bench] plot: {args.plot}')
@@ -111,16 +121,16 @@ def main() -> None:
             impls, setup = build_dense(task, args.precision, skip=args.skip_engines)
             print(f'[bench] {task}: built in ' + ', '.join(f'{k} {v:.1f} s' for k, v in setup.items()), flush=True)
             for case in args.cases:
-                row = dict(run_case(impls, case, args.repeats, DENSE_PEERS, reference='eager'), model=task,
+                row = dict(run_case(impls, case, args.repeats, DENSE_PEERS, reference=DENSE_REFERENCE), model=task,
                            setup_s=setup)
                 result['cases'].append(row)
-                print(f'[bench] {task} {case}: eager {row["eager_s"]:.3f} s', flush=True)
+                print(f'[bench] {task} {case}: {DENSE_REFERENCE} {row[f"{DENSE_REFERENCE}_s"]:.3f} s', flush=True)
         print(f'\nend to end, tensor mode (medians of {args.repeats} interleaved rounds)\n'
               f'{dense_table(result["cases"])}\n')
         result['matmul_gflops'] = statistics.median(r['matmul_gflops'] for r in result['cases'])
     elif args.breakdown:
         name = args.names[0]
-        model = ours(name)
+        model = fused_backbone(name)
         rows = [breakdown(model, case) for case in args.cases]
         print(f'\n{name}, one profiled call per case\n{breakdown_table(rows)}\n')
         result.update(name=name, breakdown=rows)
@@ -131,8 +141,8 @@ def main() -> None:
                           skip=args.skip_engines)
             rows = []
             for case in args.cases:
-                rows.append(dict(run_case(impls, case, args.repeats, PEERS), model=name))
-                print(f'[bench] {name} {case}: ours {rows[-1]["ours_s"]:.3f} s', flush=True)
+                rows.append(dict(run_case(impls, case, args.repeats, PEERS, reference=REFERENCE), model=name))
+                print(f'[bench] {name} {case}: {REFERENCE} {rows[-1][f"{REFERENCE}_s"]:.3f} s', flush=True)
             print(f'\n{name} (times are medians of {args.repeats} interleaved rounds)\n{table(rows)}\n')
             result['cases'] += rows
         result['matmul_gflops'] = statistics.median(r['matmul_gflops'] for r in result['cases'])

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.peers import DENSE_PEERS, PEERS
+from benchmarks.peers import DENSE_PEERS, DENSE_REFERENCE, PEERS, REFERENCE
 from cpvt_backbones.utils import pyplot
 
 
@@ -12,34 +12,38 @@ def _fmt(value, spec: str) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """Ours is the optimized model; ``x peer`` is the peer's time over ours."""
-    lines = ['| case | shape | ours s | ' + ' | '.join(f'{p} s' for p in PEERS) + ' | '
-             + ' | '.join(f'x {p}' for p in PEERS) + ' | ours img/s | GFLOPs | % of matmul | peak MiB ours / '
-             + ' / '.join(PEERS) + ' | page faults per call, thousands, ours / ' + ' / '.join(PEERS)
+    """The backbone: the reference (the fused engine) and its peers; ``x peer`` is the peer's time over the
+    reference's."""
+    ref = REFERENCE
+    lines = [f'| case | shape | {ref} s | ' + ' | '.join(f'{p} s' for p in PEERS) + ' | '
+             + ' | '.join(f'x {p}' for p in PEERS) + f' | {ref} img/s | GFLOPs | % of matmul | peak MiB {ref} / '
+             + ' / '.join(PEERS) + f' | page faults per call, thousands, {ref} / ' + ' / '.join(PEERS)
              + ' | max diff ' + ' / '.join(PEERS) + ' |',
              '|---|---|---|' + '---|' * (2 * len(PEERS)) + '---|---|---|---|---|---|']
     for r in rows:
         times = ' | '.join(_fmt(r[f'{p}_s'], '.3f') for p in PEERS)
-        ratios = ' | '.join(_fmt(r[f'{p}_s'] / r['ours_s'] if r[f'{p}_s'] else None, '.2f') for p in PEERS)
-        peaks = ' / '.join(_fmt(r[f'{k}_peak_mb'], '.0f') for k in ('ours',) + PEERS)
+        ratios = ' | '.join(_fmt(r[f'{p}_s'] / r[f'{ref}_s'] if r[f'{p}_s'] else None, '.2f') for p in PEERS)
+        peaks = ' / '.join(_fmt(r[f'{k}_peak_mb'], '.0f') for k in (ref,) + PEERS)
         faults = ' / '.join(_fmt(r[f'{k}_faults'] / 1e3 if r[f'{k}_faults'] is not None else None, '.0f')
-                            for k in ('ours',) + PEERS)
+                            for k in (ref,) + PEERS)
         diffs = ' / '.join(_fmt(r[f'max_abs_diff_{p}'], '.1e') for p in PEERS)
-        lines.append(f"| {r['name']} | {'x'.join(map(str, r['shape']))} | {r['ours_s']:.3f} | {times} | {ratios} "
-                     f"| {r['shape'][0] / r['ours_s']:.2f} | {r['gflops']:.1f} | {100 * r['fraction_of_matmul']:.0f}% "
-                     f"| {peaks} | {faults} | {diffs} |")
+        lines.append(f"| {r['name']} | {'x'.join(map(str, r['shape']))} | {r[f'{ref}_s']:.3f} | {times} | {ratios} "
+                     f"| {r['shape'][0] / r[f'{ref}_s']:.2f} | {r['gflops']:.1f} "
+                     f"| {100 * r['fraction_of_matmul']:.0f}% | {peaks} | {faults} | {diffs} |")
     return '\n'.join(lines)
 
 
 def dense_table(rows: list[dict]) -> str:
-    """End to end: seconds per call of each implementation, its speed-up over torch eager, its build time
-    (conversion, quantization, compilation) and its first call at the case's shape."""
-    impls = ('eager',) + DENSE_PEERS
-    lines = ['| model | input | ' + ' | '.join(f'{p} s (x eager)' for p in impls) + ' | build s '
-             + ' / '.join(DENSE_PEERS) + ' | first call s ' + ' / '.join(impls) + ' | max diff from eager |',
+    """End to end: seconds per call of each implementation, its speed-up over the reference (torch float32, the
+    model as it is), its build time (conversion, quantization, compilation) and its first call at the case's
+    shape."""
+    ref = DENSE_REFERENCE
+    impls = (ref,) + DENSE_PEERS
+    lines = ['| model | input | ' + ' | '.join(f'{p} s (x {ref})' for p in impls) + ' | build s '
+             + ' / '.join(DENSE_PEERS) + ' | first call s ' + ' / '.join(impls) + f' | max diff from {ref} |',
              '|---|---|' + '---|' * len(impls) + '---|---|---|']
     for r in rows:
-        times = ' | '.join('-' if r[f'{p}_s'] is None else f"{r[f'{p}_s']:.3f} ({r['eager_s'] / r[f'{p}_s']:.2f}x)"
+        times = ' | '.join('-' if r[f'{p}_s'] is None else f"{r[f'{p}_s']:.3f} ({r[f'{ref}_s'] / r[f'{p}_s']:.2f}x)"
                            for p in impls)
         build = ' / '.join(_fmt(r['setup_s'].get(p), '.1f') for p in DENSE_PEERS)
         first = ' / '.join(_fmt(r['first_call_s'].get(p), '.2f') for p in impls)

@@ -34,7 +34,7 @@ _FLOP_FORMULAS_REGISTERED = False
 
 def flop_counter() -> FlopCounterMode:
     """torch's FLOP counter, taught (on first use) the ops it does not know: the CPU flash-attention kernels,
-    in-place ``addmm_`` (the optimized model's MKL residual GEMMs) and oneDNN's fused linear layers."""
+    in-place ``addmm_`` (the fused engine's MKL residual GEMMs) and oneDNN's fused linear layers."""
     global _FLOP_FORMULAS_REGISTERED
     if not _FLOP_FORMULAS_REGISTERED:
         require('flop_formulas', 'counting FLOPs (the breakdown and the FLOP columns)')
@@ -184,7 +184,7 @@ def max_abs_diff(ref, out) -> float:
 
 
 def run_case(impls: dict[str, torch.nn.Module], case: str, repeats: int, peers: tuple[str, ...],
-             reference: str = 'ours') -> dict:
+             reference: str = 'fused') -> dict:
     """``impls[reference]`` against each of ``peers`` that ``impls`` has: outputs compared, then every
     implementation and the matmul references timed interleaved, ``repeats`` rounds after a warm-up one."""
     spec = CASES[case]
@@ -229,9 +229,9 @@ def run_case(impls: dict[str, torch.nn.Module], case: str, repeats: int, peers: 
     return row
 
 
-def scaling(impls: dict[str, torch.nn.Module], sizes, repeats: int) -> list[dict]:
-    """Our inference time, memory and FLOPs (attention's share too) against input pixels, batch 1."""
-    model = impls['ours'].eval()
+def scaling(model: torch.nn.Module, sizes, repeats: int) -> list[dict]:
+    """``model``'s inference time, memory and FLOPs (attention's share too) against input pixels, batch 1."""
+    model = model.eval()
     rows = []
     for size in sizes:
         x = torch.randn(1, 3, size, size)

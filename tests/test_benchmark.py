@@ -8,11 +8,11 @@ from tool_server import run_tool
 from torch_features import needs_torch
 
 ROOT = Path(__file__).resolve().parents[1]
-KEYS = {'name', 'shape', 'mode', 'ours_s', 'plain_s', 'mmseg_s', 'timm_s', 'onnxruntime_s', 'plain_bf16_s',
-        'ours_int8_s', 'ours_peak_mb', 'plain_peak_mb', 'mmseg_peak_mb', 'timm_peak_mb', 'max_abs_diff_plain',
+KEYS = {'name', 'shape', 'mode', 'fused_s', 'torch_s', 'mmseg_s', 'timm_s', 'onnxruntime_s', 'torch_bf16_s',
+        'fused_int8_s', 'fused_peak_mb', 'torch_peak_mb', 'mmseg_peak_mb', 'timm_peak_mb', 'max_abs_diff_torch',
         'max_abs_diff_mmseg',
-        'max_abs_diff_timm', 'max_abs_diff_onnxruntime', 'gflops', 'ours_gflops_per_s', 'matmul_mkl_gflops',
-        'matmul_gflops', 'fraction_of_matmul', 'ours_faults', 'plain_faults', 'mmseg_faults', 'timm_faults'}
+        'max_abs_diff_timm', 'max_abs_diff_onnxruntime', 'gflops', 'fused_gflops_per_s', 'matmul_mkl_gflops',
+        'matmul_gflops', 'fraction_of_matmul', 'fused_faults', 'torch_faults', 'mmseg_faults', 'timm_faults'}
 
 
 CONVERTING = ('--skip-engines', 'openvino', 'onnxruntime')  # the engines that export and convert: tested elsewhere
@@ -44,8 +44,8 @@ def test_peers_agree_and_schema(tmp_path):
     assert set(infer) >= KEYS and infer['shape'] == [1, 3, 224, 224] and train['mode'] == 'train'
     assert set(train) >= KEYS and train['shape'] == [1, 3, 224, 224]
     for row in result['cases']:
-        assert max(row[f'max_abs_diff_{p}'] for p in ('plain', 'mmseg', 'timm')) < 1e-4
-        assert all(row[f'{k}_s'] > 0 for k in ('ours', 'plain', 'mmseg', 'timm'))
+        assert max(row[f'max_abs_diff_{p}'] for p in ('torch', 'mmseg', 'timm')) < 1e-4
+        assert all(row[f'{k}_s'] > 0 for k in ('fused', 'torch', 'mmseg', 'timm'))
     assert all(row['matmul_gflops'] == max(row[f'matmul_{lib}_gflops'] for lib in ('mkl', 'onednn')
                                            if f'matmul_{lib}_gflops' in row) for row in result['cases'])
     assert abs(infer['gflops'] - 7.62) < 0.01  # one image at 224 (2 FLOPs per multiply-add)
@@ -54,34 +54,35 @@ def test_peers_agree_and_schema(tmp_path):
 
 @needs_torch('flop_formulas')  # the speed benchmark counts FLOPs
 def test_page_faults_counted_and_freed_memory_retained(tmp_path):
-    """By default glibc hands the plain model's large freed activations back to the OS, so every call faults
-    fresh pages in (about 14,000 per call for pcpvt_tiny at 2 x 512^2, 55 MiB); with --retain-freed-memory the
-    timed calls (medians of five) reuse the warm-up's memory."""
+    """By default glibc hands the torch engine's (the plain model's) large freed activations back to the OS, so
+    every call faults fresh pages in (about 14,000 per call for pcpvt_tiny at 2 x 512^2, 55 MiB); with
+    --retain-freed-memory the timed calls (medians of five) reuse the warm-up's memory."""
     default, stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer512', *CONVERTING, repeats=5)
     retained, retained_stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer512', *CONVERTING,
                                       '--retain-freed-memory', repeats=5)
     assert default['allocator'].startswith('glibc defaults') and 'allocator: glibc defaults' in stdout
     assert retained['allocator'].startswith('glibc, freed memory retained') and 'retained' in retained_stdout
     (row,), (kept,) = default['cases'], retained['cases']
-    assert row['plain_faults'] > 5_000 and kept['plain_faults'] < row['plain_faults'] / 10
+    assert row['torch_faults'] > 5_000 and kept['torch_faults'] < row['torch_faults'] / 10
 
 
 @needs_torch('flop_formulas')  # the speed benchmark counts FLOPs
 def test_lower_precisions_are_timed_beside_float32(tmp_path):
-    """--precision int8 adds our int8 model (calibrated ranges), inference only, close to the float32 maps;
-    --precision bf16 the plain model under autocast (inference and training) where the CPU has native bf16."""
+    """--precision int8 adds the fused engine's int8 (calibrated ranges), inference only, close to the float32
+    maps; --precision bf16 the torch engine's bf16, the plain model under autocast (inference and training), where
+    the CPU has native bf16."""
     from benchmarks.timing import has_fast_bf16
     from cpvt_backbones.utils import cpu_info
     result, stdout = bench(tmp_path, 'pcpvt_tiny', '--cases', 'infer224', 'train512', *CONVERTING, '--precision',
                            'int8', 'bf16')
     infer, train = result['cases']
-    assert infer['ours_int8_s'] > 0 and 0 < infer['max_abs_diff_ours_int8'] < 0.5 and 'ours_int8 s' in stdout
-    assert train['ours_int8_s'] is None  # training runs the float32 path: nothing of its own to time
+    assert infer['fused_int8_s'] > 0 and 0 < infer['max_abs_diff_fused_int8'] < 0.5 and 'fused_int8 s' in stdout
+    assert train['fused_int8_s'] is None  # training runs the float32 path: nothing of its own to time
     if has_fast_bf16(cpu_info()):
-        assert infer['plain_bf16_s'] > 0 and train['plain_bf16_s'] > 0
-        assert 0 < infer['max_abs_diff_plain_bf16'] < 0.5
+        assert infer['torch_bf16_s'] > 0 and train['torch_bf16_s'] > 0
+        assert 0 < infer['max_abs_diff_torch_bf16'] < 0.5
     else:
-        assert infer['plain_bf16_s'] is None and 'bf16 left out: this CPU has no native bf16' in stdout
+        assert infer['torch_bf16_s'] is None and 'torch_bf16 left out: this CPU has no native bf16' in stdout
 
 
 @needs_torch('flop_formulas')  # the speed benchmark counts FLOPs
@@ -114,16 +115,16 @@ def test_breakdown_accounts_for_all_time_and_flops(tmp_path):
 @needs_torch('flop_formulas')  # the speed benchmark counts FLOPs
 def test_end_to_end_times_whole_models_on_every_engine(tmp_path):
     """--end-to-end: the demo's Semantic FPN (pcpvt_tiny; the paper's models take the same path, larger) in
-    tensor mode, torch eager against our optimized backbone and OpenVINO on the same weights; the engines' build
-    times and first calls are reported."""
+    tensor mode, the torch engine (the model as it is) against the fused engine on its backbone and OpenVINO on
+    the same weights; the engines' build times and first calls are reported."""
     pytest.importorskip('mmseg')
     pytest.importorskip('openvino')
     result, stdout = bench(tmp_path, '--end-to-end', 'semantic_fpn_shapes', '--cases', 'infer224_b1')
     (row,) = result['cases']
-    assert row['model'] == 'semantic_fpn_shapes' and row['shape'] == [1, 3, 224, 224] and row['eager_s'] > 0
-    assert row['max_abs_diff_optimized'] < 1e-3 and row['max_abs_diff_openvino'] < 1e-3
-    assert row['optimized_s'] > 0 and row['openvino_s'] > 0 and row['setup_s']['openvino'] > 0
-    assert set(row['first_call_s']) == {'eager', 'optimized', 'openvino', 'onnxruntime'}  # every registered engine
+    assert row['model'] == 'semantic_fpn_shapes' and row['shape'] == [1, 3, 224, 224] and row['torch_s'] > 0
+    assert row['max_abs_diff_fused'] < 1e-3 and row['max_abs_diff_openvino'] < 1e-3
+    assert row['fused_s'] > 0 and row['openvino_s'] > 0 and row['setup_s']['openvino'] > 0
+    assert set(row['first_call_s']) == {'torch', 'fused', 'openvino', 'onnxruntime'}  # every registered engine
     assert '| semantic_fpn_shapes | 1x3x224x224 |' in stdout
 
 
