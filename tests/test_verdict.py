@@ -1,22 +1,22 @@
-"""The resolution verdict (benchmarks/verdict.py): the documents' tables are what the report code renders from
+"""The resolution verdict (benchmarks/verdict/): the documents' tables are what the report code renders from
 the committed result files, one device per comparison, seeds as fixed in advance."""
 import json
 import re
 
 import pytest
 
-from benchmarks import verdict
 from benchmarks.study import summary
+from benchmarks.verdict import blocks, classification, cli, dense_demo, tables
 
 
 def test_every_verdict_table_in_the_documents_is_rendered_from_the_result_files():
-    rendered = {block.name: verdict.render(block) for block in verdict.BLOCKS}
+    rendered = {block.name: blocks.render(block) for block in blocks.BLOCKS}
     found = set()
-    for path in verdict.DOCUMENTS:
-        for name, body in verdict.blocks_in(path.read_text()).items():
+    for path in cli.DOCUMENTS:
+        for name, body in cli.blocks_in(path.read_text()).items():
             assert body == rendered[name], f'{path.name}: block {name} is stale (python -m benchmarks.verdict --write)'
             found.add(name)
-    assert found == set(verdict.BLOCK), f'blocks no document shows: {set(verdict.BLOCK) - found}'
+    assert found == set(blocks.BLOCK), f'blocks no document shows: {set(blocks.BLOCK) - found}'
 
 
 def study(tmp_path, name, records, **meta):
@@ -53,69 +53,69 @@ def test_pooling_refuses_other_recipes_and_splits_devices_and_late_seeds(tmp_pat
 
 
 def test_a_leader_is_named_only_where_the_interval_excludes_zero():
-    assert verdict.leader({'learned': [3., 4., 5.], 'none': [1., 2., 3.2]}).startswith(
+    assert tables.leader({'learned': [3., 4., 5.], 'none': [1., 2., 3.2]}).startswith(
         'learned table, resized (DeiT), ahead of every other (of no position encoding, the runner-up, by +1.93 [')
-    assert verdict.leader({'learned': [3., 1., 5.], 'none': [1., 2., 3.]}) == (
+    assert tables.leader({'learned': [3., 1., 5.], 'none': [1., 2., 3.]}) == (
         'no leader: learned table, resized (DeiT) highest on average, not separated from no position encoding')
 
 
 def test_rewriting_the_documents_blocks():
     text = 'intro\n<!-- verdict:control -->\nold\n<!-- /verdict:control -->\nend\n<!-- verdict:recipes -->\n' \
            '<!-- /verdict:recipes -->\n'
-    assert verdict.blocks_in(text) == {'control': 'old', 'recipes': ''}
-    new = verdict.rewrite(text, {'control': 'A\nB', 'recipes': 'C'})
+    assert cli.blocks_in(text) == {'control': 'old', 'recipes': ''}
+    new = cli.rewrite(text, {'control': 'A\nB', 'recipes': 'C'})
     assert new == 'intro\n<!-- verdict:control -->\nA\nB\n<!-- /verdict:control -->\nend\n<!-- verdict:recipes ' \
                   '-->\nC\n<!-- /verdict:recipes -->\n'
-    assert verdict.rewrite(new, {'control': 'A\nB', 'recipes': 'C'}) == new
+    assert cli.rewrite(new, {'control': 'A\nB', 'recipes': 'C'}) == new
     with pytest.raises(ValueError, match=r"unknown verdict block\(s\) \['nonsense'\]"):
-        verdict.rewrite('<!-- verdict:nonsense -->\nx\n<!-- /verdict:nonsense -->', {})
+        cli.rewrite('<!-- verdict:nonsense -->\nx\n<!-- /verdict:nonsense -->', {})
 
 
 def test_the_demo_keeps_every_engine_and_precision_it_ran_within_the_tolerance():
     """The committed demo summary: every engine and precision within DEMO_TOLERANCE of torch float32 at every
     test size (what lets the registry offer onnxruntime's int8)."""
-    data = verdict.load(verdict.DEMO_ENGINES)
+    data = summary.load(dense_demo.DEMO_ENGINES)
     columns = set()
     for task, by_size in data['results'].items():
         for size, scores in by_size.items():
             for column, value in scores.items():
                 columns.add(column)
-                assert round(abs(value - scores[verdict.DEMO_REFERENCE]), 3) <= verdict.DEMO_TOLERANCE, \
+                assert round(abs(value - scores[dense_demo.DEMO_REFERENCE]), 3) <= dense_demo.DEMO_TOLERANCE, \
                     (task, size, column)
     assert {'onnxruntime fp32', 'onnxruntime int8'} <= columns
-    assert 'within 0.005' in verdict.render('demo-engines')
+    assert 'within 0.005' in blocks.render('demo-engines')
 
 
 def test_the_demo_is_timed_from_nothing_and_its_engines_compared_on_its_own_trainings(tmp_path):
     """The demo block states `make demo`'s wall time only from a run that trained every task; the engines block
     compares only an evaluation that reused that run's trainings. Each refuses otherwise, naming why."""
-    for name in (verdict.DEMO, verdict.DEMO_ENGINES):
-        (tmp_path / f'{name}.json').write_text((verdict.RESULTS / f'{name}.json').read_text())
-    assert verdict.render('demo', tmp_path) == verdict.render('demo')
-    assert verdict.render('demo-engines', tmp_path) == verdict.render('demo-engines')
-    assert 'UperNet mIoU' in verdict.render('demo') and 'Mask R-CNN segm mAP' in verdict.render('demo')
-    timed = verdict.load(verdict.DEMO)
+    for name in (dense_demo.DEMO, dense_demo.DEMO_ENGINES):
+        (tmp_path / f'{name}.json').write_text((summary.RESULTS / f'{name}.json').read_text())
+    assert blocks.render('demo', tmp_path) == blocks.render('demo')
+    assert blocks.render('demo-engines', tmp_path) == blocks.render('demo-engines')
+    assert 'UperNet mIoU' in blocks.render('demo') and 'Mask R-CNN segm mAP' in blocks.render('demo')
+    timed = summary.load(dense_demo.DEMO)
     timed['trained'].remove('instances')
-    (tmp_path / f'{verdict.DEMO}.json').write_text(json.dumps(timed))
+    (tmp_path / f'{dense_demo.DEMO}.json').write_text(json.dumps(timed))
     with pytest.raises(ValueError, match=r"reused: \['instances'\]"):
-        verdict.render('demo', tmp_path)
-    engines = verdict.load(verdict.DEMO_ENGINES)
+        blocks.render('demo', tmp_path)
+    engines = summary.load(dense_demo.DEMO_ENGINES)
     engines['command'] += ' --retrain'
     engines['trained'] = ['detection']
-    (tmp_path / f'{verdict.DEMO_ENGINES}.json').write_text(json.dumps(engines))
+    (tmp_path / f'{dense_demo.DEMO_ENGINES}.json').write_text(json.dumps(engines))
     with pytest.raises(ValueError, match=r"trained now: \['detection'\]"):
-        verdict.render('demo-engines', tmp_path)
+        blocks.render('demo-engines', tmp_path)
 
 
 def test_the_native_detail_table_compares_one_device(tmp_path):
-    saved = json.loads((verdict.RESULTS / 'native_checked.json').read_text())
+    saved = json.loads((summary.RESULTS / 'native_checked.json').read_text())
     (tmp_path / 'native_checked.json').write_text(json.dumps(saved))
-    assert verdict.render('native', tmp_path) == verdict.render('native')
+    assert blocks.render('native', tmp_path) == blocks.render('native')
     assert all(r['accelerator'] == 'AMD EPYC (AVX512)' and len(r['commit']) == 40 and r['torch'] for r in saved['runs'])
     saved['runs'][0]['accelerator'] = 'NVIDIA H200'
     (tmp_path / 'native_checked.json').write_text(json.dumps(saved))
     with pytest.raises(ValueError, match=r"native_checked: runs trained on \['AMD EPYC \(AVX512\)', 'NVIDIA H200'\]"):
-        verdict.render('native', tmp_path)
+        blocks.render('native', tmp_path)
 
 
 def test_the_per_epoch_native_detail_record_still_reads():
@@ -131,18 +131,18 @@ def test_the_per_epoch_native_detail_record_still_reads():
 def test_a_leader_is_named_only_when_separated_from_every_other():
     """The leader's paired interval must exclude zero against every other encoding, not only the runner-up."""
     ahead = {'learned': [5., 6., 7.], 'none': [1., 1.5, 1.2], 'peg_0-5': [0., 0.5, 0.1]}
-    assert verdict.leader(ahead).startswith('learned table, resized (DeiT), ahead of every other')
+    assert tables.leader(ahead).startswith('learned table, resized (DeiT), ahead of every other')
     noisy = dict(ahead, peg_0=[9., -3., 3.])
-    assert verdict.leader(noisy) == ('no leader: learned table, resized (DeiT) highest on average, not separated '
+    assert tables.leader(noisy) == ('no leader: learned table, resized (DeiT) highest on average, not separated '
                                      'from PEG after block 0 (CPVT)')
 
 
 def test_the_figures_draw_the_one_device_runs(tmp_path):
-    paths = verdict.headline_figures(out=tmp_path) + [verdict.recipes_figure(out=tmp_path)]
+    paths = blocks.headline_figures(out=tmp_path) + [blocks.recipes_figure(out=tmp_path)]
     assert [p.name for p in paths] == ['verdict_headline.png', 'verdict_headline_probe.png', 'verdict_recipes.png']
     assert all(p.stat().st_size > 20_000 for p in paths)
     for path in paths:   # the documents show the committed ones
-        assert f'benchmarks/results/{path.name}' in verdict.DOCUMENTS[1].read_text()
+        assert f'benchmarks/results/{path.name}' in cli.DOCUMENTS[1].read_text()
 
 
 def test_a_new_table_is_one_declared_block(tmp_path):
@@ -150,15 +150,16 @@ def test_a_new_table_is_one_declared_block(tmp_path):
     declared here renders from its result file, and a study missing a seed it must have is refused by name."""
     study(tmp_path, 'a', [run('learned', s, 'cpu', 70 + s, 60 + 2 * s) for s in range(3)]
           + [run('none', s, 'cpu', 60, 50 - s) for s in range(2)])
-    block = verdict.Block('mine', verdict.changes, dict(s=verdict.Study(('a',), 'cpu')),
+    block = blocks.Block('mine', classification.changes, dict(s=summary.Study(('a',), 'cpu')),
                           dict(note='seeds {seeds} on the {device_name}; {files}'))
-    text = verdict.render(block, tmp_path)
+    text = blocks.render(block, tmp_path)
     assert text.splitlines()[:3] == [
         '| position encoding | 14 px (1x) | change at 28 px (2x) |', '|---|---|---|',
         '| no position encoding | 60.0 ± 0.0 | **-10.50 [-16.85, -4.15]** |']
     assert text.endswith('seeds 0, 1, 2 on the CPU; `a.json`')
-    complete = verdict.Block('mine', verdict.changes, dict(s=verdict.Study(('a',), complete=('*',))), dict(note=''))
+    complete = blocks.Block('mine', classification.changes, dict(s=summary.Study(('a',), complete=('*',))),
+                            dict(note=''))
     with pytest.raises(ValueError, match=r"a: needs seeds \(0, 1, 2\) of every variant on cpu"):
-        verdict.render(complete, tmp_path)
-    source = (verdict.ROOT / 'benchmarks/verdict.py').read_text()
+        blocks.render(complete, tmp_path)
+    source = '\n'.join(p.read_text() for p in sorted((cli.ROOT / 'benchmarks/verdict').glob('*.py')))
     assert re.findall(r'(\w+)\.(?:parse_args|main)\(', source) == ['p']   # its own options; no study through argv

@@ -1,0 +1,3 @@
+from benchmarks.verdict.cli import main
+
+main()
