@@ -5,7 +5,6 @@ cosine, random resized crops (a share of them blurred up, ``config.blur_up``), c
 resumed from the last), tests it on every test of the config (``specs``) its ``result.json`` lacks, and fits the
 position probe. TF32 on a GPU follows ``config.tf32`` (``fp32_precision``) and is recorded.
 """
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -15,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from benchmarks.study import records
 from benchmarks.study.cnn import PatchCNN
 from benchmarks.study.config import TF32, VARIANTS, StudyConfig
 from benchmarks.study.data import blur_up, random_resized_crop, resize
@@ -252,7 +252,7 @@ def run(variant: str, seed: int, config: StudyConfig, data, run_dir: Path) -> di
     comes from one training (another study sharing the run, such as a test-only variant of a recipe, keeps its
     tests)."""
     result_path = run_dir / 'result.json'
-    model, result = None, json.loads(result_path.read_text()) if result_path.is_file() else None
+    model, result = None, records.read(result_path)
     probe_sizes = [str(s) for s in config.test_sizes]
     earlier_tests: list[str] = []
     if result is not None and not (run_dir / 'final.pth').is_file() and (
@@ -288,7 +288,7 @@ def run(variant: str, seed: int, config: StudyConfig, data, run_dir: Path) -> di
         changed = True
         print(f'[study] {variant} seed {seed}: position probe R^2 {result["probe"]["r2"]}', flush=True)
     if changed:
-        atomic_write(result_path, json.dumps(result, indent=2).encode())
+        records.write(result_path, result)
     return result
 
 
