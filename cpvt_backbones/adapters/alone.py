@@ -1,20 +1,11 @@
-"""Predictions of an OpenMMLab detector or segmentor for each image of a padded batch, as if it were alone.
+"""Predictions of an OpenMMLab detector or segmentor for each image of a padded batch, as if it were alone at its
+own size, at any batch size (``predict_alone``; why a framework's neck and heads need it: docs/reliability.md).
 
-Our backbones compute a padded batch exactly (``layers.valid``), but a framework's neck and heads do not: their
-convolutions add a bias beyond each image, GroupNorm takes its statistics over the padding, a feature pyramid
-upsamples by the padded map's size, a dense head places anchors in the padding and mmseg resizes a padded
-batch's logits from another grid than an image's alone, so a detection still depends on its batch company.
-``predict_alone`` makes ``predict`` run our backbone once on the whole padded batch and the rest of the model
-on each image's own features, cropped to the image, so that each image's prediction is the one it gets alone at
-its own size (no padding), at any batch size. A batch without valid sizes (every image fills it) is predicted as
-before, in one go. Only duck typing: this module imports nothing from OpenMMLab.
-
-Three routes lead there, one per way a model is made: a config's ``type='PredictAlone'`` (``alone_builder``,
-registered by ``adapters.mmdet`` and ``adapters.mmseg``; every dense config here uses it), so the model predicts
-alone through any API that builds it (the runner, ``init_detector``/``init_model``, the inferencers,
-``test_step``); ``predict_alone(model)`` for a model built in Python; ``PredictAloneHook`` for a config that keeps
-its own model type. The valid-size data preprocessors refuse a test batch of mixed sizes for a model that takes
-none of them (``refuse_mixed_sizes``): without it the neck and heads would silently answer differently.
+Three routes lead there: a config's ``type='PredictAlone'`` (``alone_builder``, registered by ``adapters.mmdet``
+and ``adapters.mmseg``), through any API that builds the model; ``predict_alone(model)`` for a model built in
+Python; ``PredictAloneHook`` for a config that keeps its own model type. The valid-size data preprocessors refuse
+a test batch of mixed sizes for any other model (``refuse_mixed_sizes``). Duck typing only: this module imports
+nothing from OpenMMLab.
 """
 import contextlib
 import types
@@ -96,7 +87,7 @@ def predict_alone(model: nn.Module) -> nn.Module:
     (``batch_input_shape``, ``pad_shape`` and any padding sizes), and is set back after. Batches without valid
     sizes run as before. The original ``predict`` stays as ``model.predict_batch``; applying it twice changes
     nothing; the model's data preprocessor is marked ``predicts_alone``, so that it takes test batches of mixed
-    sizes (``refuse_mixed_sizes``)."""
+    sizes (``refuse_mixed_sizes``). A ValueError for a model without ``predict``."""
     if not callable(getattr(model, 'predict', None)):
         raise ValueError(f'{type(model).__name__} has no predict method: predict_alone takes an mmdet detector or '
                          'an mmseg segmentor')
@@ -123,10 +114,9 @@ def alone_builder(registry) -> Callable[..., nn.Module]:
 
 
 def refuse_mixed_sizes(preprocessor: nn.Module, inputs: torch.Tensor, data_samples) -> None:
-    """Raise unless the model that owns ``preprocessor`` (a valid-size data preprocessor) predicts alone, where
-    a test batch ``inputs`` holds images of different sizes (``inputs.valid_sizes``, two or more images): such a
-    model's neck and heads would compute the padded batch, so each image's answer would depend on its company.
-    ``predict_alone`` marks the preprocessor of a model it changes (``preprocessor.predicts_alone``)."""
+    """A ValueError, naming the routes to ``predict_alone``, where a test batch ``inputs`` holds images of
+    different sizes (``inputs.valid_sizes``) and the model that owns ``preprocessor`` (a valid-size data
+    preprocessor) does not predict alone (``preprocessor.predicts_alone``, which ``predict_alone`` sets)."""
     sizes = getattr(inputs, VALID_SIZES, None)
     if sizes is None or len(sizes) < 2 or getattr(preprocessor, 'predicts_alone', False):
         return

@@ -38,8 +38,9 @@ def mark_valid_sizes(inputs: torch.Tensor, data_samples: Sequence[Any] | None) -
 
 def lazy_builder(make: Callable[[], type]) -> Callable[..., Any]:
     """A builder to register in a framework's MODELS under a class's name: it builds the class ``make()``
-    returns (cached by the caller), made on the first build rather than at registration, where a framework's
-    module it needs would import the framework's whole model zoo. The builder's docstring is ``make``'s."""
+    returns (cached by the caller), made on the first build, not at registration. The builder's docstring is
+    ``make``'s."""
+    # Made at registration, the framework's modules it needs would import the framework's whole model zoo.
     def build(**kwargs):
         return make()(**kwargs)
     build.__doc__ = make.__doc__
@@ -48,10 +49,8 @@ def lazy_builder(make: Callable[[], type]) -> Callable[..., Any]:
 
 class _OpenMMLabBackbone:
     """Mixin placed before a core model class. ``arch`` is a model name or a dict of that class's
-    constructor arguments (``base='<name>'`` starts from a named variant). Inference engines are not a
-    constructor argument: a built model with its weights loaded goes to one through ``adapters.engines``
-    (``--engine`` of tools/test.py and tools/infer.py); a config that still sets ``optimize`` is refused with
-    that advice."""
+    constructor arguments (``base='<name>'`` starts from a named variant). A config's ``optimize`` is refused,
+    naming the engine route (``adapters.engines``)."""
 
     def _setup(self, arch: str | Mapping[str, Any], out_indices: Sequence[int] | None, out_type: str,
                drop_path_rate: float, frozen_stages: int, with_cp: bool, init_cfg: dict | None,

@@ -1,23 +1,12 @@
-"""mmengine checkpoints under safe loading, on every supported torch and mmengine.
+"""mmengine checkpoints under safe loading, alike on every supported torch and mmengine (what each stack does
+without it: docs/openmmlab.md), and atomic checkpoint writes.
 
-mmengine checkpoints hold its log buffers (``HistoryBuffer``) and numpy scalars; the buffers pickle their
-statistics methods through ``getattr``, which a safe unpickler rightly refuses. What mmengine itself does
-differs by stack: 0.10.7 calls ``torch.load`` with torch's default (unsafe before torch 2.6, refusing these
-files after), the OneDL fork loads with ``weights_only=True`` inside a ``safe_globals`` context and falls back
-to ``weights_only=False`` with a warning when a file is refused. Importing this module (our configs opt in
-through ``custom_imports``) makes all of them behave alike: (1) ``HistoryBuffer`` pickles as a plain
-constructor call on its numbers; (2) that class and numpy's data-only types are allowed to
-``cpvt_backbones.convert.safe_load``; (3) mmengine's loader of local checkpoint files (``--resume``,
-``load_from``, ``tools/test.py``'s checkpoint, ``init_detector``) is ``safe_load``, so a file that would run
-code is refused on every stack, with the message naming the global. Files written without (1) fail the same
-way. numpy's types are allowed under numpy 1.x's names and numpy 2's (``convert.io.global_names``), so a
-checkpoint written on one stack's numpy loads on another's.
-
-It also makes local checkpoint writes atomic: mmengine's ``LocalBackend.put`` opens the target path and
-writes into it, so a crash or SIGKILL part-way leaves a truncated ``iter_N.pth`` that ``--resume`` then picks.
-``AtomicLocalBackend`` writes through ``cpvt_backbones.utils.atomic_write`` (a temporary file in the same
-directory, fsynced and renamed over the target), so the file is either the old one, absent, or complete; it
-replaces mmengine's ``local`` backend on import.
+Importing this module (our configs opt in through ``custom_imports``): (1) mmengine's ``HistoryBuffer`` pickles
+as a plain constructor call on its numbers; (2) that class and numpy's data-only types (under numpy 1.x's and
+2's names) are allowed to ``cpvt_backbones.convert.safe_load``; (3) mmengine's loader of local checkpoint files
+(``--resume``, ``load_from``, ``tools/test.py``'s checkpoint, ``init_detector``) is ``safe_load``: a file that
+would run code, or one written without (1), is refused, naming the global; (4) ``AtomicLocalBackend`` replaces
+mmengine's ``local`` backend: a checkpoint file is the old one, absent, or complete, even after a crash.
 """
 import copyreg
 import os

@@ -1,12 +1,9 @@
 """A config's model on an inference engine (``deploy.ENGINES``), for the tools, the mmengine hook and the demo: the
 command-line options, calibration on the config's own test pipeline, caches named by content, and the one route
 from a built detector, segmentor or classifier with its checkpoint loaded to that model on an engine,
-``engine_model``. ``custom_hooks.set_engine`` asks a config's test loop for it (``InferenceEngineHook`` takes the
-route once the checkpoint is loaded); tools/infer.py takes it once the inferencer has loaded the weights.
-
-An engine that covers the backbone runs our backbone (the rest of the model stays in PyTorch float32); one that
-covers the model runs backbone, neck and head (``deploy.openmmlab``), with the data preprocessor and
-post-processing in the framework's Python, in float32.
+``engine_model`` (taken by ``InferenceEngineHook`` once the checkpoint is loaded, ``custom_hooks.set_engine``,
+and by tools/infer.py once the inferencer has loaded the weights). What runs on the engine:
+``deploy.openmmlab.on_engine``.
 """
 import argparse
 import copy
@@ -65,8 +62,8 @@ def config_request(cfg: Config, engine: str | None = None, precision: str = 'fp3
     ``precision``; at a precision the engine calibrates, on ``calibration_images`` of ``calibration_source`` ('val',
     the default, or a folder) with the modules of ``kept_in_fp32(cfg, keep_fp32)`` in float32 (given at another
     precision, the request refuses them); ``options``: the request's ``cache`` and ``float_cache`` (path prefixes
-    instead of the names ``engine_model`` gives by content) and the engine's own. An engine that covers the
-    backbone is refused where the config's backbone is not ours."""
+    instead of the names ``engine_model`` gives by content) and the engine's own. A ValueError where the request
+    is refused (``EngineRequest.of``) or the engine covers the backbone and the config's backbone is not ours."""
     engine = engine or default_engine(cfg)
     if engine in ENGINES and precision in ENGINES[engine].calibrated:
         calibration_source, keep_fp32 = calibration_source or 'val', kept_in_fp32(cfg, keep_fp32)
@@ -85,14 +82,13 @@ def default_engine(cfg: Config) -> str:
 
 def kept_in_fp32(cfg: Config, keep_fp32: Sequence[str] | None = None) -> tuple[str, ...]:
     """The modules that int8 leaves in float32: ``keep_fp32`` where given (an empty list: none), else the
-    config's ``int8_keep_fp32`` (module names of its model, such as 'bbox_head.retina_cls': the layers whose
-    quantization measured costly, ``benchmarks/int8_scope.py``)."""
+    config's ``int8_keep_fp32`` (module names of its model, such as 'bbox_head.retina_cls')."""
     return tuple(cfg.get('int8_keep_fp32', ()) if keep_fp32 is None else keep_fp32)
 
 
 def _calibration_source(source: str) -> tuple[str, str | list[Path]]:
-    """('val', 'val'), or a folder's resolved path and its images (sorted), refused by name when there are
-    none."""
+    """('val', 'val'), or a folder's resolved path and its images (sorted); a ValueError where ``source`` is
+    neither or the folder holds no images."""
     if source == 'val':
         return source, source
     folder = Path(source)
@@ -144,9 +140,9 @@ def _image_batches(pipeline, images: list[Path]) -> Iterator[tuple[dict, int]]:
 def cache_name(cfg: Config, checkpoint: Path, kind: str, calibration: tuple[str, int] | None = None,
                *extra: str, checkpoint_sha256: str | None = None, engine: str = 'torch') -> str:
     """A file name for what is derived from the model of ``cfg`` with ``checkpoint``: the checkpoint's stem,
-    ``kind`` and a hash of everything that changes the result: the config's model section (after overrides; its
-    ``train_cfg`` and ``test_cfg`` left out: training and post-processing settings, which no engine runs), the
-    checkpoint's content (sha256), ``extra``, the versions of this package, torch and the packages ``engine``
+    ``kind`` and a hash of everything that changes the result: the config's model section (after overrides; less
+    ``train_cfg`` and ``test_cfg``, which no engine runs), the checkpoint's content (sha256), ``extra``, the
+    versions of this package, torch and the packages ``engine``
     requires (``deploy.artifacts.package_versions``), and for ``calibration`` (source, number of images) the
     config's test dataloader with its pipeline and, for a folder, the content of its images. The same inputs give
     the same name, any change another. ``checkpoint_sha256``: the checkpoint's sha256 where the caller has it
@@ -165,8 +161,7 @@ def cache_name(cfg: Config, checkpoint: Path, kind: str, calibration: tuple[str,
 
 
 class _Batches:
-    """The preprocessed input batches of ``calibration_batches``, made when first iterated (an engine that reads
-    a saved result never iterates them)."""
+    """The preprocessed input batches of ``calibration_batches``, made once, when first iterated."""
 
     def __init__(self, model: torch.nn.Module, cfg: Config, source: str | list[Path], num_images: int):
         self.model, self.cfg, self.source, self.num_images = model, cfg, source, num_images
@@ -182,10 +177,11 @@ class _Batches:
 
 def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int = 32) -> Path:
     """The fused engine's int8 input ranges for the model of ``cfg`` with ``checkpoint``, calibrated on
-    ``num_images`` images of ``source`` ('val' or a folder) through this config's test pipeline: the engine's
-    saved artifact (a JSON file of ranges by layer), for ``config_request(cfg, 'fused', 'int8', input_ranges=...)``:
-    ranges fixed once for evaluations at other test sizes (tools/demo.py). Kept in ``weights_dir()/fused`` under
-    ``cache_name`` and reused while everything it was derived from stays the same."""
+    ``num_images`` images of ``source`` ('val' or a folder) through this config's test pipeline: the path of the
+    engine's saved artifact (a JSON file of ranges by layer), for ``config_request(cfg, 'fused', 'int8',
+    input_ranges=...)``. Kept in ``weights_dir()/fused`` under ``cache_name`` and reused while everything it was
+    derived from stays the same. A ValueError where the backbone is not ours, a FileNotFoundError without the
+    checkpoint file."""
     from mmengine.runner import load_checkpoint
 
     from ..convert import weights_dir

@@ -2,15 +2,12 @@
 
 ``CPVTBackboneConfig(arch='pcpvt_small', out_features=[...])`` and ``CPVTBackbone(config)`` follow transformers'
 backbone conventions (``BackboneConfigMixin``, ``BackboneMixin``): ``stage_names`` are ``stem``, ``stage1`` ..
-``stage4``; ``out_features`` / ``out_indices`` pick among them (default the last, as transformers' own backbones);
-``forward`` returns ``BackboneOutput(feature_maps, hidden_states, attentions=None)``. Importing this module
-registers both classes with ``AutoConfig`` / ``AutoBackbone`` under the model type ``cpvt_backbones`` and changes
-nothing else, so ``AutoBackbone.from_config``, ``from_pretrained(folder)`` and transformers' dense models built
-from ``backbone_config=CPVTBackboneConfig(...)`` (UperNet, Mask2Former, DETR) take it.
-
-``save_pretrained(folder)`` also writes ``cpvt_backbones_hf.py`` (two lines importing these classes from the
-installed package) and ``auto_map`` naming it, so ``AutoBackbone.from_pretrained(folder, trust_remote_code=True)``
-loads the folder in a process that has not imported this module (the package must be installed there).
+``stage4``; ``out_features`` / ``out_indices`` pick among them (default the last); ``forward`` returns
+``BackboneOutput(feature_maps, hidden_states, attentions=None)``. Importing this module registers both classes
+with ``AutoConfig`` / ``AutoBackbone`` under the model type ``cpvt_backbones`` and changes nothing else, so
+``AutoBackbone.from_config``, ``from_pretrained(folder)`` and transformers' dense models built from
+``backbone_config=CPVTBackboneConfig(...)`` (UperNet, Mask2Former, DETR) take it. A saved folder also loads with
+``trust_remote_code=True`` without this import (``CPVTBackboneConfig.save_pretrained``).
 """
 from pathlib import Path
 from typing import Any
@@ -72,7 +69,9 @@ class CPVTBackboneConfig(BackboneConfigMixin, PreTrainedConfig):
             aligned and checked as in every transformers backbone; default the last stage.
 
     ``stem`` is the first patch embedding's output (stride 4 for PCPVT, the stride-16 token map for CPVT);
-    ``stage1`` .. are the maps ``create_model(arch, features_only=True)`` returns (strides 4, 8, 16, 32).
+    ``stage1`` .. are the maps ``create_model(arch, features_only=True)`` returns (strides 4, 8, 16, 32). A
+    ValueError for an unknown ``arch``, or a ``model_args`` key that the model does not take or that is a field
+    or set by the backbone.
     """
 
     model_type = 'cpvt_backbones'
@@ -117,8 +116,9 @@ class CPVTBackboneConfig(BackboneConfigMixin, PreTrainedConfig):
         return {**kwargs, **(self.model_args or {}), 'features_only': True}
 
     def save_pretrained(self, save_directory: str | Path, push_to_hub: bool = False, **kwargs) -> None:
-        """transformers' ``save_pretrained``, plus ``cpvt_backbones_hf.py`` in the folder and ``auto_map`` naming
-        its two classes (``trust_remote_code=True`` then loads the folder without importing this module first)."""
+        """transformers' ``save_pretrained``, plus ``cpvt_backbones_hf.py`` in the folder (importing these classes
+        from the installed package) and ``auto_map`` naming it: ``trust_remote_code=True`` then loads the folder
+        in a process that has not imported this module (the package installed)."""
         self.auto_map = {'AutoConfig': f'{LOADER_MODULE}.CPVTBackboneConfig',
                          'AutoBackbone': f'{LOADER_MODULE}.CPVTBackbone', 'AutoModel': f'{LOADER_MODULE}.CPVTBackbone'}
         super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
@@ -126,9 +126,9 @@ class CPVTBackboneConfig(BackboneConfigMixin, PreTrainedConfig):
 
     @classmethod
     def register_for_auto_class(cls, auto_class: str = 'AutoConfig') -> None:
-        """Nothing: ``save_pretrained`` always writes the loader file and ``auto_map``. transformers' registration
-        (which it applies after a ``trust_remote_code`` load) would copy this module's file into the folder
-        instead, and that file imports the rest of the package relatively."""
+        """Does nothing: ``save_pretrained`` writes the loader file and ``auto_map``."""
+        # transformers' registration (applied after a trust_remote_code load) would copy this module's file into
+        # the folder, and this file imports the package relatively.
 
 
 class CPVTBackbone(BackboneMixin, PreTrainedModel):
@@ -198,7 +198,7 @@ class CPVTBackbone(BackboneMixin, PreTrainedModel):
 
     @classmethod
     def register_for_auto_class(cls, auto_class: str = 'AutoBackbone') -> None:
-        """Nothing, as ``CPVTBackboneConfig.register_for_auto_class``: saving writes the loader file."""
+        """Does nothing, as ``CPVTBackboneConfig.register_for_auto_class``."""
 
 
 AutoConfig.register(CPVTBackboneConfig.model_type, CPVTBackboneConfig)

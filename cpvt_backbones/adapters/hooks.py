@@ -143,12 +143,10 @@ class InferenceEngineHook(Hook):
 
 @HOOKS.register_module()
 class StrictLoadHook(Hook):
-    """Refuse a checkpoint that does not fit the model. mmengine's Runner loads ``load_from`` non-strictly (keys
-    that do not fit are logged, the layers they miss keep their initial weights, and the run goes on); this hook
-    sees the checkpoint as the runner hands it over, before it is loaded, and raises ``CheckpointMismatchError``
-    (``adapters.runner.refuse_unfit``) naming the checkpoint and the config. ``tools/test.py`` adds it
-    (``custom_hooks.strict_loading``). A checkpoint with NaN or Inf weights is refused by key too, unless
-    ``allow_nonfinite``."""
+    """Refuse a checkpoint that does not fit the model, which mmengine's Runner would load non-strictly: before
+    it is loaded, raise ``CheckpointMismatchError`` (``adapters.runner.refuse_unfit``) naming the checkpoint and
+    the config; NaN or Inf weights too, by key, unless ``allow_nonfinite``. ``tools/test.py`` adds it
+    (``custom_hooks.strict_loading``)."""
     priority = 'VERY_HIGH'
 
     def __init__(self, allow_nonfinite: bool = False):

@@ -12,8 +12,7 @@ from .backbones import mark_valid_sizes
 
 @functools.cache
 def valid_size_preprocessor() -> type:
-    """The class ``ValidSizeDetDataPreprocessor`` builds, made on first use (importing mmdet's preprocessors
-    imports its whole model zoo, which a registration module must not)."""
+    """The class ``ValidSizeDetDataPreprocessor`` builds, made on first use (``backbones.lazy_builder``)."""
     from mmdet.models.data_preprocessors import DetDataPreprocessor
 
     class ValidSizeDetDataPreprocessor(DetDataPreprocessor):

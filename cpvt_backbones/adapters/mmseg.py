@@ -12,8 +12,7 @@ from .backbones import mark_valid_sizes
 
 @functools.cache
 def valid_size_preprocessor() -> type:
-    """The class ``ValidSizeSegDataPreprocessor`` builds, made on first use (importing mmseg's preprocessor
-    imports its whole model zoo, which a registration module must not)."""
+    """The class ``ValidSizeSegDataPreprocessor`` builds, made on first use (``backbones.lazy_builder``)."""
     from mmseg.models.data_preprocessor import SegDataPreProcessor
     from mmseg.utils import stack_batch
 

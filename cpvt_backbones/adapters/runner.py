@@ -72,11 +72,10 @@ def build_runner(cfg: Config):
 
 @contextlib.contextmanager
 def _config_packages() -> Iterator[None]:
-    """mmengine finds a ``mmseg::`` (``mmdet::`` ...) base through the distribution its map names for the module
-    (``mmseg`` -> ``mmsegmentation``); the OneDL forks install the same modules from other distributions
-    (``onedl-mmsegmentation``), which that map does not name, so the base "is not installed". While a config
-    loads, each module whose named distribution is absent but which is importable is mapped to the distribution
-    that provides it here."""
+    """While the block runs, mmengine's ``MODULE2PACKAGE`` maps each importable module whose named distribution
+    is absent to the distribution that provides it here; restored on the way out."""
+    # mmengine finds a ``mmseg::`` base through the distribution that map names (``mmsegmentation``); the OneDL
+    # forks install the same modules from others (``onedl-mmsegmentation``), so the base would be "not installed".
     from importlib.metadata import PackageNotFoundError, packages_distributions, version
     from importlib.util import find_spec
 
@@ -121,11 +120,10 @@ def load_config(path: str, cfg_options: dict | None = None, work_dir: str | None
 
 
 def check_option_keys(cfg: Config, cfg_options: Mapping, source: str = 'the config') -> None:
-    """Refuse, with a ``ConfigError`` that names the fix, a ``--cfg-options`` key that goes on below a value of the
-    config that is neither a dict nor a list (mmengine would raise a TypeError from inside its merge): most often
-    a setting of ``model.backbone.arch`` where the config names the model (``arch='pcpvt_small'``), which takes
-    one when made a dict on that name (``_delete_`` replaces the name, ``base`` keeps its settings). A key that
-    replaces the value first (``<key>._delete_=True``) passes."""
+    """A ``ConfigError`` naming ``source`` and the fix for a ``--cfg-options`` key that goes on below a value of
+    ``cfg`` that is neither a dict nor a list: most often a setting under ``model.backbone.arch`` where it is a
+    model name (the fix: a dict with ``_delete_`` and ``base``). A key whose value is replaced first
+    (``<prefix>._delete_=True``) passes."""
     for key in cfg_options:
         parts = key.split('.')
         node = cfg
@@ -161,8 +159,7 @@ def add_common_args(parser, launchers: Sequence[str] = ('none', 'pytorch', 'slur
 
 
 def our_backbone_types() -> tuple[str, ...]:
-    """The ``type`` names of our backbones in configs: ``adapters.backbones.BACKBONES`` (what the mmdet, mmseg
-    and mmpretrain adapters register: PyramidCPVT, TwinsSVT, CPVT, PVTv2)."""
+    """The ``type`` names of our backbones in configs: those of ``adapters.backbones.BACKBONES``."""
     from .backbones import BACKBONES
     return tuple(BACKBONES)
 
@@ -178,9 +175,8 @@ class ConfigError(ValueError):
 
 
 def check_backbone_settings(cfg: Config, source: str = 'the config') -> None:
-    """Refuse, before anything is built, a setting of our backbone (``model.backbone``) that its constructor does
-    not take, or an ``arch`` dict setting the model does not take: a ``ValueError`` naming the unknown key(s) and
-    listing the valid ones (the framework's registry would raise a bare TypeError from deep inside the build)."""
+    """A ``ConfigError`` naming ``source``, the unknown key(s) and the valid ones where our backbone's settings
+    (``model.backbone``) or its ``arch`` dict hold one its constructor does not take; builds nothing."""
     import inspect
 
     from .. import models as core
@@ -244,10 +240,9 @@ def checkpoint_state(checkpoint: Mapping) -> dict[str, torch.Tensor]:
 def refuse_unfit(model: torch.nn.Module, checkpoint: Mapping, source: str, allow_nonfinite: bool = False) -> None:
     """Raise ``CheckpointMismatchError`` naming ``source`` and listing every missing, unexpected and mis-shaped key
     (and value of a kind the model cannot take) where the mmengine checkpoint ``checkpoint`` (``checkpoint_state``)
-    does not fit ``model`` exactly (``convert.loading.compare``), or, where it holds another model family than
-    the model's backbone (a Twins-SVT detector's checkpoint for a Twins-PCPVT one, say), saying so first with a few
-    keys of each kind (``convert.loading.family_mismatch``); and, unless ``allow_nonfinite``,
-    ``NonFiniteWeightsError`` naming every key whose values are NaN or Inf."""
+    does not fit ``model`` exactly (``convert.loading.compare``), saying first where it holds another model family
+    (``convert.loading.family_mismatch``); and, unless ``allow_nonfinite``, ``NonFiniteWeightsError`` naming every
+    key whose values are NaN or Inf."""
     state = checkpoint_state(checkpoint)
     report = compare(model, state)
     if report:
@@ -258,8 +253,8 @@ def refuse_unfit(model: torch.nn.Module, checkpoint: Mapping, source: str, allow
 
 
 def enable_amp(cfg: Config) -> None:
-    """Mixed precision through mmengine's AmpOptimWrapper: fp16 with dynamic loss scaling on a GPU. mmengine
-    0.10.7 supports it only on CUDA/NPU/MLU, so on a CPU-only machine this is an error, not a silent no-op."""
+    """Set ``cfg``'s optim wrapper, in place, to mmengine's AmpOptimWrapper (fp16; loss scale 'dynamic' unless
+    set); a SystemExit without a GPU (mmengine 0.10.7 runs it only on CUDA/NPU/MLU)."""
     if not torch.cuda.is_available():
         raise SystemExit('--amp needs a GPU: mmengine 0.10.7 runs AmpOptimWrapper only on CUDA/NPU/MLU devices')
     cfg.optim_wrapper.type = 'AmpOptimWrapper'
@@ -267,12 +262,10 @@ def enable_amp(cfg: Config) -> None:
 
 
 def prepare_launch(cfg: Config, launcher: str) -> None:
-    """Set the launcher; without a GPU, make multi-process training work on CPU.
-
-    mmengine's own set-up calls ``torch.cuda.set_device`` and wraps the model in DDP with
-    ``device_ids=[LOCAL_RANK]``, both of which fail on CPU. Here the process group is started with gloo
-    before the Runner is built (so mmengine skips its own init) and DDP gets ``device_ids=None``.
-    """
+    """Set ``cfg.launcher``; without a GPU and with ``launcher='pytorch'``, make ``cfg`` run DDP on the CPU (gloo,
+    ``device_ids=None``) and start the process group now, from ``RANK`` and ``WORLD_SIZE``, so that mmengine
+    skips its own init. Another launcher without a GPU: a SystemExit."""
+    # mmengine's own set-up calls torch.cuda.set_device and gives DDP device_ids=[LOCAL_RANK]: both fail on CPU.
     cfg.launcher = launcher
     if launcher == 'none' or torch.cuda.is_available():
         return
@@ -290,12 +283,11 @@ def prepare_launch(cfg: Config, launcher: str) -> None:
 
 @contextlib.contextmanager
 def launched(cfg: Config, launcher: str):
-    """``prepare_launch``, and on the way out an orderly end of the process group: the ranks meet at a
-    barrier, then each destroys its group. A gloo group left to the interpreter's exit is torn down while its
-    peers may already be gone, or while the interpreter itself is being finalised, which aborts a rank now and
-    then ("terminate called without an active exception") after all the work is done. The runner's DDP
-    wrapper holds the group too, and the runner lives in reference cycles (its loops point back at it), so it
-    is collected first. (After an error there is no barrier: a peer may never come.)"""
+    """``prepare_launch``, then on the way out: where the block ended without an error, a garbage collection and
+    a barrier of all ranks; on any exit, the process group destroyed."""
+    # A gloo group left to the interpreter's exit can abort a rank after the work is done ("terminate called
+    # without an active exception"). The runner (in reference cycles) holds the group through its DDP wrapper:
+    # collected first. No barrier after an error: a peer may never come.
     prepare_launch(cfg, launcher)
     try:
         yield

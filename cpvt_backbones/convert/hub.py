@@ -1,35 +1,21 @@
-"""Published weights by model name: where they are, fetching them once, checking them.
+"""Published weights by model name: where they are, fetching them once, checking them (docs/reliability.md).
 
 ``PRETRAINED`` lists, per model, the public copies of the official ImageNet-1k weights in the order they are
-tried: timm's hub file (safetensors), timm's release file and mmseg's converted file (``.pth``). Each has its
-key layout, which ``convert.to_native`` reads, and a checksum where one is published: the sha256 prefix that
-timm's and OpenMMLab's file names carry (the torch hub convention). A hub server that states a file's sha256
-as its ETag (as LFS files do) is checked against that too.
+tried, each with its key layout (``convert.to_native`` reads it) and the sha256 prefix its file name publishes,
+if any. ``fetch_weights(name)`` and ``fetch_url(url)`` return a local file in the cache (``weights_dir``):
 
-``fetch_weights(name)`` returns a local file: the first source already in the cache (``$CPVT_WEIGHTS_DIR``,
-default torch hub's ``checkpoints`` folder) or downloaded there; ``fetch_url(url)`` caches any URL under a folder
-named by the URL's hash, so two URLs that end in the same file name never share a file. The cache is checked on
-every load, not only after a download:
+* a download goes to ``<file>.partial`` and is checked (its sha256 against the published prefix and a sha256
+  ETag; a weight file the safe loader reads, ``read_problem``) before it is renamed, beside its record
+  ``<file>.sha256`` (URL and sha256);
+* every load from the cache checks the file against its record and the published prefix (a file with neither
+  is not used); one that fails is downloaded again (offline: named in the error);
+* concurrent fetches of one file (threads, processes) serialise on ``<file>.lock`` (``file_lock``): one
+  downloads, the others then find the checked file;
+* an interrupted download resumes only with the server's validator for its bytes (``If-Range``), else starts
+  over.
 
-* A download goes to ``<file>.partial``, is checked, and only then renamed to its final name, beside a record
-  ``<file>.sha256`` (the URL and the file's sha256). A file read from the cache must have the sha256 of its
-  record and the published prefix where there is one; a cached file without a record is used only where a
-  published prefix vouches for it. A file that fails is replaced by a new download (or, offline, named in the
-  error with what to do), so a damaged or substituted file is never loaded.
-* A download is checked for being a weight file before it is recorded: by its content (torch's zip or pickle
-  format, or safetensors; ``io.weight_file_problem``) and by reading it with the package's safe loader, so an
-  HTML page that a captive portal or a proxy answered with status 200 is refused, never recorded. A cached file
-  whose content is not a weight file (one recorded by an older version of this package) is fetched again once;
-  offline, the error names the file to delete.
-* Concurrent fetches of one file (threads, processes, the ranks of a distributed run) serialize on a lock file
-  beside it (``<file>.lock``, ``fcntl.flock``): one downloads, the others wait and then find the checked file.
-* An interrupted download resumes from ``<file>.partial`` (HTTP range requests) only with the validator the
-  server gave for those bytes (ETag or Last-Modified, kept in ``<file>.partial.json``) sent as ``If-Range``: a
-  file that changed on the server since, or a partial file without a validator, starts over, so bytes of two
-  versions are never spliced.
-
-Offline, the error lists every URL and what to do with a copy fetched by hand. Columnar CPVT has no published
-weights (the authors never released them); asking for them says so and how to train them.
+A failure raises ``WeightsUnavailableError``, naming every URL tried and what to do. The ``UNPUBLISHED`` names
+have no published weights: asking for them raises it, naming the config that trains them.
 """
 import contextlib
 import hashlib
@@ -132,8 +118,8 @@ def record_path(path: Path) -> Path:
 
 
 def check_file(path: Path, source: WeightSource, etag: str | None = None) -> str:
-    """``path``'s sha256, after checking it against the published prefix and a sha256 ETag (raising, after
-    deleting ``path``, if either disagrees)."""
+    """``path``'s sha256; a ``WeightsUnavailableError``, after deleting ``path``, where it disagrees with
+    ``source``'s published prefix or a sha256 ``etag``."""
     digest = file_sha256(path)
     for h in (source.sha256_prefix, etag):
         if h and not digest.startswith(h.lower()):
@@ -145,10 +131,9 @@ def check_file(path: Path, source: WeightSource, etag: str | None = None) -> str
 
 def cached(path: Path, source: WeightSource) -> str | None:
     """Why the cached ``path`` cannot be used for ``source`` (its sha256 differs from its record or from the
-    published prefix, its record names another URL, it has neither record nor published prefix to be checked
-    by, or its content is not a weight file: ``io.weight_file_problem``, and a full read for a file recorded
-    before downloads were read), or None when it is the checked file. Reads the whole file: the check holds on
-    every load."""
+    published prefix, its record names another URL, it has neither to be checked by, or it is not a weight
+    file), or None when it checks. Reads the whole file; a record without the ``content`` mark gets it once the
+    file reads (``read_problem``)."""
     record = record_path(path)
     try:
         recorded = json.loads(record.read_text()) if record.is_file() else None
@@ -218,8 +203,9 @@ def _validator(headers) -> str | None:
 
 
 def download(source: WeightSource, path: Path, timeout: float = 60.) -> Path:
-    """Fetch ``source`` to ``path`` through ``path.partial`` (see the module docstring: resumed only under the
-    server's validator, checked, recorded, then renamed)."""
+    """Download ``source`` to ``path`` through ``<path>.partial`` (module docstring: resumed, checked, recorded,
+    renamed) and return ``path``. A ``WeightsUnavailableError`` where the connection ends early, a checksum
+    differs or the file is not a weight file; urllib's and the file system's errors pass through."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + '.partial')
     meta = partial.with_name(partial.name + '.json')
@@ -277,8 +263,8 @@ _THREAD_LOCKS_GUARD = threading.Lock()
 @contextlib.contextmanager
 def file_lock(path: Path):
     """Hold the lock of ``path`` (a ``<file>.lock`` beside it) while the block runs: ``fcntl.flock`` between
-    processes, a lock per path between this process's threads; it waits for any other holder (a download that
-    lasts as long as it lasts: no timeout). Where fcntl is missing (Windows), torch's dependency ``filelock``."""
+    processes, a lock per path between this process's threads; it waits for any other holder, without a
+    timeout. Where fcntl is missing (Windows), ``filelock``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lock_file = path.with_name(path.name + '.lock')
     with _THREAD_LOCKS_GUARD:
@@ -336,8 +322,9 @@ def _fetch_locked(source: WeightSource, path: Path) -> Path:
 
 def fetch_weights(name: str, classifier: bool = False, directory: Path | None = None
                   ) -> tuple[Path, WeightSource]:
-    """A local, checked copy of ``name``'s published weights (see the module docstring) and its source; with
-    ``classifier``, from a file that holds the ImageNet head."""
+    """A local, checked copy of ``name``'s published weights (module docstring) and its source: the first source
+    already cached in ``directory`` (default ``weights_dir()``), else the first that downloads; with
+    ``classifier``, only files that hold the ImageNet head. A ``WeightsUnavailableError`` where none can."""
     candidates = sources(name, classifier)
     directory = Path(directory) if directory is not None else weights_dir()
     for source in candidates:
@@ -369,8 +356,7 @@ def url_path(url: str, directory: Path | None = None) -> Path:
 
 def fetch_url(url: str, directory: Path | None = None) -> Path:
     """A URL's file in the cache (``url_path``): fetched once, checked against its record (and the sha256 prefix
-    in its name, if any) on every load. A fetch that fails (the server's answer, 404 say, or the network's) raises
-    ``WeightsUnavailableError`` naming the URL."""
+    in its name, if any) on every load. A failed fetch raises ``WeightsUnavailableError`` naming the URL."""
     path = url_path(url, directory)
     try:
         return _fetch(WeightSource(url, path.name, 'unknown', _hash_in_name(path.name)), path)
@@ -381,8 +367,9 @@ def fetch_url(url: str, directory: Path | None = None) -> Path:
 
 
 def resolve_checkpoint(spec: str, classifier: bool = False) -> Path:
-    """A local file for ``spec``: an existing path, a URL (fetched once), or a model name with published
-    weights (``fetch_weights``; with ``classifier``, a file that holds the ImageNet head)."""
+    """A local file for ``spec``: an existing path, a URL (``fetch_url``), or a model name with published
+    weights (``fetch_weights``; with ``classifier``, a file that holds the ImageNet head). A
+    ``FileNotFoundError`` where it is none of these."""
     if is_url(spec):
         return fetch_url(spec)
     if Path(spec).is_file():

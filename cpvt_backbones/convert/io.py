@@ -1,11 +1,6 @@
-"""Reading weight files safely, on every supported torch.
-
-``safe_load`` builds only tensors, containers, numbers and the globals registered with ``allow_globals``; numpy's
-data types are registered under the names both numpy 1.x (``numpy.core...``) and numpy 2 (``numpy._core...``)
-pickle them with, so a checkpoint written on either loads on the other, and nothing outside that restricted set
-does. A refused pickle raises ``RefusedPickleError`` naming the global, never with torch's advice to load it
-unsafely. ``weight_file_problem`` tells from a file's content whether it is a weight file at all (torch's zip or
-legacy pickle, or safetensors): what a download is checked for before it is recorded.
+"""Reading weight files safely, on every supported torch: ``safe_load`` (a checkpoint pickled under numpy 1.x
+loads under numpy 2 and back), ``load_weights_file``, and ``weight_file_problem``, which tells from a file's
+content whether it is a weight file at all.
 """
 import codecs
 import functools
@@ -81,9 +76,8 @@ def safe_load(source: str | Path | BinaryIO, map_location: Any = 'cpu') -> Any:
     """``torch.load`` that builds only tensors, containers, numbers and the globals of ``allow_globals`` (under
     each of their ``global_names``): a pickle naming anything else (a function that could run code) raises
     ``RefusedPickleError`` ("Unsupported global ..."), with what to do and without torch's advice to load it
-    unsafely. Where torch's weights-only loader takes globals by name (torch >= 2.6), it is
-    ``torch.load(weights_only=True)`` with those globals allowed for this call only; elsewhere the same rule
-    through an unpickler that resolves only torch's weights-only globals and those."""
+    unsafely. On torch >= 2.6 the globals are allowed for this call only (``torch.load(weights_only=True)``);
+    earlier, an unpickler applies the same rule."""
     try:
         if supports('safe_globals') and (not _ALLOWED or _names_in_safe_globals()):
             allowed = [(obj, name) for obj in _ALLOWED for name in global_names(obj)] if _ALLOWED else []
@@ -233,8 +227,8 @@ def _safetensors_header(path: Path) -> dict | None:
 def weight_file_problem(path: str | Path) -> str | None:
     """Why ``path`` is not a weight file, judged from its content (not its name): None for torch's zip format
     (a zip holding ``data.pkl``), a pickle (torch's legacy format) and safetensors whose header fits the file's
-    size; else what it looks like (an HTML or text page from a captive portal or a proxy, say). Reads the first
-    bytes and, for a zip, its directory: cheap enough for every load from a cache."""
+    size; else what it looks like (an HTML or text page, say). Reads only the first bytes and, for a zip, its
+    directory."""
     path = Path(path)
     try:
         with open(path, 'rb') as f:

@@ -1,11 +1,11 @@
-"""Pure key-layout converters between the native layout and other frameworks'.
+"""Key-layout converters between the native layout and other frameworks': each returns a new dict (its tensors
+may share storage with the input's) and leaves its input as it is.
 
 The native layout is our models' keys, which are those of the official Twins/CPVT releases and of timm's
-``twins_pcpvt_*`` and ``twins_svt_*``: such weights need no conversion. Every other layout is a table of rules,
-``(native template, foreign template)`` pairs read in one direction and written in the other by ``apply_rules``.
-Each converter maps every key it is given or raises ``UnknownKeysError`` naming the keys it cannot place; nothing
-is dropped silently (a rule that drops keys names them: the classifier's ``norm`` and ``head``, which mmseg's
-backbone has no place for).
+``twins_pcpvt_*`` and ``twins_svt_*``. Every other layout is a table of rules, ``(native template, foreign
+template)`` pairs read in one direction and written in the other by ``apply_rules``. Each converter maps every
+key it is given or raises ``UnknownKeysError`` naming the keys it cannot place; the only keys dropped are those
+a rule names (the classifier's ``norm`` and ``head`` when writing mmseg's backbone).
 """
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -213,10 +213,10 @@ def windowed_blocks(state_dict: Mapping[str, torch.Tensor]) -> list[tuple[str, s
 
 def mmseg_to_native(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     """mmseg 1.x ``PCPVT`` or ``SVT`` backbone keys -> native. ``in_proj`` (q; k; v stacked) splits into ``q``
-    and ``kv``, ``out_proj`` is ``proj``; a windowed block's ``qkv`` and ``proj`` keep their names. A final
-    ``norm`` is kept: mmseg's own converter (tools/model_converters/twins2mmseg.py, which made its published
-    Twins weights) keeps it, and mmseg's backbone, like our dense one, ignores it on load. mmseg's optional
-    ``norm_list`` (``norm_after_stage=True``) has no counterpart here and raises."""
+    and ``kv``, ``out_proj`` is ``proj``; a windowed block's ``qkv`` and ``proj`` keep their names; a final
+    ``norm`` is kept. mmseg's optional ``norm_list`` (``norm_after_stage=True``) raises ``UnknownKeysError``."""
+    # The final norm: mmseg's converter (twins2mmseg.py, which made its published weights) keeps it, and both
+    # dense backbones ignore it on load.
     rules = inverted(_MMSEG) + [('layers.{i}.{j}.attn.proj.{p}', 'blocks.{i}.{j}.attn.proj.{p}'),
                                 ('norm.{p}', 'norm.{p}')]
     return apply_rules(state_dict, rules, 'mmseg PCPVT/SVT')
@@ -224,8 +224,8 @@ def mmseg_to_native(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
 
 def native_to_mmseg(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     """Native -> mmseg 1.x ``PCPVT`` or ``SVT`` backbone keys (``windowed_blocks`` keep ``attn.proj``). The
-    classifier's final ``norm`` and ``head`` have no counterpart in mmseg's backbone and are left out; any other
-    key that does not fit raises."""
+    classifier's final ``norm`` and ``head`` are left out; any other key that does not fit raises
+    ``UnknownKeysError``."""
     windowed = [(f'blocks.{i}.{j}.attn.proj.{{p}}', f'layers.{i}.{j}.attn.proj.{{p}}')
                 for i, j in windowed_blocks(state_dict)]
     return apply_rules(state_dict, windowed + _CLASSIFIER_ONLY + _MMSEG, 'our (Twins/timm) PCPVT/SVT')
@@ -275,10 +275,9 @@ _ROPE_VIT_ONLY = re.compile(r'rope\.freqs|blocks\.\d+\.gamma_[12]')
 def deit_to_native(state_dict: Mapping[str, torch.Tensor], drop_pos_embed: bool = False) -> StateDict:
     """DeiT / timm ViT keys (fused ``attn.qkv``) -> our columnar CPVT (``attn.q`` + ``attn.kv``).
 
-    DeiT's ``pos_embed`` becomes ``pos_embed.0`` (it fits a CPVT built with ``pos_encoding=dict(type='learned',
-    img_size=224)``, and is an unexpected key for one without) unless ``drop_pos_embed=True``: starting CPVT
-    from DeiT weights, whose PEGs then start fresh (load with ``strict=False``). Distillation tokens and heads
-    have no counterpart and raise.
+    DeiT's ``pos_embed`` becomes ``pos_embed.0`` (a CPVT built with ``pos_encoding=dict(type='learned',
+    img_size=224)`` takes it) unless ``drop_pos_embed=True`` (the PEGs then start fresh: load with
+    ``strict=False``). Distillation tokens and heads raise ``UnknownKeysError``.
     """
     pos_embed = ('pos_embed', None if drop_pos_embed else 'pos_embed.0')
     return apply_rules(state_dict, inverted(_DEIT) + [pos_embed], 'DeiT/timm ViT')
@@ -289,7 +288,7 @@ def rope_vit_to_native(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     ``..._rope_mixed_224``) -> our columnar model built as they are: ``pos_encoding='rope_axial'`` or
     ``'rope_mixed'``, ``layer_scale_init`` set (``tests/test_position.py`` has the settings).
 
-    ``attn.qkv`` splits into ``attn.q`` / ``attn.kv`` (as DeiT's), ``gamma_1/2`` are the layer scales
+    ``attn.qkv`` splits into ``attn.q`` / ``attn.kv``, ``gamma_1/2`` are the layer scales
     ``ls1/ls2.gamma``, and ``rope.freqs`` (2, depth, heads, head_dim / 2) splits into one ``rope.freqs.{j}``
     per block. Anything else raises ``UnknownKeysError``."""
     return apply_rules(state_dict, inverted(_ROPE_VIT), 'timm RoPE ViT')

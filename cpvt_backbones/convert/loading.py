@@ -17,9 +17,8 @@ from .layouts import to_native
 
 class LoadReport(NamedTuple):
     """What does not fit: keys the model has and the checkpoint lacks, keys the model lacks, shape mismatches
-    (key, checkpoint shape, model shape) and values of a kind the model's tensor cannot take (key, checkpoint
-    dtype, model dtype): integers, booleans or 8-bit floats for a floating tensor, which a cast would turn into
-    other numbers silently."""
+    (key, checkpoint shape, model shape) and values of a kind the model's tensor cannot take without changing
+    their numbers (key, checkpoint dtype, model dtype; ``_castable``)."""
     missing: list[str]
     unexpected: list[str]
     mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
@@ -218,8 +217,8 @@ def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: 
 
     ``strict=True`` (default) raises ``CheckpointMismatchError`` listing missing, unexpected, shape-mismatched
     keys and values of a kind the model cannot take (``LoadReport``) before anything is copied; a checkpoint of
-    another model family (a Twins-SVT file for a Twins-PCPVT model, say) is named as such first, with what to load
-    it into, and a few keys of each kind (``family_mismatch``).
+    another model family is named as such first, with what to load it into, and a few keys of each kind
+    (``family_mismatch``).
     ``strict=False`` copies only the keys whose names, shapes and kinds fit and returns the report of the
     rest. Values that are not finite (NaN, Inf) are refused by key (``NonFiniteWeightsError``) before anything is
     copied, unless ``allow_nonfinite``.

@@ -49,8 +49,7 @@ class Shape:
 @dataclass(frozen=True)
 class Scene:
     """One image as a resolution-free description: ``render(scene, scale)`` draws it at any size, with crisp
-    edges and texture at that resolution (what a camera closer to the same scene would see), rather than
-    resampling pixels. ``seed`` seeds the pixel noise."""
+    edges and texture at that resolution (no resampled pixels). ``seed`` seeds the pixel noise."""
     height: int
     width: int
     grid: np.ndarray                  # background colour grid, bicubically stretched over the image
@@ -189,8 +188,7 @@ def class_scenes(count: int, side: int, seed: int, objects: tuple[int, int] = (2
     """A classification set: ``count`` square scenes ``side`` px wide at scale 1, each with
     ``objects[0]..objects[1]`` non-overlapping shapes of one class (radius ``object_size`` of half the side) at
     random positions, sizes and rotations on the textured background, and the class index of each scene
-    (deterministic for given arguments). ``render(scene, size / side)`` draws one natively at ``size`` px, so a
-    larger test size carries real detail, not interpolation."""
+    (deterministic for given arguments). ``render(scene, size / side)`` draws one natively at ``size`` px."""
     if not 1 <= objects[0] <= objects[1] or not 0 < object_size[0] <= object_size[1] < 1:
         raise ValueError(f'need 1 <= objects[0] <= objects[1] and 0 < object_size[0] <= object_size[1] < 1, got '
                          f'objects={objects}, object_size={object_size}')
@@ -272,8 +270,7 @@ def generate_shapes(root, spec: ShapesSpec = ShapesSpec()) -> dict[str, int]:
 
 def generate_drawn_split(root, spec: ShapesSpec, long_side: int, split: str = 'val') -> Path:
     """The scenes of ``split`` drawn natively with their long side ``long_side`` px (each at its own scale), in
-    the same layout under ``root``: the held-out images at a test size with real detail, where resizing the
-    written images would only interpolate. Idempotent like ``generate_shapes``; returns ``root``."""
+    the same layout under ``root``. Idempotent like ``generate_shapes``; returns ``root``."""
     wanted = json.dumps(dict(spec.__dict__, format_version=FORMAT_VERSION, long_side=long_side, split=split),
                         sort_keys=True)
     return _generate_once(root, wanted, lambda folder: write_split(

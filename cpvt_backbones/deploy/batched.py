@@ -1,15 +1,5 @@
 """``run_images``: a model over many images of different sizes in padded batches, each image's output the one it
-gets alone.
-
-Images are grouped by size (sorted by height, then width, so that a batch pads little), each batch is padded
-bottom/right to its largest image, and the model runs it with each image's valid size (``layers.valid``): the
-models here and the fused engine compute every image exactly as alone. A module that takes no ``valid_sizes``
-(an OpenVINO or onnxruntime module, a classifier of another library) runs batches of images of one size only,
-which need no padding. Every image must have the channels of the others (the model's ``in_chans`` where it
-declares them), one floating dtype and one device: a batch is made of its images as they are, never converted by
-a neighbour's. Outputs are cropped to each image (a feature map of stride s to ceil(h / s) x ceil(w / s)) and
-returned in the order of the images, each a tensor of its own (a copy of its crop, so that it holds no padded
-batch alive).
+gets alone; the batching helpers it uses.
 """
 import inspect
 import sys
@@ -137,7 +127,8 @@ def run_images(model: nn.Module, images: Sequence[torch.Tensor], batch_size: int
     returned output is what ``model(image[None])`` returns for that image (its row: a tensor for a classifier,
     a tuple of maps for a feature model), to float32 rounding, in the order of ``images``, each in storage of its
     own. Images are batched by size and padded with the valid sizes where the model takes them
-    (``takes_valid_sizes``), else batched only with images of their own size. Every image must have the same
+    (``takes_valid_sizes``), else batched only with images of their own size; a feature map of stride s is
+    cropped to ceil(h / s) x ceil(w / s). Images are never converted. Every image must have the same
     channels (the model's ``in_chans`` where it has that attribute), one floating dtype and one device, else a
     ``ValueError`` names the first that differs and how (``check_images``), before the model runs.
     ``progress``: True reports on stderr every ``PROGRESS_EVERY`` seconds on a long run (images done, rate, time

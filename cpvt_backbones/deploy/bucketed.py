@@ -5,11 +5,8 @@ runs ``module`` there with each image's valid size (``layers.valid``: the paddin
 attended to) and crops every output map back to the input's grid. The result is what ``module(x,
 valid_sizes=...)`` returns for the unpadded batch, to float32 rounding; only the work done differs. An engine
 that compiles per input shape (OpenVINO with ``shapes='static'`` or ``'auto'``) then compiles one model per
-bucket instead of one per size, at the price of the padding (up to ``step - 1`` rows and columns) and a compile
-per bucket met. Sides from 64 to 1024 px fall into at most 16 x 16 buckets at step 64; how many are compiled
-and kept is the engine's cache's bound (``cache_size``). Whether this beats the dynamic model depends on the CPU
-and on how the sizes cluster (docs/performance.md measures it). ``prepare(model, engine, bucket=step)`` builds
-it.
+bucket met, not per size, at the price of the padding (up to ``step - 1`` rows and columns); how many are kept
+is the engine's ``cache_size``. ``prepare(model, engine, bucket=step)`` builds it.
 """
 import torch
 import torch.nn.functional as F
@@ -29,7 +26,8 @@ def largest_stride(module: nn.Module | None) -> int:
 
 
 def check_step(step: int, module: nn.Module | None = None) -> int:
-    """``step`` as a positive int and a multiple of ``module``'s ``largest_stride``; a clear error otherwise."""
+    """``step`` where it is a positive int and a multiple of ``module``'s ``largest_stride``; a ValueError
+    otherwise."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise ValueError(f'bucket must be a positive number of pixels, got {step!r}')
     stride = largest_stride(module)

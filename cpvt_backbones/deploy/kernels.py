@@ -1,36 +1,16 @@
-"""The CPU fast path: modules that run a block with the bias and the residual add fused into its GEMMs, in
-float32 or int8.
+"""The fused engine's modules: a block with the bias and the residual add fused into its GEMMs and the MLP run
+``MLP_CHUNK_TOKENS`` tokens at a time (its hidden activation never allocated whole), in float32 or int8.
 
-In eager PyTorch a linear layer is a GEMM plus a pass that copies the bias into the output, and GELU and the
-residual add are passes of their own over activations up to 8x wider than the tokens. Here the residual is
-accumulated by the GEMM itself and the MLP runs a chunk of tokens at a time, so that its wide hidden
-activation is written, biased, activated and read back while it is still in cache, and is never allocated
-whole: under glibc's default allocator a block that large goes back to the OS when freed, and the plain model
-then pays a page fault per 4 KiB of it on every call (most of this path's lead; docs/performance.md).
+A ``Kernel`` runs a linear layer's GEMM on 2-D float32 tokens (``KERNELS``): ``mkl`` and ``onednn`` in float32,
+``onednn_int8`` in static int8 (``OneDNNInt8``; activation ranges from calibration, ``FusedLinear.input_range``).
 
-A ``Kernel`` runs a linear layer's GEMM on 2-D float32 tokens (``KERNELS``):
-
-* ``mkl``, ``onednn``: float32. oneDNN adds the bias and the residual in its GEMM epilogue (and runs AVX-512
-  code where MKL runs AVX2 code, on AMD CPUs); MKL's ``addmm`` accumulates into the residual (beta = 1) and
-  biases the cached chunk in place. Which is faster depends on the CPU (``deploy.engines.fused`` times both).
-* ``onednn_int8``: static int8 through oneDNN: int8 weights per output channel (symmetric, made once),
-  activations quantized to uint8 with a scale and zero point fixed by calibration (``FusedLinear.input_range``,
-  from ``deploy.record_input_ranges``); bias and residual in the GEMM's epilogue, and in the MLP the first GEMM
-  applies GELU and writes the hidden activation as uint8 in the second GEMM's quantization, so it is never
-  float32 at all. On CPUs without int8 dot-product instructions (AVX2 without VNNI) the activations use 7 bits
-  (``activation_qmax``), as PyTorch's x86 quantization backends do (``reduce_range``).
-
-These modules are not part of the models: the fused engine (``deploy.engines.fused``) swaps them in for a built model's
-blocks and linear layers, sharing the same parameters (an int8 copy of a weight is derived data, not in
-the state dict). They read ``weight``/``bias`` directly, so hooks on the linear layers inside a fused block do
-not fire in the fused path; the plain model is the one to instrument. The fused path runs where it applies:
-float32 inputs on a CPU, no autocast, and not while tracing, compiling or exporting (those record the plain ops).
-At float32 it also needs autograd off (and eval mode for a block); elsewhere, training included, the modules take
-the plain float32 path, which gives the same outputs and backpropagates. int8 is int8 with autograd on or off, the
-same outputs either way: its GEMMs have no gradient, so an int8 layer (and, in eval mode, a block holding one)
-computes without autograd and its output carries no gradient back to its input or weights (int8 does not
-backpropagate); in training mode with autograd on it refuses by name (int8 does not train: train the float32
-model).
+The fused engine (``deploy.engines.fused``) swaps ``FusedBlock`` and ``FusedLinear`` in for a built model's
+blocks and linear layers, sharing its parameters and key names (what a kernel derives is not in the state dict).
+They read ``weight``/``bias`` directly: hooks on the linear layers inside a fused block do not fire. The fused
+path runs where ``can_fuse`` allows, at float32 only with autograd off (and, for a block, in eval mode);
+elsewhere the modules take the plain float32 path, with the same outputs and gradients. int8 runs int8 with
+autograd on or off, same outputs, computed without autograd (no gradient reaches inputs or weights); in
+training mode with autograd on it raises a RuntimeError (``refuse_int8_training``).
 """
 import functools
 
@@ -65,16 +45,14 @@ _LINEAR = onednn_linear()
 
 
 def can_fuse(x: torch.Tensor, int8: bool = False) -> bool:
-    """Whether the fused kernels may replace the plain ops for ``x`` (see the module docstring): float32 on a CPU,
-    no autocast, no graph being recorded, and no autograd unless ``int8`` (int8 kernels run without autograd
-    whether or not it is on)."""
+    """Whether the fused kernels may replace the plain ops for ``x``: float32 on a CPU, no autocast, no graph
+    being recorded (tracing, compiling, exporting), and autograd off unless ``int8``."""
     return ((int8 or not torch.is_grad_enabled()) and x.device.type == 'cpu' and x.dtype == torch.float32
             and not autocast_enabled('cpu') and not symbolic_shapes())
 
 
 def refuse_int8_training(module: nn.Module) -> None:
-    """Refuse, by name, to run ``module`` (holding int8 layers) in training mode with autograd on: its int8 GEMMs
-    have no gradient."""
+    """A RuntimeError naming ``module`` (holding int8 layers) where it is in training mode with autograd on."""
     if module.training and torch.is_grad_enabled():
         raise RuntimeError(f'{type(module).__name__} runs static int8, which does not backpropagate (its int8 GEMMs '
                            'have no gradient) and so does not train: train the float32 model (or prepare it with '
@@ -84,8 +62,8 @@ def refuse_int8_training(module: nn.Module) -> None:
 class Kernel:
     """How a linear layer's GEMM runs on 2-D float32 tokens: ``pack`` derives what the kernel needs from the
     layer once (None: the layer's own parameters), ``linear`` returns ``layer(x)``, ``residual`` returns
-    ``other + layer(x)`` and ``accumulate`` adds ``layer(x)`` to ``part`` in place. The base class states these
-    through ``linear``; float32 kernels fuse them into the GEMM."""
+    ``other + layer(x)`` and ``accumulate`` adds ``layer(x)`` to ``part`` in place. The base class composes them
+    from ``linear``; subclasses fuse them into the GEMM."""
     precision = 'fp32'
 
     def available(self) -> bool:
@@ -152,15 +130,15 @@ def _int8_weight(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 @functools.cache
 def activation_qmax() -> int:
     """The largest uint8 activation code: 255 on CPUs with int8 dot-product instructions (AVX512-VNNI, AVX-VNNI,
-    AMX), whose GEMMs add exact 32-bit products; 127 elsewhere, where oneDNN's AVX2 kernel adds pairs of
-    u8 x s8 products in saturating 16-bit arithmetic, which products of 8-bit activations can overflow (as
-    PyTorch's x86 quantization backends do with ``reduce_range``)."""
+    AMX) or whose flags are unknown, 127 elsewhere (PyTorch's x86 ``reduce_range``); computed once."""
+    # Without VNNI oneDNN's AVX2 kernel adds pairs of u8 x s8 products in saturating 16-bit arithmetic, which
+    # 8-bit activations can overflow.
     flags = cpu_flags()
     return 255 if not flags or flags & {'avx512_vnni', 'avx_vnni', 'amx_int8'} else 127
 
 
 def uint8_qparams(low: float, high: float) -> tuple[float, int]:
-    """Scale and zero point mapping [low, high] (widened to include 0, so that 0 is exact) onto the uint8 codes
+    """Scale and zero point mapping [low, high] (widened to include 0, which maps exactly) onto the uint8 codes
     0..``activation_qmax()``."""
     qmax = activation_qmax()
     low, high = min(low, 0.), max(high, 0.)
@@ -170,7 +148,7 @@ def uint8_qparams(low: float, high: float) -> tuple[float, int]:
 
 @functools.lru_cache(maxsize=4096)
 def _float32_inverse(scale: float) -> float:
-    """1 / ``scale`` computed in float32, as torch's quantizer does; once per calibrated scale, not per call."""
+    """1 / ``scale`` computed in float32, as torch's quantizer computes it (cached)."""
     return float(torch.tensor(scale, dtype=torch.float32).reciprocal())
 
 
@@ -194,9 +172,8 @@ class OneDNNInt8(Kernel):
 
     @staticmethod
     def quantize(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
-        """float32 to uint8: round(x / scale) + zero_point (ties to even), saturated at 0 and
-        ``activation_qmax()``, in plain tensor arithmetic on one float32 buffer (the same codes as torch's
-        deprecated ``quantize_per_tensor``, which is not used; ``benchmarks/int8_quantize.py`` times both)."""
+        """float32 ``x`` to uint8 codes: round(x / scale) + zero_point (ties to even), saturated at 0 and
+        ``activation_qmax()``; the codes of torch's ``quantize_per_tensor``."""
         codes = torch.mul(x, _float32_inverse(scale))
         codes.round_().add_(zero_point).clamp_(0, activation_qmax())
         return codes.to(torch.uint8)
@@ -239,7 +216,8 @@ GEMMS = tuple(k for k in ('mkl', 'onednn') if KERNELS[k].available())  # float32
 
 
 def check_kernel(name: str) -> str:
-    """``name`` if it names a kernel this torch build and CPU can run, else a clear error."""
+    """``name`` where it names a kernel this torch build and CPU can run; a ValueError for an unknown name, a
+    RuntimeError saying why where it cannot run here."""
     if name not in KERNELS:
         raise ValueError(f'kernel must be one of {sorted(KERNELS)}, got {name!r}')
     if not KERNELS[name].available():
@@ -266,9 +244,9 @@ def fused_mlp(part: torch.Tensor, norm: nn.Module, fc1: nn.Module, fc2: nn.Modul
 
 def fused_gemms(attended: torch.Tensor, block: nn.Module, residual: torch.Tensor,
                 kernel: str | None = None) -> torch.Tensor:
-    """What follows attention in a block, on 2-D tokens: ``x = residual + proj(attended)``, then
-    ``x += mlp(norm2(x))`` a chunk at a time; each layer through its own kernel unless ``kernel`` names one
-    (a float32 kernel needs nothing packed, so it runs the plain block's layers too)."""
+    """What follows attention in a block, on 2-D tokens: returns ``x = residual + proj(attended)`` after
+    ``x += mlp(norm2(x))`` a chunk at a time; each layer through its own kernel unless ``kernel`` names one (a
+    float32 one also runs a plain block's ``nn.Linear`` layers)."""
     proj = block.attn.proj
     flat = KERNELS[kernel or proj.kernel].residual(attended, proj, residual)
     for start in range(0, flat.shape[0], MLP_CHUNK_TOKENS):
@@ -277,10 +255,10 @@ def fused_gemms(attended: torch.Tensor, block: nn.Module, residual: torch.Tensor
 
 
 class FusedLinear(EngineModule, nn.Module):
-    """An ``nn.Linear``'s parameters (shared, same key names) applied through ``kernel`` where ``can_fuse``
-    allows, else with ``F.linear``. ``packed`` is what the kernel derives from the weights (packed
-    packed int8 weights) and ``input_range``, not part of the state dict: derived again whenever the weight,
-    bias or range changes (a checkpoint loaded after ``prepare``, as OpenMMLab's runners do)."""
+    """``layer``'s parameters (shared, same key names) applied through ``kernel`` (``check_kernel``) where
+    ``can_fuse`` allows, else with ``F.linear``. ``packed`` (what the kernel derives from the weights and
+    ``input_range``) is not in the state dict and is derived again whenever the weight, bias or range changes,
+    so a checkpoint loaded after ``prepare`` takes effect."""
 
     engine = 'fused'
 
@@ -295,8 +273,8 @@ class FusedLinear(EngineModule, nn.Module):
         self.train(layer.training)
 
     def __getstate__(self):
-        """Copies and pickles leave out what the kernel derived (oneDNN's packed weights cannot be copied); it is
-        derived again on first use."""
+        """Copies and pickles leave out what the kernel derived; it is derived again on first use."""
+        # oneDNN's packed weights cannot be copied
         state = super().__getstate__()
         return dict(state, _packed=None, _packed_for=None)
 
@@ -331,13 +309,10 @@ class FusedLinear(EngineModule, nn.Module):
 
 
 class FusedBlock(EngineModule, nn.Module):
-    """A ``layers.Block``'s submodules (shared, same key names) run through the fused kernels in inference:
-    attention's output projection with the residual accumulated by its GEMM, then the MLP a chunk of tokens at
-    a time with the residual added in place, each linear layer through its own kernel (``deploy.engines.fused``
-    makes them ``FusedLinear``). Position encodings inside attention (``pos``) are unaffected: fusion starts
-    after attention. The region (``layers.valid``) is taken as ``layers.Block`` takes it.
-    A block with layer scale is not fused (the fused engine refuses it). A block holding an int8 layer runs
-    fused in eval mode with autograd on too, computed without it (module docstring)."""
+    """``block``'s submodules (shared, same key names) with ``layers.Block``'s call: in eval mode where
+    ``can_fuse`` allows, attention as it is, then ``fused_gemms``; else ``layers.Block.forward``. A block holding
+    an int8 layer is fused with autograd on too, computed without it. Layer scale is not fused (the fused engine
+    refuses such a block)."""
 
     engine = 'fused'
 

@@ -44,8 +44,8 @@ def dense_head(model: nn.Module) -> nn.Module:
 class TensorForward(nn.Module):
     """Backbone, neck and head on a preprocessed batch: the head's ``forward`` on ``extract_feat(inputs)``, as
     ``_forward`` computes it for mmdet's single-stage detectors and mmseg's encoder-decoders (their
-    ``mode='tensor'``), as a module of one tensor argument. Both methods are called through the classes, so that
-    it computes the model's own forward also once an engine is attached to the model (an engine may run it)."""
+    ``mode='tensor'``), as a module of one tensor argument. It computes the model's own forward even once an
+    engine is attached to the model (both methods are called through the classes)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -111,10 +111,9 @@ def attach_engine(model: nn.Module, engine: nn.Module) -> nn.Module:
     """Make ``model`` (in place) run backbone, neck and head through ``engine`` (a module mapping the
     preprocessed batch to ``model._forward``'s outputs), kept as ``model.inference_engine``; returns
     ``model``. The original submodules and the state dict stay as they were: the engine is an attribute, not a
-    submodule, since it may hold the model itself (the torch engine's bf16), and ``eval()``, ``to()`` and
-    ``state_dict()`` would then recurse without end."""
+    submodule (``eval()``, ``to()`` and ``state_dict()`` do not reach it)."""
     head = dense_head(model)
-    model.__dict__['inference_engine'] = engine
+    model.__dict__['inference_engine'] = engine   # not a submodule: it may hold the model (torch engine, bf16)
     model.extract_feat = types.MethodType(_engine_features, model)
     head.forward = types.MethodType(_engine_head_forward, head)
     return model

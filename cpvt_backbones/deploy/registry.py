@@ -1,11 +1,6 @@
-"""The engine room's one door: every inference engine in ``ENGINES``, reached only through ``prepare``.
-
-An ``Engine`` declares what the rules about it depend on: what it covers (``'backbone'``: our backbone, the rest of a
-model staying in PyTorch float32; ``'model'``: any module that maps one image batch to tensors, an OpenMMLab model's
-backbone + neck + head included, ``deploy.openmmlab.TensorForward``), its precisions and what stays float32 in each,
-which of them it calibrates, its own options, whether it runs valid sizes (so bucketing), the packages it needs.
-``EngineRequest`` checks a request against that once, where it is made; ``prepare`` runs it. Each engine is one file in
-``deploy/engines/`` ending in one ``register`` call; its artifacts go through ``deploy.artifacts``.
+"""The engine room's one door: every inference engine in ``ENGINES`` (an ``Engine``, registered by its file in
+``deploy/engines/``), reached only through ``prepare``. An ``EngineRequest`` is checked against what its engine
+declares once, where it is made.
 """
 import copy
 import hashlib
@@ -29,7 +24,10 @@ class EngineModule:
 
 @dataclass(frozen=True)
 class Engine:
-    """One inference engine. ``transform(module, request, calibration, cache)`` returns ``module`` on the engine
+    """One inference engine. ``covers``: ``'backbone'`` (our backbone; the rest of a model stays in PyTorch
+    float32) or ``'model'`` (any module mapping one image batch to tensors, ``deploy.openmmlab.TensorForward``);
+    ``precisions``: each precision it runs, with what stays float32 there; ``summary``: one line for
+    ``engine_table``. ``transform(module, request, calibration, cache)`` returns ``module`` on the engine
     (``module`` itself where the engine runs it as it is, else a new module; ``module`` is never changed):
     ``calibration``, a ``Calibration`` at the precisions in ``calibrated`` (else None); ``cache``, the request's
     ``deploy.artifacts.ArtifactCache``. ``options``: the names of the engine's own options, whose values ``validate``
@@ -61,7 +59,8 @@ ENGINES: dict[str, Engine] = {}
 
 
 def register(engine: Engine) -> Engine:
-    """Add ``engine`` to ``ENGINES``, refusing an unknown coverage or precision and a name taken."""
+    """Add ``engine`` to ``ENGINES`` and return it; a ValueError for an unknown coverage or precision or a name
+    taken."""
     if engine.name in ENGINES:
         raise ValueError(f'an engine named {engine.name!r} is registered already')
     if engine.covers not in COVERS:
@@ -96,7 +95,8 @@ class EngineRequest:
     them, read by ``adapters.engines.engine_model``), None where the caller gives batches to ``prepare``.
     ``cache``: a path prefix where the engine keeps what it derives for this request; ``float_cache``: the same
     for the float32 conversion that every precision of the model starts from (``deploy.artifacts``); None: nothing
-    kept. ``options``: the engine's own."""
+    kept. ``options``: the engine's own. A ValueError where the request does not fit the engine, an ImportError
+    where a package it needs is missing."""
     engine: str
     precision: str = 'fp32'
     calibration_source: str | None = None
@@ -206,9 +206,9 @@ def prepare(module: nn.Module, engine: 'str | EngineRequest', precision: str = '
     recorded ranges) and refused elsewhere; ``keep_fp32``, ``cache``, ``float_cache`` and the engine's own
     ``options``: as ``EngineRequest`` takes them. ``bucket`` (a step in pixels, a multiple of the model's largest
     stride): the prepared module wrapped in ``deploy.bucketed.Bucketed``, inputs padded to multiples of it and run
-    with their valid sizes; an engine that runs no valid sizes, or a module whose forward takes none, is refused by
-    name before anything is prepared. ``module`` itself is never changed, and a module an engine prepared already is
-    refused, naming what it holds: prepare the plain model."""
+    with their valid sizes. ``module`` itself is never changed. Refused before anything is prepared: an engine that
+    runs no valid sizes with ``bucket`` (ValueError), a module whose forward takes none (TypeError), a module in
+    training mode or holding a prepared one (ValueError), a request ``EngineRequest`` refuses."""
     from .artifacts import ArtifactCache
     request = EngineRequest.of(engine, precision, keep_fp32, **options)
     spec, name, precision = request.spec, request.engine, request.precision

@@ -18,28 +18,21 @@ class Attention(nn.Module):
 
     ``reduction`` says how the token map is reduced before the key/value projection:
 
-    * ``'pad'`` (Twins): with ``sr_ratio > 1`` a kernel = stride = ``sr_ratio`` convolution and a norm, the map
-      first zero-padded bottom/right to a multiple of ``sr_ratio``, so every row and column of the input is
-      represented among the keys and any map size (even 1 x 1) works: ceil(h / sr) x ceil(w / sr) keys;
-    * ``'drop'`` (PVT, PVTv2 as timm, mmdet and their releases run it): the same convolution without padding, so
-      the remainder is dropped: h // sr x w // sr keys; a side shorter than ``sr_ratio`` is padded to one cell
-      (where those references fail);
-    * ``'pool'`` (PVTv2-li, "linear"): adaptive average pooling to ``pool_size`` x ``pool_size`` cells (torch's
-      ``AdaptiveAvgPool2d`` bins), a 1 x 1 convolution, a norm and GELU: a fixed number of keys at any size.
-      The pooling is computed as two matrix products, so it exports at any size and pools each image of a
-      padded batch over its own region.
+    * ``'pad'``: with ``sr_ratio > 1`` a kernel = stride = ``sr_ratio`` convolution and a norm over the map
+      zero-padded bottom/right to a multiple of ``sr_ratio``: ceil(h / sr) x ceil(w / sr) keys, every row and
+      column of the input represented, any map size (even 1 x 1);
+    * ``'drop'``: the same convolution without padding: h // sr x w // sr keys, the remainder dropped; a side
+      shorter than ``sr_ratio`` is padded to one cell;
+    * ``'pool'``: adaptive average pooling to ``pool_size`` x ``pool_size`` cells (``adaptive_pool``), a 1 x 1
+      convolution, a norm and GELU: a fixed number of keys at any size.
 
-    A position encoding that acts inside attention passes an ``AttentionPosition``: a module that makes the
-    query/key input (values keep the tokens), rotary angles for queries and keys, or a bias on the logits (sized
-    for ``'pad'``).
+    ``pos``: an encoding's ``AttentionPosition`` (a bias only with ``'pad'``). ``region`` (``layers.valid``): the
+    tokens beyond each image are zeroed before the reduction and excluded as keys (a reduced key is kept where it
+    covers the image), so each image's valid queries attend as they would alone.
 
-    ``region`` (``layers.valid``): a padded batch's ``ValidRegion`` or a ``WholeRegion``. The tokens beyond each
-    image are zeroed before the reduction and excluded as keys (a reduced key is kept where it covers the image,
-    as the image alone has it), so each image's valid queries attend as they would alone.
-
-    Keys ``q``, ``kv``, ``sr``, ``norm``, ``proj`` as the official weights; attention runs through
-    ``F.scaled_dot_product_attention``. The reduction's norm is ``norm_layer(dim)`` at its default eps (1e-5
-    for ``nn.LayerNorm``, as the official Twins and PVTv2 code and timm; only the blocks' norms use 1e-6).
+    Keys ``q``, ``kv``, ``sr``, ``norm``, ``proj`` as the official weights. The reduction's norm is
+    ``norm_layer(dim)`` at its default eps. A ValueError where ``num_heads`` does not divide ``dim``, ``sr_ratio``
+    is below 1 or ``reduction`` is not in ``REDUCTIONS``.
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.,
@@ -115,8 +108,8 @@ class Attention(nn.Module):
 
 def adaptive_pool(x: torch.Tensor, size: int, region: Region) -> torch.Tensor:
     """``F.adaptive_avg_pool2d(x, size)`` of each image's own region of the (B, C, H, W) map ``x`` (the whole
-    map for a ``WholeRegion``), as two matrix products: output cell i of a side of n cells averages cells
-    floor(i * n / size) .. ceil((i + 1) * n / size) - 1, torch's bins."""
+    map for a ``WholeRegion``), as two matrix products (exportable at any size): output cell i of a side of n
+    cells averages cells floor(i * n / size) .. ceil((i + 1) * n / size) - 1, torch's bins."""
     H, W = x.shape[-2:]
     sizes = region.sizes if region.padded else _map_size(x)   # the whole map
     rows, cols = _pool_weights(sizes[:, 0], size, H, x.dtype), _pool_weights(sizes[:, 1], size, W, x.dtype)
@@ -124,8 +117,8 @@ def adaptive_pool(x: torch.Tensor, size: int, region: Region) -> torch.Tensor:
 
 
 def _map_size(x: torch.Tensor) -> torch.Tensor:
-    """[[H, W]] of the (B, C, H, W) map ``x`` as a (1, 2) int64 tensor computed from its shape (the last index of
-    ``arange`` plus one), which every exporter records as a function of the input's size, not as a constant."""
+    """[[H, W]] of the (B, C, H, W) map ``x`` as a (1, 2) int64 tensor that exporters record as a function of the
+    input's size, not as a constant."""
     h, w = (torch.arange(n, device=x.device)[-1:] + 1 for n in x.shape[-2:])
     return torch.stack((h, w), dim=1)
 
@@ -145,21 +138,17 @@ class LocallyGroupedAttention(nn.Module):
     map (Twins' locally-grouped self-attention, LSA).
 
     The map is zero-padded bottom/right to whole windows, so any H x W works; the outputs of padded tokens are
-    dropped. ``window_mask=False``: padded tokens take part as keys and values (their input is zero, so they are
-    the projection's biases), as timm's ``twins_svt_*``. ``window_mask=True``: they are masked out as keys, so a
-    token attends only to the real tokens of its window, as the Twins release's dense code and mmseg's and
-    mmpretrain's SVT mean to (theirs masks only where both H and W are padded: with one side unpadded, a
-    ``[-0:]`` slice marks every token as padding, which masks nothing).
+    dropped. ``window_mask=False``: padded tokens take part as keys and values (zero inputs: the projection's
+    biases); ``window_mask=True``: they are masked out as keys (docs/reference.md compares both with timm and
+    mmseg).
 
-    ``region`` (``layers.valid``): on a padded batch's ``ValidRegion`` the tokens beyond each image are zeroed before
-    the partition, so the windows of an image hold what they hold alone: its tokens and zeros (its own padding, and
-    with ``window_mask`` those are masked out as keys); the batch's further padding lies in windows of its own.
+    ``region`` (``layers.valid``): the tokens beyond each image are zeroed before the partition, so an image's
+    windows hold what they hold alone (with ``window_mask`` its padding masked out as keys).
 
-    Takes ``layers.Block``'s ``attn_layer`` arguments: windows reduce nothing, so ``sr_ratio`` must be 1 and
-    ``norm_layer`` builds nothing. Of a position encoding's ``AttentionPosition`` it takes the query/key input and
-    rotary angles (keys are the query tokens, so both turn by the queries' angles; padded tokens by 0); a bias on
-    global attention logits has no place in windows and raises. Keys ``qkv`` (queries, keys, values stacked)
-    and ``proj``, as the official weights.
+    Takes ``layers.Block``'s ``attn_layer`` arguments: ``sr_ratio`` must be 1 (a ValueError otherwise) and
+    ``norm_layer`` builds nothing. Of an ``AttentionPosition`` it takes the query/key input and rotary angles
+    (queries and keys turn by the queries' angles; padded tokens by 0); a bias raises a ValueError. Keys ``qkv``
+    (queries, keys, values stacked) and ``proj``, as the official weights.
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.,

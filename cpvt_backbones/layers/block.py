@@ -64,7 +64,7 @@ class Block(nn.Module):
     or a ``WholeRegion``) go to the attention, which zeroes its input beyond each image. An MLP whose class sets
     ``takes_grid = True`` (``layers.mlp.ConvMlp``) is called as ``mlp(x, hw, region)`` and zeroes what it
     convolves; any other as ``mlp(x)``. The tokens beyond each image leave the block as they come out (every
-    layer that mixes positions zeroes its own input), so padding is zeroed at most twice per block.
+    layer that mixes positions zeroes its own input).
     ``drop`` is the dropout of the attention's projection and of the MLP, ``drop_path`` the stochastic depth of
     both branches.
     """

@@ -13,8 +13,7 @@ class PatchEmbed(nn.Module):
     padding) and no input is too small. With an odd ``kernel_size`` larger than the patch size the patches
     overlap (PVTv2's): the convolution pads kernel_size // 2 on every side, which gives the same ceil(H / p) x
     ceil(W / p) map. Keys ``proj`` and ``norm`` as in the official weights; the norm is
-    ``norm_layer(dim)`` at its default eps (1e-5 for ``nn.LayerNorm``, as those weights were trained);
-    DeiT-style columnar models have none (``norm_layer=None``).
+    ``norm_layer(dim)`` at its default eps; DeiT-style columnar models have none (``norm_layer=None``).
 
     Takes a (B, C, H, W) map in either memory format and runs the convolution channels-last: the tokens are
     then a view of its output (``layers.layout``); an NCHW image is converted first (why: docs/performance.md)."""

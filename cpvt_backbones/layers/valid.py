@@ -1,17 +1,11 @@
-"""Padded batches computed as if each image were alone: the valid region of every image in a batch padded to a
-common size.
+"""Padded batches computed as if each image were alone: the valid region of every image in a batch padded
+bottom/right to a common size.
 
-Detection and segmentation frameworks pad the images of a batch bottom/right to the batch's largest size. A model
-that reads position from the border of its input (a PEG's zero padding) or lets every token meet every other
-(global attention) then answers differently for an image depending on its batch company. Given each image's
-valid size, a model keeps the tokens beyond it at zero before every operation that mixes positions (patch
-embedding, PEG, the key/value reduction, windows), excludes them as keys, and sets them to zero in its
-outputs: on its valid region each image gets what it gets alone, to float32 rounding.
-
-``ValidRegion`` says which tokens of one stage's (B, H, W) token map belong to their image, as sizes from the
-top-left corner; everything is computed with tensor operations, so it also runs under ``torch.compile``. A batch
-without padding has a ``WholeRegion`` instead, with the same methods doing nothing; every layer takes one or the
-other (``region`` makes it) and never asks which, so the plain path is the one it always was.
+Given each image's valid size, a model keeps the tokens beyond it at zero before every operation that mixes
+positions (patch embedding, PEG, the key/value reduction, windows), excludes them as keys, and zeroes them in
+its outputs: on its valid region each image gets what it gets alone, to float32 rounding. ``region`` makes a
+``ValidRegion`` for a padded batch (tensor operations only: it runs under ``torch.compile``) or a
+``WholeRegion``, whose methods do nothing, for a plain one; every layer takes either and never asks which.
 """
 from __future__ import annotations
 
@@ -27,9 +21,10 @@ from .layout import symbolic_shapes
 
 def check_valid_sizes(valid_sizes, x: torch.Tensor) -> torch.Tensor:
     """``valid_sizes`` for the (B, C, H, W) batch ``x`` as a (B, 2) int64 tensor on ``x``'s device: each image's
-    (height, width) in pixels, from the top-left corner, 1 <= h <= H and 1 <= w <= W; a clear error otherwise.
-    Takes a tensor or a numpy array of integers, or a sequence of (h, w) pairs of integral numbers (Python or
-    numpy integers, integer tensors of one element); floats and booleans are refused, whatever their value."""
+    (height, width) in pixels, from the top-left corner, 1 <= h <= H and 1 <= w <= W. Takes a tensor or a numpy
+    array of integers, or a sequence of (h, w) pairs of integral numbers (Python or numpy integers, integer
+    tensors of one element). A TypeError for anything else (floats and booleans whatever their value), a
+    ValueError for a wrong shape or a size out of range."""
     B, _, H, W = x.shape
     numpy = sys.modules.get('numpy')   # an array can only come from numpy where it is imported (torch needs none)
     if isinstance(valid_sizes, torch.Tensor):
@@ -87,8 +82,7 @@ class ValidRegion:
     ``sizes[b, 1]``; ``prefix`` leading tokens (a class token) belong to every image. ``padded = True``.
 
     Sizes divide as the models' maps do: a map of stride s over an image of h pixels has ceil(h / s) rows
-    (``region``), as a zero-padded patch embedding gives it alone. ``region(sizes, ...)`` builds one, or a
-    ``WholeRegion`` where there is no padding; the models take either and never ask which."""
+    (``region``)."""
     padded = True
 
     def __init__(self, sizes: torch.Tensor, hw: Sequence[int], prefix: int = 0):
@@ -98,9 +92,8 @@ class ValidRegion:
 
     def reduced(self, ratio: int, hw: Sequence[int], floor: bool = False) -> ValidRegion:
         """The region on the ``hw`` map this one reduces to, ``ratio`` times per side: zero-padded to a multiple
-        first (ceil(n / ratio) cells of each image) or, with ``floor``, the remainder dropped unless the side is
-        shorter than ``ratio`` (max(n // ratio, 1) cells: a reduction without padding that pads a map smaller than
-        one cell)."""
+        first (ceil(n / ratio) cells of each image) or, with ``floor``, the remainder dropped (max(n // ratio, 1)
+        cells)."""
         cells = torch.div(self.sizes, ratio, rounding_mode='floor').clamp(min=1) if floor else \
             torch.div(self.sizes + ratio - 1, ratio, rounding_mode='floor')
         return ValidRegion(cells, hw, self.prefix)
@@ -152,10 +145,9 @@ class ValidRegion:
 
 
 class WholeRegion:
-    """``ValidRegion``'s counterpart for a batch without padding: every token of any map belongs to its image, so
-    each method leaves its input as it is, at no cost (nothing is recorded in a graph); ``WHOLE`` is the layers'
-    default. ``padded = False``: the one thing a layer may ask, to choose a whole-map algorithm where the padded
-    one works image by image. ``prefix``: leading tokens ``mean`` skips."""
+    """``ValidRegion``'s counterpart for a batch without padding: each method returns its input as it is (nothing
+    recorded in a graph); ``WHOLE`` is the layers' default. ``padded = False``: what a layer may ask to choose a
+    whole-map algorithm. ``prefix``: leading tokens ``mean`` skips."""
     padded = False
 
     def __init__(self, prefix: int = 0):
@@ -207,9 +199,8 @@ def _calling_module() -> torch.nn.Module | None:
 @contextlib.contextmanager
 def watch_per_image(callback: Callable[[torch.nn.Module | None], None]) -> Iterator[None]:
     """Call ``callback`` at every ``ValidRegion.images`` while the ``with`` block runs, with the innermost module
-    whose method called it (None where no module's did): wherever a model's valid-size path works image by image
-    in Python (a learned position table resized to each image, a PEG padded other than with zeros), which a
-    recorded graph (``torch.export``) cannot hold."""
+    whose method called it (None where no module's did): where a model's valid-size path works image by image in
+    Python, which ``torch.export`` cannot record."""
     _PER_IMAGE_WATCHERS.append(callback)
     try:
         yield

@@ -19,8 +19,8 @@ from ..layers.valid import Region, check_valid_sizes, region
 
 
 def check_input(x, in_chans: int, check_finite: bool = False) -> None:
-    """Raise a clear error for anything but a non-empty floating-point (B, in_chans, H, W) tensor; with
-    ``check_finite`` also for NaN or Inf values (a full pass over the input, hence opt-in)."""
+    """Raise a TypeError unless ``x`` is a floating-point tensor, a ValueError unless it is a non-empty
+    (B, in_chans, H, W) one; with ``check_finite`` also a ValueError on NaN or Inf (a full pass over the input)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f'expected a torch.Tensor of shape (B, {in_chans}, H, W), got {type(x).__name__}')
     if x.ndim != 4:
@@ -37,9 +37,8 @@ def check_input(x, in_chans: int, check_finite: bool = False) -> None:
 
 
 def refuse_nonfinite(x: torch.Tensor, valid_sizes: torch.Tensor | None = None) -> None:
-    """Raise a clear error where the (B, C, H, W) input ``x`` holds NaN or Inf values: with ``valid_sizes`` (a
-    padded batch, ``layers.valid.check_valid_sizes``'s (B, 2) tensor) only within each image's valid region,
-    the padding beyond it being none of the image's pixels."""
+    """Raise a ValueError where the (B, C, H, W) input ``x`` holds NaN or Inf; with ``valid_sizes``
+    (``layers.valid.check_valid_sizes``'s (B, 2) tensor) only within each image's valid region."""
     bad = region(valid_sizes, 1, x.shape[-2:]).fill_map(~torch.isfinite(x), False)
     if bad.any():
         where = " within the images' valid sizes" if valid_sizes is not None else ''
@@ -48,7 +47,8 @@ def refuse_nonfinite(x: torch.Tensor, valid_sizes: torch.Tensor | None = None) -
 
 
 def check_out_indices(out_indices: int | Sequence[int], num_outputs: int) -> tuple[int, ...]:
-    """``out_indices`` as a tuple (an int is one level, as mmdet's backbones take it), or a clear error."""
+    """``out_indices`` as a tuple (an int is one level); a ValueError unless its ints are increasing, distinct
+    and within ``0..num_outputs - 1``."""
     out = (out_indices,) if isinstance(out_indices, int) and not isinstance(out_indices, bool) else \
         tuple(out_indices) if isinstance(out_indices, Sequence) else None
     if out is None:
@@ -62,8 +62,9 @@ def check_out_indices(out_indices: int | Sequence[int], num_outputs: int) -> tup
 
 
 def take_indices(num: int, indices: None | int | Sequence[int]) -> tuple[list[int], int]:
-    """timm's ``indices`` convention for intermediate features: None = all ``num``, an int n = the last n, a
-    sequence = those (negative ones count from the end). Returns the absolute indices and the largest."""
+    """timm's ``indices`` convention over ``num`` levels: None = all, an int n = the last n, a sequence = those
+    (negative ones count from the end). Returns the absolute indices and the largest; a ValueError where one
+    is out of range."""
     if indices is None:
         indices = num
     if isinstance(indices, int):
@@ -78,7 +79,8 @@ def take_indices(num: int, indices: None | int | Sequence[int]) -> tuple[list[in
 
 
 def init_weights(m: nn.Module) -> None:
-    """The Twins/timm initialisation, so that training from scratch matches the official recipe."""
+    """Initialise ``m`` in place as Twins and timm do (``nn.Linear``, ``nn.LayerNorm``, ``nn.Conv2d``; other
+    modules untouched); for ``nn.Module.apply``."""
     if isinstance(m, nn.Linear):
         nn.init.trunc_normal_(m.weight, std=.02)
         if m.bias is not None:
@@ -98,15 +100,14 @@ class Stage:
     """One stage of a model's trunk, all a build loop reads:
 
     * the patch embedding: stride ``patch_size`` over the previous map (the image for the first stage), kernel
-      ``embed_kernel`` (None: the patch size, non-overlapping; an odd larger kernel overlaps, as PVTv2);
+      ``embed_kernel`` (None: ``patch_size``, non-overlapping; an odd larger kernel overlaps);
     * ``depth`` blocks of width ``dim`` with ``num_heads`` heads;
-    * their attention: keys/values reduced ``sr_ratio`` times per side by ``reduction`` (``layers.Attention``:
-      'pad', 'drop' or 'pool'); with a ``window_size`` the even blocks attend within windows of that many tokens
-      per side instead (Twins-SVT), the padded tokens masked out of the windows with ``window_mask``
-      (``layers.LocallyGroupedAttention``);
-    * their MLP: hidden width ``dim * mlp_ratio``, built by ``mlp_layer`` (None: the model's; a layer whose class
-      sets ``takes_grid`` sees the token grid, as ``layers.ConvMlp``);
-    * ``norm``: a norm after the stage's last block, on what the next stage and the outputs see (PVTv2).
+    * their attention: keys/values reduced ``sr_ratio`` times per side by ``reduction`` ('pad', 'drop' or 'pool';
+      ``layers.Attention``); with a ``window_size`` the even blocks attend within windows of that many tokens per
+      side instead, padded tokens masked out with ``window_mask`` (``layers.LocallyGroupedAttention``);
+    * their MLP: hidden width ``dim * mlp_ratio``, built by ``mlp_layer`` (None: the model's; a class that sets
+      ``takes_grid`` is also given the token grid);
+    * ``norm``: a norm after the stage's last block, on what the next stage and the outputs see.
     """
     dim: int
     depth: int
@@ -138,8 +139,8 @@ def stage_strides(stages: Sequence[Stage]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Parts:
-    """What a family's build loop makes its modules from: ``CPVTBase``'s shared arguments of that name, checked;
-    handed to the build hooks, kept by no model."""
+    """``CPVTBase``'s shared arguments of these names, which a family's build hooks make modules from; a
+    ValueError unless the three rates are in [0, 1). Kept by no model."""
     qkv_bias: bool
     drop_rate: float
     attn_drop_rate: float
@@ -158,7 +159,7 @@ class Parts:
                 raise ValueError(f'{name} must be in [0, 1) (the probability of dropping), got {rate!r}')
 
     def norm(self, dim: int) -> nn.Module:
-        """A token norm with the blocks' eps (the blocks' two, a stage's, the final one)."""
+        """A new token norm of width ``dim`` with ``norm_eps``."""
         return self.norm_layer(dim, eps=self.norm_eps)
 
     def drop_paths(self, stages: Sequence[Stage]) -> list[list[float]]:
@@ -169,9 +170,9 @@ class Parts:
         return [rates[start:start + s.depth] for s, start in zip(stages, starts)]
 
     def block(self, stage: Stage, index: int, drop_path: float) -> Block:
-        """Block ``index`` of ``stage``: on a stage with windows the even blocks attend within them
-        (``layers.LocallyGroupedAttention``, Twins-SVT), every other block with ``attn_layer`` over keys and values
-        reduced by the stage's ``reduction``."""
+        """A new block ``index`` of ``stage``: on a stage with windows the even blocks attend within them
+        (``layers.LocallyGroupedAttention``), every other block with ``attn_layer`` over keys and values reduced
+        by the stage's ``reduction``."""
         if stage.window_size is not None and index % 2 == 0:
             attn_layer = partial(LocallyGroupedAttention, window_size=stage.window_size, window_mask=stage.window_mask)
             sr_ratio = 1
@@ -186,12 +187,10 @@ class Parts:
 
 
 class CPVTBase(nn.Module):
-    """What every family shares: the constructor's shared arguments and its build order (``__init__``), and what
-    runs a built model: input checks, the blocks with their position encodings, checkpointing, the classifier
-    methods and timm's pruning. A family passes its ``stages`` and builds its modules in three hooks:
-    ``_build_trunk`` (the embeddings and blocks), ``_build_outputs`` (the final norm and what a dense backbone
-    returns) and ``_frozen_parts`` (what ``frozen_stages`` freezes), and may extend ``_init_weights``; each hook
-    gets what it needs as arguments.
+    """What every family shares: the shared constructor arguments and build order (``__init__``), input checks,
+    running the blocks with their position encodings, checkpointing, the classifier methods and timm's pruning.
+    A family passes its ``stages`` and implements ``_build_trunk``, ``_build_outputs`` and ``_frozen_parts`` (and
+    may extend ``_init_weights``), which ``__init__`` calls in that order.
 
     Attributes, with the same meaning in every family:
 
@@ -230,9 +229,9 @@ class CPVTBase(nn.Module):
                  norm_layer: Callable[..., nn.Module] = nn.LayerNorm, act_layer: Callable[..., nn.Module] = nn.GELU,
                  features_only: bool = False, out_indices: Sequence[int] | None = None,
                  grad_checkpointing: bool = False, check_finite: bool = False):
-        """Trunk, position encodings, outputs and head, init, freezing (the class's hooks, in that order). The
-        family passes ``stages`` (the whole trunk), ``num_levels`` (maps a dense backbone can return) and
-        ``num_prefix_tokens`` and documents ``pos_encoding`` and ``frozen_stages``; it passes on the rest.
+        """Build the trunk, position encodings, outputs and head, initialise, freeze. The family passes
+        ``stages`` (the whole trunk), ``num_levels`` (maps a dense backbone can return) and ``num_prefix_tokens``,
+        and documents ``pos_encoding`` and ``frozen_stages``. Raises a ValueError on any argument out of range.
         Args:
             in_chans: channels of the input image.
             num_classes: classes of the linear head; 0 builds no head (``forward`` returns the pooled features). Must be
@@ -242,11 +241,10 @@ class CPVTBase(nn.Module):
             attn_drop_rate: dropout on the attention weights.
             drop_path_rate: stochastic depth of the last block; it rises linearly from 0 at the first block over all
                 blocks of all stages (built or not). This and the two dropout rates must be in [0, 1).
-            norm_eps: eps of the blocks' two norms, the stages' and the final norm (1e-6, as Twins and DeiT); the patch
-                embedding's and the attention's reduction norm keep ``norm_layer``'s default (1e-5 for ``nn.LayerNorm``,
-                as the official weights were trained).
-            layer_scale_init: CaiT's layer scale on both residual branches of every block, initialised to this value
-                (timm's RoPE ViTs use 1e-5); None for none.
+            norm_eps: eps of the blocks' two norms, the stages' and the final norm; the patch embedding's and the
+                attention's reduction norm keep ``norm_layer``'s default (1e-5 for ``nn.LayerNorm``).
+            layer_scale_init: CaiT's layer scale on both residual branches of every block, initialised to this value;
+                None for none.
             attn_layer: the blocks' attention, called ``attn_layer(dim, num_heads, qkv_bias=, attn_drop=, proj_drop=,
                 sr_ratio=, norm_layer=)`` (and ``reduction=`` where a stage reduces otherwise than by padding;
                 ``layers.Attention``); windowed blocks use ``layers.LocallyGroupedAttention``.
@@ -322,8 +320,9 @@ class CPVTBase(nn.Module):
 
     def _mount_position_encodings(self, pos_encoding, built_depths: Sequence[int]) -> list[str]:
         """Build the encodings ``pos_encoding`` names for the whole trunk ``stage_specs``, mount each under its
-        ``attr``, and keep only the parts of the first ``built_depths[i]`` blocks of every stage (a dense
-        backbone builds no stage beyond its last output); returns the dropped key prefixes."""
+        ``attr``, and keep only the parts of the first ``built_depths[i]`` blocks of every stage; returns the
+        dropped key prefixes. A ValueError where an ``attr`` is taken or a logit bias meets windows or a
+        reduction other than 'pad'."""
         stages = self.stage_specs
         geometry = Geometry(dims=tuple(s.dim for s in stages), depths=tuple(s.depth for s in stages),
                             heads=tuple(s.num_heads for s in stages), strides=stage_strides(stages),
@@ -352,8 +351,8 @@ class CPVTBase(nn.Module):
 
     def _setup_outputs(self, features_only: bool, num_classes: int, out_indices: Sequence[int] | None,
                        num_levels: int) -> None:
-        """A classifier (``out_indices=()``), or a dense backbone returning ``out_indices`` of ``num_levels``
-        maps (default: all)."""
+        """Set ``out_indices`` (``()`` for a classifier; default all ``num_levels`` for a dense backbone),
+        ``features_only`` and ``num_classes``; a ValueError where they contradict."""
         if features_only:
             if num_classes:
                 raise ValueError('features_only=True builds no classifier: pass num_classes=0')
@@ -413,9 +412,9 @@ class CPVTBase(nn.Module):
 
     def prune_intermediate_layers(self, indices: None | int | Sequence[int] = 1, prune_norm: bool = False,
                                   prune_head: bool = True) -> list[int]:
-        """timm's pruning: keep the taps up to the last one ``indices`` picks (``take_indices``), and drop the
-        head and the final norm where asked or where the cut left them sized for features that are gone.
-        Returns the absolute indices."""
+        """timm's pruning, in place: keep the taps up to the last one ``indices`` picks (``take_indices``); drop
+        the head and the final norm where asked or where the cut left them sized for features that are gone.
+        Returns the absolute indices; a ValueError on a ``features_only`` model."""
         if self.features_only:
             raise ValueError('prune_intermediate_layers applies to a classifier; a features_only model already '
                              'builds nothing beyond max(out_indices)')
@@ -436,8 +435,8 @@ class CPVTBase(nn.Module):
         return self.head
 
     def reset_classifier(self, num_classes: int) -> None:
-        """A fresh linear head for ``num_classes`` (0: none, ``forward`` returns the pooled features), with
-        torch's default init, as timm's ``reset_classifier``."""
+        """Replace the head with a fresh ``nn.Linear`` for ``num_classes`` (torch's default init; 0: none,
+        ``forward`` returns the pooled features). A ValueError on a ``features_only`` model."""
         if self.features_only:
             raise ValueError('a features_only model has no classifier')
         self.num_classes = num_classes
@@ -454,10 +453,9 @@ class CPVTBase(nn.Module):
         return self
 
     def _check_input(self, x, valid_sizes=None) -> torch.Tensor | None:
-        """Refuse a bad input by name (``check_input``, and a dtype the weights do not take); returns
-        ``valid_sizes`` checked against ``x`` (``layers.valid.check_valid_sizes``), or None without. torch.fx
-        traces the plain path: its graph takes ``valid_sizes`` (a placeholder, as for every argument) and ignores
-        it."""
+        """Refuse a bad input (``check_input``; a TypeError for a dtype the weights do not take, outside
+        autocast); returns ``valid_sizes`` checked against ``x`` (``layers.valid.check_valid_sizes``), or None
+        without. Under torch.fx tracing checks nothing and returns None: the traced graph ignores ``valid_sizes``."""
         if is_fx_tracing():  # x is a torch.fx Proxy: there is no tensor to check, and the traced graph checks none
             return None
         check_input(x, self.in_chans)
@@ -488,8 +486,8 @@ class CPVTBase(nn.Module):
         return region(sizes, stride, (0, 0), prefix).mean(x)
 
     def no_weight_decay(self) -> set[str]:
-        """Names of parameters that the recipes exclude from weight decay: every position encoding's (PEG, as
-        Twins; tables, biases and RoPE frequencies, as DeiT, Swin and RoPE-ViT) and the class token."""
+        """Names of the parameters the recipes exclude from weight decay: every position encoding's and
+        ``cls_token`` (where built)."""
         prefixes = tuple(f'{attr}.' for attr in self.pos_encoding_attrs)
         names = {n for n, _ in self.named_parameters() if n.startswith(prefixes)}
         return names | ({'cls_token'} if getattr(self, 'cls_token', None) is not None else set())

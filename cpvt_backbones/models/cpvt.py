@@ -15,12 +15,12 @@ PYRAMID_STRIDES = (4, 8, 16, 32)
 
 
 class CeilMaxPool(nn.Module):
-    """2 x 2 max pooling to ceil(H / 2) x ceil(W / 2) rows and columns: one row and column of -inf appended,
-    then pooled without ceil mode. The result of ``nn.MaxPool2d(2, 2, ceil_mode=True)``, in a form every engine
-    takes down to a 1 x 1 map and with no shape arithmetic (OpenVINO's pooling refuses a window larger than its
-    input, and its converter has no rule for an exported model's symbolic ``%``)."""
+    """2 x 2 max pooling to ceil(H / 2) x ceil(W / 2): the result of ``nn.MaxPool2d(2, 2, ceil_mode=True)``, in a
+    form every engine takes down to a 1 x 1 map."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # A -inf row and column, then no ceil mode: OpenVINO's pooling refuses a window larger than its input, and
+        # its converter has no rule for an exported model's symbolic ``%``.
         return F.max_pool2d(F.pad(x, (0, 1, 0, 1), value=float('-inf')), 2, 2)
 
 
@@ -41,20 +41,17 @@ def _simple_pyramid_level(level: int, dim: int, act_layer: Callable[..., nn.Modu
 class CPVT(CPVTBase):
     """DeiT-style vision transformer with conditional positional encodings (CPVT, arXiv 2102.10882).
 
-    There is no position table: by default ``pos_block.{k}`` is the k-th PEG, after blocks 0-5 (the paper's
-    best; ``pos_block.peg_after[(0, j)] = k``). ``pos_encoding`` chooses any other
-    (``cpvt_backbones.layers.position``): ``dict(type='peg', positions=(0,))`` (the paper's default),
-    ``'learned'`` (DeiT's table for a 224 px input, resized to any other), ``'sincos'``, ``'rpe'``,
-    ``'rope_axial'``, ``'rope_mixed'``, ``'none'``, the controls ``'conv1x1'``, ``'peg_qk'`` and
+    By default ``pos_block.{k}`` is the k-th PEG, after blocks 0-5 (``pos_block.peg_after[(0, j)] = k``), and
+    there is no position table. ``pos_encoding`` chooses any other (``cpvt_backbones.layers.position``):
+    ``dict(type='peg', positions=(0,))``, ``'learned'`` (a table for a 224 px input, resized to any other),
+    ``'sincos'``, ``'rpe'``, ``'rope_axial'``, ``'rope_mixed'``, ``'none'``, ``'conv1x1'``, ``'peg_qk'``,
     ``dict(type='peg', frozen=True)``, or combinations (``'learned+peg'``). ``class_token=False`` is the GAP
-    variant (average of the normed patch tokens, > 1 point better top-1 in the paper). The patch embedding is
-    DeiT's (a convolution, no norm).
+    variant (average of the normed patch tokens). The patch embedding is DeiT's (a convolution, no norm).
 
     ``features_only=True`` turns it into a dense backbone: the normed stride-16 patch tokens are laid out as
     a map and a ViTDet-style simple feature pyramid makes maps at strides 4, 8, 16, 32 with dim/4, dim/2,
-    dim, dim channels and spatial size ceil(H / s) x ceil(W / s) (upsampled maps are cropped to that size;
-    the rows they drop come from padding). Only the levels in ``out_indices`` are built.
-    Every other argument is ``CPVTBase``'s (the shared reference).
+    dim, dim channels and spatial size ceil(H / s) x ceil(W / s) (upsampled maps cropped to it). Only the
+    levels in ``out_indices`` are built. Every other argument is ``CPVTBase``'s.
     """
 
     def __init__(
@@ -75,7 +72,8 @@ class CPVT(CPVTBase):
             depth: number of blocks.
             num_heads: attention heads of every block.
             mlp_ratio: MLP hidden width over ``embed_dim``.
-            patch_size: side of the square patches, the stride of the token grid (16 for ``features_only``).
+            patch_size: side of the square patches, the stride of the token grid (16 for ``features_only``: a
+                ValueError otherwise).
             class_token: prepend a class token and classify from it; False averages the patch tokens (GAP).
             pos_encoding: the position encodings (``cpvt_backbones.layers.position``): by default PEGs after
                 blocks 0-5 (``pos_block.{k}`` is the k-th); a name, a dict with ``type`` and the encoding's
@@ -186,10 +184,11 @@ class CPVT(CPVTBase):
         (``output_fmt='NLC'``: (B, h * w, C) tokens), normed if ``norm``; unless ``intermediates_only`` also the
         normed tokens after the last block run, for ``forward_head``: ``(final, intermediates)``.
         ``return_prefix_tokens`` makes each intermediate a pair ``(map, prefix)`` with the (B, 1, C) class token,
-        for a model that has one (a GAP model has no prefix token: plain maps, as timm). ``output_dict`` returns
+        for a model that has one (a GAP model returns plain maps). ``output_dict`` returns
         ``{'image_intermediates': ..., 'image_features': final}`` (without the final tokens when
         ``intermediates_only``), with ``'image_intermediates_prefix'`` when prefix tokens are asked for and exist.
-        ``valid_sizes``: see ``forward`` (tokens beyond each image zero)."""
+        ``output_fmt`` other than 'NCHW' or 'NLC': a ValueError. ``valid_sizes``: see ``forward`` (tokens beyond
+        each image zero)."""
         sizes = self._check_input(x, valid_sizes)
         if output_fmt not in ('NCHW', 'NLC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")

@@ -108,7 +108,7 @@ def create_model(name: str, pretrained: None | bool | str = None, *, allow_nonfi
     ``pretrained=True`` loads the model's published ImageNet weights (``convert.hub``: fetched once into the
     cache, checked); a string is a weight file, a URL or a model name. Weights in any layout that
     ``cpvt_backbones.convert`` reads are loaded strictly into what the model builds; with published weights a
-    classifier head of another size than ImageNet's 1000 classes is left freshly initialised (as timm does).
+    classifier head of another size than ImageNet's 1000 classes is left freshly initialised.
     Weights with NaN or Inf values are refused by key unless ``allow_nonfinite`` (``convert.load_into``)."""
     spec = _spec(name)
     _check_kwargs(spec.cls, overrides)

@@ -15,22 +15,14 @@ class Pyramid(CPVTBase):
     """A pyramid vision transformer built from its stage spec (``base.Stage``): the loop every pyramid family
     shares (``PyramidCPVT``, ``TwinsSVT``, ``PVTv2``); a family's constructor only writes its stages.
 
-    One implementation for every task:
-
-    * ``features_only=False``: ImageNet classifier. A final norm on the last stage (unless the stage has its own),
-      global average pooling, linear ``head`` (``num_classes=0`` returns the pooled features).
-    * ``features_only=True``: dense backbone. Returns a tuple of NCHW maps for ``out_indices`` with spatial
-      size ceil(H / s) x ceil(W / s) at the stages' strides s (4, 8, 16, 32 for the published families), for any
-      H, W >= 1. It builds no head, no final norm and no stage beyond ``max(out_indices)``, so every parameter it
+    * ``features_only=False``: classifier. A final norm on the last stage (unless the stage has its own), global
+      average pooling, linear ``head`` (``num_classes=0`` returns the pooled features).
+    * ``features_only=True``: dense backbone. Returns a tuple of NCHW maps for ``out_indices`` of
+      ceil(H / s) x ceil(W / s) at the stages' strides s (4, 8, 16, 32 for the published families), for any
+      H, W >= 1. It builds no head, no final norm and no stage beyond ``max(out_indices)``: every parameter it
       owns receives a gradient.
 
     Inputs in either memory format, contiguous or not, give the same result.
-
-    ``min_trace_side``: the smallest input side at which every stage's map spans two windows or more and every
-    dropped-remainder reduction (``reduction='drop'``) has one cell or more (0 when neither applies); exports
-    (``deploy``) trace at least that large, since a graph traced where a map is one window is recorded for one
-    window only (torch.export specialises the partition's reshape to it and the converted graph is wrong at
-    other sizes).
     """
 
     def __init__(self, stages: Sequence[Stage], *, pos_encoding: Any = 'peg', frozen_stages: int = -1,
@@ -39,12 +31,11 @@ class Pyramid(CPVTBase):
 
         Args:
             pos_encoding: the position encodings (``cpvt_backbones.layers.position``): by default ``'peg'``, a
-                PEG after the first block of every stage (Twins), numbered in network order as ``pos_block.{k}``;
-                or e.g. ``dict(type='peg', positions=((0, 1), (0,), (0,), (0,)), kernel_size=5)``,
-                ``'rope_mixed'``, ``'learned+peg'``, ``'none'``, or a list of those. With windows every encoding
-                applies but ``rpe`` (its bias is sized for global attention over keys reduced with padding: no
-                other reduction takes it either); RoPE turns the windowed blocks' keys by their own tokens' angles
-                and refuses pooled keys.
+                PEG after the first block of every stage, numbered in network order as ``pos_block.{k}``; or e.g.
+                ``dict(type='peg', positions=((0, 1), (0,), (0,), (0,)), kernel_size=5)``, ``'rope_mixed'``,
+                ``'learned+peg'``, ``'none'``, or a list of those. ``rpe`` takes only global attention over keys
+                reduced with padding (a ValueError otherwise); RoPE turns the windowed blocks' keys by their own
+                tokens' angles and refuses pooled keys.
             frozen_stages: -1 freezes nothing; 0 the first patch embedding (and a position table); k >= 1 also
                 stages 0..k-1 entirely, with their position-encoding parts. Frozen parts have
                 ``requires_grad=False`` and stay in eval mode while the model trains.
@@ -55,6 +46,11 @@ class Pyramid(CPVTBase):
 
     @property
     def min_trace_side(self) -> int:
+        """The smallest input side at which every stage's map spans two windows or more and every
+        ``reduction='drop'`` keeps one cell or more (0 where neither applies); exports trace at least that large
+        (``deploy.check.trace_size``)."""
+        # Traced at one window, torch.export specialises the window partition's reshape to it: the recorded graph
+        # is wrong at other sizes.
         strides = stage_strides(self.stage_specs)
         return max([2 * s.window_size * stride for s, stride in zip(self.stage_specs, strides)
                     if s.window_size is not None] +
@@ -138,8 +134,8 @@ class Pyramid(CPVTBase):
         return stage_strides(self.stage_specs)[len(self.blocks) - 1]
 
     def forward_features(self, x: torch.Tensor, valid_sizes=None) -> torch.Tensor:
-        """Normed tokens (B, N, C) of the last stage (classification models). ``valid_sizes``: see ``forward``;
-        the tokens beyond each image are zero."""
+        """Normed tokens (B, N, C) of the last stage; a RuntimeError on a ``features_only`` model. ``valid_sizes``:
+        see ``forward``; the tokens beyond each image are zero."""
         if self.features_only:
             raise RuntimeError('a features_only model has no final norm; call forward() for its feature maps')
         return self._features(x, self._check_input(x, valid_sizes))
@@ -169,10 +165,11 @@ class Pyramid(CPVTBase):
                               valid_sizes=None):
         """timm's feature API, with the keywords of its ViTs: the NCHW maps after the stages ``indices`` picks
         (``base.take_indices``), and unless ``intermediates_only`` the normed last-stage tokens for
-        ``forward_head``: ``(final, intermediates)``. ``norm`` applies the final norm to the last stage's map, the
-        only one it is sized for. There are no prefix tokens, so ``return_prefix_tokens`` changes nothing (as for
-        timm's models without one). ``output_dict`` returns ``{'image_intermediates': ..., 'image_features':
-        final}`` (without the final tokens when ``intermediates_only``). ``valid_sizes``: see ``forward``."""
+        ``forward_head``: ``(final, intermediates)``. ``norm`` applies the final norm to the last stage's map (a
+        ValueError on a ``features_only`` model); ``return_prefix_tokens`` changes nothing (there are none).
+        ``output_dict`` returns ``{'image_intermediates': ..., 'image_features': final}`` (without the final
+        tokens when ``intermediates_only``). ``output_fmt`` other than 'NCHW': a ValueError. ``valid_sizes``: see
+        ``forward``."""
         sizes = self._check_input(x, valid_sizes)
         if output_fmt != 'NCHW':
             raise ValueError(f"PyramidCPVT returns NCHW maps; output_fmt={output_fmt!r} is not supported")

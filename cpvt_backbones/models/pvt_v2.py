@@ -1,6 +1,5 @@
-"""PVTv2 (Wang et al., arXiv 2106.13797) on the pyramid trunk: the other answer to position at any size, a
-depthwise convolution inside every feed-forward and overlapping patch embeddings instead of one PEG; its
-checkpoint layouts (timm, the official release, mmdet), its named sizes and their published weights."""
+"""PVTv2 (Wang et al., arXiv 2106.13797) on the pyramid trunk; its checkpoint layouts (timm, the official release,
+mmdet), its named sizes and their published weights."""
 import re
 from collections.abc import Mapping, Sequence
 from functools import partial
@@ -18,14 +17,13 @@ from .pcpvt import Pyramid
 class PVTv2(Pyramid):
     """PVTv2: a ``Pyramid`` (all said there holds) whose stages embed with overlapping patches (7 x 7 at stride 4,
     then 3 x 3 at stride 2), run a convolutional feed-forward in every block (``layers.ConvMlp``), reduce keys and
-    values by a strided convolution without padding as the reference code does (``reduction='drop'``), or with
-    ``linear=True`` by pooling to 7 x 7 (PVTv2-li, whose feed-forward also has a ReLU before its convolution), and
-    norm each stage's output (``norms.{i}``, what the next stage and the outputs see). No position encoding by
-    default (``pos_encoding`` takes any, as ``PyramidCPVT``'s: a PEG makes the two ideas comparable on one
-    model). Native keys ``patch_embeds.{i}``, ``blocks.{i}.{j}`` (``attn.q/kv/sr/norm/proj``, ``mlp.fc1/dwconv/fc2``),
-    ``norms.{i}``, ``head``; timm's ``pvt_v2_*``, the official release's and mmdet's
-    ``PyramidVisionTransformerV2`` keys load through ``convert`` (registered layouts 'pvt_v2_timm',
-    'pvt_v2_official', 'pvt_v2_mmdet')."""
+    values by a strided convolution without padding (``reduction='drop'``), or with ``linear=True`` by pooling to
+    7 x 7 (PVTv2-li, whose feed-forward also has a ReLU before its convolution), and norm each stage's output
+    (``norms.{i}``, what the next stage and the outputs see). No position encoding by default (``pos_encoding``
+    takes any, as ``PyramidCPVT``'s). Native keys ``patch_embeds.{i}``, ``blocks.{i}.{j}``
+    (``attn.q/kv/sr/norm/proj``, ``mlp.fc1/dwconv/fc2``), ``norms.{i}``, ``head``; timm's ``pvt_v2_*``, the
+    official release's and mmdet's ``PyramidVisionTransformerV2`` keys load through ``convert`` (registered
+    layouts 'pvt_v2_timm', 'pvt_v2_official', 'pvt_v2_mmdet')."""
 
     def __init__(
         self,

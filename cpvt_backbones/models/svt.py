@@ -34,8 +34,8 @@ class TwinsSVT(Pyramid):
             sr_ratios: how many times each stage's global blocks reduce the key/value map per side.
             patch_sizes: each stage's patch size, its stride over the previous stage's map.
             window_sizes: each stage's window side in tokens (required: without windows the model is PyramidCPVT).
-            window_mask: False lets the padded tokens take part in windowed attention as keys (timm's behaviour,
-                the classifiers' default); True masks them out (the Twins release's dense code).
+            window_mask: False lets the padded tokens take part in windowed attention as keys; True masks them
+                out.
             **kwargs: ``Pyramid``'s ``pos_encoding`` and ``frozen_stages``, and ``CPVTBase``'s arguments.
         """
         if window_sizes is None:

@@ -1,16 +1,12 @@
 """The fused engine (``prepare(model, 'fused', precision)``): this package's CPU kernels swapped into a copy of a
 built model, in float32 or int8.
 
-The models themselves only call their submodules (hooks, wrappers, quantisation and FLOP counters see every
-layer) and know nothing of precision. For CPU inference, the engine swaps each transformer block for a
-``deploy.kernels.FusedBlock`` and each linear layer for a ``deploy.kernels.FusedLinear`` that share the block's
-parameters: the state dict is unchanged. In float32 the outputs agree with the plain model to float32 rounding;
-``precision='int8'`` runs the linear layers' GEMMs on int8 copies of their weights (``deploy.kernels.KERNELS``; the
-float32 parameters stay as they are, for the plain path and the state dict). bf16 is not a fused precision: the
-torch engine's bf16 runs the plain model under autocast (docs/performance.md compares them). Every position
-encoding is kept as it is (they act before a block's fused part: on the tokens, or inside attention). It refuses a
-model it cannot fuse faithfully (wrapped or hooked layers, layer scale) and a precision the CPU cannot run, and
-names why.
+The engine swaps each transformer block for a ``deploy.kernels.FusedBlock`` and each linear layer for a
+``deploy.kernels.FusedLinear`` sharing the copy's parameters: the state dict is unchanged. In float32 the outputs
+agree with the plain model to float32 rounding; ``precision='int8'`` runs the linear layers' GEMMs on int8 copies
+of their weights (the float32 parameters stay as they are). bf16 is not a fused precision (the torch engine's
+is). Position encodings are kept as they are. It refuses, naming why, a model it cannot fuse faithfully (wrapped
+or hooked layers, layer scale) and a precision the CPU cannot run.
 """
 import contextlib
 import copy
@@ -62,8 +58,7 @@ def _check_block(name: str, block: Block) -> None:
 def pick_gemm(block: Block, tokens: int = 1024, repeats: int = 7) -> str:
     """The GEMM library (``deploy.kernels.GEMMS``) that runs ``block``'s fused GEMMs faster on this machine: the
     output projection with its residual and the MLP on ``tokens`` random tokens with each library, interleaved
-    ``repeats`` times after two warm-up rounds; the lower median wins (well under a second). Which wins depends
-    on the CPU (oneDNN's AVX-512 kernels against MKL's AVX2 ones on AMD CPUs, say)."""
+    ``repeats`` times after two warm-up rounds; the lower median wins (well under a second)."""
     if len(GEMMS) == 1:
         return GEMMS[0]
     x = torch.randn(tokens, block.mlp.fc1.in_features)
@@ -85,8 +80,8 @@ PRECISION_KERNELS = {'fp32': None, 'int8': 'onednn_int8'}
 def record_input_ranges(model: nn.Module) -> Iterator[dict[str, tuple[float, float]]]:
     """Calibration for static int8: while the ``with`` block runs ``model`` (or a detector around it) on
     representative inputs, the dict it yields collects the (min, max) of every linear layer's input, by name
-    in ``model``; pass it to ``prepare(model, 'fused', 'int8', input_ranges=...)``. Run the plain model: the
-    fused path of a prepared one reads the layers' weights without calling them."""
+    in ``model``; pass it to ``prepare(model, 'fused', 'int8', input_ranges=...)``. Run the plain model (a
+    prepared one's fused path calls no linear layer)."""
     ranges: dict[str, tuple[float, float]] = {}
 
     def observe(name):

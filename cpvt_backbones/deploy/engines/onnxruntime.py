@@ -1,12 +1,7 @@
-"""onnxruntime as a CPU engine: a built model exported to ONNX once (batch, height and width dynamic,
-``deploy.onnx.export``), checked against torch at another size, and run by an ``InferenceSession`` behind the
-call contract of the module it came from (an NCHW float tensor in; the same tensor, tuple, list or dict of
-tensors out, float32 on the CPU); int8 through onnxruntime's static quantization of that export.
-
-The model may be a backbone, a classifier, or an OpenMMLab model's backbone + neck + head in tensor mode
-(``deploy.openmmlab.TensorForward``). Precisions: float32, and int8 (``quantize``: the linear layers, static,
-calibrated). What it makes is kept and read back through the one artifact cache (``deploy.artifacts``). The
-engine is optional (``pip install onnxruntime onnxscript``, which ``make env`` installs).
+"""The onnxruntime engine: ``prepare(model, 'onnxruntime', precision)`` exports ``model`` to ONNX once and returns
+an ``OnnxRuntimeModule`` (``_prepare``); int8 through onnxruntime's static quantization (``quantize``). ``model``:
+a backbone, a classifier, or an OpenMMLab model in tensor mode (``deploy.openmmlab.TensorForward``). Needs
+``pip install onnxruntime onnxscript``.
 """
 import ast
 import tempfile
@@ -108,8 +103,7 @@ def linear_nodes(path, keep_fp32: Sequence[str] = ()) -> list[str]:
 def quantize(source, target, calibration: Iterable[torch.Tensor], keep_fp32: Sequence[str] = ()) -> None:
     """onnxruntime's static quantization of the float32 export ``source`` into ``target``: the linear layers
     (``linear_nodes``) in QDQ form, weights int8 per output channel, activations uint8 at the min-max ranges of
-    the ``calibration`` batches; weights use 7 bits (``reduce_range``), which keeps the uint8 x int8 products of
-    CPUs without VNNI from saturating."""
+    the ``calibration`` batches; weights use 7 bits (``reduce_range``: no saturating products without VNNI)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     nodes = linear_nodes(source, keep_fp32)
     if not nodes:

@@ -1,37 +1,18 @@
-"""OpenVINO as the CPU engine: a built model converted once, compiled for the CPU, behind the call contract of the
-module it came from (an NCHW float tensor in; the same tensor, tuple, list or dict of tensors out).
+"""The OpenVINO engine: ``prepare(model, 'openvino', precision)`` converts ``model`` once (``convert``), compiles
+it for the CPU and returns an ``OpenVINOModule`` with ``model``'s call contract. ``model`` is any float32 module
+mapping one NCHW image batch to a tensor, tuple, list or dict of tensors (an OpenMMLab model in tensor mode:
+``deploy.openmmlab``). Precisions:
 
-``prepare(model, 'openvino', precision)`` exports ``model`` with ``torch.export`` (batch, height and width
-dynamic), converts the program with ``openvino.convert_model`` and returns an ``OpenVINOModule``. The model may be
-a backbone, a classifier, or any module whose forward maps one image batch to tensors (an OpenMMLab model's
-backbone + neck + head in tensor mode, ``deploy.openmmlab``). Precisions, as everywhere in the package:
+* ``'fp32'``: float32 throughout;
+* ``'bf16'``: OpenVINO's bf16 inference precision where the CPU plugin runs bf16 natively, else float32 with a
+  RuntimeWarning (``compile_config``);
+* ``'int8'``: NNCF post-training quantization on ``calibration`` (``quantize``), the modules under ``keep_fp32``
+  float32.
 
-* ``'fp32'``: OpenVINO's float32 kernels (its CPU default on bf16-capable CPUs is bf16, so fp32 is asked for
-  explicitly);
-* ``'bf16'``: OpenVINO's bf16 inference precision, on CPUs whose OpenVINO plugin reports native bf16
-  (``OPTIMIZATION_CAPABILITIES``); elsewhere it warns that it runs float32 and does;
-* ``'int8'``: NNCF post-training quantization (``nncf.quantize``, transformer preset) calibrated on
-  ``calibration`` (an iterable of input batches: real images through the config's test pipeline, as the tools
-  make them), float32 where not quantized; ``keep_fp32`` keeps the layers under named modules out of it (module
-  name prefixes, as every engine takes them: every converted operation remembers the module it came from).
+The option ``sizes_input=True`` converts the model with each image's valid size as a second input
+(``SizedOpenVINOModule``; ``check_sized_conversion`` says which models can be), as ``bucket=`` needs.
 
-Shapes: ``shapes='dynamic'`` compiles one model for every input size; ``shapes='static'`` compiles a model per
-input shape on first use and keeps the last ``cache_size``; ``shapes='auto'`` (the default) runs the dynamic model
-and compiles a shape-specialised one for a shape at its ``specialise_after``-th call (64). A shape-specialised
-model is faster on its shape but costs a compile and memory per shape, so it pays only for a shape that recurs
-(measured in docs/performance.md with ``benchmarks/openvino_shapes.py``).
-
-``sizes_input=True`` converts the model with each image's valid size as a second input (``layers.valid``): the
-module (a ``SizedOpenVINOModule``) then takes ``valid_sizes`` as the model does, so a padded batch gives each
-image what it gets alone, and ``deploy.bucketed.Bucketed`` can run every input at a few padded shapes
-(``prepare(model, 'openvino', bucket=64)``). It needs a model whose valid-size path is traceable (zero-padded
-PEGs; not the learned table nor non-zero PEG padding, which run per image: such a model is refused by name
-before anything is converted, ``check_sized_conversion``), and runs inputs whose sides are multiples of the
-model's largest stride (what buckets are): OpenVINO's CPU plugin fails the shape inference of this graph at
-other sizes.
-
-The engine is optional (``pip install 'cpvt_backbones[openvino]'``, which ``make env`` installs); without it the
-first call names the extra.
+Needs ``pip install 'cpvt_backbones[openvino]'``; without it the first call raises an ImportError naming it.
 """
 import collections
 import contextlib
@@ -92,7 +73,7 @@ def compile_config(precision: str, threads: int | None = None) -> dict[Any, Any]
     """The CPU plugin's properties for ``precision``: the inference precision (bf16 only where native, with a
     warning otherwise) and, if given, the number of threads."""
     ov = _openvino()
-    kind = ov.Type.f32
+    kind = ov.Type.f32   # named explicitly: the plugin's default is bf16 on bf16-capable CPUs
     if precision == 'bf16':
         if native_bf16():
             kind = ov.Type.bf16
@@ -109,9 +90,8 @@ def compile_config(precision: str, threads: int | None = None) -> dict[Any, Any]
 def _aa_weights(in_size: int, out_size, kernel: Callable[[torch.Tensor], torch.Tensor], support: float,
                 dtype: torch.dtype) -> torch.Tensor:
     """(out_size, in_size) resampling weights of ``F.interpolate(..., align_corners=False, antialias=True)``
-    (PIL's filters): output pixel i centred at ``scale * (i + 0.5)`` with ``scale = in / out``, the filter
-    stretched by ``scale`` where it shrinks, cut at the border and normalised. Written with tensor arithmetic
-    only, so that ``out_size`` may be symbolic."""
+    with ``kernel`` of half-width ``support``, in ``dtype``; ``out_size`` may be symbolic (tensor arithmetic
+    only)."""
     scale = torch.full((), in_size, dtype=torch.float64) / out_size
     stretch = torch.clamp(scale, min=1.)
     centres = scale * (torch.arange(out_size, dtype=torch.float64) + 0.5)
@@ -149,10 +129,9 @@ DECOMPOSITIONS = {op: _aa_resize(kernel, support)
 
 
 def _torch_half_pixel(ov_model) -> None:
-    """Linear and cubic resizes with PyTorch's coordinates at every output length: OpenVINO's PyTorch front end
-    converts them with ONNX's 'pytorch_half_pixel', which maps an output of length 1 to the first input pixel,
-    where PyTorch samples the centre ('half_pixel' everywhere; a feature map resized to 1 x 1, as Semantic FPN's
-    head does for a tiny image, differs otherwise)."""
+    """Set ``ov_model``'s linear and cubic resizes, in place, to PyTorch's coordinates at every output length
+    ('half_pixel' for the front end's 'pytorch_half_pixel', which maps an output of length 1 to the first input
+    pixel, not the centre)."""
     for op in ov_model.get_ops():
         if op.get_type_name() == 'Interpolate':
             attributes = op.get_attributes()
@@ -168,22 +147,21 @@ MODULES_KEY = 'cpvt_backbones_torch_modules'
 
 
 def _record_modules(ov_model, graph) -> None:
-    """Tag every operation of ``ov_model`` with the innermost module (dotted path) of the FX node it was
-    converted from: OpenVINO's FX front end names each operation ``<FX node name>/<op>``, and each FX node keeps
-    its module stack (``nn_module_stack``)."""
+    """Tag every operation of ``ov_model``, in place, with the dotted path of the innermost module of the node of
+    ``graph`` it was converted from (under ``MODULE_KEY``)."""
     modules = {}
     for node in graph.nodes:
         stack = list(node.meta.get('nn_module_stack', {}).values())
         if stack:
             modules[node.name] = stack[-1][0]
     for op in ov_model.get_ops():
-        path = modules.get(op.get_friendly_name().split('/', 1)[0])
+        path = modules.get(op.get_friendly_name().split('/', 1)[0])   # the front end names it '<FX node>/<op>'
         if path is not None:
             op.get_rt_info()[MODULE_KEY] = path
 
 
 def _require_float32(model: nn.Module) -> None:
-    """Refuse a model not in float32, which the engine does not convert."""
+    """A TypeError unless every parameter of ``model`` is float32."""
     other = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
     if other:
         raise TypeError(f'the openvino engine converts a float32 model, this one has {", ".join(other)} parameters: '
@@ -192,9 +170,8 @@ def _require_float32(model: nn.Module) -> None:
 
 def per_image_modules(model: nn.Module, in_chans: int) -> list[str]:
     """The names of ``model``'s modules ('' for the model itself) whose valid-size path works image by image in
-    Python (``layers.valid.watch_per_image``), found by running it eagerly on one small padded batch (a square
-    image of two strides or more, at the model's largest stride, at least 32 px, beside one of half its height):
-    what ``torch.export`` cannot record, so that a conversion with valid sizes is refused before it starts."""
+    Python (``layers.valid.watch_per_image``), which ``torch.export`` cannot record; found by one eager call,
+    without gradients, on a small padded batch of two images."""
     from ...layers.valid import watch_per_image
     from ..bucketed import largest_stride
     stride = largest_stride(model)
@@ -214,8 +191,8 @@ def per_image_modules(model: nn.Module, in_chans: int) -> list[str]:
 
 
 def check_sized_conversion(model: nn.Module, in_chans: int) -> None:
-    """Refuse, by name and before anything is converted, a model that cannot be converted with valid sizes: its
-    forward takes none, or its valid-size path works image by image (``per_image_modules``)."""
+    """Before anything is converted: a TypeError where ``model``'s forward takes no ``valid_sizes``, a ValueError
+    naming the modules whose valid-size path works image by image (``per_image_modules``)."""
     from ..batched import takes_valid_sizes
     if not takes_valid_sizes(model):
         raise TypeError(f'{type(model).__name__} cannot be converted with sizes_input: its forward takes no '
@@ -240,10 +217,9 @@ class _WithSizes(nn.Module):
 
 
 class _MissingDecomposition(logging.Filter):
-    """Drops OpenVINO's warning that an operation it keeps whole is not in torch's decomposition table (logged with
-    the KeyError's traceback, on the root logger, the first time a program is converted in a process): such an
-    operation is not decomposed anyway, which is what OpenVINO asks for. Every other record passes."""
-    MESSAGE = 'Operation %s not found in decomp table'
+    """Drops OpenVINO's record that an operation it keeps whole is not in torch's decomposition table; every other
+    record passes."""
+    MESSAGE = 'Operation %s not found in decomp table'   # harmless: OpenVINO asks for such an operation whole
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.msg != self.MESSAGE
@@ -261,11 +237,11 @@ def _without_missing_decomposition_warnings():
 
 
 def convert(model: nn.Module, example: torch.Tensor, sizes_input: bool = False):
-    """``model`` (evaluation mode, float32) as an ``openvino.Model`` with dynamic batch, height and width, through
-    ``torch.export``, plus the pytree spec of its outputs. Every operation records the module it came from.
-    Traced at ``example``'s batch and channels, at its size raised to the model's ``min_trace_side``
-    (``deploy.check.trace_size``; a random input of that size where it is raised). ``sizes_input``: with a
-    second input, each image's valid (height, width), (B, 2) int64 (module docstring)."""
+    """``model`` (evaluation mode; a TypeError unless float32) as an ``openvino.Model`` with dynamic batch, height
+    and width, through ``torch.export`` (a RuntimeError on a torch without it), and the pytree spec of its
+    outputs. Every operation records its module (``MODULE_KEY``). Traced at ``example``'s batch and channels and
+    ``deploy.check.trace_size`` of its size (a random input where that differs). ``sizes_input``: a second
+    input, each image's valid (height, width) as (B, 2) int64; a ValueError where that path does not export."""
     require('export', "converting a model to OpenVINO (prepare(model, 'openvino'))")
     ov = _openvino()
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
@@ -301,8 +277,8 @@ def convert(model: nn.Module, example: torch.Tensor, sizes_input: bool = False):
 
 def ops_under(ov_model, prefixes: Sequence[str]) -> list[str]:
     """Names of the operations of ``ov_model`` (from ``convert``) that came from modules under any of
-    ``prefixes`` (dotted module-name prefixes: 'bbox_head' takes 'bbox_head.retina_cls' too); refused by name
-    when a prefix matches nothing."""
+    ``prefixes`` (dotted module-name prefixes: 'bbox_head' takes 'bbox_head.retina_cls' too); a ValueError
+    naming any prefix that matches nothing."""
     found, unmatched = [], set(prefixes)
     for op in ov_model.get_ops():
         info = op.get_rt_info()
@@ -319,11 +295,10 @@ def ops_under(ov_model, prefixes: Sequence[str]) -> list[str]:
 
 def quantize(ov_model, calibration: Iterable[torch.Tensor], keep_fp32: Sequence[str] = (),
              subset_size: int = 300, multiple: int = 1):
-    """NNCF post-training int8 quantization of ``ov_model`` (from ``convert``; transformer preset: per-channel
-    weights), calibrated on the batches of ``calibration``; the operations of the modules under ``keep_fp32``
-    (module name prefixes, ``ops_under``) stay float (NNCF's ignored scope). A model converted with valid sizes
-    runs each batch as it runs inputs: zero-padded bottom/right to sides that are multiples of ``multiple`` (the
-    model's largest stride, ``SizedOpenVINOModule``), with the batch's own size as every image's valid size."""
+    """``ov_model`` (from ``convert``) quantized to int8 by NNCF (transformer preset), calibrated on up to
+    ``subset_size`` images of ``calibration``'s batches; the operations of the modules under ``keep_fp32``
+    (``ops_under``) stay float. With valid sizes, each batch is zero-padded bottom/right to multiples of
+    ``multiple`` (as ``SizedOpenVINOModule`` runs), every image's valid size the batch's own."""
     nncf = _nncf()
     batches = [np.ascontiguousarray(x.detach().float().cpu().numpy()) for x in calibration]
     if len(ov_model.inputs) == 2:
@@ -335,7 +310,7 @@ def quantize(ov_model, calibration: Iterable[torch.Tensor], keep_fp32: Sequence[
 
 
 def check_shapes(shapes: str, cache_size: int, specialise_after: int) -> None:
-    """Refuse, by name, a shape strategy that is not one of ``SHAPES`` or a cache size or threshold below 1."""
+    """A ValueError naming a ``shapes`` not in ``SHAPES``, or a ``cache_size`` or ``specialise_after`` below 1."""
     if shapes not in SHAPES:
         raise ValueError(f'shapes must be one of {SHAPES}, got {shapes!r}')
     for name, value in (('cache_size', cache_size), ('specialise_after', specialise_after)):
@@ -344,7 +319,8 @@ def check_shapes(shapes: str, cache_size: int, specialise_after: int) -> None:
 
 
 def _pad_to(x: np.ndarray, multiple: int) -> np.ndarray:
-    """The (B, C, H, W) array ``x`` zero-padded bottom/right to sides that are multiples of ``multiple``."""
+    """The (B, C, H, W) array ``x`` zero-padded bottom/right to sides that are multiples of ``multiple`` (``x``
+    itself where nothing is padded)."""
     h, w = x.shape[-2:]
     pad = ((0, 0), (0, 0), (0, -h % multiple), (0, -w % multiple))
     return x if not any(p for _, p in pad) else np.pad(x, pad)
@@ -356,21 +332,20 @@ def _whole(shape: Sequence[int]) -> np.ndarray:
 
 
 class OpenVINOModule(EngineModule, nn.Module):
-    """A compiled OpenVINO model with the call contract of the module it was converted from.
-
-    ``forward(x)`` takes an NCHW float tensor (any batch, height, width and dtype that converts to float32) and
-    returns CPU float32 tensors in the original output structure. Shapes (``shapes``):
+    """``ov_model`` (from ``convert``, its outputs' pytree spec ``out_spec``) compiled for the CPU at ``precision``
+    (``compile_config``, with ``threads``; None: OpenVINO's choice), with the call contract of the module it was
+    converted from: ``forward(x)`` takes an NCHW float tensor of ``in_chans`` channels (``check_input``) and
+    returns CPU float32 tensors in the original output structure. ``shapes`` (a ValueError otherwise,
+    ``check_shapes``):
 
     * ``'dynamic'``: one model compiled for every input shape;
     * ``'static'``: a model compiled per input shape at its first call, the ``cache_size`` most recently used
       kept (``compiled_shapes``);
-    * ``'auto'``: the dynamic model, and for a shape met ``specialise_after`` times a model compiled for it (kept
-      as ``'static'`` keeps them). A shape that recurs runs at the specialised speed after that many calls and
-      one compile; a stream of ever-new sizes runs as ``'dynamic'`` does. Calls are counted for the 1024 most
-      recently seen shapes.
+    * ``'auto'``: the dynamic model, and for a shape met ``specialise_after`` times (counted for the
+      ``COUNTED_SHAPES`` most recently seen) a model compiled for it, kept as ``'static'`` keeps them.
 
-    A module may be called from several threads at once: each compiled model keeps a pool of infer requests (one
-    per concurrent call, made on demand and reused), and the choice and compilation of models is serialised."""
+    Thread-safe: each compiled model keeps a pool of infer requests (one per concurrent call), and choosing and
+    compiling models is serialised."""
 
     COUNTED_SHAPES = 1024
     engine = 'openvino'
@@ -444,7 +419,7 @@ class SizedOpenVINOModule(OpenVINOModule):
     """An ``OpenVINOModule`` converted with valid sizes (``convert(..., sizes_input=True)``): ``forward(x,
     valid_sizes=None)`` takes each image's valid (h, w) of a padded batch as the models do (``layers.valid``;
     default: every image fills the batch), for inputs whose sides are multiples of ``multiple`` (the model's
-    largest stride; a padded bucket's are), refusing others by name."""
+    largest stride; a ValueError otherwise). A ValueError where ``ov_model`` has not two inputs."""
 
     def __init__(self, ov_model, *args, multiple: int = 1, **kwargs):
         if len(ov_model.inputs) != 2:
@@ -457,7 +432,7 @@ class SizedOpenVINOModule(OpenVINOModule):
         from ...layers.valid import check_valid_sizes
         from ...models.base import check_input
         check_input(x, self.in_chans)
-        if x.shape[-2] % self.multiple or x.shape[-1] % self.multiple:
+        if x.shape[-2] % self.multiple or x.shape[-1] % self.multiple:   # the CPU plugin's shape inference fails
             raise ValueError(f'OpenVINO runs the model converted with valid sizes at sides that are multiples of '
                              f'{self.multiple}, got {tuple(x.shape[-2:])}: pad the batch (deploy.bucketed.Bucketed, '
                              "prepare(model, 'openvino', bucket=...)) or convert without sizes_input")
@@ -486,8 +461,8 @@ class _Requests:
 
 def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: tuple[int, int] = (97, 131),
                      tolerance: float = 1e-3) -> float:
-    """The converted model in float32 against ``model`` (``deploy.check.check_against_torch``); one converted with
-    valid sizes at ``size`` raised to multiples of the model's largest stride (what it runs)."""
+    """``deploy.check.check_against_torch`` of the converted model in float32 against ``model``; one converted
+    with valid sizes at ``size`` raised to multiples of the model's largest stride."""
     if len(ov_model.inputs) == 1:
         return check_against_torch(OpenVINOModule(ov_model, spec, in_chans), model, in_chans, 'OpenVINO conversion',
                                    size, tolerance)
@@ -505,17 +480,14 @@ def _validate(precision: str, options) -> None:
 
 
 def _prepare(model: nn.Module, request, calibration, cache) -> OpenVINOModule:
-    """``model`` (left as it is) as an ``OpenVINOModule``: converted through ``torch.export`` at an example input
-    of the option ``example_size`` (224 x 224, raised to the model's ``min_trace_side``, ``convert``; any size works
-    afterwards) and checked against torch at another size (``check_conversion``), quantized to int8 with NNCF at
-    int8 (on ``calibration``; the modules under ``request.keep_fp32`` stay float32), compiled for the CPU at the
-    request's precision. Options: ``shapes``, ``cache_size``, ``specialise_after``, ``threads`` as
-    ``OpenVINOModule`` takes them; ``in_chans`` (default: the model's, else 3); ``sizes_input``: converted with each
-    image's valid size as a second input (module docstring; refused by name before anything is converted where
-    the model cannot be, ``check_sized_conversion``), kept apart in the cache (variant ``valid_sizes``).
-    ``cache``: the saved conversion (``conversion``) and quantized model (``result``) are read instead of made
-    where they hold for this model (``deploy.artifacts``); a conversion saved without the module names that
-    ``keep_fp32`` selects by is converted again."""
+    """The engine's transform: ``model`` (left as it is) as an ``OpenVINOModule``, converted (``convert``, at the
+    option ``example_size``, default 224 x 224), checked (``check_conversion``), at int8 quantized on
+    ``calibration`` (``quantize``, with ``request.keep_fp32``), compiled at the request's precision. Options:
+    ``shapes``, ``cache_size``, ``specialise_after``, ``threads`` (``OpenVINOModule``); ``in_chans`` (default:
+    the model's, else 3); ``sizes_input``: a ``SizedOpenVINOModule`` (``check_sized_conversion`` first), cached
+    apart. ``cache``: the saved conversion and quantized model are read instead of made where they hold for this
+    model (``deploy.artifacts``); a conversion saved without module names is redone where ``keep_fp32`` needs
+    them."""
     options = request.options
     precision, keep_fp32 = request.precision, request.keep_fp32
     sizes_input = bool(options.get('sizes_input', False))
@@ -570,9 +542,8 @@ def _load(artifact, model: nn.Module, in_chans: int, sizes_input: bool = False):
 
 
 def _save(artifact, ov_model, calibration=None) -> None:
-    """Save ``ov_model`` as ``artifact`` (``openvino.save_model``, float32 weights kept as they are). The IR keeps
-    no custom per-operation data, so the module each operation came from (``MODULE_KEY``, what ``keep_fp32``
-    selects by) is recorded in the model's own runtime info (``MODULES_KEY``, by operation name)."""
+    """Save ``ov_model`` as ``artifact`` (``openvino.save_model``, float32 weights as they are), first gathering
+    every operation's ``MODULE_KEY`` into ``ov_model``'s own runtime info (``MODULES_KEY``), which the IR keeps."""
     ov = _openvino()
     modules = {op.get_friendly_name(): op.get_rt_info()[MODULE_KEY].astype(str) for op in ov_model.get_ops()
                if MODULE_KEY in op.get_rt_info()}

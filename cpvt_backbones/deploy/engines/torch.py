@@ -2,14 +2,9 @@
 handed back in float32.
 
 Autocast runs the GEMMs, attention and convolutions of the whole model in bf16 (LayerNorm, softmax and the
-reductions stay float32), with no copy of the weights and nothing changed in the model. For an OpenMMLab model
-it covers backbone, neck and head (``deploy.openmmlab.on_engine(model, 'torch', 'bf16')``); how it compares with
-the other engines is measured in docs/performance.md (lower precision).
-
-``prepare(model, 'torch', 'bf16')`` returns an ``AutocastModule`` with the model's call contract: floating outputs
-come back as float32, so what follows (a classifier's loss, box decoding, NMS) runs as on the float32 model.
-A CPU without native bf16 (avx512_bf16 or AMX) would emulate it, slower than float32: there it warns and runs
-the model as it is.
+reductions stay float32), with no copy of the weights and nothing changed in the model; for an OpenMMLab model it
+covers backbone, neck and head. ``prepare(model, 'torch', 'bf16')`` returns an ``AutocastModule``, whose floating
+outputs come back as float32; without native bf16 it warns and returns the model as it is (``_prepare``).
 """
 import warnings
 

@@ -2,27 +2,22 @@
 
 A position encoding may act at three places of a network, and each encoding overrides only the ones it uses:
 
-* ``embed(stage, x, hw)``: on a stage's tokens right after its patch embedding (and class token), as a
-  learned or sin-cos table is added;
-* ``attention(stage, hw)``: inside attention, as one ``AttentionPosition`` per block of the stage: a module that
-  makes the query/key input (a PEG on Q and K only), rotary angles for queries and keys (RoPE), or an
-  additive bias on the attention logits (relative position bias);
-* ``after_block(stage, block, x, hw)``: on the tokens after a block, as a PEG.
+* ``embed(stage, x, hw, region)``: on a stage's tokens right after its patch embedding (and class token), as
+  a table is added;
+* ``attention(stage, hw)``: inside attention, one ``AttentionPosition`` per block of the stage;
+* ``after_block(stage, block, x, hw, region)``: on the tokens after a block, as a PEG.
 
-An encoding is an ``nn.Module`` mounted on the model under its ``attr`` name (``pos_block`` for the PEG, so
-official Twins/timm keys ``pos_block.{k}.proj.0.*`` are unchanged; ``pos_embed``, ``rope``, ``rel_pos``,
-``pos_qk`` for the others). It is built from the model's ``Geometry`` and its own keyword options, owns its
-initialisation, and says which of its parts belong to which blocks (``parts_of``, for freezing) and how to
-drop the parts of blocks a model does not build (``cut``).
+An encoding is an ``nn.Module`` mounted on the model under its ``attr`` name (the prefix of its state-dict
+keys: ``pos_block`` for the PEG, ``pos_embed``, ``rope``, ``rel_pos``, ``pos_qk``). It is built from the model's
+``Geometry`` and its own keyword options, owns its initialisation, and says which of its parts belong to which
+blocks (``parts_of``, for freezing) and drops the parts of blocks a model does not build (``cut``).
 
-``embed`` and ``after_block`` also take the stage's region (``layers.valid``: a padded batch's ``ValidRegion``, or
-a ``WholeRegion``): an encoding makes each image's valid tokens what they are for the image alone (a table sized
-to each image, a convolution that zeroes its input beyond each image and so sees each image's own border); what
-it leaves beyond each image is the next layer's to zero. ``attention`` is not told: rotary angles and biases are
-functions of token positions from the top-left, the same in any batch.
+``region`` (``layers.valid``): ``embed`` and ``after_block`` must give each image's valid tokens what they are
+for the image alone; what they leave beyond each image is the next layer's to zero. ``attention`` takes no
+region: what it returns may depend on token positions (from the top-left) only.
 
-What an encoding is, it declares: ``biases_logits`` (its ``AttentionPosition`` carries a bias sized for global
-attention over a padded reduction, which windowed or other reductions cannot take).
+``biases_logits``: its ``AttentionPosition`` carries a logit ``bias``, which a model takes only with global
+attention over keys reduced by 'pad' (a ValueError otherwise).
 """
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -67,8 +62,8 @@ class Geometry:
         return (hw[0] + sr - 1) // sr, (hw[1] + sr - 1) // sr
 
     def check_key_grid(self, encoding: str) -> None:
-        """Raise where a stage's keys lie on no grid of its tokens (pooled keys, PVTv2-li), which ``encoding``
-        places positions on."""
+        """A ValueError naming ``encoding`` (which places keys on the reduced token grid) where a stage's keys
+        are pooled (``reduction='pool'``) and so lie on no grid."""
         if 'pool' in self.reductions:
             raise ValueError(f'position encoding {encoding!r} places keys on the reduced token grid; pooled keys '
                              "(reduction='pool', PVTv2-li) lie on none")
@@ -111,14 +106,14 @@ def merge_attention(parts: Sequence[AttentionPosition | None], names: Sequence[s
 
 def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding on (B, heads, N, head_dim): channel pair (2i, 2i + 1) of each of the last
-    ``angles.shape[-2]`` tokens turns by ``angles[..., i]``; leading (class) tokens pass unchanged. The
-    result is computed in float32 and returned in ``x``'s dtype. Under torch.fx tracing, where the number of
-    leading tokens is symbolic, the (possibly empty) leading tokens are always concatenated: same values."""
+    ``angles.shape[-2]`` tokens turns by ``angles[..., i]``; leading (class) tokens pass unchanged. Computed in
+    float32, returned in ``x``'s dtype."""
     prefix = x.shape[-2] - angles.shape[-2]
     tokens = x[..., prefix:, :].float().unflatten(-1, (-1, 2))
     a, b = tokens.unbind(-1)
     cos, sin = angles.cos(), angles.sin()
     out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).to(x.dtype)
+    # under torch.fx the prefix length is symbolic: concatenate the (possibly empty) prefix always
     return torch.cat((x[..., :prefix, :], out), dim=-2) if is_fx_tracing() or prefix else out
 
 
@@ -135,8 +130,9 @@ def grid_coordinates(hw: HW, step: float = 1., device=None) -> tuple[torch.Tenso
 
 def check_positions(positions, depths: Sequence[int], name: str, default: Callable[[int], Sequence[int]],
                     first: int = 0) -> tuple[tuple[int, ...], ...]:
-    """Per-stage block indices, validated: ``None`` takes ``default(depth)`` for every stage; a flat sequence
-    of ints is accepted for a one-stage (columnar) model; each index within ``first``..depth - 1."""
+    """Per-stage block indices, sorted: ``None`` takes ``default(depth)`` for every stage; a flat sequence of
+    ints is accepted for a one-stage model; each stage's indices distinct and within ``first``..depth - 1. A
+    TypeError or ValueError naming ``name`` otherwise."""
     if positions is None:
         return tuple(tuple(default(d)) for d in depths)
     positions = tuple(positions)
@@ -167,8 +163,7 @@ def check_int(value, name: str, low: int = 1) -> int:
 
 
 def check_odd_kernel(value, name: str, low: int = 1) -> int:
-    """``value`` if it is an odd int >= ``low`` (zero padding of ``k // 2`` keeps the map size), else a
-    ValueError naming ``name``."""
+    """``value`` if it is an odd int >= ``low``, else a ValueError naming ``name``."""
     if not isinstance(value, int) or isinstance(value, bool) or value < low or value % 2 == 0:
         raise ValueError(f'{name} must be odd and >= {low} (an int: zero padding k // 2 keeps the map size), '
                          f'got {value!r}')
@@ -179,11 +174,8 @@ Part = nn.Module | nn.Parameter
 
 
 class PositionEncoding(nn.Module):
-    """Base class: no effect at any of the three places. See the module docstring.
-
-    Subclasses set ``attr`` (where the model mounts them: the prefix of their state-dict keys) and override
-    what they use. ``name`` is the registry name (``cpvt_backbones.layers.position.ENCODINGS``).
-    """
+    """Base class: no effect at any of the three places (module docstring). Subclasses set ``attr``, ``name``
+    (their key in ``layers.position.ENCODINGS``) and ``biases_logits``, and override what they use."""
     attr: str = ''
     name: str = ''
     biases_logits: bool = False
@@ -254,8 +246,7 @@ class Placed:
 
 
 def sincos_angles(values: torch.Tensor, num: int, temperature: float) -> torch.Tensor:
-    """(N, num) angles ``value / temperature ** (i / num)``, i = 0..num - 1 (the frequencies of the
-    Transformer's sinusoidal encoding)."""
+    """(N, num) angles ``value / temperature ** (i / num)``, i = 0..num - 1, of the (N,) ``values``."""
     freqs = temperature ** (-torch.arange(num, dtype=torch.float32, device=values.device) / num)
     return values[:, None] * freqs[None]
 

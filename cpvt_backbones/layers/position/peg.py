@@ -16,18 +16,14 @@ PADDING_MODES = ('zeros', 'circular', 'replicate', 'reflect')
 class PEG(nn.Module):
     """Adds a zero-padded convolution of the token map to the tokens.
 
-    The tokens are laid back out as a (B, C, H, W) map; a k x k depthwise convolution with zero padding k // 2
-    sees the image border through its padding, which is what lets it encode absolute position, and it works at
-    any H x W because it is conditioned on the input rather than on a table of fixed length. The leading
-    ``num_prefix_tokens`` (a class token) bypass it.
+    The tokens are laid back out as a (B, C, H, W) map, any H x W, and its k x k depthwise convolution (padding
+    k // 2) is added; the leading ``num_prefix_tokens`` (a class token) bypass it.
 
-    ``peg_type='separable'`` follows the depthwise convolution with a pointwise one (the paper's
-    "separable convolution" variant). The layers live in ``proj`` (a Sequential) so that official Twins/CPVT
-    and timm weights load under their key names (``proj.0.*``). ``kernel_size`` 1 is the paper's control
-    without any spatial extent (``conv1x1``); a PEG proper has k >= 3 (the ``peg`` encoding checks it).
-    ``padding_mode`` other than 'zeros' ('circular', 'replicate', 'reflect') keeps the convolution's locality but
-    gives it no zero border to read absolute position from (a control; 'circular' and 'reflect' need maps of
-    at least k // 2 + 1 tokens per side).
+    ``peg_type='separable'`` follows the depthwise convolution with a pointwise one (``proj.1``). Keys
+    ``proj.0.*`` as the official Twins/CPVT and timm weights. ``kernel_size`` 1 is the ``conv1x1`` control; a
+    PEG proper has k >= 3 (the ``peg`` encoding checks it). ``padding_mode`` other than 'zeros' ('circular',
+    'replicate', 'reflect') leaves no zero border ('circular' and 'reflect' need maps of at least k // 2 + 1
+    tokens per side). A ValueError for an even ``kernel_size`` or an unknown type or mode.
 
     ``region`` (``layers.valid``): on a padded batch's ``ValidRegion`` each image's convolution sees its own
     border: zeros beyond it (the input is zeroed there first) or, with another ``padding_mode``, the image's own
@@ -69,8 +65,7 @@ class PEG(nn.Module):
 
 def peg_responses(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     """``PEG.response`` of every PEG of ``model`` (``pos_block``, in network order) on input ``x``, read through
-    forward hooks that are removed afterwards. On a uniform image only the zero-padded border sets tokens apart,
-    so this shows the absolute position a PEG encodes."""
+    forward hooks that are removed afterwards."""
     responses = []
     hooks = [peg.register_forward_hook(lambda module, args, out: responses.append(
         module.response(args[0].detach(), out.detach(), tuple(args[1])))) for peg in getattr(model, 'pos_block', ())]
@@ -84,13 +79,12 @@ def peg_responses(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
 
 
 class PEGEncoding(Placed, PositionEncoding):
-    """``peg``: a PEG after each block in ``positions`` (per stage; default: the first block of every stage,
-    the paper's "position 0" and Twins' placement). Position -1 puts one on the patch embedding's output,
+    """``peg``: a PEG after each block in ``positions`` (per stage; default: the first block of every stage).
+    Position -1 puts one on the patch embedding's output,
     before block 0. PEGs are ``pos_block.{k}``, numbered in network order (``peg_after[(stage, block)] = k``).
 
     ``kernel_size`` (odd, >= 3), ``peg_type`` ('depthwise' or 'separable'); ``frozen=True`` keeps the PEGs at
-    their random initialisation (no gradient: the paper's "fixed random PEG" control); ``padding_mode``
-    ('zeros', or 'circular', 'replicate', 'reflect': locality without a zero border, a control).
+    their random initialisation (no gradient); ``padding_mode`` ('zeros', 'circular', 'replicate' or 'reflect').
     """
     attr = 'pos_block'
     name = 'peg'
