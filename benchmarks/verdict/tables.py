@@ -1,17 +1,10 @@
 """What every verdict table is made of: paired changes and differences over seeds, the table cell that bolds a
 difference whose interval excludes zero, the leader rule, and the one Markdown table renderer."""
 from collections.abc import Sequence
-from pathlib import Path
 
 from benchmarks.study.common import format_paired, paired
 from benchmarks.study.config import VARIANTS
-from benchmarks.study.summary import RESULTS, Summary, load
-
-
-def torch_of(name: str, results: Path = RESULTS) -> str:
-    """The torch version that the study ``name``'s invocation recorded (its runs share it where they trained in
-    that invocation)."""
-    return load(name, results)['meta'].get('torch', 'unrecorded')
+from benchmarks.study.summary import Summary
 
 
 def change(seeds: dict[int, dict[str, float]], key: str, base: str) -> list[float]:
