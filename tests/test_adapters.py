@@ -201,9 +201,6 @@ def test_tools_hide_only_the_known_third_party_warnings():
                       stacklevel=1)
         warnings.warn('The draw is False, it means that the hook for visualization will not take effect.',
                       stacklevel=1)
-        warnings.warn("<class 'mmdet.visualization.local_visualizer.DetLocalVisualizer'> instance named of "
-                      'visualizer has been created, the method `get_instance` should not accept any other arguments',
-                      stacklevel=1)
         warnings.warn('something of ours', stacklevel=1)
     assert [str(w.message) for w in seen] == ['something of ours']
 
@@ -229,6 +226,25 @@ def test_runner_logs_without_the_known_repeated_lines(tmp_path):
     finally:
         runner.logger.removeHandler(handler)
     assert [r.getMessage() for r in records] == ['Iter(train) [ 50/1200]  lr: 1e-3']
+
+
+def test_runners_of_one_process_write_under_their_own_work_dirs(tmp_path):
+    """Two Runners of one config built in one process (the same second, the first one's folder gone): the second
+    dumps its config and logs under its own work_dir, not under the first's."""
+    import shutil
+    from pathlib import Path
+
+    from cpvt_backbones.adapters.runner import build_runner, load_config
+    config = Path(__file__).resolve().parents[1] / 'configs/shapes/fpn_pcpvt-tiny_shapes.py'
+    first = build_runner(load_config(str(config), work_dir=str(tmp_path / 'first')))
+    shutil.rmtree(tmp_path / 'first')
+    cfg = load_config(str(config), work_dir=str(tmp_path / 'second'))
+    second = build_runner(cfg)
+    assert cfg.visualizer.name == 'visualizer' and 'experiment_name' not in cfg    # the caller's config is unchanged
+    assert second.experiment_name != first.experiment_name
+    assert (Path(second.log_dir) / 'vis_data' / 'config.py').is_file()
+    log_files = [h.baseFilename for h in second.logger.handlers if hasattr(h, 'baseFilename')]
+    assert log_files and all(Path(f).is_relative_to(tmp_path / 'second') for f in log_files)
 
 
 def _installed(engine: str):

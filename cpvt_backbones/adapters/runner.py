@@ -2,7 +2,9 @@
 look up), the Runner with the framework's known notices filtered, the checkpoint it loads (and that it must fit the
 model), AMP and CPU multi-process launch."""
 import contextlib
+import copy
 import gc
+import itertools
 import logging
 import os
 import re
@@ -35,7 +37,6 @@ KNOWN_WARNINGS = (
     r'Default ``avg_non_ignore`` is False',                       # mmseg's CrossEntropyLoss default
     r'``build_loss`` would be deprecated soon',                   # mmseg's own heads
     r'The draw is False, it means that the hook for visualization',  # mmseg's hook, drawing off by default
-    r'<class .*> instance named of visualizer has been created',   # every Runner after the first in a process
 )
 # Log lines of mmengine's Runner that repeat in every run: the optimizer constructor's three lines for every
 # parameter under a paramwise_cfg, its file-backend deprecation notices, mmseg's IoUMetric built without a prefix
@@ -57,14 +58,30 @@ class _DropKnownLogLines(logging.Filter):
         return not any(line in message for line in KNOWN_LOG_LINES)
 
 
+_RUNNERS_BUILT = itertools.count()
+
+
 def build_runner(cfg: Config):
-    """mmengine's Runner for ``cfg``, the modules of its ``custom_imports`` imported first (as a config file's are
-    when it is read; those added in memory, such as our hooks', ``custom_hooks.add_hook``), its logger without
-    ``KNOWN_LOG_LINES`` (every other line still shows)."""
+    """mmengine's Runner for ``cfg`` (``cfg`` itself unchanged), the modules of its ``custom_imports`` imported
+    first (as a config file's are when it is read; those added in memory, such as our hooks',
+    ``custom_hooks.add_hook``), its logger without ``KNOWN_LOG_LINES`` (every other line still shows).
+
+    Each Runner a process builds here has a logger, message hub and visualizer of its own, writing under its own
+    ``work_dir``: the visualizer is named after the experiment (not the fixed name OpenMMLab's default runtimes
+    give it), and every Runner after the first gets the experiment name ``<config name>-<n>`` unless the config
+    sets ``experiment_name``."""
+    # mmengine keeps these three per process by name and hands back an existing one whatever its save directory: a
+    # fixed visualizer name, or two Runners of one config in the same second, would write into the first's folder.
     from mmengine.runner import Runner
     from mmengine.utils import import_modules_from_strings
     if cfg.get('custom_imports'):
         import_modules_from_strings(**cfg.custom_imports)
+    cfg = copy.deepcopy(cfg)
+    if isinstance(cfg.get('visualizer'), Mapping):
+        cfg.visualizer.pop('name', None)
+    built = next(_RUNNERS_BUILT)
+    if built and cfg.get('experiment_name') is None:
+        cfg.experiment_name = f'{Path(cfg.filename).stem if cfg.filename else "runner"}-{built}'
     runner = Runner.from_cfg(cfg)
     runner.logger.addFilter(_DropKnownLogLines())
     return runner
