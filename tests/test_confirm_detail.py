@@ -267,6 +267,12 @@ def test_the_final_epoch_analysis_pairs_by_seed_and_holm_corrects_the_named_cont
                                                                      s='holds')
     assert summary['learns']['gaps'] == dict(learned=1.) and summary['learns']['holds'] is True
     assert [p['epoch'] for p in summary['curves']['cnn']] == [1, 2]
+    reference = summary['learns']['reference_val']
+    for minimum, learned in ((reference, True), (reference + 0.01, False)):   # the reference itself must learn
+        rule = dict(protocol['learns'], reference_min=minimum)
+        strict = proto.Protocol(dict(protocol.data, learns=rule), protocol.path, protocol.sha256)
+        got = analysis.learns(summary['arms'], strict)
+        assert got['reference_learns'] is learned and got['holds'] is learned and got['gaps'] == dict(learned=1.)
 
 
 def test_runs_without_shared_seeds_or_without_a_final_check_are_refused(tmp_path):
@@ -279,13 +285,18 @@ def test_runs_without_shared_seeds_or_without_a_final_check_are_refused(tmp_path
         analysis.summarise(records, protocol, ['learned', 'peg_0-5', 'cnn'])
 
 
-def test_the_pilot_fixes_the_first_candidate_whose_learning_rule_holds_else_the_nearest():
-    def summary(gap):
-        return dict(learns=dict(gaps=dict(learned=gap, none=gap - 1), holds=gap <= 3))
+def test_the_pilot_fixes_the_first_candidate_whose_learning_rule_holds_else_the_nearest_that_learns():
+    def summary(gap, reference_learns=True):
+        return dict(learns=dict(gaps=dict(learned=gap, none=gap - 1), reference_learns=reference_learns,
+                                holds=reference_learns and gap <= 3))
     assert analysis.pilot_choice(dict(a=summary(5.), b=summary(2.), c=summary(1.))) == dict(
         candidate='b', holds=True, gaps=dict(a=5., b=2., c=1.))
     assert analysis.pilot_choice(dict(a=summary(6.), b=summary(4.))) == dict(candidate='b', holds=False,
                                                                       gaps=dict(a=6., b=4.))
+    # small gaps where the reference never learns either are not the nearest
+    assert analysis.pilot_choice(dict(a=summary(1., False), b=summary(20.), c=summary(30.))) == dict(
+        candidate='b', holds=False, gaps=dict(a=1., b=20., c=30.))
+    assert analysis.pilot_choice(dict(a=summary(5., False), b=summary(4., False)))['candidate'] == 'b'
 
 
 # -- the report ----------------------------------------------------------------------------------------------------

@@ -124,14 +124,18 @@ def verdict(contrast: dict, direction: str) -> str:
 
 
 def learns(arm_rows: dict, protocol: Protocol) -> dict:
-    """The learning rule: each of ``learns.arms`` against ``learns.reference`` on validation top-1 at the final
-    epoch (mean over seeds): the gap (reference - arm) and whether it is within ``learns.within`` points."""
+    """The learning rule on validation top-1 at the final epoch (mean over seeds): the reference
+    (``learns.reference``) reaches ``learns.reference_min`` where the protocol sets one ('reference_val',
+    'reference_learns') and each of ``learns.arms`` lies within ``learns.within`` points of it ('gaps':
+    reference - arm); 'holds' where both do (None without the reference or those arms)."""
     rule = protocol['learns']
     if rule['reference'] not in arm_rows:
         return dict(rule, gaps={}, holds=None)
     ref = arm_rows[rule['reference']]['val'][0]
     gaps = {a: round(ref - arm_rows[a]['val'][0], 2) for a in rule['arms'] if a in arm_rows}
-    return dict(rule, gaps=gaps, holds=all(g <= rule['within'] for g in gaps.values()) if gaps else None)
+    learned = ref >= rule.get('reference_min', 0.)
+    return dict(rule, reference_val=round(ref, 2), reference_learns=learned, gaps=gaps,
+                holds=learned and all(g <= rule['within'] for g in gaps.values()) if gaps else None)
 
 
 def curves(runs: dict[str, list[dict]], protocol: Protocol) -> dict[str, list[dict]]:
@@ -156,11 +160,12 @@ def curves(runs: dict[str, list[dict]], protocol: Protocol) -> dict[str, list[di
 
 def pilot_choice(summaries: dict[str, dict]) -> dict:
     """The recipe the pilot fixes, from each candidate's learning rule (``summaries``: {candidate: summary}, in
-    the protocol's order): the first whose rule holds, else the one whose largest gap is smallest ('holds'
-    False)."""
+    the protocol's order): the first whose rule holds; else ('holds' False) the one whose largest gap is
+    smallest among those whose reference learns, or among all where no reference does."""
     gaps = {c: max(s['learns']['gaps'].values()) for c, s in summaries.items() if s['learns']['gaps']}
     if not gaps:
         return dict(candidate=None, holds=None, gaps={})
     held = [c for c in summaries if summaries[c]['learns']['holds']]
-    chosen = held[0] if held else min(gaps, key=gaps.get)
+    learning = [c for c in gaps if summaries[c]['learns']['reference_learns']] or list(gaps)
+    chosen = held[0] if held else min(learning, key=gaps.get)
     return dict(candidate=chosen, holds=bool(held), gaps=gaps)

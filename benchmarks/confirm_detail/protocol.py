@@ -153,6 +153,8 @@ class Protocol:
         learns = d['learns']
         _need(learns['reference'] in d['arms'] and set(learns['arms']) <= set(d['arms']),
               'learns: its arms and reference must be arms')
+        _need(0 <= learns.get('reference_min', 0) <= 100 and learns['within'] >= 0,
+              'learns: reference_min (validation top-1, %; optional) must lie in 0..100 and within be >= 0')
 
 
 def check_may_run(protocol: Protocol, seeds: Sequence[int]) -> None:

@@ -52,8 +52,9 @@ def render_summary(summary: dict, protocol: Protocol, arms: Sequence[str]) -> li
     lines = []
     if rule['gaps']:
         lines += [f'**Every arm learns the task** (validation top-1 at {protocol.train_size} px, final epoch, mean '
-                  f'over seeds; {", ".join(rule["arms"])} within {rule["within"]:.0f} points of '
-                  f'{rule["reference"]}): ' + ('holds' if rule['holds'] else 'does not hold') + ' (gaps: '
+                  f'over seeds; {rule["reference"]} at least {rule.get("reference_min", 0):.0f}, '
+                  f'{", ".join(rule["arms"])} within {rule["within"]:.0f} points of it): ' + ('holds' if rule['holds'] else 'does not hold')
+                  + f' ({rule["reference"]} {rule["reference_val"]:.2f}; gaps: '
                   + ', '.join(f'{a} {g:+.2f}' for a, g in rule['gaps'].items()) + ').', '']
     sizes = protocol.upsampled
     lines += ['| arm | validation | training top-1 | drawn 56 px (start) | '
