@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.study import records
 from benchmarks.study.config import VARIANTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,7 +172,7 @@ def check_study_protocol(study_dir: Path, protocol: Protocol) -> None:
     result.json) records another protocol hash than the file's: a changed protocol needs a new study name."""
     other = sorted({str(path.parent.relative_to(study_dir)) for name in ('started_on.json', 'result.json')
                     for path in study_dir.rglob(name)
-                    if json.loads(path.read_text()).get('protocol_sha256') != protocol.sha256})
+                    if records.read(path).get('protocol_sha256') != protocol.sha256})
     if other:
         raise SystemExit(f'[{TAG}] runs of {study_dir.name} were started under another protocol than {protocol.path} '
                          f'(sha256 {protocol.sha256[:12]}): {", ".join(other[:6])}{" ..." if len(other) > 6 else ""}.'
