@@ -77,7 +77,8 @@ def test_the_committed_protocol_parses_and_centres_its_crops_on_the_1x_test():
     small.data['data']['train_fields'] = 800
     scales = design.object_scales(small, crops=5000)
     below = {k: t['crop_share_below'] for k, t in scales['tests'].items()}
-    assert 0.42 < below['native56'] < 0.58 and below['native112'] > 0.9, below   # measured: 0.49 and 0.98
+    first, last = (f'native{s}' for s in (protocol.train_size, protocol.sizes[-1]))
+    assert 0.42 < below[first] < 0.58 and below[last] > 0.9, below   # measured: 0.52 and 0.98
     assert scales['empty_crops'] < 0.05
     assert 'share of crop objects smaller than its median' in render.scales_text(scales)
 
@@ -169,8 +170,9 @@ def test_a_tiny_pilot_and_confirmatory_study_end_to_end(tmp_path, committed, mon
     runs = tmp_path / 'runs' / 'tiny_pilot' / 'b' / 'peg_0-5-seed100'
     record = json.loads((runs / 'result.json').read_text())
     assert [c['epoch'] for c in record['checks']] == [1, 2] and record['epochs'] == 2
-    assert set(record['checks'][0]['tests']) == {'native56', 'native80', 'native96', 'native112', 'upsampled80',
-                                                 'upsampled96', 'upsampled112'}
+    sizes = proto.Protocol.load(draft)
+    assert set(record['checks'][0]['tests']) == ({f'native{s}' for s in sizes.sizes}
+                                                 | {f'upsampled{s}' for s in sizes.upsampled})
     assert 'final' not in record['checks'][0] and set(record['checks'][1]['final']) == set(record['checks'][0]['tests'])
     assert all(v * 8 % 100 == 0 for v in record['checks'][0]['tests'].values())   # the first 8 test scenes
     assert all(round(v * 12) % 100 == 0 for v in record['checks'][1]['final'].values())   # all 12
@@ -179,7 +181,7 @@ def test_a_tiny_pilot_and_confirmatory_study_end_to_end(tmp_path, committed, mon
     document = cli.main(_argv(tmp_path, fixed))
     summary = document['summaries']['']
     assert [r['seed'] for r in document['runs'] if r['variant'] == 'none'] == [0, 1]
-    assert {(r['arm'], r['size']) for r in summary['rows']} == {(a, s) for a in ARMS for s in (80, 96, 112)}
+    assert {(r['arm'], r['size']) for r in summary['rows']} == {(a, s) for a in ARMS for s in sizes.upsampled}
     assert set(summary['contrasts']) == {c['id'] for c in json.loads((tmp_path / 'tiny.json').read_text())
                                          ['analysis']['contrasts']}
     assert all(len(points) == 2 for points in summary['curves'].values())
@@ -218,7 +220,10 @@ def _synthetic(protocol):
 
 
 def _synthetic_protocol(tmp_path):
-    data = json.loads(proto.PROTOCOL.read_text())
+    data = json.loads(proto.PROTOCOL.read_text())   # at the sizes the synthetic records give
+    data['crops']['size'], data['data']['field_px'] = 56, 126
+    data['tests'].update(native=[56, 80, 96, 112], upsampled=[80, 96, 112])
+    data['blur_up']['sizes'] = [80, 96, 112]
     data['analysis']['contrasts'] = [
         dict(id='peg', measure='detail', a='peg_0-5', size=96),
         dict(id='table', measure='detail', a='learned', size=96),

@@ -57,7 +57,7 @@ def render_summary(summary: dict, protocol: Protocol, arms: Sequence[str]) -> li
                   + f' ({rule["reference"]} {rule["reference_val"]:.2f}; gaps: '
                   + ', '.join(f'{a} {g:+.2f}' for a, g in rule['gaps'].items()) + ').', '']
     sizes = protocol.upsampled
-    lines += ['| arm | validation | training top-1 | drawn 56 px (start) | '
+    lines += [f'| arm | validation | training top-1 | drawn {protocol.train_size} px (start) | '
               + ' | '.join(f'{s} px: native / upsampled | {s} px: gain from detail | {s} px: gain from scale'
                            for s in sizes) + ' |', '|---|---|---|---|' + '---|---|---|' * len(sizes)]
     for a in arms:
