@@ -53,7 +53,8 @@ def render_summary(summary: dict, protocol: Protocol, arms: Sequence[str]) -> li
     if rule['gaps']:
         lines += [f'**Every arm learns the task** (validation top-1 at {protocol.train_size} px, final epoch, mean '
                   f'over seeds; {rule["reference"]} at least {rule.get("reference_min", 0):.0f}, '
-                  f'{", ".join(rule["arms"])} within {rule["within"]:.0f} points of it): ' + ('holds' if rule['holds'] else 'does not hold')
+                  f'{", ".join(rule["arms"])} within {rule["within"]:.0f} points of it): '
+                  + ('holds' if rule['holds'] else 'does not hold')
                   + f' ({rule["reference"]} {rule["reference_val"]:.2f}; gaps: '
                   + ', '.join(f'{a} {g:+.2f}' for a, g in rule['gaps'].items()) + ').', '']
     sizes = protocol.upsampled
