@@ -125,15 +125,15 @@ def verdict(contrast: dict, direction: str) -> str:
 
 def learns(arm_rows: dict, protocol: Protocol) -> dict:
     """The learning rule on validation top-1 at the final epoch (mean over seeds): the reference
-    (``learns.reference``) reaches ``learns.reference_min`` where the protocol sets one ('reference_val',
+    (``learns.reference``) reaches ``learns.reference_min`` (``Protocol.learns``) ('reference_val',
     'reference_learns') and each of ``learns.arms`` lies within ``learns.within`` points of it ('gaps':
     reference - arm); 'holds' where both do (None without the reference or those arms)."""
-    rule = protocol['learns']
+    rule = protocol.learns
     if rule['reference'] not in arm_rows:
         return dict(rule, gaps={}, holds=None)
     ref = arm_rows[rule['reference']]['val'][0]
     gaps = {a: round(ref - arm_rows[a]['val'][0], 2) for a in rule['arms'] if a in arm_rows}
-    learned = ref >= rule.get('reference_min', 0.)
+    learned = ref >= rule['reference_min']
     return dict(rule, reference_val=round(ref, 2), reference_learns=learned, gaps=gaps,
                 holds=learned and all(g <= rule['within'] for g in gaps.values()) if gaps else None)
 

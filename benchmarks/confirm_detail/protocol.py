@@ -83,6 +83,11 @@ class Protocol:
     def upsampled(self) -> tuple[int, ...]:
         return tuple(self.data['tests']['upsampled'])
 
+    @property
+    def learns(self) -> dict:
+        """The learning rule, its ``reference_min`` 0 where the file leaves it out (the first pilot's draft did)."""
+        return {'reference_min': 0., **self.data['learns']}
+
     def recipe(self, candidate: str | None = None) -> dict:
         """The recipe, with the pilot candidate ``candidate``'s changes where given."""
         return dict(self.data['recipe'], **(self.data['pilot']['recipes'][candidate] if candidate else {}))

@@ -52,7 +52,7 @@ def render_summary(summary: dict, protocol: Protocol, arms: Sequence[str]) -> li
     lines = []
     if rule['gaps']:
         lines += [f'**Every arm learns the task** (validation top-1 at {protocol.train_size} px, final epoch, mean '
-                  f'over seeds; {rule["reference"]} at least {rule.get("reference_min", 0):.0f}, '
+                  f'over seeds; {rule["reference"]} at least {rule["reference_min"]:.0f}, '
                   f'{", ".join(rule["arms"])} within {rule["within"]:.0f} points of it): '
                   + ('holds' if rule['holds'] else 'does not hold')
                   + f' ({rule["reference"]} {rule["reference_val"]:.2f}; gaps: '
