@@ -88,6 +88,8 @@ def parse_args(argv: Sequence[str] | None = None) -> StudyConfig:
                    help='a convolutional stem (circular padding, stride 2 per layer) instead of the patch embedding')
     p.add_argument('--stem-layers', type=int, default=d.stem_layers,
                    help='3 x 3 stride-1 layers the stem adds after its stride-2 ones (with --stem)')
+    p.add_argument('--stem-norm', action='store_true',
+                   help='BatchNorm after every convolution of the stem (with --stem)')
     p.add_argument('--blur-up', type=float, default=d.blur_up,
                    help='the share of training crops shrunk to image-size^2 / S px and resized back, S drawn from '
                         'the test sizes above the training size: a drawing upsampled as a resized test is')

@@ -33,7 +33,7 @@ def tiny(tmp_path, status='draft', name='tiny', **changes) -> str:
     data.update(status=status, name=name, arms=ARMS, seeds=[0, 1])
     data['recipe'].update(epochs=2, warmup_epochs=1, batch_size=32, dim=16, heads=2, stem_layers=1)
     data['pilot'] = dict(name=f'{name}_pilot', seeds=[100], arms=['none', 'peg_0-5'],
-                         recipes={'a': {}, 'b': {'stem_layers': 0}})
+                         recipes={'a': {}, 'b': {'stem_layers': 0, 'stem_norm': True}})
     data['data'].update(train_fields=64, validation_images=16, test_images=12, field_px=80)
     data['crops']['min_area'] = 0.5
     data['tests']['check_images'] = 8
@@ -83,6 +83,18 @@ def test_the_committed_protocol_parses_and_centres_its_crops_on_the_1x_test():
     assert 'share of crop objects smaller than its median' in render.scales_text(scales)
 
 
+def test_the_earlier_pilots_protocols_still_load_and_a_recipe_may_leave_out_the_stem_norm():
+    for earlier in proto.Protocol.load(proto.PROTOCOL)['earlier_pilots']:
+        kept = proto.Protocol.load(proto.ROOT / earlier['protocol'])
+        assert kept.sha256 == earlier['protocol_sha256'] and kept['pilot']['name'] == earlier['name']
+        assert 'stem_norm' not in kept['recipe'] and kept.recipe()['stem_norm'] is False
+        assert not design.study_config(kept, pilot=True, candidate=next(iter(kept['pilot']['recipes']))).stem_norm
+    protocol = proto.Protocol.load(proto.PROTOCOL)
+    for candidate, changes in protocol['pilot']['recipes'].items():
+        config = design.study_config(protocol, pilot=True, candidate=candidate)
+        assert config.stem_norm == changes.get('stem_norm', protocol['recipe']['stem_norm'])
+
+
 @pytest.mark.parametrize('change, message', [
     (lambda d: d['data']['scene_sets'].update(test=3), 'earlier studies'),
     (lambda d: d['data']['scene_sets'].update(test=10), 'distinct'),
@@ -90,6 +102,9 @@ def test_the_committed_protocol_parses_and_centres_its_crops_on_the_1x_test():
     (lambda d: d.update(seeds=[0, 100]), 'confirmatory seeds must lie in 0..99'),
     (lambda d: d.update(arms=['none', 'nope']), "unknown arm(s) ['nope']"),
     (lambda d: d['recipe'].update(lr='fast'), "recipe entries ['lr']"),
+    (lambda d: d['recipe'].update(stem_norm=1), "recipe entries ['stem_norm']"),
+    (lambda d: d['pilot']['recipes'].update(x={'stem_layers': True}), "recipe entries ['stem_layers']"),
+    (lambda d: d['recipe'].pop('stem_layers'), "the recipe needs every entry of"),
     (lambda d: d['blur_up'].update(sizes=[96]), 'blur_up draws crops'),
     (lambda d: d['crops'].update(min_area=0.1), 'would be upsampled'),
     (lambda d: d['claims'][0].update(contrast='nope'), 'names contrast'),
@@ -421,6 +436,18 @@ def test_warm_up_stem_layers_and_the_conv_mlp_arm():
     assert torch.allclose(stem(torch.roll(x, (4, 8), dims=(2, 3))), torch.roll(stem(x), (1, 2), dims=(2, 3)), atol=1e-5)
     with pytest.raises(ValueError, match='stem_layers'):
         StudyConfig(stem_layers=1)
+    with pytest.raises(ValueError, match='stem_norm needs the convolutional stem'):
+        StudyConfig(stem_norm=True)
+    normed = ConvStem(3, 16, 4, extra=2, norm=True)   # a BatchNorm after every convolution, GELU between
+    kinds = [type(m).__name__ for m in normed]
+    assert kinds == ['Conv2d', 'BatchNorm2d', 'GELU'] * 3 + ['Conv2d', 'BatchNorm2d']
+    assert [k for k in kinds if k != 'BatchNorm2d'] == [type(m).__name__ for m in stem]   # same convs otherwise
+    for mode in (normed.train, normed.eval):   # batch statistics or running ones: still no border
+        mode()
+        assert torch.allclose(normed(torch.roll(x, (4, 8), dims=(2, 3))), torch.roll(normed(x), (1, 2), dims=(2, 3)),
+                              atol=1e-4)
+    y = normed.train()(torch.randn(8, 3, 28, 36) * 5 + 3)
+    assert y.mean(dim=(0, 2, 3)).abs().max() < 1e-4 and (y.var(dim=(0, 2, 3), unbiased=False) - 1).abs().max() < 1e-2
     config = StudyConfig().replace(variants=('conv_mlp',), head='gap', stem=True, stem_layers=1, image_size=56,
                                    test_sizes=(56, 112), patch=4, in_chans=3, num_classes=4, dim=16)
     model = build_model('conv_mlp', config)

@@ -15,9 +15,10 @@ PROTOCOL = ROOT / 'benchmarks/protocols/confirm_detail.json'
 PILOT_SEEDS = 100                    # pilot seeds are >= this; confirmatory seeds below it
 STATUSES = ('draft', 'fixed')
 # The recipe's fields and their types; each sets the StudyConfig field of its name (warmup_epochs sets warmup, as
-# its share of the epochs).
+# its share of the epochs). A recipe may leave out those of RECIPE_DEFAULTS, which then take the value given there.
 RECIPE = dict(epochs=int, warmup_epochs=(int, float), batch_size=int, lr=float, weight_decay=float,
-              drop_path=float, dim=int, depth=int, heads=int, patch=int, stem_layers=int)
+              drop_path=float, dim=int, depth=int, heads=int, patch=int, stem_layers=int, stem_norm=bool)
+RECIPE_DEFAULTS = dict(stem_norm=False)
 MEASURES = ('start', 'detail', 'scale', 'change', 'val')
 DIRECTIONS = ('+', '-', 'either')
 SCENE_SETS = ('train', 'validation', 'test', 'pilot_test')
@@ -90,7 +91,8 @@ class Protocol:
 
     def recipe(self, candidate: str | None = None) -> dict:
         """The recipe, with the pilot candidate ``candidate``'s changes where given."""
-        return dict(self.data['recipe'], **(self.data['pilot']['recipes'][candidate] if candidate else {}))
+        return {**RECIPE_DEFAULTS, **self.data['recipe'],
+                **(self.data['pilot']['recipes'][candidate] if candidate else {})}
 
     def validate(self) -> None:
         """ProtocolError naming the first entry the study cannot run: missing or unknown keys, arms, seeds on the
@@ -119,9 +121,10 @@ class Protocol:
               f'the pilot\'s seeds must be >= {PILOT_SEEDS}, got {pilot_seeds}')
         for recipe in (d['recipe'], *d['pilot'].get('recipes', {}).values()):
             wrong = sorted(k for k, v in recipe.items() if k not in RECIPE or not isinstance(v, RECIPE[k])
-                           or isinstance(v, bool))
+                           or (isinstance(v, bool) and RECIPE[k] is not bool))
             _need(not wrong, f'recipe entries {wrong}: not one of {sorted(RECIPE)} with its type')
-        _need(set(d['recipe']) == set(RECIPE), f'the recipe needs every entry of {sorted(RECIPE)}')
+        needed = sorted(set(RECIPE) - set(RECIPE_DEFAULTS))
+        _need(set(needed) <= set(d['recipe']), f'the recipe needs every entry of {needed}')
         _need(bool(d['pilot'].get('recipes')), 'the pilot needs at least one candidate recipe (none: {})')
         sets = d['data']['scene_sets']
         _need(set(sets) == set(SCENE_SETS), f'data.scene_sets needs {SCENE_SETS}')

@@ -102,6 +102,7 @@ class StudyConfig:
     patch: int = 2
     stem: bool = False         # a convolutional stem (stem.ConvStem, circular padding) in place of the patch embedding
     stem_layers: int = 0       # the stem's 3 x 3 stride-1 layers after its stride-2 ones (stem only)
+    stem_norm: bool = False    # BatchNorm after every stem convolution (stem only)
     in_chans: int = 1          # the images' channels and classes (Fashion-MNIST: 1 and 10); other tasks
     num_classes: int = 10      # of the same models replace them
     device: str = 'cpu'
@@ -153,6 +154,7 @@ class StudyConfig:
              f'blur_up draws crops as the upsampled tests do: it needs a test size above {self.image_size}'),
             (self.stem_layers < 0 or (self.stem_layers and not self.stem),
              f'stem_layers must be >= 0 and needs the convolutional stem (stem), got {self.stem_layers}'),
+            (self.stem_norm and not self.stem, 'stem_norm needs the convolutional stem (stem)'),
             (self.stem and (self.patch < 2 or self.patch & (self.patch - 1)),
              f'the convolutional stem halves the image per layer: it needs a patch size 2, 4, 8, ..., got '
              f'{self.patch}'),

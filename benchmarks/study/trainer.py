@@ -28,8 +28,8 @@ from cpvt_backbones.utils import atomic_write
 
 def build_model(variant: str, config: StudyConfig) -> CPVT | PatchCNN | Stemmed:
     """The variant's network (a ``conv_mlp`` variant with ``layers.ConvMlp`` in every block); with ``config.stem``
-    on a shared ``ConvStem`` with ``config.stem_layers`` stride-1 layers (the network then has patch size 1 over
-    the stem's map of ``config.dim`` channels)."""
+    on a shared ``ConvStem`` with ``config.stem_layers`` stride-1 layers, normalised where ``config.stem_norm``
+    says (the network then has patch size 1 over the stem's map of ``config.dim`` channels)."""
     patch, in_chans = (1, config.dim) if config.stem else (config.patch, config.in_chans)
     if VARIANTS[variant].cnn:
         net = PatchCNN(config.dim, config.depth, patch, in_chans, config.num_classes)
@@ -41,7 +41,7 @@ def build_model(variant: str, config: StudyConfig) -> CPVT | PatchCNN | Stemmed:
                    drop_path_rate=config.drop_path, pos_encoding=spec, **mlp)
     if not config.stem:
         return net
-    return Stemmed(ConvStem(config.in_chans, config.dim, config.patch, config.stem_layers), net)
+    return Stemmed(ConvStem(config.in_chans, config.dim, config.patch, config.stem_layers, config.stem_norm), net)
 
 
 def make_optimizer(model: CPVT, config: StudyConfig, total_steps: int):
