@@ -32,7 +32,11 @@ class ConvStem(nn.Sequential):
         convs += [nn.Conv2d(dim, dim, 3, 1, 1, padding_mode='circular') for _ in range(extra)]
         modules: list[nn.Module] = []
         for i, conv in enumerate(convs):
-            modules += [nn.GELU()] * bool(i) + [conv] + [nn.BatchNorm2d(conv.out_channels)] * norm
+            if i:
+                modules.append(nn.GELU())
+            modules.append(conv)
+            if norm:
+                modules.append(nn.BatchNorm2d(conv.out_channels))
         super().__init__(*modules)
 
 
