@@ -33,7 +33,7 @@ def tiny(tmp_path, status='draft', name='tiny', **changes) -> str:
     data.update(status=status, name=name, arms=ARMS, seeds=[0, 1])
     data['recipe'].update(epochs=2, warmup_epochs=1, batch_size=32, dim=16, heads=2, stem_layers=1)
     data['pilot'] = dict(name=f'{name}_pilot', seeds=[100], arms=['none', 'peg_0-5'],
-                         recipes={'a': {}, 'b': {'stem_layers': 0, 'stem_norm': True}})
+                         recipes={'a': {}, 'b': {'stem_layers': 0, 'stem_norm': True, 'object_scale': 0.5}})
     data['data'].update(train_fields=64, validation_images=16, test_images=12, field_px=80)
     data['crops']['min_area'] = 0.5
     data['tests']['check_images'] = 8
@@ -42,6 +42,7 @@ def tiny(tmp_path, status='draft', name='tiny', **changes) -> str:
     ids = {c['id'] for c in data['analysis']['contrasts']}
     data['claims'] = [c for c in data['claims'] if c['contrast'] in ids]
     data['learns'] = dict(arms=['none'], reference='peg_0-5', within=3.0)
+    data['ceiling'] = dict(arms=['peg_0-5'], size=68, below=95.0)
     data.update(changes)
     path = tmp_path / f'{name}.json'
     path.write_text(json.dumps(data, indent=1))
@@ -83,16 +84,43 @@ def test_the_committed_protocol_parses_and_centres_its_crops_on_the_1x_test():
     assert 'share of crop objects smaller than its median' in render.scales_text(scales)
 
 
-def test_the_earlier_pilots_protocols_still_load_and_a_recipe_may_leave_out_the_stem_norm():
-    for earlier in proto.Protocol.load(proto.PROTOCOL)['earlier_pilots']:
+def test_the_earlier_pilots_protocols_still_load_and_a_recipe_may_leave_out_the_stem_norm_and_object_scale():
+    earlier_pilots = proto.Protocol.load(proto.PROTOCOL)['earlier_pilots']
+    assert sum('stem_norm' not in json.loads((proto.ROOT / e['protocol']).read_text())['recipe']
+               for e in earlier_pilots) == 3   # the first three pilots' drafts had none
+    for earlier in earlier_pilots:
         kept = proto.Protocol.load(proto.ROOT / earlier['protocol'])
         assert kept.sha256 == earlier['protocol_sha256'] and kept['pilot']['name'] == earlier['name']
-        assert 'stem_norm' not in kept['recipe'] and kept.recipe()['stem_norm'] is False
-        assert not design.study_config(kept, pilot=True, candidate=next(iter(kept['pilot']['recipes']))).stem_norm
+        assert 'object_scale' not in kept['recipe'] and kept.recipe()['stem_norm'] is False
+        for candidate, changes in kept['pilot']['recipes'].items():
+            config = design.study_config(kept, pilot=True, candidate=candidate)
+            assert config.stem_norm is changes.get('stem_norm', False)
+        # nor an object scale or a ceiling: their objects as drawn then, no ceiling rule
+        assert kept.object_size(next(iter(kept['pilot']['recipes']))) == tuple(kept['data']['object_size'])
+        assert kept.ceiling is None and analysis.ceiling([], kept) is None
     protocol = proto.Protocol.load(proto.PROTOCOL)
     for candidate, changes in protocol['pilot']['recipes'].items():
         config = design.study_config(protocol, pilot=True, candidate=candidate)
         assert config.stem_norm == changes.get('stem_norm', protocol['recipe']['stem_norm'])
+        scale = changes.get('object_scale', 1.)
+        assert protocol.object_size(candidate) == pytest.approx([v * scale for v in protocol['data']['object_size']])
+
+
+def test_the_object_scale_sizes_every_scene_a_run_sees():
+    protocol = proto.Protocol.load(proto.PROTOCOL)
+    data = copy.deepcopy(protocol.data)
+    data['data']['train_fields'] = 40
+    data['pilot']['recipes'] = dict(whole={}, half={'object_scale': 0.5})
+    small = proto.Protocol(data, protocol.path, protocol.sha256)
+    lo, hi = data['data']['object_size']
+    for candidate, scale in (('whole', 1.), ('half', 0.5)):
+        held, _ = design.held_out_scenes(small, 'validation', 50, candidate)
+        radii = [sh.r / (data['data']['test_side'] / 2) for scene in held for sh in scene.shapes]
+        assert lo * scale - 1e-9 <= min(radii) and max(radii) <= hi * scale + 1e-9 and max(radii) > hi * scale * 0.9
+        fields, _ = design.field_scenes(small, candidate)   # the fields' shapes as large as the tests' in units
+        radii = [sh.r / (data['data']['test_side'] / 2) for scene in fields for sh in scene.shapes]
+        assert max(radii) <= hi * scale + 1e-3 and max(radii) > hi * scale * 0.9
+    assert not hasattr(design.study_config(small, pilot=True, candidate='half'), 'object_scale')
 
 
 @pytest.mark.parametrize('change, message', [
@@ -110,6 +138,14 @@ def test_the_earlier_pilots_protocols_still_load_and_a_recipe_may_leave_out_the_
     (lambda d: d['claims'][0].update(contrast='nope'), 'names contrast'),
     (lambda d: d['analysis']['contrasts'][0].update(size=64), 'size must be one of tests.upsampled'),
     (lambda d: d.update(status='final'), 'status must be one of'),
+    (lambda d: d.update(notes='x'), "unknown entries ['notes']"),
+    (lambda d: d['recipe'].update(object_scale=1), "recipe entries ['object_scale']"),
+    (lambda d: d['pilot']['recipes'].update(x={'object_scale': 0.}), 'object_scale must be > 0'),
+    (lambda d: d['pilot']['recipes'].update(x={'object_scale': 3.5}), 'below half the side'),
+    (lambda d: d['ceiling'].update(arms=['conv_mlp']), 'ceiling: its arms must be the pilot'),
+    (lambda d: d['ceiling'].update(size=40), 'ceiling: size must be one of tests.upsampled'),
+    (lambda d: d['ceiling'].update(below=0), 'below (top-1, %) lie in'),
+    (lambda d: d['ceiling'].pop('below'), 'ceiling needs exactly arms, size and below'),
 ])
 def test_a_malformed_protocol_is_refused_naming_the_entry(tmp_path, change, message):
     data = json.loads(proto.PROTOCOL.read_text())
@@ -181,9 +217,15 @@ def test_a_tiny_pilot_and_confirmatory_study_end_to_end(tmp_path, committed, mon
     assert set(document['summaries']) == {'a', 'b'} and document['choice']['candidate'] in ('a', 'b')
     pilot_md = (tmp_path / 'out' / 'tiny_pilot.md').read_text()
     assert 'The recipe the pilot fixes' in pilot_md and '### Candidate `b`: ' in pilot_md
+    assert 'Clear of the ceiling** (peg_0-5 below 95 at 68 px' in pilot_md
     assert (tmp_path / 'out' / 'tiny_pilot_a.png').stat().st_size > 0
     runs = tmp_path / 'runs' / 'tiny_pilot' / 'b' / 'peg_0-5-seed100'
     record = json.loads((runs / 'result.json').read_text())
+    whole = proto.Protocol.load(draft)['data']['object_size']   # candidate b's objects drawn at half the size
+    assert record['object_size'] == pytest.approx([v / 2 for v in whole])
+    scales = document['meta']['object_scales']
+    assert scales['b']['tests']['native40']['percentiles'][2] == pytest.approx(
+        scales['a']['tests']['native40']['percentiles'][2] / 2, rel=0.2)
     assert [c['epoch'] for c in record['checks']] == [1, 2] and record['epochs'] == 2
     sizes = proto.Protocol.load(draft)
     assert set(record['checks'][0]['tests']) == ({f'native{s}' for s in sizes.sizes}
@@ -250,6 +292,7 @@ def _synthetic_protocol(tmp_path):
                       dict(id='pt', contrast='peg-table', direction='-', text='The table gains more.'),
                       dict(id='s', contrast='start', direction='either', text='They start apart.')]
     data['learns'] = dict(arms=['learned'], reference='peg_0-5', within=3.0)
+    data['ceiling'] = dict(arms=['peg_0-5'], size=96, below=95.0)
     data['arms'], data['pilot']['arms'] = ['learned', 'peg_0-5', 'cnn'], ['learned', 'peg_0-5']
     path = tmp_path / 'synthetic.json'
     path.write_text(json.dumps(data))
@@ -286,6 +329,12 @@ def test_the_final_epoch_analysis_pairs_by_seed_and_holm_corrects_the_named_cont
     assert {v['id']: v['verdict'] for v in summary['claims']} == dict(p='holds', t='not shown', pt='reversed',
                                                                      s='holds')
     assert summary['learns']['gaps'] == dict(learned=1.) and summary['learns']['holds'] is True
+    # the ceiling: the PEG's native top-1 at 96 px (the higher test there) is 82 + 2 + 11 = 95.0 on average
+    assert summary['ceiling']['tops'] == {'peg_0-5': 95.}
+    assert summary['ceiling']['clear'] is False
+    lower = proto.Protocol(dict(protocol.data, ceiling=dict(protocol['ceiling'], below=95.01)), protocol.path,
+                           protocol.sha256)
+    assert analysis.ceiling(summary['rows'], lower)['clear'] is True
     assert [p['epoch'] for p in summary['curves']['cnn']] == [1, 2]
     reference = summary['learns']['reference_val']
     for minimum, learned in ((reference, True), (reference + 0.01, False)):   # the reference itself must learn
@@ -305,18 +354,26 @@ def test_runs_without_shared_seeds_or_without_a_final_check_are_refused(tmp_path
         analysis.summarise(records, protocol, ['learned', 'peg_0-5', 'cnn'])
 
 
-def test_the_pilot_fixes_the_first_candidate_whose_learning_rule_holds_else_the_nearest_that_learns():
-    def summary(gap, reference_learns=True):
+def test_the_pilot_fixes_the_first_candidate_whose_learning_rule_holds_clear_of_the_ceiling_else_the_nearest():
+    def summary(gap, reference_learns=True, clear=None):
         return dict(learns=dict(gaps=dict(learned=gap, none=gap - 1), reference_learns=reference_learns,
-                                holds=reference_learns and gap <= 3))
+                                holds=reference_learns and gap <= 3),
+                    ceiling=None if clear is None else dict(tops={'cnn': 90.}, clear=clear))
     assert analysis.pilot_choice(dict(a=summary(5.), b=summary(2.), c=summary(1.))) == dict(
-        candidate='b', holds=True, gaps=dict(a=5., b=2., c=1.))
-    assert analysis.pilot_choice(dict(a=summary(6.), b=summary(4.))) == dict(candidate='b', holds=False,
-                                                                      gaps=dict(a=6., b=4.))
+        candidate='b', holds=True, gaps=dict(a=5., b=2., c=1.), clear=dict(a=True, b=True, c=True))
+    assert analysis.pilot_choice(dict(a=summary(6.), b=summary(4.))) == dict(
+        candidate='b', holds=False, gaps=dict(a=6., b=4.), clear=dict(a=True, b=True))
     # small gaps where the reference never learns either are not the nearest
     assert analysis.pilot_choice(dict(a=summary(1., False), b=summary(20.), c=summary(30.))) == dict(
-        candidate='b', holds=False, gaps=dict(a=1., b=20., c=30.))
+        candidate='b', holds=False, gaps=dict(a=1., b=20., c=30.), clear=dict(a=True, b=True, c=True))
     assert analysis.pilot_choice(dict(a=summary(5., False), b=summary(4., False)))['candidate'] == 'b'
+    # a candidate at the ceiling is passed over while another holds, and while another learns clear of it
+    at, clear = dict(a=summary(1., clear=False), b=summary(2., clear=True)), dict(a=False, b=True)
+    assert analysis.pilot_choice(at) == dict(candidate='b', holds=True, gaps=dict(a=1., b=2.), clear=clear)
+    assert analysis.pilot_choice(dict(a=summary(4., clear=False), b=summary(9., clear=True)))['candidate'] == 'b'
+    assert analysis.pilot_choice(dict(a=summary(4., clear=False), b=summary(9., False, True)))['candidate'] == 'a'
+    choice = analysis.pilot_choice(dict(a=summary(4., clear=False), b=summary(6., clear=False)))
+    assert choice['candidate'] == 'a' and choice['holds'] is False
 
 
 # -- the report ----------------------------------------------------------------------------------------------------
@@ -338,7 +395,7 @@ def test_a_report_is_refused_from_a_dirty_tree_and_records_its_commit_apart_from
     _git(repo, 'add', '.')
     _git(repo, 'commit', '-q', '-m', 'c')
     meta = dict(command='python -m benchmarks.confirm_detail', wall_minutes=0.,
-                object_scales=dict(levels=[50], crops=[5.], empty_crops=0.01, tests={}))
+                object_scales={'': dict(levels=[50], crops=[5.], empty_crops=0.01, tests={})})
     document = render.write_outputs({'': records}, protocol, False, tmp_path / 'out', meta, root=repo)
     assert document['meta']['rendered_at'] == _git(repo, 'rev-parse', 'HEAD') != 'a' * 40
     assert document['meta']['run_commits'] == ['a' * 40]

@@ -57,8 +57,8 @@ def summarise(results: list[dict], protocol: Protocol, arms: Sequence[str]) -> d
     and training top-1 ('arms'); per arm and upsampled size native and upsampled top-1 (mean, sd, per seed) with
     the gains from detail and from scale and the change, each paired with its 95% interval ('rows'); the
     protocol's contrasts, Holm-corrected over its family ('contrasts'); each claim's verdict ('claims'); the
-    learning rule ('learns'); and each arm's curve, one point per check: mean start, gain from detail and change
-    per size ('curves')."""
+    learning rule ('learns'); the ceiling rule ('ceiling'); and each arm's curve, one point per check: mean start,
+    gain from detail and change per size ('curves')."""
     size = protocol.train_size
     runs = by_arm(results, arms)
     final = {a: [final_check(r) for r in rs] for a, rs in runs.items()}
@@ -82,7 +82,7 @@ def summarise(results: list[dict], protocol: Protocol, arms: Sequence[str]) -> d
     claims = [dict(claim, verdict=verdict(contrasts[claim['contrast']], claim['direction']))
               for claim in protocol['claims'] if claim['contrast'] in contrasts]
     return dict(arms=arm_rows, rows=rows, contrasts=contrasts, claims=claims, learns=learns(arm_rows, protocol),
-                curves=curves(runs, protocol))
+                ceiling=ceiling(rows, protocol), curves=curves(runs, protocol))
 
 
 def analyse_contrasts(final: dict[str, list[dict]], protocol: Protocol) -> dict[str, dict]:
@@ -138,6 +138,19 @@ def learns(arm_rows: dict, protocol: Protocol) -> dict:
                 holds=learned and all(g <= rule['within'] for g in gaps.values()) if gaps else None)
 
 
+def ceiling(rows: list[dict], protocol: Protocol) -> dict | None:
+    """The ceiling rule (``Protocol.ceiling``; None without one) on the final epoch's every test scene: per arm of
+    ``ceiling.arms`` the higher of its native and upsampled top-1 at ``ceiling.size`` (mean over seeds; 'tops'),
+    and whether every one stays below ``ceiling.below`` ('clear'; None without those arms), so that the gains
+    from detail there are not squeezed against 100%."""
+    rule = protocol.ceiling
+    if rule is None:
+        return None
+    tops = {r['arm']: round(max(r['native'][0], r['upsampled'][0]), 2) for r in rows
+            if r['arm'] in rule['arms'] and r['size'] == rule['size']}
+    return dict(rule, tops=tops, clear=all(t < rule['below'] for t in tops.values()) if tops else None)
+
+
 def curves(runs: dict[str, list[dict]], protocol: Protocol) -> dict[str, list[dict]]:
     """Per arm, one point per check (the checks every seed has): its epoch and the mean over seeds of the start,
     the validation, and per upsampled size the gain from detail and the change, each check read on the same
@@ -159,13 +172,16 @@ def curves(runs: dict[str, list[dict]], protocol: Protocol) -> dict[str, list[di
 
 
 def pilot_choice(summaries: dict[str, dict]) -> dict:
-    """The recipe the pilot fixes, from each candidate's learning rule (``summaries``: {candidate: summary}, in
-    the protocol's order): the first whose rule holds; else ('holds' False) the one whose largest gap is
-    smallest among those whose reference learns, or among all where no reference does."""
+    """The recipe the pilot fixes, from each candidate's learning and ceiling rules (``summaries``: {candidate:
+    summary}, in the protocol's order; a summary without a ceiling rule is clear of it): the first whose learning
+    rule holds and which is clear of the ceiling; else ('holds' False) the one whose largest gap is smallest among
+    those whose reference learns and which are clear, else among those whose reference learns, else among all.
+    'clear': each candidate's ceiling verdict."""
     gaps = {c: max(s['learns']['gaps'].values()) for c, s in summaries.items() if s['learns']['gaps']}
     if not gaps:
-        return dict(candidate=None, holds=None, gaps={})
-    held = [c for c in summaries if summaries[c]['learns']['holds']]
-    learning = [c for c in gaps if summaries[c]['learns']['reference_learns']] or list(gaps)
-    chosen = held[0] if held else min(learning, key=gaps.get)
-    return dict(candidate=chosen, holds=bool(held), gaps=gaps)
+        return dict(candidate=None, holds=None, gaps={}, clear={})
+    clear = {c: (s.get('ceiling') or {}).get('clear') is not False for c, s in summaries.items()}
+    held = [c for c in summaries if summaries[c]['learns']['holds'] and clear[c]]
+    learning = [c for c in gaps if summaries[c]['learns']['reference_learns']]
+    chosen = held[0] if held else min([c for c in learning if clear[c]] or learning or list(gaps), key=gaps.get)
+    return dict(candidate=chosen, holds=bool(held), gaps=gaps, clear=clear)

@@ -32,9 +32,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _run_shared(data, arm: str, seed: int, config: StudyConfig, protocol: Protocol, origin: dict,
+def _run_shared(data: dict, arm: str, seed: int, config: StudyConfig, protocol: Protocol, origin: dict,
                 candidate: str | None) -> str:
-    run(arm, seed, config, data, protocol, origin, candidate)
+    run(arm, seed, config, data[protocol.object_size(candidate)], protocol, origin, candidate)
     return f'{arm}-seed{seed}'
 
 
@@ -42,12 +42,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     """Train and test this shard's runs, then (once every run is done) write the study's outputs."""
     args = parse_args(argv)
     protocol = Protocol.load(args.protocol)
-    if args.scales:
-        scales = object_scales(protocol, pilot=args.pilot)
-        print(scales_text(scales))
-        return scales
     pilot = args.pilot
     candidates = list(protocol['pilot']['recipes']) if pilot else [None]
+    if args.scales:
+        scales = {c or '': object_scales(protocol, pilot=pilot, candidate=c) for c in candidates}
+        for c, s in scales.items():
+            print(f'{c}: ' * pilot + scales_text(s))
+        return scales
     fields = dict(device=args.device, tf32=args.tf32, work_dir=args.work_dir, out=args.out)
     configs = {c: study_config(protocol, pilot, c, **fields) for c in candidates}
     first = next(iter(configs.values()))
@@ -58,8 +59,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     def work(todo: list) -> None:
         origin = provenance(args.device)   # refuses uncommitted code before anything is drawn
+        by_size = {protocol.object_size(c): c for c, _, _ in todo}   # one drawing per object size the runs need
         with drawing_pool(args.jobs) as pool:
-            data = load_data(protocol, pilot, pool)
+            data = {size: load_data(protocol, pilot, pool, c) for size, c in by_size.items()}
         calls = [(arm, seed, configs[c], protocol, origin, c) for c, arm, seed in todo]
         run_all(_run_shared, calls, data, args.jobs, args.threads, TAG)
 
@@ -67,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         results: dict = {}
         for r in runs:
             results.setdefault(r['candidate'] or '', []).append(r)
-        meta = dict(meta, object_scales=object_scales(protocol, pilot=pilot))
+        meta = dict(meta, object_scales={c: object_scales(protocol, pilot=pilot, candidate=c or None)
+                                         for c in results})
         document = write_outputs(results, protocol, pilot, args.out, meta)
         print(f'[{TAG}] {document["meta"]["wall_minutes"]} min; results in {args.out}')
         return document

@@ -7,7 +7,7 @@ from concurrent.futures import Executor
 import numpy as np
 import torch
 
-from benchmarks.confirm_detail.protocol import ROOT, TAG, Protocol, check_may_run
+from benchmarks.confirm_detail.protocol import ROOT, TAG, TASK_FIELDS, Protocol, check_may_run
 from benchmarks.study import records
 from benchmarks.study.config import StudyConfig
 from benchmarks.study.data import random_boxes
@@ -29,33 +29,37 @@ def study_config(protocol: Protocol, pilot: bool, candidate: str | None = None, 
         test_sizes=protocol.sizes, probe_images=0, in_chans=3, num_classes=4, head='gap', stem=True,
         crop_scale=d['crops']['min_area'], crop_area=d['crops']['area'], crop_resample=d['crops']['resample'],
         blur_up=d['blur_up']['share'], warmup=recipe['warmup_epochs'] / recipe['epochs'],
-        **{k: v for k, v in recipe.items() if k != 'warmup_epochs'}, **fields)
+        **{k: v for k, v in recipe.items() if k not in TASK_FIELDS}, **fields)
 
 
-def field_scenes(protocol: Protocol):
+def field_scenes(protocol: Protocol, candidate: str | None = None):
     """The training fields and their labels: scene set ``train``, ``data.field_side`` units square, with
-    ``data.field_objects`` objects of the test scenes' radii in units (about the test scenes' density)."""
+    ``data.field_objects`` objects of the test scenes' radii in units (about the test scenes' density; radii as
+    ``Protocol.object_size`` gives them for ``candidate``)."""
     d = protocol['data']
-    size = tuple(round(s * d['test_side'] / d['field_side'], 4) for s in d['object_size'])
+    size = tuple(round(s * d['test_side'] / d['field_side'], 4) for s in protocol.object_size(candidate))
     return class_scenes(d['train_fields'], d['field_side'], d['scene_sets']['train'], tuple(d['field_objects']),
                         size)
 
 
-def held_out_scenes(protocol: Protocol, which: str, count: int):
-    """``count`` scenes of the scene set ``which`` ('validation', 'test', 'pilot_test') and their labels."""
+def held_out_scenes(protocol: Protocol, which: str, count: int, candidate: str | None = None):
+    """``count`` scenes of the scene set ``which`` ('validation', 'test', 'pilot_test') and their labels, the
+    shapes' radii as ``Protocol.object_size`` gives them for ``candidate``."""
     d = protocol['data']
-    return class_scenes(count, d['test_side'], d['scene_sets'][which], tuple(d['objects']), tuple(d['object_size']))
+    return class_scenes(count, d['test_side'], d['scene_sets'][which], tuple(d['objects']),
+                        protocol.object_size(candidate))
 
 
-def load_data(protocol: Protocol, pilot: bool, pool: Executor | None = None):
+def load_data(protocol: Protocol, pilot: bool, pool: Executor | None = None, candidate: str | None = None):
     """(training fields at ``data.field_px`` and labels, validation at the training size and labels, {test size:
-    (the test set drawn at that size, labels)}); the pilot's tests are the pilot test set's."""
+    (the test set drawn at that size, labels)}), the objects sized for ``candidate``; the pilot's tests are the
+    pilot test set's."""
     d = protocol['data']
-    scenes, labels = field_scenes(protocol)
+    scenes, labels = field_scenes(protocol, candidate)
     train_data = draw(scenes, d['field_side'], d['field_px'], pool), torch.from_numpy(labels)
-    scenes, labels = held_out_scenes(protocol, 'validation', d['validation_images'])
+    scenes, labels = held_out_scenes(protocol, 'validation', d['validation_images'], candidate)
     val = draw(scenes, d['test_side'], protocol.train_size, pool), torch.from_numpy(labels)
-    scenes, labels = held_out_scenes(protocol, 'pilot_test' if pilot else 'test', d['test_images'])
+    scenes, labels = held_out_scenes(protocol, 'pilot_test' if pilot else 'test', d['test_images'], candidate)
     y = torch.from_numpy(labels)
     return train_data, val, {s: (draw(scenes, d['test_side'], s, pool), y) for s in protocol.sizes}
 
@@ -65,18 +69,19 @@ def tests(protocol: Protocol) -> list[Drawn | DrawnResized]:
     return [*(Drawn(s) for s in protocol.sizes), *(DrawnResized(s) for s in protocol.upsampled)]
 
 
-def object_scales(protocol: Protocol, crops: int = 20000, pilot: bool = False) -> dict:
+def object_scales(protocol: Protocol, crops: int = 20000, pilot: bool = False, candidate: str | None = None) -> dict:
     """Apparent object radii (px) in training crops and in each native test, as percentiles (``LEVELS``), with the
     share of crop objects smaller than each test's median ('crop_share_below': 0.5 where the crops are centred
     on that test) and the share of crops that show no object: ``crops`` boxes drawn as training draws them over
-    the training fields (``scenes.crop_radii``), the tests' every shape at the test's size."""
+    the training fields (``scenes.crop_radii``), the tests' every shape at the test's size; the objects sized for
+    ``candidate``."""
     d = protocol['data']
-    scenes, _ = field_scenes(protocol)
+    scenes, _ = field_scenes(protocol, candidate)
     gen = torch.Generator().manual_seed(0)
     boxes = random_boxes(crops, protocol['crops']['min_area'], gen, protocol['crops']['area'])
     picks = torch.randint(len(scenes), (crops,), generator=gen).tolist()
     radii, empty = crop_radii(scenes, d['field_side'], protocol.train_size, boxes, picks)
-    held, _ = held_out_scenes(protocol, 'pilot_test' if pilot else 'test', d['test_images'])
+    held, _ = held_out_scenes(protocol, 'pilot_test' if pilot else 'test', d['test_images'], candidate)
     unit = np.array([s.r for scene in held for s in scene.shapes])
     out = dict(levels=list(LEVELS), crops=percentiles(radii), empty_crops=round(empty, 3), tests={})
     for size in protocol.sizes:
@@ -101,7 +106,8 @@ def run(arm: str, seed: int, config: StudyConfig, data, protocol: Protocol, orig
     on) and checked at every epoch's end, each check in the record's ``checks``: validation top-1 ('val') and
     every test (``tests``) on the first ``tests.check_images`` test scenes ('tests'); the final check also on
     every test scene ('final'). The record holds ``origin`` (``provenance``), the protocol's path and sha256, the
-    pilot candidate and the scene sets; read back where it is there already."""
+    pilot candidate, the scene sets and the shapes' radii ('object_size'); read back where it is there already.
+    ``data`` (``load_data``) must be drawn for ``candidate``."""
     run_dir = config.run_dir(arm, seed)
     path = run_dir / 'result.json'
     result = records.read(path)
@@ -138,5 +144,6 @@ def run(arm: str, seed: int, config: StudyConfig, data, protocol: Protocol, orig
         candidate=candidate, protocol=protocol.path.relative_to(ROOT).as_posix() if protocol.path.is_relative_to(ROOT)
         else str(protocol.path), protocol_sha256=protocol.sha256,
         scene_sets=dict(train=sets['train'], validation=sets['validation'],
-                        test=sets['pilot_test' if candidate is not None else 'test']), **origin)
+                        test=sets['pilot_test' if candidate is not None else 'test']),
+        object_size=list(protocol.object_size(candidate)), **origin)
     return records.write(path, result)

@@ -15,10 +15,14 @@ PROTOCOL = ROOT / 'benchmarks/protocols/confirm_detail.json'
 PILOT_SEEDS = 100                    # pilot seeds are >= this; confirmatory seeds below it
 STATUSES = ('draft', 'fixed')
 # The recipe's fields and their types; each sets the StudyConfig field of its name (warmup_epochs sets warmup, as
-# its share of the epochs). A recipe may leave out those of RECIPE_DEFAULTS, which then take the value given there.
+# its share of the epochs), but for object_scale, the factor on data.object_size that every scene a run sees is drawn
+# with (training fields, validation and tests alike; TASK_FIELDS). A recipe may leave out those of RECIPE_DEFAULTS,
+# which then take the value given there.
 RECIPE = dict(epochs=int, warmup_epochs=(int, float), batch_size=int, lr=float, weight_decay=float,
-              drop_path=float, dim=int, depth=int, heads=int, patch=int, stem_layers=int, stem_norm=bool)
-RECIPE_DEFAULTS = dict(stem_norm=False)
+              drop_path=float, dim=int, depth=int, heads=int, patch=int, stem_layers=int, stem_norm=bool,
+              object_scale=float)
+RECIPE_DEFAULTS = dict(stem_norm=False, object_scale=1.0)
+TASK_FIELDS = ('warmup_epochs', 'object_scale')   # recipe fields that set no StudyConfig field of their name
 MEASURES = ('start', 'detail', 'scale', 'change', 'val')
 DIRECTIONS = ('+', '-', 'either')
 SCENE_SETS = ('train', 'validation', 'test', 'pilot_test')
@@ -89,6 +93,18 @@ class Protocol:
         """The learning rule, its ``reference_min`` 0 where the file leaves it out (the first pilot's draft did)."""
         return {'reference_min': 0., **self.data['learns']}
 
+    @property
+    def ceiling(self) -> dict | None:
+        """The ceiling rule (``ceiling``: its arms, size and the top-1 they stay below), None where the file has
+        none (drafts before the fifth pilot's had none)."""
+        return self.data.get('ceiling')
+
+    def object_size(self, candidate: str | None = None) -> tuple[float, float]:
+        """The radii of the scenes' shapes (fractions of half the side): ``data.object_size`` times the recipe's
+        ``object_scale``."""
+        scale = self.recipe(candidate)['object_scale']
+        return tuple(round(v * scale, 6) for v in self.data['data']['object_size'])
+
     def recipe(self, candidate: str | None = None) -> dict:
         """The recipe, with the pilot candidate ``candidate``'s changes where given."""
         return {**RECIPE_DEFAULTS, **self.data['recipe'],
@@ -104,6 +120,8 @@ class Protocol:
                 'crops', 'blur_up', 'tests', 'analysis', 'learns', 'claims'}
         _need(isinstance(d, dict) and not keys - set(d), f'{self.path}: needs the entries {sorted(keys)}; missing '
               f'{sorted(keys - set(d)) if isinstance(d, dict) else "all"}')
+        extra = sorted(set(d) - keys - {'earlier_pilots', 'recipe_rule', 'ceiling'})
+        _need(not extra, f'{self.path}: unknown entries {extra}')
         _need(d['format'] == 1, f'format must be 1, got {d["format"]!r}')
         _need(d['status'] in STATUSES, f'status must be one of {STATUSES}, got {d["status"]!r}')
         for name in (d['name'], d['pilot'].get('name')):
@@ -123,6 +141,9 @@ class Protocol:
             wrong = sorted(k for k, v in recipe.items() if k not in RECIPE or not isinstance(v, RECIPE[k])
                            or (isinstance(v, bool) and RECIPE[k] is not bool))
             _need(not wrong, f'recipe entries {wrong}: not one of {sorted(RECIPE)} with its type')
+            scale = recipe.get('object_scale', RECIPE_DEFAULTS['object_scale'])
+            _need(scale > 0 and max(d['data']['object_size']) * scale < 1,
+                  f'object_scale must be > 0 and keep every radius below half the side, got {scale}')
         needed = sorted(set(RECIPE) - set(RECIPE_DEFAULTS))
         _need(set(needed) <= set(d['recipe']), f'the recipe needs every entry of {needed}')
         _need(bool(d['pilot'].get('recipes')), 'the pilot needs at least one candidate recipe (none: {})')
@@ -164,6 +185,13 @@ class Protocol:
               'learns: its arms and reference must be arms')
         _need(0 <= learns.get('reference_min', 0) <= 100 and learns['within'] >= 0,
               'learns: reference_min (validation top-1, %; optional) must lie in 0..100 and within be >= 0')
+        ceiling = d.get('ceiling')
+        if ceiling is not None:
+            _need(set(ceiling) == {'arms', 'size', 'below'}, 'ceiling needs exactly arms, size and below')
+            _need(bool(ceiling['arms']) and set(ceiling['arms']) <= set(d['pilot']['arms']),
+                  'ceiling: its arms must be the pilot\'s arms')
+            _need(ceiling['size'] in d['tests']['upsampled'] and 0 < ceiling['below'] <= 100,
+                  'ceiling: size must be one of tests.upsampled and below (top-1, %) lie in (0, 100]')
 
 
 def check_may_run(protocol: Protocol, seeds: Sequence[int]) -> None:

@@ -57,6 +57,12 @@ def render_summary(summary: dict, protocol: Protocol, arms: Sequence[str]) -> li
                   + ('holds' if rule['holds'] else 'does not hold')
                   + f' ({rule["reference"]} {rule["reference_val"]:.2f}; gaps: '
                   + ', '.join(f'{a} {g:+.2f}' for a, g in rule['gaps'].items()) + ').', '']
+    top = summary.get('ceiling')
+    if top and top['tops']:
+        lines += [f'**Clear of the ceiling** ({", ".join(top["arms"])} below {top["below"]:.0f} at {top["size"]} px, '
+                  'native and upsampled, final epoch, mean over seeds): ' + ('holds' if top['clear'] else
+                                                                              'does not hold')
+                  + ' (' + ', '.join(f'{a} {t:.2f}' for a, t in top['tops'].items()) + ').', '']
     sizes = protocol.upsampled
     lines += [f'| arm | validation | training top-1 | drawn {protocol.train_size} px (start) | '
               + ' | '.join(f'{s} px: native / upsampled | {s} px: gain from detail | {s} px: gain from scale'
@@ -93,16 +99,18 @@ def render_markdown(document: dict, protocol: Protocol) -> str:
     if meta['pilot']:
         choice = document['choice']
         lines += [f'**The recipe the pilot fixes**: {choice["candidate"]} ('
-                  + ('its learning rule holds' if choice['holds'] else 'no candidate\'s learning rule holds: the '
-                     'smallest largest gap') + '; largest gap per candidate: '
-                  + ', '.join(f'{c} {g:+.2f}' for c, g in choice['gaps'].items()) + ').', '']
+                  + ('its learning rule holds, clear of the ceiling' if choice['holds'] else 'no candidate\'s '
+                     'learning rule holds clear of the ceiling: the smallest largest gap') + '; largest gap per '
+                  'candidate: ' + ', '.join(f'{c} {g:+.2f}' + ('' if choice['clear'][c] else ' (at the ceiling)')
+                                            for c, g in choice['gaps'].items()) + ').', '']
     else:
         lines += [f'Recipe: `{json.dumps(protocol.recipe())}`.', '']
     for candidate, summary in document['summaries'].items():
         if meta['pilot']:
             lines += [f'### Candidate `{candidate}`: `{json.dumps(protocol.recipe(candidate))}`', '']
-        lines += render_summary(summary, protocol, meta['arms']) + ['']
-    lines += [scales_text(meta['object_scales']), '',
+        lines += render_summary(summary, protocol, meta['arms']) + ['', scales_text(meta['object_scales'][candidate]),
+                                                                     '']
+    lines += [
               f'Top-1 (%) at the final epoch (no check selected) on {meta["test_images"]} held-out scenes (scene set '
               f'{meta["test_set"]}), mean ± standard deviation over seeds; validation on {meta["validation_images"]} '
               f'scenes of set {meta["validation_set"]} drawn at {protocol.train_size} px. Gain from detail: drawn '
