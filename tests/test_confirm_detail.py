@@ -213,7 +213,17 @@ def test_a_run_interrupted_after_an_epoch_resumes_to_the_same_record(tmp_path, c
 
 def test_a_tiny_pilot_and_confirmatory_study_end_to_end(tmp_path, committed, monkeypatch):
     draft = tiny(tmp_path)
+    seen, real = {}, cli.run
+
+    def run(arm, seed, config, data, protocol, origin=None, candidate=None):
+        if origin is not None:   # training: the validation images it was handed
+            seen.setdefault(candidate, data[1][0])
+        return real(arm, seed, config, data, protocol, origin, candidate)
+    monkeypatch.setattr(cli, 'run', run)
     document = cli.main(_argv(tmp_path, draft, '--pilot'))
+    protocol = proto.Protocol.load(draft)   # each candidate's runs see the scenes drawn at its object size
+    assert all(torch.equal(seen[c], design.load_data(protocol, True, None, c)[1][0]) for c in 'ab')
+    assert not torch.equal(seen['a'], seen['b'])
     assert set(document['summaries']) == {'a', 'b'} and document['choice']['candidate'] in ('a', 'b')
     pilot_md = (tmp_path / 'out' / 'tiny_pilot.md').read_text()
     assert 'The recipe the pilot fixes' in pilot_md and '### Candidate `b`: ' in pilot_md
