@@ -96,7 +96,7 @@ class Protocol:
     @property
     def ceiling(self) -> dict | None:
         """The ceiling rule (``ceiling``: its arms, size and the top-1 they stay below), None where the file has
-        none (drafts before the fifth pilot's had none)."""
+        none (as in the earlier pilots' drafts)."""
         return self.data.get('ceiling')
 
     def object_size(self, candidate: str | None = None) -> tuple[float, float]:
