@@ -228,6 +228,9 @@ def test_a_tiny_pilot_and_confirmatory_study_end_to_end(tmp_path, committed, mon
     pilot_md = (tmp_path / 'out' / 'tiny_pilot.md').read_text()
     assert 'The recipe the pilot fixes' in pilot_md and '### Candidate `b`: ' in pilot_md
     assert 'Clear of the ceiling** (peg_0-5 below 95 at 68 px' in pilot_md
+    assert render._flags(dict(learns=dict(reference_learns=False, reference='peg_0-5', reference_min=60.)),
+                         False) == ' (peg_0-5 short of 60, at the ceiling)'
+    assert render._flags(dict(learns=dict(reference_learns=True)), True) == ''
     assert (tmp_path / 'out' / 'tiny_pilot_a.png').stat().st_size > 0
     runs = tmp_path / 'runs' / 'tiny_pilot' / 'b' / 'peg_0-5-seed100'
     record = json.loads((runs / 'result.json').read_text())

@@ -92,6 +92,17 @@ def render_summary(summary: dict, protocol: Protocol, arms: Sequence[str]) -> li
     return lines
 
 
+def _flags(summary: dict, clear: bool) -> str:
+    """What keeps a pilot candidate from qualifying besides its gaps: its reference short of its level, the
+    ceiling."""
+    rule, flags = summary['learns'], []
+    if not rule['reference_learns']:
+        flags.append(f'{rule["reference"]} short of {rule["reference_min"]:.0f}')
+    if not clear:
+        flags.append('at the ceiling')
+    return f' ({", ".join(flags)})' if flags else ''
+
+
 def render_markdown(document: dict, protocol: Protocol) -> str:
     meta = document['meta']
     lines = [f'Protocol `{meta["protocol"]}` (sha256 {meta["protocol_sha256"][:12]}, {meta["status"]}); '
@@ -101,7 +112,7 @@ def render_markdown(document: dict, protocol: Protocol) -> str:
         lines += [f'**The recipe the pilot fixes**: {choice["candidate"]} ('
                   + ('its learning rule holds, clear of the ceiling' if choice['holds'] else 'no candidate\'s '
                      'learning rule holds clear of the ceiling: the smallest largest gap') + '; largest gap per '
-                  'candidate: ' + ', '.join(f'{c} {g:+.2f}' + ('' if choice['clear'][c] else ' (at the ceiling)')
+                  'candidate: ' + ', '.join(f'{c} {g:+.2f}' + _flags(document['summaries'][c], choice['clear'][c])
                                             for c, g in choice['gaps'].items()) + ').', '']
     else:
         lines += [f'Recipe: `{json.dumps(protocol.recipe())}`.', '']
