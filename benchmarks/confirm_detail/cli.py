@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.scales:
         scales = {c or '': object_scales(protocol, pilot=pilot, candidate=c) for c in candidates}
         for c, s in scales.items():
-            print(f'{c}: ' * pilot + scales_text(s))
+            print((f'{c}: ' if pilot else '') + scales_text(s))
         return scales
     fields = dict(device=args.device, tf32=args.tf32, work_dir=args.work_dir, out=args.out)
     configs = {c: study_config(protocol, pilot, c, **fields) for c in candidates}

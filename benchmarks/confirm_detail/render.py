@@ -119,10 +119,9 @@ def render_markdown(document: dict, protocol: Protocol) -> str:
     for candidate, summary in document['summaries'].items():
         if meta['pilot']:
             lines += [f'### Candidate `{candidate}`: `{json.dumps(protocol.recipe(candidate))}`', '']
-        lines += render_summary(summary, protocol, meta['arms']) + ['', scales_text(meta['object_scales'][candidate]),
-                                                                     '']
-    lines += [
-              f'Top-1 (%) at the final epoch (no check selected) on {meta["test_images"]} held-out scenes (scene set '
+        lines += [*render_summary(summary, protocol, meta['arms']), '',
+                  scales_text(meta['object_scales'][candidate]), '']
+    lines += [f'Top-1 (%) at the final epoch (no check selected) on {meta["test_images"]} held-out scenes (scene set '
               f'{meta["test_set"]}), mean ± standard deviation over seeds; validation on {meta["validation_images"]} '
               f'scenes of set {meta["validation_set"]} drawn at {protocol.train_size} px. Gain from detail: drawn '
               f'natively minus the {protocol.train_size} px drawing upsampled, gain from scale: upsampled minus drawn '
