@@ -88,6 +88,7 @@ def test_the_earlier_pilots_protocols_still_load_and_a_recipe_may_leave_out_the_
     earlier_pilots = proto.Protocol.load(proto.PROTOCOL)['earlier_pilots']
     assert sum('stem_norm' not in json.loads((proto.ROOT / e['protocol']).read_text())['recipe']
                for e in earlier_pilots) == 3   # the first three pilots' drafts had none
+    unscaled = 0
     for earlier in earlier_pilots:
         kept = proto.Protocol.load(proto.ROOT / earlier['protocol'])
         assert kept.sha256 == earlier['protocol_sha256'] and kept['pilot']['name'] == earlier['name']
@@ -95,9 +96,14 @@ def test_the_earlier_pilots_protocols_still_load_and_a_recipe_may_leave_out_the_
         for candidate, changes in kept['pilot']['recipes'].items():
             config = design.study_config(kept, pilot=True, candidate=candidate)
             assert config.stem_norm is changes.get('stem_norm', False)
-        # nor an object scale or a ceiling: their objects as drawn then, no ceiling rule
-        assert kept.object_size(next(iter(kept['pilot']['recipes']))) == tuple(kept['data']['object_size'])
-        assert kept.ceiling is None and analysis.ceiling([], kept) is None
+            scale = changes.get('object_scale', 1.)
+            assert kept.object_size(candidate) == pytest.approx([v * scale for v in kept['data']['object_size']])
+        if 'ceiling' not in json.loads(kept.path.read_text()):
+            # nor an object scale: their objects as drawn then, no ceiling rule
+            unscaled += 1
+            assert all('object_scale' not in changes for changes in kept['pilot']['recipes'].values())
+            assert kept.ceiling is None and analysis.ceiling([], kept) is None
+    assert unscaled == 4   # the first four pilots' drafts had neither
     protocol = proto.Protocol.load(proto.PROTOCOL)
     for candidate, changes in protocol['pilot']['recipes'].items():
         config = design.study_config(protocol, pilot=True, candidate=candidate)
