@@ -253,8 +253,12 @@ def test_a_tiny_pilot_and_confirmatory_study_end_to_end(tmp_path, committed, mon
     assert all(v * 8 % 100 == 0 for v in record['checks'][0]['tests'].values())   # the first 8 test scenes
     assert all(round(v * 12) % 100 == 0 for v in record['checks'][1]['final'].values())   # all 12
 
-    fixed = tiny(tmp_path, status='fixed')
+    # fixed as the rule fixes it: candidate b's changes written into the recipe
+    recipe = {**proto.Protocol.load(draft)['recipe'], **proto.Protocol.load(draft)['pilot']['recipes']['b']}
+    fixed = tiny(tmp_path, status='fixed', recipe=recipe)
     document = cli.main(_argv(tmp_path, fixed))
+    record = json.loads((tmp_path / 'runs' / 'tiny' / 'peg_0-5-seed1' / 'result.json').read_text())
+    assert record['object_size'] == pytest.approx([v / 2 for v in whole]) and record['protocol'] == fixed
     summary = document['summaries']['']
     assert [r['seed'] for r in document['runs'] if r['variant'] == 'none'] == [0, 1]
     assert {(r['arm'], r['size']) for r in summary['rows']} == {(a, s) for a in ARMS for s in sizes.upsampled}
