@@ -31,7 +31,7 @@ def tiny(tmp_path, status='draft', name='tiny', **changes) -> str:
     ``tmp_path``; ``changes`` replace top-level entries."""
     data = json.loads(proto.PROTOCOL.read_text())
     data.update(status=status, name=name, arms=ARMS, seeds=[0, 1])
-    data['recipe'].update(epochs=2, warmup_epochs=1, batch_size=32, dim=16, heads=2, stem_layers=1)
+    data['recipe'].update(epochs=2, warmup_epochs=1, batch_size=32, dim=16, heads=2, stem_layers=1, object_scale=1.)
     data['pilot'] = dict(name=f'{name}_pilot', seeds=[100], arms=['none', 'peg_0-5'],
                          recipes={'a': {}, 'b': {'stem_layers': 0, 'stem_norm': True, 'object_scale': 0.5}})
     data['data'].update(train_fields=64, validation_images=16, test_images=12, field_px=80)
@@ -116,7 +116,7 @@ def test_the_object_scale_sizes_every_scene_a_run_sees():
     protocol = proto.Protocol.load(proto.PROTOCOL)
     data = copy.deepcopy(protocol.data)
     data['data']['train_fields'] = 40
-    data['pilot']['recipes'] = dict(whole={}, half={'object_scale': 0.5})
+    data['pilot']['recipes'] = dict(whole={'object_scale': 1.}, half={'object_scale': 0.5})
     small = proto.Protocol(data, protocol.path, protocol.sha256)
     lo, hi = data['data']['object_size']
     for candidate, scale in (('whole', 1.), ('half', 0.5)):
@@ -538,3 +538,19 @@ def test_warm_up_stem_layers_and_the_conv_mlp_arm():
     plain = set(build_model('none', config).state_dict())   # the arm differs from no encoding in its MLPs alone
     assert set(model.state_dict()) - plain == {f'net.blocks.{j}.mlp.dwconv.{p}' for j in range(6)
                                                for p in ('weight', 'bias')} and plain <= set(model.state_dict())
+
+
+def test_the_fixed_protocol_is_the_last_pilots_draft_with_the_chosen_candidates_changes_in_its_recipe():
+    protocol = proto.Protocol.load(proto.PROTOCOL)
+    draft = proto.Protocol.load(proto.ROOT / 'benchmarks' / 'protocols' / f'{protocol["pilot"]["name"]}.json')
+    report = json.loads((proto.ROOT / 'benchmarks' / 'results' / f'{protocol["pilot"]["name"]}.json').read_text())
+    chosen = report['choice']['candidate']
+    assert protocol.status == 'fixed' and draft.status == 'draft' and report['meta']['protocol_sha256'] == draft.sha256
+    assert protocol['recipe'] == {**draft['recipe'], **draft['pilot']['recipes'][chosen]}
+    assert {k: v for k, v in protocol.data.items() if k not in ('status', 'recipe')} == \
+        {k: v for k, v in draft.data.items() if k not in ('status', 'recipe')}
+    # every pilot run the report read was run under the draft
+    pilot_runs = proto.ROOT / 'benchmarks' / 'results' / 'recipe_runs' / draft['pilot']['name']
+    runs = sorted(pilot_runs.glob('*/*/result.json'))
+    assert len(runs) == len(draft['pilot']['recipes']) * len(draft['pilot']['arms']) * len(draft['pilot']['seeds'])
+    assert {json.loads(p.read_text())['protocol_sha256'] for p in runs} == {draft.sha256}
