@@ -98,7 +98,7 @@ def test_the_earlier_pilots_protocols_still_load_and_a_recipe_may_leave_out_the_
             assert config.stem_norm is changes.get('stem_norm', False)
             scale = changes.get('object_scale', 1.)
             assert kept.object_size(candidate) == pytest.approx([v * scale for v in kept['data']['object_size']])
-        if 'ceiling' not in json.loads(kept.path.read_text()):
+        if 'ceiling' not in kept.data:
             # nor an object scale: their objects as drawn then, no ceiling rule
             unscaled += 1
             assert all('object_scale' not in changes for changes in kept['pilot']['recipes'].values())
@@ -254,7 +254,7 @@ def test_a_tiny_pilot_and_confirmatory_study_end_to_end(tmp_path, committed, mon
     assert all(round(v * 12) % 100 == 0 for v in record['checks'][1]['final'].values())   # all 12
 
     # fixed as the rule fixes it: candidate b's changes written into the recipe
-    recipe = {**proto.Protocol.load(draft)['recipe'], **proto.Protocol.load(draft)['pilot']['recipes']['b']}
+    recipe = {**protocol['recipe'], **protocol['pilot']['recipes']['b']}
     fixed = tiny(tmp_path, status='fixed', recipe=recipe)
     document = cli.main(_argv(tmp_path, fixed))
     record = json.loads((tmp_path / 'runs' / 'tiny' / 'peg_0-5-seed1' / 'result.json').read_text())
