@@ -19,6 +19,7 @@ from benchmarks.study.config import StudyConfig
 from benchmarks.study.data import blur_up, resize
 from benchmarks.study.records import STUDIED_CODE
 from benchmarks.study.stem import ConvStem
+from benchmarks.study.summary import RESULTS
 from benchmarks.study.trainer import build_model, make_optimizer
 from cpvt_backbones.layers import ConvMlp
 
@@ -543,14 +544,14 @@ def test_warm_up_stem_layers_and_the_conv_mlp_arm():
 def test_the_fixed_protocol_is_the_last_pilots_draft_with_the_chosen_candidates_changes_in_its_recipe():
     protocol = proto.Protocol.load(proto.PROTOCOL)
     draft = proto.Protocol.load(proto.ROOT / 'benchmarks' / 'protocols' / f'{protocol["pilot"]["name"]}.json')
-    report = json.loads((proto.ROOT / 'benchmarks' / 'results' / f'{protocol["pilot"]["name"]}.json').read_text())
+    report = json.loads((RESULTS / f'{protocol["pilot"]["name"]}.json').read_text())
     chosen = report['choice']['candidate']
     assert protocol.status == 'fixed' and draft.status == 'draft' and report['meta']['protocol_sha256'] == draft.sha256
     assert protocol['recipe'] == {**draft['recipe'], **draft['pilot']['recipes'][chosen]}
     assert {k: v for k, v in protocol.data.items() if k not in ('status', 'recipe')} == \
         {k: v for k, v in draft.data.items() if k not in ('status', 'recipe')}
     # every pilot run the report read was run under the draft
-    pilot_runs = proto.ROOT / 'benchmarks' / 'results' / 'recipe_runs' / draft['pilot']['name']
+    pilot_runs = RESULTS / 'recipe_runs' / draft['pilot']['name']
     runs = sorted(pilot_runs.glob('*/*/result.json'))
     assert len(runs) == len(draft['pilot']['recipes']) * len(draft['pilot']['arms']) * len(draft['pilot']['seeds'])
     assert {json.loads(p.read_text())['protocol_sha256'] for p in runs} == {draft.sha256}
