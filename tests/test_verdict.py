@@ -1,10 +1,12 @@
 """The resolution verdict (benchmarks/verdict/): the documents' tables are what the report code renders from
 the committed result files, one device per comparison, seeds as fixed in advance."""
+import copy
 import json
 import re
 
 import pytest
 
+from benchmarks.confirm_detail.spec import Confirm
 from benchmarks.study import summary
 from benchmarks.verdict import blocks, classification, cli, dense_demo, tables
 
@@ -107,25 +109,34 @@ def test_the_demo_is_timed_from_nothing_and_its_engines_compared_on_its_own_trai
         blocks.render('demo-engines', tmp_path)
 
 
-def test_the_native_detail_table_compares_one_device(tmp_path):
-    saved = json.loads((summary.RESULTS / 'native_checked.json').read_text())
-    (tmp_path / 'native_checked.json').write_text(json.dumps(saved))
-    assert blocks.render('native', tmp_path) == blocks.render('native')
-    assert all(r['accelerator'] == 'AMD EPYC (AVX512)' and len(r['commit']) == 40 and r['torch'] for r in saved['runs'])
-    saved['runs'][0]['accelerator'] = 'NVIDIA H200'
-    (tmp_path / 'native_checked.json').write_text(json.dumps(saved))
-    with pytest.raises(ValueError, match=r"native_checked: runs trained on \['AMD EPYC \(AVX512\)', 'NVIDIA H200'\]"):
-        blocks.render('native', tmp_path)
-
-
-def test_the_per_epoch_native_detail_record_still_reads():
-    """native_matched (one check an epoch, every test at every check, in its log) is summarised by the same code."""
-    from benchmarks.native_detail.render import render_markdown
-    from benchmarks.native_detail.spec import Native
-    earlier = summary.load_input(Native('native_matched'))
-    text = render_markdown(earlier.summary, earlier.config, earlier.meta)
-    assert 'reaches 61.32; 1 check an epoch)** (the headline): the position variants start 7.32 points apart' in text
-    assert earlier.summary['analyses']['matched']['start_spread'] == 7.32
+def test_the_preregistered_study_table_is_its_report_analysed_again_from_its_runs(tmp_path):
+    """On the last pilot's report (written by the study itself): the block's loader renders the committed Markdown
+    from the runs alone, a run's changed reading changes it, and another protocol or a second device is refused."""
+    spec = Confirm('confirm_detail_pilot6', 'benchmarks/protocols/confirm_detail_pilot6.json')
+    saved = summary.load('confirm_detail_pilot6')
+    assert spec.load().markdown() == (summary.RESULTS / 'confirm_detail_pilot6.md').read_text().rstrip('\n')
+    assert dense_demo.confirm(spec.load()) == spec.load().markdown()
+    stale = copy.deepcopy(saved)
+    stale['summaries'] = {}    # the loader recomputes every analysis: nothing is read from the stored ones
+    (tmp_path / 'confirm_detail_pilot6.json').write_text(json.dumps(stale))
+    assert spec.load(tmp_path).markdown() == spec.load().markdown()
+    changed = copy.deepcopy(saved)
+    peg = next(r for r in changed['runs'] if r['variant'] == 'peg_0-5' and r['candidate'] == 'objects075_long')
+    peg['checks'][-1]['final']['native68'] -= 10.
+    (tmp_path / 'confirm_detail_pilot6.json').write_text(json.dumps(changed))
+    text = spec.load(tmp_path).markdown()
+    assert text != spec.load().markdown() and 'PEG after blocks 0-5 (CPVT)' in text
+    other = copy.deepcopy(saved)
+    other['runs'][0]['protocol_sha256'] = '0' * 64
+    (tmp_path / 'confirm_detail_pilot6.json').write_text(json.dumps(other))
+    with pytest.raises(ValueError, match=r"confirm_detail_pilot6: its runs record protocol sha256 \['000000000000', "
+                                         r"'06ec0c22ad15'\], not benchmarks/protocols/confirm_detail_pilot6.json's"):
+        spec.load(tmp_path)
+    two = copy.deepcopy(saved)
+    two['runs'][0]['accelerator'] = 'NVIDIA H200'
+    (tmp_path / 'confirm_detail_pilot6.json').write_text(json.dumps(two))
+    with pytest.raises(ValueError, match=r"runs trained on \['AMD EPYC \(AVX2\)', 'NVIDIA H200'\]; a table compares"):
+        spec.load(tmp_path)
 
 
 def test_a_leader_is_named_only_when_separated_from_every_other():

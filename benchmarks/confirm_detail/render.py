@@ -163,6 +163,18 @@ def plot(document: dict, protocol: Protocol, path: Path, candidate: str) -> None
     plt.close(fig)
 
 
+def report_arms(protocol: Protocol, pilot: bool) -> tuple[str, ...]:
+    """The arms a report compares: the pilot's, or the confirmatory grid's."""
+    return tuple(protocol['pilot']['arms']) if pilot else protocol.arms
+
+
+def analyse(results: dict[str, list[dict]], protocol: Protocol, pilot: bool) -> dict:
+    """A report's analyses from its runs (``results``: {candidate or '': runs}): each candidate's final-epoch
+    ``summarise`` ('summaries') and, for a pilot, the recipe it fixes ('choice', ``pilot_choice``)."""
+    summaries = {c: summarise(rs, protocol, report_arms(protocol, pilot)) for c, rs in results.items()}
+    return dict(summaries=summaries, choice=pilot_choice(summaries)) if pilot else dict(summaries=summaries)
+
+
 def write_outputs(results: dict[str, list[dict]], protocol: Protocol, pilot: bool, out: Path, meta: dict,
                   root: Path | None = None) -> dict:
     """The study's report (NAME.json, .md, .csv and a figure per candidate) from ``results`` ({candidate or '':
@@ -174,11 +186,11 @@ def write_outputs(results: dict[str, list[dict]], protocol: Protocol, pilot: boo
     if other:
         raise SystemExit(f'[{TAG}] runs of another protocol than {protocol.path}: {", ".join(other)}')
     accelerator = one_accelerator(runs, TAG)
-    arms = protocol['pilot']['arms'] if pilot else protocol.arms
-    summaries = {c: summarise(rs, protocol, arms) for c, rs in results.items()}
+    analysed = analyse(results, protocol, pilot)
     d = protocol['data']
     meta = dict(meta, protocol=runs[0]['protocol'], protocol_sha256=protocol.sha256, status=protocol.status,
-                pilot=pilot, name=protocol['pilot']['name'] if pilot else protocol['name'], arms=list(arms),
+                pilot=pilot, name=protocol['pilot']['name'] if pilot else protocol['name'],
+                arms=list(report_arms(protocol, pilot)),
                 seeds=sorted({r['seed'] for r in runs}), accelerator=accelerator,
                 torch=sorted({r['torch'] for r in runs}), run_commits=sorted({r['commit'] for r in runs}),
                 rendered_at=rendered_at, iterations=sorted({r['iterations'] for r in runs}),
@@ -189,9 +201,8 @@ def write_outputs(results: dict[str, list[dict]], protocol: Protocol, pilot: boo
                 train_minutes=round(sum(r['train_seconds'] for r in runs) / 60, 1),
                 check_minutes=round(sum(r['eval_seconds'] for r in runs) / 60, 1))
     meta['run_minutes'] = round(meta['train_minutes'] + meta['check_minutes'], 1)
-    document = dict(meta=meta, protocol=protocol.data, summaries=summaries, runs=runs)
-    if pilot:
-        document['choice'] = pilot_choice(summaries)
+    document = dict(meta=meta, protocol=protocol.data, **analysed, runs=runs)
+    summaries = analysed['summaries']
     rows = [dict(candidate=c, arm=r['arm'], size=r['size'], native=r['native'][0], upsampled=r['upsampled'][0],
                  detail=format_paired(r['detail']), scale=format_paired(r['scale']), change=format_paired(r['change']))
             for c, s in summaries.items() for r in s['rows']]

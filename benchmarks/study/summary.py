@@ -192,7 +192,7 @@ def load_study(study: Study, results: Path = RESULTS) -> Summary | dict[str, Sum
 def load_input(spec, results: Path = RESULTS):
     """A block's input loaded: a ``Study`` as its summary, a ``Dense`` study as its typed summary, a ``Record`` as
     its file, a ``Recipe`` as the recipe (dict), a spec with its own ``load(results)`` (a study's, such as
-    ``benchmarks.native_detail.spec.Native``) as what that returns, a mapping entry by entry."""
+    ``benchmarks.confirm_detail.spec.Confirm``) as what that returns, a mapping entry by entry."""
     if isinstance(spec, Study):
         return load_study(spec, results)
     if isinstance(spec, Record):

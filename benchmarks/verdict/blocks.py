@@ -4,7 +4,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.native_detail.spec import Native
+from benchmarks.confirm_detail.spec import Confirm
 from benchmarks.study import report
 from benchmarks.study.config import VARIANTS, StudyConfig
 from benchmarks.study.summary import (
@@ -36,7 +36,7 @@ from benchmarks.verdict.classification import (
     recipes,
     tf32,
 )
-from benchmarks.verdict.dense_demo import DEMO, DEMO_ENGINES, batch_company, demo, demo_engines, dense, native
+from benchmarks.verdict.dense_demo import DEMO, DEMO_ENGINES, batch_company, confirm, demo, demo_engines, dense
 from cpvt_backbones.utils import pyplot
 
 HEADLINE_STUDY = Study(HEADLINE, 'cpu', complete=('*',))
@@ -87,9 +87,7 @@ BLOCKS = (
             'The default recipe (global average pooling), seeds {seeds} fixed before they ran, {test_images} test '
             'images, every run on one GPU with TF32 off; mean ± std, and changes and differences paired by seed as '
             'mean [95% interval], bold where the interval excludes zero. {files}.'))),
-    Block('native', native, dict(s=Native('native_checked'))),
-    Block('native-windowed', native, dict(s=Native('native_windowed'))),
-    Block('native-revalidated', native, dict(s=Native('native_revalidated'))),
+    Block('confirm', confirm, dict(s=Confirm('confirm_detail', 'benchmarks/protocols/confirm_detail.json'))),
     Block('resize-protocol', changes, dict(s=Study(('resolution_resize_cls',))), dict(note=ARM_NOTE)),
     Block('grid14', changes, dict(s=Study(('resolution_crop_grid14_cls',))), dict(probe=True, note=ARM_NOTE)),
     Block('dense', dense, dict(s=Dense('dense_study'))),

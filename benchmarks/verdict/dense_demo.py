@@ -1,19 +1,18 @@
-"""The other tables: the native-detail study's own report, the dense study, the demo and its engines, and the
-batch-company record."""
+"""The other tables: the preregistered native-detail study's own report, the dense study, the demo and its engines,
+and the batch-company record."""
 import itertools
 import shlex
 
-from benchmarks.native_detail.render import render_markdown as native_markdown
-from benchmarks.native_detail.spec import NativeSummary
+from benchmarks.confirm_detail.spec import ConfirmReport
 from benchmarks.study.common import mean_std, paired
 from benchmarks.study.summary import DenseSummary, RecordData
 from benchmarks.verdict.tables import cell, change, common, loss, table
 
 
-def native(s: NativeSummary) -> str:
-    """The task whose larger test sizes carry real detail by construction (``benchmarks.native_detail``): its own
-    report, rendered again from its runs."""
-    return native_markdown(s.summary, s.config, s.meta).rstrip('\n')
+def confirm(s: ConfirmReport) -> str:
+    """The task whose larger test sizes carry real detail by construction, under its preregistered protocol
+    (``benchmarks.confirm_detail``): its own report, analysed again from its runs."""
+    return s.markdown()
 
 
 DENSE_BACKBONES = {'peg': 'pcpvt_tiny (PEG)', 'pvt': 'mmdet PVT v1 (learned, resized)',
