@@ -1,5 +1,6 @@
 """Small helpers the package, its tools and its studies share (standard library only; matplotlib on demand)."""
 import contextlib
+import ctypes
 import functools
 import hashlib
 import os
@@ -21,6 +22,12 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: f.read(CHUNK), b''):
             digest.update(block)
     return digest.hexdigest()
+
+
+def tensor_bytes(tensor) -> bytes:
+    """The bytes of a tensor's values in row-major order, read from a contiguous CPU copy (no numpy needed)."""
+    tensor = tensor.detach().to('cpu').contiguous()
+    return ctypes.string_at(tensor.data_ptr(), tensor.numel() * tensor.element_size()) if tensor.numel() else b''
 
 
 def atomic_write(path: str | Path, write: bytes | Callable[[BinaryIO], object],

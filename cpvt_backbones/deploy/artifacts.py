@@ -2,13 +2,16 @@
 
 An artifact is its files (``PREFIX[.VARIANT]SUFFIX`` and companions beside it, named by ``artifact_path``, the one
 place a cache file is named) and a record, ``<file>.record.json``, written last: each file's sha256, the
-``model_fingerprint`` of the model it was made from, the installed versions of this package, torch and the engine's
-packages, and what it was calibrated on. ``Artifact.load`` reuses it only where all of that holds for the model and
-packages at hand; one that does not (damaged, cut short, made from another model or by other versions) is made
-again with a warning saying why, never run. ``Artifact.save`` writes in a temporary folder renamed into place, so a
-crash never leaves what ``load`` would take as whole; a cache that cannot be written is skipped with a warning.
-Which prefixes a request uses (``EngineRequest.cache`` and ``float_cache``) is decided by its maker: the tools name
-them by content (``adapters.engines.cache_name``).
+``model_fingerprint`` of the model it was made from, what it was made for (``made_for``: the float32 conversion,
+or the precision, the ``keep_fp32`` modules and the sha256 of the calibration batches of a calibrated result, and
+in both the engine's options that change what is saved), the installed versions of this package, torch and the
+engine's packages, and what it was calibrated on. ``Artifact.load`` reuses it only where all of that holds for
+the model, request and packages at hand; one that does not (damaged, cut short, made from another model, for
+another request or by other versions) is made again with a warning saying what differs, never run.
+``Artifact.save`` writes in a temporary folder renamed into place, so a crash never leaves what ``load`` would
+take as whole; a cache that cannot be written is skipped with a warning. Which prefixes a request uses
+(``EngineRequest.cache`` and ``float_cache``) is decided by its maker: the tools name them by content
+(``adapters.engines.cache_name``).
 """
 import hashlib
 import importlib.metadata
@@ -21,10 +24,9 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import torch
 from torch import nn
 
-from ..utils import atomic_write, file_sha256
+from ..utils import atomic_write, file_sha256, tensor_bytes
 
 SAVING = '.saving-'  # the prefix of the folder an artifact is written in before it is renamed into place
 _SIMPLE = (bool, int, float, str, type(None))
@@ -74,18 +76,34 @@ def model_fingerprint(model: nn.Module) -> str:
     for name in sorted(tensors):
         t = tensors[name].detach()
         digest.update(f'{name}:{t.dtype}:{tuple(t.shape)};'.encode())
-        if t.numel():
-            digest.update(t.to('cpu').contiguous().reshape(-1).view(torch.uint8).numpy())
+        digest.update(tensor_bytes(t))
     return digest.hexdigest()
+
+
+def _plain(value):
+    """``value`` as JSON reads it back (tuples as lists, other objects as their ``repr``), so that what is asked
+    compares equal to what was recorded."""
+    return json.loads(json.dumps(value, sort_keys=True, default=repr))
+
+
+def _shown(made_for: dict, key: str) -> str:
+    """One entry of what an artifact is made for, as a warning shows it (a sha256 by its first 12 digits)."""
+    if key not in made_for:
+        return 'none'
+    value = made_for[key]
+    return f"'{value[:12]}...'" if isinstance(value, str) and re.fullmatch('[0-9a-f]{64}', value) else repr(value)
 
 
 class Artifact:
     """One saved artifact of ``engine``: ``path`` and the files with ``companions`` (suffixes) beside it, made from
-    the model of fingerprint ``source`` by ``versions``."""
+    the model of fingerprint ``source`` by ``versions``, for the request ``made_for`` describes (a JSON-able dict;
+    each key is compared on load); ``calibration``: what ``registry.Calibration.describe`` says of the batches it
+    was calibrated on, recorded for the reader."""
 
     def __init__(self, path: Path, engine: str, source: str, versions: dict[str, str],
-                 companions: Sequence[str] = ()):
+                 companions: Sequence[str] = (), made_for: dict | None = None, calibration: dict | None = None):
         self.path, self.engine, self.source, self.versions = Path(path), engine, source, versions
+        self.made_for, self.calibration = _plain(made_for or {}), calibration
         self.files = {'file': self.path, **{s: self.path.with_suffix(s) for s in companions}}
 
     @property
@@ -109,6 +127,12 @@ class Artifact:
         if record.get('source') != self.source:
             return (f"it was made from another model (its structure, settings or weights differ from this one's: "
                     f"recorded {str(record.get('source'))[:12]}..., this model {self.source[:12]}...)")
+        recorded = record.get('made_for', {})
+        if recorded != self.made_for:
+            keys = sorted(set(recorded) | set(self.made_for))
+            differ = [f'{key} {_shown(recorded, key)} (asked: {_shown(self.made_for, key)})' for key in keys
+                      if recorded.get(key) != self.made_for.get(key)]
+            return f'it was made for another request: {", ".join(differ)}'
         if record.get('versions') != self.versions:
             return f"it was made by other package versions ({record.get('versions')}, installed: {self.versions})"
         return None
@@ -128,11 +152,10 @@ class Artifact:
         """Warn that the saved artifact is not used, and why (it is made again)."""
         warnings.warn(f'{self.engine} cache {self.path}: {problem}; making it again', RuntimeWarning, stacklevel=3)
 
-    def save(self, write: Callable[[Path], None], calibration=None) -> Path | None:
+    def save(self, write: Callable[[Path], None]) -> Path | None:
         """``write(path)`` the artifact (its companions beside ``path``) in a temporary folder beside it, then
-        rename every file into place and write the record last, with what ``calibration`` (a
-        ``registry.Calibration``, or None) describes once ``write`` has run; returns ``path``, or None (with a
-        warning) where it could not be written. Folders that killed saves left behind are removed."""
+        rename every file into place and write the record last; returns ``path``, or None (with a warning) where it
+        could not be written. Folders that killed saves left behind are removed."""
         folder = self.path.parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -141,8 +164,7 @@ class Artifact:
                 made = {key: Path(tmp) / file.name for key, file in self.files.items()}
                 write(made['file'])
                 record = dict(files={key: file_sha256(file) for key, file in made.items()}, source=self.source,
-                              versions=self.versions,
-                              calibration=None if calibration is None else calibration.describe())
+                              made_for=self.made_for, versions=self.versions, calibration=self.calibration)
                 self.record.unlink(missing_ok=True)  # the old record goes first: a half-renamed set never checks
                 for key in sorted(made, key=lambda k: k == 'file'):
                     os.replace(made[key], self.files[key])
@@ -169,11 +191,12 @@ def _remove_abandoned(folder: Path) -> None:
 class ArtifactCache:
     """The artifacts of one request (``deploy.EngineRequest``) for ``model``: ``result`` at the request's
     ``cache`` prefix, ``conversion`` (the float32 conversion every precision starts from) at its ``float_cache``;
-    at a precision the engine does not calibrate the two are one (either prefix names it). The model's fingerprint
-    is taken once, only where a prefix is given."""
+    at a precision the engine does not calibrate the two are one (either prefix names it). ``calibration``: the
+    request's ``registry.Calibration`` (None where nothing is calibrated), whose sha256 a calibrated result is
+    made for. The model's fingerprint is taken once, only where a prefix is given."""
 
-    def __init__(self, request, model: nn.Module):
-        self.request, self.model = request, model
+    def __init__(self, request, model: nn.Module, calibration=None):
+        self.request, self.model, self.calibration = request, model, calibration
         self._source: str | None = None
 
     @property
@@ -182,25 +205,39 @@ class ArtifactCache:
             self._source = model_fingerprint(self.model)
         return self._source
 
-    def _artifact(self, prefix: str | None, suffix: str, variant: str, companions: Sequence[str]) -> Artifact | None:
+    def made_for(self, calibrated: bool) -> dict:
+        """What an artifact of this request is made for: the float32 conversion, or (``calibrated``) the request's
+        precision, ``keep_fp32`` and calibration batches (their sha256; None where the ranges were given); with
+        the engine's options except those that only change how it runs (``Engine.run_options``)."""
+        request = self.request
+        options = {k: v for k, v in request.options.items() if k not in request.spec.run_options}
+        if not calibrated:
+            return dict(precision='fp32', options=options)
+        return dict(precision=request.precision, keep_fp32=sorted(request.keep_fp32), options=options,
+                    calibration=None if self.calibration is None else self.calibration.sha256)
+
+    def _artifact(self, prefix: str | None, suffix: str, variant: str, companions: Sequence[str],
+                  calibrated: bool) -> Artifact | None:
         if not prefix:
             return None
         return Artifact(artifact_path(prefix, suffix, variant), self.request.engine, self.source,
-                        package_versions(self.request.spec.requires), companions)
+                        package_versions(self.request.spec.requires), companions, self.made_for(calibrated),
+                        self.calibration.describe() if calibrated and self.calibration is not None else None)
 
     def result(self, suffix: str, variant: str = '', companions: Sequence[str] = ()) -> Artifact | None:
         """What the request's precision makes (its own result where the engine calibrates it, else the
         conversion), or None where no prefix names it."""
         request = self.request
         if request.precision in request.spec.calibrated:
-            return self._artifact(request.cache, suffix, variant, companions)
+            return self._artifact(request.cache, suffix, variant, companions, True)
         return self.conversion(suffix, variant, companions)
 
     def conversion(self, suffix: str, variant: str = '', companions: Sequence[str] = ()) -> Artifact | None:
         """The float32 conversion, or None where no prefix names it."""
         request = self.request
         plain = request.precision not in request.spec.calibrated
-        return self._artifact(request.float_cache or (request.cache if plain else None), suffix, variant, companions)
+        return self._artifact(request.float_cache or (request.cache if plain else None), suffix, variant, companions,
+                              False)
 
 
 __all__ = ['Artifact', 'ArtifactCache', 'artifact_path', 'model_fingerprint', 'package_versions']

@@ -28,6 +28,23 @@ def check_against_torch(engine: nn.Module, model: nn.Module, in_chans: int, name
     return worst
 
 
+def check_example_size(model: nn.Module | None, size) -> tuple[int, int]:
+    """``size`` (the option ``example_size``, the input size an export is traced at) as (height, width); a
+    ValueError unless it is two ints of at least 2 (``torch.export`` fixes a dimension it meets as 0 or 1) and, with
+    ``model``, of at least twice its largest stride (every map it traces at least 2 x 2)."""
+    from .bucketed import largest_stride
+    if isinstance(size, (str, bytes)) or not hasattr(size, '__len__') or len(size) != 2 or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in size):
+        raise ValueError(f'example_size must be (height, width), two ints, got {size!r}')
+    least = 2 if model is None else 2 * max((largest_stride(m) for m in model.modules()), default=1)
+    if min(size) < least:
+        raise ValueError(f'example_size must be at least {least} x {least}'
+                         + (f' (twice the largest stride of {type(model).__name__}, so that every map it traces is at '
+                            'least 2 x 2)' if model is not None else ' (an export fixes a side it traces at 1)')
+                         + f', got {tuple(size)}; any size runs after the export')
+    return int(size[0]), int(size[1])
+
+
 def trace_size(model: nn.Module, size: tuple[int, int]) -> tuple[int, int]:
     """The input size an export traces ``model`` at: ``size`` with each side raised to the largest
     ``min_trace_side`` among its modules (``TwinsSVT``'s), below which the recorded graph holds only for the
@@ -36,4 +53,4 @@ def trace_size(model: nn.Module, size: tuple[int, int]) -> tuple[int, int]:
     return max(size[0], side), max(size[1], side)
 
 
-__all__ = ['check_against_torch', 'trace_size']
+__all__ = ['check_against_torch', 'check_example_size', 'trace_size']

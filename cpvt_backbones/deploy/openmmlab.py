@@ -128,10 +128,12 @@ def on_engine(model: nn.Module, engine: 'str | EngineRequest', precision: str = 
     a single-stage detector or a segmentor. ``calibration``: preprocessed input batches; ``keep_fp32``: names of
     ``model``'s modules whose layers stay float32, renamed here to the names in what the engine runs; ``options``:
     the request's other fields and the engine's own."""
-    from .registry import EngineRequest, prepare
+    from .registry import EngineRequest, check_modules, prepare, under
     request = EngineRequest.of(engine, precision, keep_fp32, **options)
-    if request.spec.covers == 'backbone':
-        keep = [p[len('backbone.'):] for p in request.keep_fp32 if p.startswith('backbone.')]
+    check_modules(model, request.keep_fp32)
+    if request.spec.covers == 'backbone':   # what it does not run stays float32 anyway
+        keep = ['' if p in ('', 'backbone') else p[len('backbone.'):] for p in request.keep_fp32
+                if p == '' or under(p, ['backbone'])]
         prepared = prepare(model.backbone, request.filled(keep_fp32=keep), calibration=calibration)
         set_submodule(model, 'backbone', prepared)
         return model

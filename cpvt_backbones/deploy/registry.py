@@ -5,7 +5,7 @@ declares once, where it is made.
 import copy
 import hashlib
 import importlib.util
-from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -34,7 +34,9 @@ class Engine:
     (``validate(precision, options)``) refuses where wrong; ``calibration_option``: the option that stands in for
     calibration (ranges recorded before). ``trains``: the precisions whose prepared module also trains.
     ``bucketing``: the options under which its prepared module takes ``valid_sizes`` (``prepare(..., bucket=)``), or
-    None where it cannot. ``requires``: packages it needs (``install`` says how to get them); their versions go
+    None where it cannot. ``run_options``: the options that change only how a saved artifact runs (threads, shape
+    strategies), not what is saved; every other option is part of what an artifact is made for
+    (``deploy.artifacts``). ``requires``: packages it needs (``install`` says how to get them); their versions go
     into the record of every artifact it saves."""
     name: str
     covers: str
@@ -49,6 +51,7 @@ class Engine:
     calibration_option: str | None = None
     trains: tuple[str, ...] = ()
     bucketing: Mapping[str, object] | None = None
+    run_options: tuple[str, ...] = ()
 
     def missing(self) -> tuple[str, ...]:
         """The packages it needs that are not installed."""
@@ -67,6 +70,9 @@ def register(engine: Engine) -> Engine:
         raise ValueError(f'engine {engine.name!r}: covers must be one of {COVERS}, got {engine.covers!r}')
     for precision in (*engine.precisions, *engine.calibrated, *engine.trains):
         check_precision(precision)
+    if set(engine.run_options) - set(engine.options):
+        raise ValueError(f'engine {engine.name!r}: run_options {sorted(set(engine.run_options) - set(engine.options))} '
+                         'are not among its options')
     ENGINES[engine.name] = engine
     return engine
 
@@ -85,12 +91,47 @@ def _engine(name: str, precision: str) -> Engine:
     return spec
 
 
+def module_names(names: 'str | Iterable[str]') -> tuple[str, ...]:
+    """``keep_fp32`` as a tuple of module names, in order, once each (a plain string is one name); a ValueError
+    where one is not a string."""
+    names = (names,) if isinstance(names, str) else tuple(names)
+    other = [n for n in names if not isinstance(n, str)]
+    if other:
+        raise ValueError(f'keep_fp32 takes module names (strings, as in model.named_modules()), got {other!r}')
+    return tuple(dict.fromkeys(names))
+
+
+def under(name: str, modules: Iterable[str]) -> bool:
+    """True where the module ``name`` is one of ``modules`` or inside one ('blocks.1' holds 'blocks.1.attn', not
+    'blocks.10'; '' holds every module): what ``keep_fp32`` keeps, on every engine."""
+    return any(m == '' or name == m or name.startswith(m + '.') for m in modules)
+
+
+def check_modules(module: nn.Module, names: Sequence[str], what: str = 'keep_fp32') -> None:
+    """A ValueError naming each of ``names`` that is not a module of ``module`` ('' being ``module`` itself)."""
+    known = dict(module.named_modules())
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        examples = [n for n, m in known.items() if n and '.' not in n][:6]
+        raise ValueError(f'{what}: {", ".join(map(repr, unknown))} is not a module of {type(module).__name__} '
+                         f'(module names as in named_modules(), such as {", ".join(map(repr, examples))})')
+
+
+def in_chans_of(module: nn.Module, options: Mapping[str, object]) -> int:
+    """The input channels an engine runs ``module`` with: the option ``in_chans``, else the ``in_chans`` of
+    ``module`` or of its first submodule that has one (an OpenMMLab model's backbone), else 3."""
+    if options.get('in_chans'):
+        return int(options['in_chans'])
+    return next((m.in_chans for m in module.modules() if isinstance(getattr(m, 'in_chans', None), int)), 3)
+
+
 @dataclass(frozen=True)
 class EngineRequest:
     """One request for an engine, checked here, once, against what the engine declares (its precisions, packages,
     options, and which precisions it calibrates), and carried unchanged from where a tool, a config or a caller asks
     to ``prepare``. ``engine`` at ``precision``. At a calibrated precision: ``keep_fp32``, names of modules of the
-    requested model (prefixes) whose layers stay float32; ``calibration_source``, where the input batches come from
+    requested model whose layers stay float32, each with everything under it (``under``; one name may be given as a
+    plain string; '' is the whole model); ``calibration_source``, where the input batches come from
     when the request is for a config's model ('val', its test set, or a folder of images; ``calibration_images`` of
     them, read by ``adapters.engines.engine_model``), None where the caller gives batches to ``prepare``.
     ``cache``: a path prefix where the engine keeps what it derives for this request; ``float_cache``: the same
@@ -108,7 +149,7 @@ class EngineRequest:
 
     def __post_init__(self):
         spec = _engine(self.engine, self.precision)
-        object.__setattr__(self, 'keep_fp32', tuple(self.keep_fp32))
+        object.__setattr__(self, 'keep_fp32', module_names(self.keep_fp32))
         object.__setattr__(self, 'options', dict(self.options))
         for name in ('cache', 'float_cache'):
             if getattr(self, name) is not None:
@@ -117,6 +158,9 @@ class EngineRequest:
             raise ValueError(f'calibration and keep_fp32 configure the calibrated precisions of engine '
                              f'{self.engine!r} ({", ".join(spec.calibrated) or "none"}); '
                              f'precision={self.precision!r} does not use them')
+        if self.precision in spec.calibrated and self.cache is not None and self.cache == self.float_cache:
+            raise ValueError(f'cache and float_cache both name {self.cache!r}: at {self.precision} the calibrated '
+                             'model and the float32 conversion it starts from are two artifacts, give two prefixes')
         if self.calibration_images < 1:
             raise ValueError(f'calibration_images must be at least 1, got {self.calibration_images}')
         unknown = sorted(set(self.options) - set(spec.options))
@@ -135,13 +179,13 @@ class EngineRequest:
         (``cache``, ``float_cache``, ``calibration_source`` and ``calibration_images`` taken out of ``options`` as
         the request's fields)."""
         if isinstance(engine, EngineRequest):
-            if precision != 'fp32' or tuple(keep_fp32) or options:
+            if precision != 'fp32' or keep_fp32 or options:
                 raise ValueError('an EngineRequest carries its precision, keep_fp32, caches and options: pass the '
                                  'request alone')
             return engine
         fields = {k: options.pop(k) for k in ('cache', 'float_cache', 'calibration_source', 'calibration_images')
                   if k in options}
-        return cls(engine, precision, keep_fp32=tuple(keep_fp32), options=options, **fields)
+        return cls(engine, precision, keep_fp32=keep_fp32, options=options, **fields)
 
     @property
     def spec(self) -> Engine:
@@ -156,7 +200,7 @@ class EngineRequest:
             raise ValueError(f'a route fills in keep_fp32, the caches and options only, not {sorted(unknown)}')
         out = copy.copy(self)
         for name, value in values.items():
-            object.__setattr__(out, name, tuple(value) if name == 'keep_fp32' else value)
+            object.__setattr__(out, name, module_names(value) if name == 'keep_fp32' else value)
         return out
 
 
@@ -169,32 +213,41 @@ def prepared_as(module: nn.Module) -> str | None:
 
 
 class Calibration:
-    """The input batches an engine calibrates on, iterated as given; refuses (at the end of its first iteration)
-    one that yields no batch, and keeps what ``describe`` records of them."""
+    """The input batches an engine calibrates on, checked once and held in memory (as the engines read them): every
+    batch a finite floating-point (B, ``in_chans``, H, W) tensor (``models.base.check_input``), at least one; a
+    ValueError or TypeError naming the batch and what is wrong otherwise (uint8 pixels, NaN, another number of
+    channels). ``sha256``: of their shapes and float32 values, what a calibrated artifact is made for; ``describe``:
+    what its record keeps of them."""
 
-    def __init__(self, batches: Iterable[torch.Tensor], source: str | None = None):
-        if isinstance(batches, Sized) and len(batches) == 0:
+    def __init__(self, batches: Iterable[torch.Tensor], source: str | None = None, in_chans: int = 3):
+        from ..models.base import check_input
+        from ..utils import tensor_bytes
+        if isinstance(batches, torch.Tensor):
+            raise TypeError(f'int8 calibration is an iterable of input batches, got one tensor of shape '
+                            f'{tuple(batches.shape)}: pass [batch]')
+        held, digest = [], hashlib.sha256()
+        for i, batch in enumerate(batches):
+            try:
+                check_input(batch, in_chans, check_finite=True)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f'int8 calibration batch {i}: {e}') from None
+            batch = batch.detach()
+            digest.update(f'{tuple(batch.shape)};'.encode())
+            digest.update(tensor_bytes(batch.to(torch.float32)))
+            held.append(batch)
+        if not held:
             raise ValueError('int8 calibration is empty: pass at least one input batch (NCHW float tensors, '
                              'representative of what will be run)')
-        self.batches, self.source = batches, source
-        self._seen: dict | None = None
+        self.batches, self.source, self.sha256 = held, source, digest.hexdigest()
 
     def __iter__(self):
-        digest, count, images = hashlib.sha256(), 0, 0
-        for batch in self.batches:
-            count += 1
-            images += len(batch)
-            digest.update(batch.detach().to('cpu', torch.float32).contiguous().numpy().tobytes())
-            yield batch
-        if not count:
-            raise ValueError('int8 calibration gave no input batch: pass a non-empty iterable of input batches '
-                             '(NCHW float tensors, representative of what will be run)')
-        self._seen = dict(batches=count, images=images, sha256=digest.hexdigest())
+        return iter(self.batches)
 
     def describe(self) -> dict:
-        """Where the batches came from (the request's source, where given) and, once iterated, how many batches
-        and images they were and the sha256 of their values."""
-        return dict(source=self.source, **(self._seen or {}))
+        """Where the batches came from (the request's source, where given), how many batches and images they were
+        and the sha256 of their values."""
+        return dict(source=self.source, batches=len(self.batches), images=sum(len(b) for b in self.batches),
+                    sha256=self.sha256)
 
 
 def prepare(module: nn.Module, engine: 'str | EngineRequest', precision: str = 'fp32', *,
@@ -208,7 +261,8 @@ def prepare(module: nn.Module, engine: 'str | EngineRequest', precision: str = '
     stride): the prepared module wrapped in ``deploy.bucketed.Bucketed``, inputs padded to multiples of it and run
     with their valid sizes. ``module`` itself is never changed. Refused before anything is prepared: an engine that
     runs no valid sizes with ``bucket`` (ValueError), a module whose forward takes none (TypeError), a module in
-    training mode or holding a prepared one (ValueError), a request ``EngineRequest`` refuses."""
+    training mode or holding a prepared one (ValueError), a ``keep_fp32`` name that is no module of ``module``
+    (``check_modules``), calibration batches ``Calibration`` refuses, a request ``EngineRequest`` refuses."""
     from .artifacts import ArtifactCache
     request = EngineRequest.of(engine, precision, keep_fp32, **options)
     spec, name, precision = request.spec, request.engine, request.precision
@@ -235,14 +289,15 @@ def prepare(module: nn.Module, engine: 'str | EngineRequest', precision: str = '
             raise ValueError(f'engine {name!r}: {precision} quantizes activations at calibrated ranges: pass '
                              'calibration=<an iterable of input batches> (NCHW float tensors, representative of what '
                              'will be run)')
-        calibration = Calibration(calibration, request.calibration_source)
+        calibration = Calibration(calibration, request.calibration_source, in_chans_of(module, request.options))
     if module.training:
         raise ValueError(f'engine {name!r} prepares a model in evaluation mode: call model.eval() first')
     done = prepared_as(module)
     if done is not None:
         raise ValueError(f'engine {name!r}: this module was prepared for an engine already (it holds {done}); '
                          'prepare the plain model instead (prepare leaves its argument as it was)')
-    prepared = spec.transform(module, request, calibration, ArtifactCache(request, module))
+    check_modules(module, request.keep_fp32)
+    prepared = spec.transform(module, request, calibration, ArtifactCache(request, module, calibration))
     return prepared if bucket is None else Bucketed(prepared, bucket)
 
 
@@ -259,5 +314,5 @@ def engine_table() -> str:
     return '\n'.join(lines)
 
 
-__all__ = ['COVERS', 'ENGINES', 'Calibration', 'Engine', 'EngineModule', 'EngineRequest', 'engine_table', 'prepare',
-           'prepared_as', 'register']
+__all__ = ['COVERS', 'ENGINES', 'Calibration', 'Engine', 'EngineModule', 'EngineRequest', 'check_modules',
+           'engine_table', 'in_chans_of', 'module_names', 'prepare', 'prepared_as', 'register', 'under']

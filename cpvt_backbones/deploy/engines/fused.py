@@ -21,7 +21,7 @@ from torch import nn
 from ...compat import set_submodule
 from ...layers import Block, LocallyGroupedAttention, Mlp
 from ..kernels import GEMMS, KERNELS, FusedBlock, FusedLinear, check_kernel, fused_gemms, unavailable_reason
-from ..registry import Engine, register
+from ..registry import Engine, register, under
 
 _BLOCK_LAYERS = {'norm1': nn.LayerNorm, 'norm2': nn.LayerNorm, 'attn.q': nn.Linear, 'attn.kv': nn.Linear,
                  'attn.proj': nn.Linear, 'mlp.fc1': nn.Linear, 'mlp.act': nn.GELU, 'mlp.fc2': nn.Linear,
@@ -101,24 +101,19 @@ def record_input_ranges(model: nn.Module) -> Iterator[dict[str, tuple[float, flo
             handle.remove()
 
 
-def calibrated_ranges(model: nn.Module, calibration, keep_fp32: Sequence[str], cache) -> dict[str, list[float]]:
+def calibrated_ranges(model: nn.Module, calibration, cache) -> dict[str, list[float]]:
     """The input ranges of ``model``'s linear layers: those saved in ``cache``'s artifact where it holds for this
-    model and has a range for every layer outside ``keep_fp32``, else recorded over ``calibration`` (a
+    model and request (the same calibration batches), else recorded over ``calibration`` (a
     ``registry.Calibration``, ``record_input_ranges``) and saved there."""
-    keep = tuple(keep_fp32)
-    needed = [n for n, m in model.named_modules() if type(m) is nn.Linear and not n.startswith(keep)]
     artifact = cache.result('.ranges.json')
     path = artifact.load() if artifact is not None else None
     if path is not None:
-        saved = json.loads(path.read_text())
-        if all(n in saved for n in needed):
-            return saved
-        artifact.refuse('it has no range for some layers that keep_fp32 does not keep')
+        return json.loads(path.read_text())
     with record_input_ranges(model) as ranges:
         for batch in calibration:
             model(batch)
     if artifact is not None:
-        artifact.save(lambda target: target.write_text(json.dumps(ranges, indent=1)), calibration)
+        artifact.save(lambda target: target.write_text(json.dumps(ranges, indent=1)))
     return ranges
 
 
@@ -157,10 +152,10 @@ def _prepare(model: nn.Module, request, calibration, cache) -> nn.Module:
     input_ranges = None
     if precision == 'int8':
         given = request.options.get('input_ranges')
-        input_ranges = _input_ranges(given) if given is not None else calibrated_ranges(model, calibration, keep, cache)
+        input_ranges = _input_ranges(given) if given is not None else calibrated_ranges(model, calibration, cache)
     linears = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
     if input_ranges is not None:
-        missing = [n for n, _ in linears if n not in input_ranges and not n.startswith(keep)]
+        missing = [n for n, _ in linears if n not in input_ranges and not under(n, keep)]
         if missing:
             raise ValueError(f'engine fused: input_ranges has no range for {len(missing)} linear layer(s) '
                              f'({", ".join(missing[:4])}{" ..." if len(missing) > 4 else ""}); calibrate this '
@@ -173,7 +168,7 @@ def _prepare(model: nn.Module, request, calibration, cache) -> nn.Module:
     for name, _ in blocks:
         set_submodule(model, name, FusedBlock(model.get_submodule(name)))
     for name, _ in linears:
-        kernel = gemm if low is None or name.startswith(keep) else low
+        kernel = gemm if low is None or under(name, keep) else low
         fused = FusedLinear(model.get_submodule(name), check_kernel(kernel))
         if kernel == 'onednn_int8':
             fused.input_range = tuple(float(v) for v in input_ranges[name])
@@ -188,6 +183,6 @@ register(Engine(
     _prepare, "this package's fused CPU kernels for our transformer blocks (deploy.engines.fused); int8: static, "
               'activations at ranges calibrated on input batches',
     calibrated=('int8',), options=('gemm', 'input_ranges'), validate=_validate, calibration_option='input_ranges',
-    trains=('fp32',), bucketing={}))
+    trains=('fp32',), bucketing={}, run_options=('gemm',)))
 
 __all__ = ['PRECISION_KERNELS', 'calibrated_ranges', 'pick_gemm', 'record_input_ranges']

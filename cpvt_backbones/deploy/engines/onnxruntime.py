@@ -8,14 +8,13 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..check import check_against_torch
+from ..check import check_against_torch, check_example_size
 from ..onnx import export
-from ..registry import Engine, EngineModule, register
+from ..registry import Engine, EngineModule, in_chans_of, register, under
 
 INSTALL = 'pip install onnxruntime onnxscript'
 
@@ -47,7 +46,7 @@ class OnnxRuntimeModule(EngineModule, nn.Module):
     def forward(self, x: torch.Tensor):
         from ...models.base import check_input
         check_input(x, self.in_chans)
-        array = np.ascontiguousarray(x.detach().to('cpu', torch.float32).numpy())
+        array = x.detach().to('cpu', torch.float32).contiguous().numpy()
         outs = self.session.run(None, {'image': array})
         return pytree.tree_unflatten([torch.from_numpy(o) for o in outs], self.out_spec)
 
@@ -55,12 +54,12 @@ class OnnxRuntimeModule(EngineModule, nn.Module):
         return f'path={self.path!r}'
 
 
-def _made(artifact, folder: Path, name: str, write: Callable[[Path], None], calibration=None) -> Path:
+def _made(artifact, folder: Path, name: str, write: Callable[[Path], None]) -> Path:
     """The file of ``artifact`` where it is saved and holds for the model, else written by ``write`` and saved
     there (``deploy.artifacts``); with no artifact, or where it cannot be saved, written in ``folder``."""
     path = artifact.load() if artifact is not None else None
     if path is None and artifact is not None:
-        path = artifact.save(write, calibration)
+        path = artifact.save(write)
     if path is None:
         path = folder / name
         write(path)
@@ -94,7 +93,7 @@ def linear_nodes(path, keep_fp32: Sequence[str] = ()) -> list[str]:
         if not (('aten.linear' in traced[0]) if traced else node.input[1] in constants):
             continue
         module = _module_of(node)
-        if module is not None and any(module == k or module.startswith(k + '.') for k in keep_fp32):
+        if module is not None and under(module, keep_fp32):
             continue
         names.append(node.name)
     return names
@@ -117,7 +116,7 @@ def quantize(source, target, calibration: Iterable[torch.Tensor], keep_fp32: Seq
             batch = next(self.batches, None)
             if batch is None:
                 return None
-            return {'image': np.ascontiguousarray(batch.to('cpu', torch.float32).numpy())}
+            return {'image': batch.to('cpu', torch.float32).contiguous().numpy()}
 
     quantize_static(str(source), str(target), Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
                     reduce_range=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
@@ -133,8 +132,8 @@ def _prepare(model: nn.Module, request, calibration, cache) -> OnnxRuntimeModule
     (``result``) are read instead of made where they hold for this model (``deploy.artifacts``). Options:
     ``threads``, onnxruntime's intra-op threads (default: torch's); ``in_chans`` (default: the model's, else 3)."""
     _onnxruntime()
-    in_chans = request.options.get('in_chans') or getattr(model, 'in_chans', 3)
-    example_size = request.options.get('example_size', (224, 224))
+    in_chans = in_chans_of(model, request.options)
+    example_size = check_example_size(model, request.options.get('example_size', (224, 224)))
     threads = request.options.get('threads')
     with torch.no_grad():
         _, spec = pytree.tree_flatten(model(torch.randn(1, in_chans, 32, 32)))
@@ -146,13 +145,15 @@ def _prepare(model: nn.Module, request, calibration, cache) -> OnnxRuntimeModule
     check_against_torch(prepared, model, in_chans, 'onnxruntime export')
     if request.precision == 'int8':
         quantized = _made(cache.result('.onnx'), Path(folder.name), 'model.int8.onnx',
-                          lambda target: quantize(exported, target, calibration, request.keep_fp32), calibration)
+                          lambda target: quantize(exported, target, calibration, request.keep_fp32))
         prepared = OnnxRuntimeModule(str(quantized), spec, in_chans, threads)
     prepared.folder = folder  # removed with the module
     return prepared
 
 
 def _validate(precision: str, options) -> None:
+    if 'example_size' in options:
+        check_example_size(None, options['example_size'])
     threads = options.get('threads')
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f'engine onnxruntime: threads must be a positive int, got {threads!r}')
@@ -166,6 +167,6 @@ register(Engine(
               "(deploy.engines.onnxruntime); int8: onnxruntime's static quantization, activations at ranges calibrated "
               'on input batches',
     requires=('onnxruntime', 'onnxscript'), install=INSTALL, calibrated=('int8',),
-    options=('threads', 'example_size', 'in_chans'), validate=_validate))
+    options=('threads', 'example_size', 'in_chans'), validate=_validate, run_options=('threads',)))
 
 __all__ = ['INSTALL', 'OnnxRuntimeModule', 'linear_nodes', 'quantize']

@@ -24,14 +24,13 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
 from ...compat import require
-from ..check import check_against_torch, trace_size
-from ..registry import Engine, EngineModule, register
+from ..check import check_against_torch, check_example_size, trace_size
+from ..registry import Engine, EngineModule, in_chans_of, register, under
 
 SHAPES = ('dynamic', 'static', 'auto')
 EXTRA = "pip install 'cpvt_backbones[openvino]'"
@@ -283,7 +282,7 @@ def ops_under(ov_model, prefixes: Sequence[str]) -> list[str]:
     for op in ov_model.get_ops():
         info = op.get_rt_info()
         path = info[MODULE_KEY].astype(str) if MODULE_KEY in info else None
-        hits = [p for p in prefixes if path is not None and (path == p or path.startswith(p + '.'))]
+        hits = [p for p in prefixes if path is not None and under(path, [p])]
         if hits:
             found.append(op.get_friendly_name())
             unmatched -= set(hits)
@@ -300,9 +299,9 @@ def quantize(ov_model, calibration: Iterable[torch.Tensor], keep_fp32: Sequence[
     (``ops_under``) stay float. With valid sizes, each batch is zero-padded bottom/right to multiples of
     ``multiple`` (as ``SizedOpenVINOModule`` runs), every image's valid size the batch's own."""
     nncf = _nncf()
-    batches = [np.ascontiguousarray(x.detach().float().cpu().numpy()) for x in calibration]
-    if len(ov_model.inputs) == 2:
-        batches = [[_pad_to(x, multiple), _whole(x.shape)] for x in batches]
+    batches = [x.detach().to('cpu', torch.float32) for x in calibration]
+    batches = [[_pad_to(x, multiple).numpy(), _whole(x.shape)] if len(ov_model.inputs) == 2
+               else x.contiguous().numpy() for x in batches]
     kwargs = dict(ignored_scope=nncf.IgnoredScope(names=ops_under(ov_model, keep_fp32), validate=False)
                   ) if keep_fp32 else {}
     return nncf.quantize(ov_model, nncf.Dataset(batches), model_type=nncf.ModelType.TRANSFORMER,
@@ -310,25 +309,25 @@ def quantize(ov_model, calibration: Iterable[torch.Tensor], keep_fp32: Sequence[
 
 
 def check_shapes(shapes: str, cache_size: int, specialise_after: int) -> None:
-    """A ValueError naming a ``shapes`` not in ``SHAPES``, or a ``cache_size`` or ``specialise_after`` below 1."""
+    """A ValueError naming a ``shapes`` not in ``SHAPES``, or a ``cache_size`` or ``specialise_after`` that is not
+    an int of at least 1."""
     if shapes not in SHAPES:
         raise ValueError(f'shapes must be one of {SHAPES}, got {shapes!r}')
     for name, value in (('cache_size', cache_size), ('specialise_after', specialise_after)):
-        if value < 1:
-            raise ValueError(f'{name} must be at least 1, got {value}')
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f'{name} must be an int of at least 1, got {value!r}')
 
 
-def _pad_to(x: np.ndarray, multiple: int) -> np.ndarray:
-    """The (B, C, H, W) array ``x`` zero-padded bottom/right to sides that are multiples of ``multiple`` (``x``
-    itself where nothing is padded)."""
+def _pad_to(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """The (B, C, H, W) tensor ``x`` zero-padded bottom/right to sides that are multiples of ``multiple``,
+    contiguous."""
     h, w = x.shape[-2:]
-    pad = ((0, 0), (0, 0), (0, -h % multiple), (0, -w % multiple))
-    return x if not any(p for _, p in pad) else np.pad(x, pad)
+    return torch.nn.functional.pad(x, (0, -w % multiple, 0, -h % multiple)).contiguous()
 
 
-def _whole(shape: Sequence[int]) -> np.ndarray:
-    """The valid sizes of a batch of ``shape`` whose images fill it: (B, 2) int64."""
-    return np.array([list(shape[-2:])] * shape[0], dtype=np.int64)
+def _whole(shape: Sequence[int]):
+    """The valid sizes of a batch of ``shape`` whose images fill it: a (B, 2) int64 array."""
+    return torch.tensor([list(shape[-2:])] * shape[0], dtype=torch.int64).numpy()
 
 
 class OpenVINOModule(EngineModule, nn.Module):
@@ -404,8 +403,8 @@ class OpenVINOModule(EngineModule, nn.Module):
         return self._run(x)
 
     def _run(self, x: torch.Tensor, sizes: torch.Tensor | None = None):
-        array = np.ascontiguousarray(x.detach().to('cpu', torch.float32).numpy())
-        inputs = [array] if sizes is None else [array, np.ascontiguousarray(sizes.cpu().numpy())]
+        array = x.detach().to('cpu', torch.float32).contiguous().numpy()
+        inputs = [array] if sizes is None else [array, sizes.to('cpu', torch.int64).contiguous().numpy()]
         outs = [torch.from_numpy(out) for out in self.compiled_for(tuple(array.shape))(inputs)]
         return pytree.tree_unflatten(outs, self.out_spec)
 
@@ -447,14 +446,14 @@ class _Requests:
     def __init__(self, compiled):
         self.compiled, self._idle = compiled, queue.SimpleQueue()
 
-    def __call__(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def __call__(self, arrays: list) -> list:
         try:
             request = self._idle.get_nowait()
         except queue.Empty:
             request = self.compiled.create_infer_request()
         try:
             result = request.infer(arrays)
-            return [np.array(result[port]) for port in self.compiled.outputs]
+            return [result[port].copy() for port in self.compiled.outputs]
         finally:
             self._idle.put(request)
 
@@ -473,6 +472,8 @@ def check_conversion(ov_model, spec, model: nn.Module, in_chans: int, size: tupl
 
 
 def _validate(precision: str, options) -> None:
+    if 'example_size' in options:
+        check_example_size(None, options['example_size'])
     check_shapes(options.get('shapes', 'auto'), options.get('cache_size', 8), options.get('specialise_after', 64))
     threads = options.get('threads')
     if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -491,7 +492,7 @@ def _prepare(model: nn.Module, request, calibration, cache) -> OpenVINOModule:
     options = request.options
     precision, keep_fp32 = request.precision, request.keep_fp32
     sizes_input = bool(options.get('sizes_input', False))
-    in_chans = options.get('in_chans') or getattr(model, 'in_chans', 3)
+    in_chans = in_chans_of(model, options)
     multiple = 1   # what the sides of the converted model's inputs are multiples of
     if sizes_input:
         from ..bucketed import largest_stride
@@ -507,15 +508,15 @@ def _prepare(model: nn.Module, request, calibration, cache) -> OpenVINOModule:
         if saved is not None and (not keep_fp32 or saved[0].has_rt_info(MODULES_KEY)):
             ov_model, spec = saved
         else:  # nothing saved, or saved without the module names that keep_fp32 selects by: convert
-            ov_model, spec = convert(model, torch.randn(2, in_chans, *options.get('example_size', (224, 224))),
-                                     sizes_input)
+            size = check_example_size(model, options.get('example_size', (224, 224)))
+            ov_model, spec = convert(model, torch.randn(2, in_chans, *size), sizes_input)
             check_conversion(ov_model, spec, model, in_chans)
             if precision == 'int8' and conversion is not None:
                 _save(conversion, ov_model)
         if precision == 'int8':
             ov_model = quantize(ov_model, calibration, keep_fp32, multiple=multiple)
         if result is not None:
-            _save(result, ov_model, calibration)
+            _save(result, ov_model)
     settings = {k: options[k] for k in ('shapes', 'cache_size', 'threads', 'specialise_after') if k in options}
     module_cls = SizedOpenVINOModule if sizes_input else OpenVINOModule
     prepared = module_cls(ov_model, spec, in_chans, precision, **settings,
@@ -541,7 +542,7 @@ def _load(artifact, model: nn.Module, in_chans: int, sizes_input: bool = False):
     return ov_model, spec
 
 
-def _save(artifact, ov_model, calibration=None) -> None:
+def _save(artifact, ov_model) -> None:
     """Save ``ov_model`` as ``artifact`` (``openvino.save_model``, float32 weights as they are), first gathering
     every operation's ``MODULE_KEY`` into ``ov_model``'s own runtime info (``MODULES_KEY``), which the IR keeps."""
     ov = _openvino()
@@ -549,7 +550,7 @@ def _save(artifact, ov_model, calibration=None) -> None:
                if MODULE_KEY in op.get_rt_info()}
     if modules:
         ov_model.set_rt_info(json.dumps(modules, separators=(',', ':')), MODULES_KEY)
-    artifact.save(lambda target: ov.save_model(ov_model, str(target), compress_to_fp16=False), calibration)
+    artifact.save(lambda target: ov.save_model(ov_model, str(target), compress_to_fp16=False))
 
 
 def _read(path, model: nn.Module, in_chans: int):
@@ -575,7 +576,8 @@ register(Engine(
     _prepare, 'OpenVINO for the CPU (deploy.engines.openvino): converted once through torch.export, any size after',
     requires=('openvino', 'nncf'), install=EXTRA, calibrated=('int8',),
     options=('shapes', 'cache_size', 'specialise_after', 'threads', 'example_size', 'in_chans', 'sizes_input'),
-    validate=_validate, bucketing={'sizes_input': True}))
+    validate=_validate, bucketing={'sizes_input': True},
+    run_options=('shapes', 'cache_size', 'specialise_after', 'threads')))
 
 __all__ = ['EXTRA', 'MODULE_KEY', 'MODULES_KEY', 'SHAPES', 'OpenVINOModule', 'SizedOpenVINOModule', 'available',
            'check_conversion', 'check_shapes', 'check_sized_conversion', 'compile_config', 'convert', 'native_bf16',
