@@ -105,14 +105,18 @@ def test_ruff_checks_at_the_oldest_supported_python():
 
 
 # The bare install: the package's wheel, built from this checkout, installed with --no-deps into a virtual
-# environment that holds nothing but the distributions its declared requirements need (torch and what torch
-# declares, CUDA libraries included, no numpy), linked from this environment rather than installed again.
+# environment that holds nothing but the distributions its declared requirements need (torch, safetensors and what
+# they declare, torch's CUDA libraries included, no numpy), linked from this environment rather than installed
+# again.
 # A Quick start line that needs more than that says so in its comment with one of these.
 QUICK_START_NEEDS = ('[network]', 'pip install')
 # The modules that need only the declared requirements (the package docstring): the package root, these modules and
 # every module of these subpackages. adapters and datasets need the frameworks and packages they are named after.
 CORE = ('cpvt_backbones.compat', 'cpvt_backbones.utils', 'cpvt_backbones.layers',
         'cpvt_backbones.models', 'cpvt_backbones.convert', 'cpvt_backbones.deploy')
+# One worker builds the bare install once for all its tests.
+BARE = pytest.mark.xdist_group('bare_install')
+# Packages that the core does not need and the bare install must not have.
 ABSENT = ('numpy', 'mmengine', 'mmcv', 'mmdet', 'mmseg', 'mmpretrain', 'openvino', 'onnxruntime', 'timm', 'PIL')
 
 
@@ -151,7 +155,7 @@ def _expose(dists: dict, site: Path) -> None:
         base = Path(dist.locate_file(''))
         for entry in _entries(dist):
             owners[base / entry].add(canonicalize_name(dist.metadata['Name']))
-    for name, dist in dists.items():
+    for dist in dists.values():
         base = Path(dist.locate_file(''))
         for entry in _entries(dist):
             if owners[base / entry] <= set(dists):
@@ -207,6 +211,7 @@ def _run_bare(env, code: str, *args: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@BARE
 def test_the_bare_install_has_the_declared_requirements_and_nothing_else(bare_install):
     installed = {canonicalize_name(d.metadata['Name']): d
                  for d in importlib.metadata.distributions(path=[str(bare_install.site)])}
@@ -236,6 +241,7 @@ print(json.dumps(dict(absent=absent, package=cpvt_backbones.__file__, torch=torc
     assert Path(found['torch']).is_relative_to(bare_install.site) and found['product'] == 12., found
 
 
+@BARE
 def test_every_core_module_imports_in_the_bare_install(bare_install):
     found = _run_bare(bare_install, '''
 import importlib, json, sys, traceback
@@ -270,6 +276,7 @@ def _quick_start() -> tuple[list[str], list[str]]:
     return offline, installs
 
 
+@BARE
 def test_the_quick_start_runs_offline_in_the_bare_install(bare_install):
     """The offline lines run and give what their comments say; each line that names a ``pip install`` is refused
     there with an ImportError, one that prepares an engine naming that same command."""
@@ -306,6 +313,7 @@ print(json.dumps(dict(maps=[list(m.shape) for m in maps], strides=list(backbone.
         assert 'prepare(' not in line or command in refusal[1], (line, command, refusal)
 
 
+@BARE
 def test_the_fused_engine_calibrates_int8_in_the_bare_install(bare_install):
     """The fused engine needs nothing beyond torch (``deploy``), int8 with calibration included."""
     found = _run_bare(bare_install, '''
@@ -328,6 +336,7 @@ print(json.dumps(dict(shape=list(got.shape), finite=bool(got.isfinite().all()),
     assert found['diff'] < 0.2 * found['scale'], found  # int8 on this random model: 0.04 of the scale
 
 
+@BARE
 def test_published_weights_files_load_in_the_bare_install(bare_install):
     """``pretrained=`` a safetensors file (the layout of timm's hub files, the first source ``pretrained=True``
     tries) loads there: what reads it is declared."""
