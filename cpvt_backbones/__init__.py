@@ -1,6 +1,7 @@
 """CPVT, pyramid CPVT (Twins-PCPVT) and Twins-SVT backbones with conditional positional encodings.
 
-The package root and ``layers``, ``models``, ``convert`` need only torch; ``deploy`` holds the inference engines
+The package root and ``layers``, ``models``, ``convert`` need only the declared requirements, torch and safetensors
+(``convert`` reads safetensors weight files with it); ``deploy`` holds the inference engines
 (``deploy.ENGINES``: torch, the fused CPU path, OpenVINO, onnxruntime on the ONNX export), reached through
 ``prepare(model, engine, precision)``, each importing its engine's package only when used; ``run_images`` runs
 a model over images of many sizes in padded batches, each image as if alone. The OpenMMLab
