@@ -243,3 +243,19 @@ def test_a_new_engine_is_one_registry_entry(tmp_path):
         assert parser.parse_args(['--engine', 'halves']).engine == 'halves'
     finally:
         del ENGINES['halves']
+
+
+@pytest.mark.parametrize('engine', [n for n, e in ENGINES.items() if 'example_size' in e.options])
+def test_an_export_size_and_option_types_are_checked_before_anything_is_exported(engine):
+    """``example_size`` below 2 x 2 (a side traced at 1 is fixed) or below twice the model's largest stride, or
+    not two ints, and an option of the wrong type (OpenVINO's ``cache_size='8'``) are refused in one line naming
+    the option."""
+    runnable(engine, 'fp32')
+    for size, says in (((1, 1), r'at least 2 x 2.*got \(1, 1\)'), ((8, 8), r'at least 16 x 16 \(twice the largest '
+                                                                          r'stride of PyramidCPVT'),
+                       ('224', r'\(height, width\), two ints'), ((224.0, 224), r'\(height, width\), two ints')):
+        with pytest.raises(ValueError, match=f'example_size must be {says}'):
+            prepare(small(), engine, example_size=size)
+    if 'cache_size' in ENGINES[engine].options:
+        with pytest.raises(ValueError, match="cache_size must be an int of at least 1, got '8'"):
+            prepare(small(), engine, cache_size='8')
