@@ -504,6 +504,14 @@ def test_the_confirmatory_report_states_the_power_it_had_the_bound_it_sets_and_t
         round(statistics.mean(change) + half, 2)) == (0.88, -3.29, 5.05)
     report = (RESULTS / 'confirm_detail.md').read_text()
     block = verdict_cli.blocks_in((proto.ROOT / 'docs' / 'resolution_study.md').read_text())['confirm']
+    readme, docs = (' '.join((proto.ROOT / name).read_text().split()) for name in ('README.md',
+                                                                                    'docs/resolution_study.md'))
+    paper = render._interval(h['paper'])   # the prose quotes what the code computes
+    assert f'{h["power_holm"]:.1%} under Holm ({h["power"]:.1%} unadjusted)' in readme
+    assert (f'{h["power_holm"]:.1%} at Holm\'s first step over its twelve contrasts and {h["power"]:.1%} '
+            'unadjusted') in docs
+    assert f'at {h["bound"]:+.2f} points' in readme and f'at most {h["bound"]:+.2f} points' in docs
+    assert f'is {paper}' in readme and f'is {paper}' in docs
     for text in ('probability 20.6% unadjusted and 2.5% at Holm\'s first step over its 12 contrasts',
                  'at +3.12 points', 'PEG minus table: +0.88 [-3.29, +5.05] (95%, unadjusted), an interval covering 0 '
                  'and +1.8'):
