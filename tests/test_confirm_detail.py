@@ -6,21 +6,25 @@ import copy
 import hashlib
 import json
 import math
+import statistics
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 
-from benchmarks.confirm_detail import analysis, cli, design, render
+from benchmarks.confirm_detail import analysis, cli, decision, design, render
 from benchmarks.confirm_detail import protocol as proto
+from benchmarks.confirm_detail.spec import Confirm
 from benchmarks.study import stats
 from benchmarks.study.common import _T975, paired
 from benchmarks.study.config import StudyConfig
 from benchmarks.study.data import blur_up, resize
 from benchmarks.study.records import STUDIED_CODE
 from benchmarks.study.stem import ConvStem
-from benchmarks.study.summary import RESULTS
+from benchmarks.study.summary import RESULTS, load
 from benchmarks.study.trainer import build_model, make_optimizer
+from benchmarks.verdict import cli as verdict_cli
 from cpvt_backbones.layers import ConvMlp
 
 ORIGIN = dict(accelerator='test CPU', torch=torch.__version__, commit='0' * 40, commit_from='git', source_digest='d')
@@ -69,7 +73,7 @@ def test_the_committed_protocol_parses_and_centres_its_crops_on_the_1x_test():
     protocol = proto.Protocol.load(proto.PROTOCOL)
     assert protocol.sha256 == hashlib.sha256(proto.PROTOCOL.read_bytes()).hexdigest()
     assert protocol.arms == ('learned', 'none', 'peg_0-5', 'peg_0-5_circular', 'conv_mlp', 'cnn')
-    assert protocol['seeds'] == [0, 1, 2, 3, 4] and min(protocol['pilot']['seeds']) >= proto.PILOT_SEEDS
+    assert protocol['seeds'] == [0, 1, 2, 3, 4] and all(s in proto.PILOT_SEEDS for s in protocol['pilot']['seeds'])
     assert not set(protocol['data']['scene_sets'].values()) & set(range(5))   # none of the earlier studies' sets
     config = design.study_config(protocol, pilot=False)
     assert config.blur_up == protocol['blur_up']['share'] and config.stem and config.head == 'gap'
@@ -133,8 +137,8 @@ def test_the_object_scale_sizes_every_scene_a_run_sees():
 @pytest.mark.parametrize('change, message', [
     (lambda d: d['data']['scene_sets'].update(test=3), 'earlier studies'),
     (lambda d: d['data']['scene_sets'].update(test=10), 'distinct'),
-    (lambda d: d['pilot'].update(seeds=[4]), 'pilot\'s seeds must be >= 100'),
-    (lambda d: d.update(seeds=[0, 100]), 'confirmatory seeds must lie in 0..99'),
+    (lambda d: d['pilot'].update(seeds=[4]), 'pilot\'s seeds must lie in 100..199'),
+    (lambda d: d.update(seeds=[0, 100]), 'outside the pilots\' 100..199'),
     (lambda d: d.update(arms=['none', 'nope']), "unknown arm(s) ['nope']"),
     (lambda d: d['recipe'].update(lr='fast'), "recipe entries ['lr']"),
     (lambda d: d['recipe'].update(stem_norm=1), "recipe entries ['stem_norm']"),
@@ -443,6 +447,75 @@ def test_a_report_is_refused_from_a_dirty_tree_and_records_its_commit_apart_from
 
 
 # -- the study library it adds -------------------------------------------------------------------------------------
+
+
+def _simulated_power(effect, sd, n, level, studies=400_000, margin=None):
+    """The share of ``studies`` simulated studies of ``n`` normal pairs (mean ``effect``, SD ``sd``) whose
+    two-sided ``level`` t interval lies above zero (or, with ``margin``, within +-margin)."""
+    x = np.random.default_rng(0).normal(effect, sd, size=(studies, n))
+    mean, half = x.mean(1), stats.t_quantile(level, n - 1) * x.std(1, ddof=1) / math.sqrt(n)
+    return float(((mean - half > 0) if margin is None else ((mean - half > -margin) & (mean + half < margin))).mean())
+
+
+def test_the_power_of_a_paired_t_interval_matches_its_known_value_and_a_simulation():
+    assert stats.power_above(1., 1., 10, 0.95) == pytest.approx(0.8031, abs=2e-4)   # d = 1, n = 10 (G*Power)
+    for effect, sd, n, level in ((1.8, 2.74, 5, 0.95), (1.8, 2.74, 5, 1 - 0.05 / 12), (1.8, 2.15, 16, 0.95),
+                                 (0.5, 1., 2, 0.9)):
+        assert stats.power_above(effect, sd, n, level) == pytest.approx(
+            _simulated_power(effect, sd, n, level), abs=3e-3), (effect, sd, n, level)
+    for sd, n, true in ((2.15, 16, 0.), (2.74, 16, 0.), (2.74, 16, 1.)):
+        got = stats.power_within(2., sd, n, 0.90, true)
+        assert got == pytest.approx(_simulated_power(true, sd, n, 0.90, margin=2.), abs=3e-3), (sd, n, true)
+    # the normal limit: many pairs, the interval's half-width known
+    assert stats.power_above(1., 4., 400, 0.95) == pytest.approx(
+        statistics.NormalDist().cdf(1. * 20 / 4 - 1.96), abs=2e-3)
+    with pytest.raises(ValueError, match='n >= 2 pairs'):
+        stats.power_above(1., 1., 1, 0.95)
+    with pytest.raises(ValueError, match='sd > 0'):
+        stats.power_within(1., 0., 5, 0.9)
+
+
+def _confirm_contrasts():
+    by = {(r['variant'], r['seed']): r['checks'][-1]['final'] for r in load('confirm_detail')['runs']}
+    detail = [(by['peg_0-5', s]['native68'] - by['peg_0-5', s]['upsampled68'])
+              - (by['learned', s]['native68'] - by['learned', s]['upsampled68']) for s in range(5)]
+    change = [(by['peg_0-5', s]['native68'] - by['peg_0-5', s]['native40'])
+              - (by['learned', s]['native68'] - by['learned', s]['native40']) for s in range(5)]
+    return detail, change
+
+
+def test_the_confirmatory_report_states_the_power_it_had_the_bound_it_sets_and_the_papers_measure():
+    """From its 30 stored run records: the PEG's gain from detail at 68 px less the table's had about 21% power
+    (2.5% at Holm's first step of twelve) for the paper's +1.8, its 95% interval ends at +3.12, and the paper's
+    own measure (the change from 40 to 68 px) is +0.88 [-3.29, +5.05]; the report and its verdict block say so."""
+    detail, change = _confirm_contrasts()
+    sd, t = statistics.stdev(detail), stats.t_quantile(0.95, 4)
+    h = Confirm('confirm_detail', 'benchmarks/protocols/confirm_detail.json').load().document['summaries']['']
+    h = h['hindsight']
+    assert decision.PAPER_DIFFERENCE == h['effect'] == 1.8 and h['n'] == 5 and h['family'] == 12
+    assert h['sd'] == round(sd, 2) == 2.74
+    assert h['power'] == pytest.approx(_simulated_power(1.8, sd, 5, 0.95), abs=3e-3)
+    assert h['power_holm'] == pytest.approx(_simulated_power(1.8, sd, 5, 1 - 0.05 / 12), abs=2e-3)
+    assert (round(h['power'], 3), round(h['power_holm'], 3)) == (0.206, 0.025)
+    assert h['bound'] == round(statistics.mean(detail) + t * sd / math.sqrt(5), 2) == 3.12
+    half = t * statistics.stdev(change) / math.sqrt(5)
+    assert (h['paper']['mean'], h['paper']['lo'], h['paper']['hi']) == (
+        round(statistics.mean(change), 2), round(statistics.mean(change) - half, 2),
+        round(statistics.mean(change) + half, 2)) == (0.88, -3.29, 5.05)
+    report = (RESULTS / 'confirm_detail.md').read_text()
+    block = verdict_cli.blocks_in((proto.ROOT / 'docs' / 'resolution_study.md').read_text())['confirm']
+    readme, docs = (' '.join((proto.ROOT / name).read_text().split()) for name in ('README.md',
+                                                                                    'docs/resolution_study.md'))
+    paper = render._interval(h['paper'])   # the prose quotes what the code computes
+    assert f'{h["power_holm"]:.1%} under Holm ({h["power"]:.1%} unadjusted)' in readme
+    assert (f'{h["power_holm"]:.1%} at Holm\'s first step over its twelve contrasts and {h["power"]:.1%} '
+            'unadjusted') in docs
+    assert f'at {h["bound"]:+.2f} points' in readme and f'at most {h["bound"]:+.2f} points' in docs
+    assert f'is {paper}' in readme and f'is {paper}' in docs
+    for text in ('probability 20.6% unadjusted and 2.5% at Holm\'s first step over its 12 contrasts',
+                 'at +3.12 points', 'PEG minus table: +0.88 [-3.29, +5.05] (95%, unadjusted), an interval covering 0 '
+                 'and +1.8'):
+        assert text in report and text in block, text
 
 
 def test_t_distribution_matches_the_table_and_known_p_values():

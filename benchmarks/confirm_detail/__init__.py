@@ -7,7 +7,7 @@ preregistered run (``benchmarks/protocols/confirm_detail.json``).
 
 Everything the study does comes from its protocol file (``protocol.Protocol``), read and hashed (sha256 of its
 bytes): arms, seeds, recipe, scene sets, tests, analysis and the rule for each claim; the study refuses to run
-without it. ``--pilot`` runs the protocol's pilot (its arms, each candidate recipe, seeds >= ``PILOT_SEEDS``, the
+without it. ``--pilot`` runs the protocol's pilot (its arms, each candidate recipe, seeds in ``PILOT_SEEDS``, the
 pilot test set, under ``pilot.name``; a draft protocol will do); without it the confirmatory grid runs, only under
 a protocol whose status is 'fixed'. Every run records the protocol's sha256, and a study whose runs record another
 is refused: a changed protocol needs a new name. ``--scales`` prints the object sizes of training crops and tests.

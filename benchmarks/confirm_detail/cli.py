@@ -20,7 +20,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--protocol', type=Path, default=PROTOCOL, help='the protocol file the study runs from')
     p.add_argument('--pilot', action='store_true',
-                   help='run the protocol\'s pilot (its arms, candidate recipes and seeds >= 100; a draft will do)')
+                   help='run the protocol\'s pilot (its arms, candidate recipes and seeds 100..199; a draft will do)')
     p.add_argument('--scales', action='store_true',
                    help='print the object sizes of training crops and tests (no training) and exit')
     p.add_argument('--shard', default='0/1', help='K/N: run every N-th run from the K-th (0-based)')

@@ -1,11 +1,15 @@
 """The study's design as its protocol gives it: the training configuration (``study_config``), the scene sets
 drawn (``load_data``), the tests (``tests``), the object sizes crops and tests show (``object_scales``), and one
-run trained and checked at every epoch (``run``)."""
+run trained and checked at every epoch or at its final one (``run``), each final test scene's true-class
+log-probability kept where the protocol asks (``LOG_PROBABILITIES``)."""
+import hashlib
+import io
 import time
 from concurrent.futures import Executor
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from benchmarks.confirm_detail.protocol import ROOT, TAG, TASK_FIELDS, Protocol, check_may_run
 from benchmarks.study import records
@@ -15,6 +19,9 @@ from benchmarks.study.scenes import LEVELS, crop_radii, draw, percentiles
 from benchmarks.study.specs import Drawn, DrawnResized, Given
 from benchmarks.study.trainer import fp32_precision, train
 from cpvt_backbones.datasets import class_scenes
+from cpvt_backbones.utils import atomic_write
+
+LOG_PROBABILITIES = 'final_logprob.npz'   # per run: every final test's true-class log-probability per scene
 
 
 def study_config(protocol: Protocol, pilot: bool, candidate: str | None = None, **fields) -> StudyConfig:
@@ -92,22 +99,42 @@ def object_scales(protocol: Protocol, crops: int = 20000, pilot: bool = False, c
 
 
 @torch.inference_mode()
-def correct(model, x: torch.Tensor, y: torch.Tensor, test, config: StudyConfig, batch: int = 250) -> torch.Tensor:
-    """Per image of ``x``, whether ``model`` classifies ``test``'s rendering of it as ``y`` says (bool, (N,))."""
+def correct(model, x: torch.Tensor, y: torch.Tensor, test, config: StudyConfig, batch: int = 250,
+            log_probabilities: bool = False):
+    """Per image of ``x``, whether ``model`` classifies ``test``'s rendering of it as ``y`` says (bool, (N,)); with
+    ``log_probabilities`` also the log-probability the model gives the class ``y`` says (float32, (N,))."""
     model.eval()
+    hits, scores = [], []
     with fp32_precision(config.tf32):
-        return torch.cat([model(test.render(x[i:i + batch], config).to(config.device)).argmax(-1).cpu()
-                          == y[i:i + batch] for i in range(0, len(x), batch)])
+        for i in range(0, len(x), batch):
+            logits = model(test.render(x[i:i + batch], config).to(config.device)).cpu()
+            hits.append(logits.argmax(-1) == y[i:i + batch])
+            if log_probabilities:
+                scores.append(F.log_softmax(logits.float(), -1).gather(1, y[i:i + batch, None].long())[:, 0])
+    return (torch.cat(hits), torch.cat(scores)) if log_probabilities else torch.cat(hits)
+
+
+def write_log_probabilities(path, scores: dict[str, torch.Tensor]) -> str:
+    """``scores`` ({test key: per-scene log-probability}) written to ``path`` as one compressed .npz, whole or not
+    at all; returns the sha256 of its bytes."""
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **{k: v.numpy().astype(np.float32) for k, v in scores.items()})
+    atomic_write(path, buffer.getvalue())
+    return hashlib.sha256(buffer.getvalue()).hexdigest()
 
 
 def run(arm: str, seed: int, config: StudyConfig, data, protocol: Protocol, origin: dict | None = None,
         candidate: str | None = None) -> dict:
-    """One (arm, seed) of ``config``, trained once (resumable after every epoch, on the accelerator it started
-    on) and checked at every epoch's end, each check in the record's ``checks``: validation top-1 ('val') and
-    every test (``tests``) on the first ``tests.check_images`` test scenes ('tests'); the final check also on
-    every test scene ('final'). The record holds ``origin`` (``provenance``), the protocol's path and sha256, the
-    pilot candidate, the scene sets and the shapes' radii ('object_size'); read back where it is there already.
+    """One (arm, seed) of ``config`` (with the arm's own fields, ``Protocol.arm_recipe``), trained once
+    (resumable after every epoch, on the accelerator it started on) and checked at every epoch's end
+    (``tests.checks_per_epoch`` 1) or at the final epoch's alone (0), each check in the record's ``checks``:
+    validation top-1 ('val') and every test (``tests``) on the first ``tests.check_images`` test scenes
+    ('tests'); the final check also on every test scene ('final'), and with ``tests.log_probabilities`` each of
+    those scenes' true-class log-probability per test in ``LOG_PROBABILITIES`` beside the record (its sha256 in
+    'log_probabilities'). The record holds ``origin`` (``provenance``), the protocol's path and sha256, the pilot
+    candidate, the scene sets and the shapes' radii ('object_size'); read back where it is there already.
     ``data`` (``load_data``) must be drawn for ``candidate``."""
+    config = config.replace(**protocol.arm_recipe(arm, candidate))
     run_dir = config.run_dir(arm, seed)
     path = run_dir / 'result.json'
     result = records.read(path)
@@ -120,16 +147,22 @@ def run(arm: str, seed: int, config: StudyConfig, data, protocol: Protocol, orig
              f'{arm} seed {seed}')
     (x_val, y_val), drawings = data[1], data[2]
     size, subset = protocol.train_size, protocol['tests']['check_images']
+    keep = protocol['tests'].get('log_probabilities', False)
+    scores: dict[str, torch.Tensor] = {}
 
-    def after_check(model, check: int) -> dict:
-        start, final = time.perf_counter(), check == config.epochs
+    def after_check(model, check: int, final: bool | None = None) -> dict:
+        start, final = time.perf_counter(), check == config.epochs if final is None else final
         val = float(correct(model, x_val, y_val, Given(size), config).float().mean()) * 100
         record = dict(val=round(val, 2), tests={})
         if final:
             record['final'] = {}
         for test in tests(protocol):
             x, y = drawings[test.size if isinstance(test, Drawn) else size]
-            hits = correct(model, *((x, y) if final else (x[:subset], y[:subset])), test, config).float()
+            if final and keep:
+                hits, scores[test.key] = correct(model, x, y, test, config, log_probabilities=True)
+            else:
+                hits = correct(model, *((x, y) if final else (x[:subset], y[:subset])), test, config)
+            hits = hits.float()
             record['tests'][test.key] = round(float(hits[:subset].mean()) * 100, 2)
             if final:
                 record['final'][test.key] = round(float(hits.mean()) * 100, 2)
@@ -137,7 +170,14 @@ def run(arm: str, seed: int, config: StudyConfig, data, protocol: Protocol, orig
               + ', '.join(f'{k} {v:.2f}' for k, v in record.get('final', record['tests']).items()), flush=True)
         return dict(record, seconds=round(time.perf_counter() - start, 1))
 
-    model, result = train(arm, seed, config, data[0], run_dir, after_check, 1)
+    if protocol.checks_per_epoch:
+        model, result = train(arm, seed, config, data[0], run_dir, after_check, 1)
+    else:   # trained (or resumed) to its end, then its one check
+        model, result = train(arm, seed, config, data[0], run_dir)
+        result['checks'] = [dict(check=1, epoch=config.epochs, **after_check(model, 1, final=True))]
+    if keep:
+        result['log_probabilities'] = dict(file=LOG_PROBABILITIES, scenes=len(drawings[size][1]),
+                                           sha256=write_log_probabilities(run_dir / LOG_PROBABILITIES, scores))
     sets = protocol['data']['scene_sets']
     result.update(
         eval_seconds=round(sum(c['seconds'] for c in result['checks']), 1), pilot=candidate is not None,

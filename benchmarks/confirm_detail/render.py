@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.confirm_detail.analysis import pilot_choice, summarise
+from benchmarks.confirm_detail.decision import PAPER
 from benchmarks.confirm_detail.protocol import TAG, Protocol
 from benchmarks.study.common import format_paired
 from benchmarks.study.config import VARIANTS
@@ -46,11 +47,55 @@ def scales_text(scales: dict) -> str:
             + '.')
 
 
+def _interval(d: dict, level: float | None = None) -> str:
+    return f'{d["mean"]:+.2f} [{d["lo"]:+.2f}, {d["hi"]:+.2f}]' + (f' ({level:.0%})' if level else '')
+
+
+def render_decision(decided: dict, contrast: dict) -> str:
+    """The primary contrast's decision (``decision.decide``) and the power the protocol planned for each rule."""
+    rule = decided['rule']
+    sup, eq = rule['superiority'], rule['equivalence']
+    text = (f'**Primary contrast** ({_contrast_name(contrast)}; the rules fixed in the protocol before its runs: '
+            f'superiority where its {sup["confidence"]:.0%} interval lies above {sup["above"]:g}, equivalence where '
+            f'its {eq["confidence"]:.0%} interval lies within ±{eq["margin"]:g} points, inferiority where its '
+            f'{sup["confidence"]:.0%} interval lies below {-sup["above"] + 0.:g}, otherwise undecided): '
+            f'**{decided["verdict"]}**')
+    if decided['wide']['lo'] is not None:
+        text += (f' ({_interval(decided["wide"], sup["confidence"])}; {_interval(decided["narrow"], eq["confidence"])};'
+                 f' {decided["wide"]["n"]} seeds)')
+    plan = rule.get('power')
+    if plan:
+        text += (f'. Its planned power: superiority {plan["superiority"]:.0%} were the true difference '
+                 f'{plan["effect"]:+g}, equivalence {plan["equivalence"]:.0%} were it 0 ({plan["basis"]})')
+    return text + '.'
+
+
+def render_hindsight(h: dict) -> str:
+    """What a study's runs say it could decide (``decision.hindsight``), as one paragraph."""
+    paper, detail = h['paper'], h['detail']
+    covers = [v for v in (0., h['effect']) if paper['lo'] <= v <= paper['hi']]
+    return (f"**What the study could decide** (computed after the runs from their spread; no claim): were the PEG's "
+            f"gain from detail at {h['size']} px truly {h['effect']:+g} points more than the table's (the paper's "
+            f"difference: CPVT-Ti {PAPER['peg'][0]} → {PAPER['peg'][1]} from {PAPER['sizes'][0]} to "
+            f"{PAPER['sizes'][1]} px, DeiT-tiny {PAPER['table'][0]} → {PAPER['table'][1]}), the contrast's 95% "
+            f"interval would have excluded zero on that side with probability {h['power']:.1%} unadjusted and "
+            f"{h['power_holm']:.1%} at Holm's first step over its {h['family']} contrasts (a "
+            f"{h['holm_level']:.2%} interval: the level a contrast is tested at unless another is rejected before "
+            f"it); the true SD taken as the one across its {h['n']} seeds ({h['sd']:.2f} points), the power from "
+            f"the noncentral t distribution. The data bound the PEG's extra gain from detail over the table at "
+            f"{h['bound']:+.2f} points (the upper end of its unadjusted 95% interval, {_interval(detail)}). "
+            f"The paper's own measure, the change from the training size to {h['size']} px, PEG minus table: "
+            f"{_interval(paper)} (95%, unadjusted)"
+            + (f", an interval covering {' and '.join(f'{v:+g}' if v else '0' for v in covers)}" if covers else '')
+            + '.')
+
+
 def render_summary(summary: dict, protocol: Protocol, arms: Sequence[str]) -> list[str]:
-    """One analysis as Markdown lines: the learning rule, the final-epoch table, the contrasts and the claims."""
+    """One analysis as Markdown lines: the learning, ceiling and control rules, the final-epoch table, the
+    contrasts, the claims, the primary contrast's decision and what the runs could decide."""
     rule = summary['learns']
     lines = []
-    if rule['gaps']:
+    if rule and rule['gaps']:
         lines += [f'**Every arm learns the task** (validation top-1 at {protocol.train_size} px, final epoch, mean '
                   f'over seeds; {rule["reference"]} at least {rule["reference_min"]:.0f}, '
                   f'{", ".join(rule["arms"])} within {rule["within"]:.0f} points of it): '
@@ -63,6 +108,12 @@ def render_summary(summary: dict, protocol: Protocol, arms: Sequence[str]) -> li
                   'native and upsampled, final epoch, mean over seeds): ' + ('holds' if top['clear'] else
                                                                               'does not hold')
                   + ' (' + ', '.join(f'{a} {t:.2f}' for a, t in top['tops'].items()) + ').', '']
+    control = summary.get('control')
+    if control:
+        lines += [f'**The control at the transformers\' accuracy** ({control["arm"]}\'s top-1 drawn at '
+                  f'{protocol.train_size} px, final epoch, mean over seeds, within {control["within"]:g} points of '
+                  f'{control["target"]:g}): ' + ('holds' if control['holds'] else 'does not hold')
+                  + f' ({control["start"]:.2f}, {control["distance"]:+.2f}).', '']
     sizes = protocol.upsampled
     lines += [f'| arm | validation | training top-1 | drawn {protocol.train_size} px (start) | '
               + ' | '.join(f'{s} px: native / upsampled | {s} px: gain from detail | {s} px: gain from scale'
@@ -76,8 +127,11 @@ def render_summary(summary: dict, protocol: Protocol, arms: Sequence[str]) -> li
         lines.append(f'| {VARIANTS[a].label} | {_ms(row["val"])} | {_ms(row["train_top1"])} | {_ms(row["start"])} | '
                      + ' | '.join(cells) + ' |')
     contrasts = summary['contrasts']
+    family = [c for c in contrasts.values() if not c['secondary']]
     if contrasts:
-        lines += ['', f'**Contrasts** (paired by seed; Holm over these {len(contrasts)}):', '',
+        over = (f'Holm over these {len(contrasts)}' if len(family) == len(contrasts) else
+                f'Holm over {", ".join(c["id"] for c in family)}; the others secondary, unadjusted, no claim')
+        lines += ['', f'**Contrasts** (paired by seed; {over}):', '',
                   '| contrast | per seed | mean [95%] | Holm-adjusted [interval] | p | p (Holm) |',
                   '|---|---|---|---|---|---|']
         for c in contrasts.values():
@@ -89,6 +143,10 @@ def render_summary(summary: dict, protocol: Protocol, arms: Sequence[str]) -> li
         lines += ['', '**Claims** (each holds only where its Holm-adjusted interval excludes zero on its side):', '']
         lines += [f'* {c["text"]} **{c["verdict"]}** ({_contrast_name(contrasts[c["contrast"]])}: '
                   f'{_holm(contrasts[c["contrast"]])}).' for c in summary['claims']]
+    if summary.get('decision'):
+        lines += ['', render_decision(summary['decision'], contrasts[summary['decision']['rule']['contrast']])]
+    if summary.get('hindsight'):
+        lines += ['', render_hindsight(summary['hindsight'])]
     return lines
 
 
@@ -107,7 +165,16 @@ def render_markdown(document: dict, protocol: Protocol) -> str:
     meta = document['meta']
     lines = [f'Protocol `{meta["protocol"]}` (sha256 {meta["protocol_sha256"][:12]}, {meta["status"]}); '
              f'{"pilot" if meta["pilot"] else "confirmatory"} study `{meta["name"]}`, seeds {meta["seeds"]}.', '']
-    if meta['pilot']:
+    if meta['pilot'] and 'distances' in document['choice']:
+        choice, rule = document['choice'], protocol.control
+        lines += [f'**The recipe the pilot fixes**: {choice["candidate"]} ('
+                  + (f'its control within {rule["within"]:g} points of {rule["target"]:g}, clear of the ceiling'
+                     if choice['holds'] else 'no candidate\'s control lies within '
+                     f'{rule["within"]:g} points of {rule["target"]:g} clear of the ceiling: the nearest')
+                  + '; its top-1 drawn at the training size less the target per candidate: '
+                  + ', '.join(f'{c} {g:+.2f}' + ('' if choice['clear'][c] else ' (at the ceiling)')
+                              for c, g in choice['distances'].items()) + ').', '']
+    elif meta['pilot']:
         choice = document['choice']
         lines += [f'**The recipe the pilot fixes**: {choice["candidate"]} ('
                   + ('its learning rule holds, clear of the ceiling' if choice['holds'] else 'no candidate\'s '
@@ -177,9 +244,9 @@ def analyse(results: dict[str, list[dict]], protocol: Protocol, pilot: bool) -> 
 
 def write_outputs(results: dict[str, list[dict]], protocol: Protocol, pilot: bool, out: Path, meta: dict,
                   root: Path | None = None) -> dict:
-    """The study's report (NAME.json, .md, .csv and a figure per candidate) from ``results`` ({candidate or '':
-    runs}), rendered only from a clean tree at ``root`` (``records.committed``; the rendering commit is recorded
-    apart from the runs'), from runs on one accelerator under this protocol."""
+    """The study's report (NAME.json, .md, .csv and, where every epoch is checked, a figure per candidate) from
+    ``results`` ({candidate or '': runs}), rendered only from a clean tree at ``root`` (``records.committed``; the
+    rendering commit is recorded apart from the runs'), from runs on one accelerator under this protocol."""
     rendered_at, _ = committed(root, 'render a report')
     runs = [r for rs in results.values() for r in rs]
     other = sorted({f'{r["variant"]} seed {r["seed"]}' for r in runs if r['protocol_sha256'] != protocol.sha256})
@@ -206,6 +273,7 @@ def write_outputs(results: dict[str, list[dict]], protocol: Protocol, pilot: boo
     rows = [dict(candidate=c, arm=r['arm'], size=r['size'], native=r['native'][0], upsampled=r['upsampled'][0],
                  detail=format_paired(r['detail']), scale=format_paired(r['scale']), change=format_paired(r['change']))
             for c, s in summaries.items() for r in s['rows']]
-    figures = {(f'_{c}' if pilot else ''): (lambda path, c=c: plot(document, protocol, path, c)) for c in summaries}
+    figures = {(f'_{c}' if pilot else ''): (lambda path, c=c: plot(document, protocol, path, c)) for c in summaries
+               if protocol.checks_per_epoch}   # a study checking its final epoch alone has no curves to draw
     write_report(out, meta['name'], document, render_markdown(document, protocol), rows, figures)
     return document

@@ -1,8 +1,9 @@
 """Paired intervals at any confidence and Holm's step-down correction over a family of contrasts, from Student's t
-distribution computed exactly for whole degrees of freedom (the standard library has no t distribution)."""
+distribution computed exactly for whole degrees of freedom (the standard library has no t distribution), and the
+power of a paired t interval to lie above zero or within a margin (``power_above``, ``power_within``)."""
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 
 def t_within(t: float, df: int) -> float:
@@ -96,4 +97,49 @@ def holm(tests: Mapping[str, dict], alpha: float = 0.05) -> dict[str, dict]:
     return {name: out[name] for name in tests}
 
 
-__all__ = ['holm', 'interval', 'paired_test', 't_quantile', 't_within']
+def _over_sample_sd(df: int, f: Callable[[float], float], steps: int = 2000) -> float:
+    """E[f(r)] for r = s / sigma, the ratio of a sample standard deviation with ``df`` degrees of freedom to the true
+    one (r = sqrt(V / df), V chi-square with ``df``): Simpson's rule over w = sqrt(V) on [0, sqrt(df) + 12], where
+    w's density w^(df - 1) exp(-w^2 / 2) / (2^(df / 2 - 1) Gamma(df / 2)) is finite for every df."""
+    top = math.sqrt(df) + 12.
+    h, log_norm = top / steps, (df / 2 - 1) * math.log(2) + math.lgamma(df / 2)
+    total = 0.
+    for i in range(steps + 1):
+        w = i * h
+        density = math.exp((df - 1) * math.log(w) - w * w / 2 - log_norm) if w > 0 else \
+            (math.exp(-log_norm) if df == 1 else 0.)
+        total += (1 if i in (0, steps) else 4 if i % 2 else 2) * density * f(w / math.sqrt(df))
+    return total * h / 3
+
+
+def _check_power(sd: float, n: int, level: float) -> None:
+    if not (isinstance(n, int) and n >= 2 and sd > 0 and 0 < level < 1):
+        raise ValueError(f'power needs n >= 2 pairs (whole), sd > 0 and a level in (0, 1), got n={n!r}, sd={sd!r}, '
+                         f'level={level!r}')
+
+
+def power_above(effect: float, sd: float, n: int, level: float) -> float:
+    """The probability that the two-sided ``level`` t interval of the mean of ``n`` paired differences lies above
+    zero, where their true mean is ``effect`` and their true standard deviation ``sd``: the noncentral t
+    distribution's upper tail, P(T' > t), T' with n - 1 degrees of freedom and noncentrality effect sqrt(n) / sd,
+    computed as E[Phi(effect sqrt(n) / sd - t r)] over the sample SD's ratio r to the true one
+    (``_over_sample_sd``)."""
+    _check_power(sd, n, level)
+    t, shift = t_quantile(level, n - 1), effect * math.sqrt(n) / sd
+    normal = statistics.NormalDist()
+    return _over_sample_sd(n - 1, lambda r: normal.cdf(shift - t * r))
+
+
+def power_within(margin: float, sd: float, n: int, level: float, true: float = 0.) -> float:
+    """The probability that the two-sided ``level`` t interval of the mean of ``n`` paired differences lies within
+    -``margin``..+``margin`` (equivalence; at level 0.90 the two one-sided tests at 5%), where their true mean is
+    ``true`` and their true standard deviation ``sd``: E[P(-margin + t s / sqrt(n) < mean < margin - t s / sqrt(n))]
+    over the sample SD s (``_over_sample_sd``), the mean normal and independent of s."""
+    _check_power(sd, n, level)
+    t, se = t_quantile(level, n - 1), sd / math.sqrt(n)
+    normal = statistics.NormalDist()
+    return _over_sample_sd(n - 1, lambda r: max(0., normal.cdf((margin - true - t * r * se) / se)
+                                                - normal.cdf((-margin - true + t * r * se) / se)))
+
+
+__all__ = ['holm', 'interval', 'paired_test', 'power_above', 'power_within', 't_quantile', 't_within']
