@@ -7,7 +7,7 @@ import os
 import platform
 import re
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
@@ -30,37 +30,52 @@ def tensor_bytes(tensor) -> bytes:
     return ctypes.string_at(tensor.data_ptr(), tensor.numel() * tensor.element_size()) if tensor.numel() else b''
 
 
-def atomic_write(path: str | Path, write: bytes | Callable[[BinaryIO], object],
-                 durable: bool = True) -> Path:
-    """Write ``path`` so that no reader (and no crash) ever sees a partial file: ``write`` (bytes, or a function
-    given the open binary file) fills a temporary file in the same folder, which then replaces ``path`` in one
-    rename. The temporary file is created like any new file (mode 0666 less the process's umask, applied by the
-    kernel); with ``durable`` the data and the rename are fsynced, so they survive a power loss too."""
+@contextlib.contextmanager
+def atomic_path(path: str | Path, durable: bool = True) -> Iterator[Path]:
+    """A temporary path in ``path``'s folder for the block to write (a new, empty file there, named
+    ``.<name>.<pid>.<random>.part<suffix>``: the same suffix, for writers that choose the format by it), which
+    replaces ``path`` in one rename when the block ends without an error; where it raises, or the process dies,
+    ``path`` is left as it was (absent, or the old file) and the temporary file is removed (a killed process
+    leaves it under its hidden name). So no reader, and no crash, ever sees a partial file under ``path``. The
+    temporary file is created like any new file (mode 0666 less the process's umask, applied by the kernel); with
+    ``durable`` the data and the rename are fsynced, so they survive a power loss too."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f'.{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part')
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    tmp = path.with_name(f'.{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part{path.suffix}')
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
-        with os.fdopen(fd, 'wb') as f:
-            if isinstance(write, (bytes, bytearray)):
-                f.write(write)
-            else:
-                write(f)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
+        yield tmp
+        if durable:
+            fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
     if durable:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    return path
+        fsync_path(path.parent)
+
+
+def fsync_path(path: str | Path) -> None:
+    """fsync the file or folder at ``path``: its data (a file's content, a folder's entries: a rename into it)
+    reaches the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | Path, write: bytes | Callable[[BinaryIO], object],
+                 durable: bool = True) -> Path:
+    """Write ``path`` whole or not at all (``atomic_path``): ``write`` (bytes, or a function given the open
+    binary file) fills the temporary file, which then replaces ``path``."""
+    with atomic_path(path, durable) as tmp, open(tmp, 'wb') as f:
+        if isinstance(write, (bytes, bytearray)):
+            f.write(write)
+        else:
+            write(f)
+    return Path(path)
 
 
 def strip_prefix(state: Mapping[str, V], prefix: str, source: str = 'the checkpoint') -> dict[str, V]:

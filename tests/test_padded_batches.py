@@ -158,6 +158,7 @@ def test_a_batch_without_valid_sizes_is_the_padded_images():
     (torch.ones(3, 2), TypeError, 'integers'),
     ([(1, 1.5), (2, 2), (3, 3)], TypeError, 'pairs of ints'),
     (5, TypeError, r'\(B, 2\) tensor or a sequence'),
+    (torch.ones(3, 2, dtype=torch.int64, device='meta'), ValueError, 'a tensor on the meta device'),
 ])
 def test_bad_valid_sizes_are_refused_by_name(sizes, error, match):
     model = PyramidCPVT(**PYRAMID, num_classes=10).eval()

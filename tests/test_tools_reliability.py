@@ -4,6 +4,7 @@ call each, a rerun leaves only its own outputs of its images and removes the sta
 a checkpoint that does not fit the config's model is refused with every key that does not fit listed."""
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -428,3 +429,224 @@ def test_an_engine_cache_hit_says_loaded_not_saved(checkpoint, tmp_path, monkeyp
     first, second = lines
     assert '; saved: ' in first and 'loaded' not in first and '.ranges.json' in first, first
     assert '; loaded: ' in second and 'saved' not in second and '.ranges.json' in second, second
+
+
+EVAL_SIZES, EXPORT = ROOT / 'tools/eval_sizes.py', ROOT / 'tools/export_onnx.py'
+CONVERT = ROOT / 'tools/convert_checkpoint.py'
+
+
+def nan_checkpoint(cfg, folder):
+    """The config's model with random weights and one NaN weight of the backbone, as an mmengine checkpoint."""
+    state = shapes_model(cfg.name).state_dict()
+    state['backbone.blocks.1.0.mlp.fc1.weight'][0, 0] = float('nan')
+    path = folder / f'nan_{cfg.stem}.pth'
+    torch.save({'state_dict': state, 'meta': {}}, path)
+    return path
+
+
+def test_eval_sizes_refuses_a_checkpoint_that_does_not_fit_and_writes_nothing(checkpoint, shapes_dir, tmp_path):
+    """tools/eval_sizes.py loads as tools/test.py does (``adapters.evaluation.evaluate``, strictly): the detector's
+    checkpoint for the segmentor's config, and the segmentor's own with a NaN weight, are each refused in one line
+    naming the checkpoint (and the key that is not finite), nothing evaluated and no table written; with
+    --allow-nonfinite the NaN checkpoint is evaluated."""
+    from cpvt_backbones.convert.loading import compare
+    wrong, nan, out = checkpoint(DET), nan_checkpoint(SEG, tmp_path), tmp_path / 'out'
+    line = one_line(run([EVAL_SIZES, SEG, wrong, '--sizes', '64', '--out', out], shapes_dir), 'eval_sizes.py')
+    assert f'checkpoint {wrong} (config {SEG}) does not fit the model' in line, line
+    report = compare(shapes_model(SEG.name), safe_load(wrong)['state_dict'])
+    assert report and report.unexpected[0] in line, line
+    line = one_line(run([EVAL_SIZES, SEG, nan, '--sizes', '64', '--out', out], shapes_dir), 'eval_sizes.py')
+    assert f'checkpoint {nan}' in line and 'backbone.blocks.1.0.mlp.fc1.weight' in line, line
+    assert not out.exists() or not list(out.glob('*.csv'))
+    res = run([EVAL_SIZES, SEG, nan, '--sizes', '64', '--out', out, '--allow-nonfinite'], shapes_dir)
+    assert res.returncode == 0 and (out / f'{SEG.stem}.csv').is_file(), res.stdout[-3000:] + res.stderr[-3000:]
+
+
+def test_evaluate_refuses_a_checkpoint_that_does_not_fit(checkpoint, shapes_dir, monkeypatch):
+    """``adapters.evaluation.evaluate`` (the demo's and the benchmarks' evaluation) refuses another model's
+    checkpoint before its test loop runs."""
+    from cpvt_backbones.adapters.evaluation import evaluate
+    from cpvt_backbones.adapters.runner import load_config
+    from cpvt_backbones.convert import CheckpointMismatchError
+    monkeypatch.chdir(shapes_dir)
+    with pytest.raises(CheckpointMismatchError, match=f'^checkpoint {re.escape(str(checkpoint(DET)))} .*does not fit'):
+        evaluate(load_config(str(SEG)), str(checkpoint(DET)), str(shapes_dir / 'evaluate'), 'wrong')
+
+
+def broken_checkpoints(cfg, checkpoint, folder):
+    """An empty file and the config's checkpoint cut to half its length, each with what the one line must say."""
+    empty, cut = folder / 'empty.pth', folder / 'cut.pth'
+    empty.write_bytes(b'')
+    whole = checkpoint(cfg).read_bytes()
+    cut.write_bytes(whole[:len(whole) // 2])
+    return [(empty, 'it is empty'), (cut, 'damaged or truncated zip')]
+
+
+@pytest.mark.parametrize('tool', ['test.py', 'infer.py', 'eval_sizes.py', 'export_onnx.py'])
+def test_an_empty_or_truncated_checkpoint_is_named_in_one_line(tool, checkpoint, shapes_dir, tmp_path):
+    """Each tool that reads an mmengine checkpoint names an empty file and a truncated one in one line (exit status
+    1, no traceback), and writes nothing."""
+    save_image(tmp_path / 'images' / 'x.png', 40, 30)
+    for path, problem in broken_checkpoints(SEG, checkpoint, tmp_path):
+        args = {'test.py': [TEST, SEG, path, '--work-dir', tmp_path / 'w'],
+                'infer.py': [INFER, SEG, path, tmp_path / 'images', '--out-dir', tmp_path / 'out'],
+                'eval_sizes.py': [EVAL_SIZES, SEG, path, '--sizes', '64', '--out', tmp_path / 'out'],
+                'export_onnx.py': [EXPORT, SEG, tmp_path / 'out' / 'x.onnx', '--checkpoint', path]}[tool]
+        line = one_line(run(args, shapes_dir), tool)
+        assert f'{path} is not a readable weight file' in line and problem in line, line
+        written = [p for pattern in ('out/*.*', 'out/vis/*', 'out/preds/*') for p in tmp_path.glob(pattern)]
+        assert not written, written
+
+
+def test_mmengine_names_an_empty_or_truncated_checkpoint(checkpoint, tmp_path):
+    """In process: mmengine's checkpoint reader, under the checkpoint opt-in, raises ``WeightFileError`` naming an
+    empty or truncated file and what is wrong with it."""
+    from mmengine.runner.checkpoint import _load_checkpoint
+
+    import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the opt-in)
+    from cpvt_backbones.convert.io import WeightFileError
+    for path, problem in broken_checkpoints(SEG, checkpoint, tmp_path):
+        with pytest.raises(WeightFileError, match=f'^{path} is not a readable weight file .*{problem}'):
+            _load_checkpoint(str(path), map_location='cpu')
+
+
+def test_export_onnx_refuses_a_checkpoint_of_another_model_in_one_line(checkpoint, tmp_path):
+    """A detector's checkpoint given a backbone's name, and a detector's checkpoint given a segmentor's config:
+    one line naming the checkpoint (exit status 1), nothing written."""
+    wrong, out = checkpoint(DET), tmp_path / 'x.onnx'
+    line = one_line(run([EXPORT, 'pcpvt_tiny', out, '--checkpoint', wrong], tmp_path), 'export_onnx.py')
+    assert str(wrong) in line, line
+    line = one_line(run([EXPORT, SEG, out, '--checkpoint', wrong], tmp_path), 'export_onnx.py')
+    assert f'checkpoint {wrong} (config {SEG}) does not fit the model' in line, line
+    assert not out.exists()
+
+
+def test_convert_checkpoint_names_weights_a_layout_cannot_hold(tmp_path):
+    """A PVTv2 checkpoint ``--to mmseg`` (whose layout has PCPVT and SVT backbones only): one line naming the file
+    and its family, nothing written."""
+    from cpvt_backbones import create_model
+    src, dst = tmp_path / 'pvt.pth', tmp_path / 'out.pth'
+    torch.save(create_model('pvt_v2_b0').state_dict(), src)
+    line = one_line(run([CONVERT, src, dst, '--to', 'mmseg'], tmp_path), 'convert_checkpoint.py')
+    assert f'{src} is a PVTv2 checkpoint, which the mmseg layout cannot hold' in line, line
+    assert not dst.exists()
+
+
+def test_eval_sizes_refuses_a_size_below_one_pixel(tmp_path):
+    res = run([EVAL_SIZES, SEG, tmp_path / 'unused.pth', '--sizes', '64', '0'], tmp_path)
+    assert res.returncode == 2 and 'Traceback' not in res.stderr, res.stderr[-3000:]
+    assert "argument --sizes: a test size must be at least 1 pixel, got 0" in res.stderr, res.stderr[-3000:]
+
+
+# A tool run whose writer is killed (SIGKILL) halfway through its file, as a tool killed while it saves: the writer
+# named by $DIE_IN ('onnx': cpvt_backbones.deploy.onnx.export; 'torch': torch.save) writes half a file to the path
+# or file it is given, then the process kills itself.
+KILLED_WRITE = """
+import os, runpy, signal, sys
+import torch
+
+
+def half_then_die(target):
+    f = open(target, 'wb') if isinstance(target, (str, os.PathLike)) else target
+    f.write(b'PK\\x03\\x04 half a file')
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+if os.environ['DIE_IN'] == 'onnx':
+    import cpvt_backbones.deploy.onnx as onnx
+    onnx.export = lambda model, path, names, *args, **kwargs: half_then_die(path)
+else:
+    torch.save = lambda obj, f, *args, **kwargs: half_then_die(f)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+@pytest.mark.parametrize('tool', ['export_onnx.py', 'convert_checkpoint.py'])
+def test_a_tool_killed_while_writing_leaves_nothing_under_the_final_name(tool, tmp_path):
+    """export_onnx.py and convert_checkpoint.py killed halfway through writing their output: no file under the
+    output's name (the half-written one is a hidden temporary file beside it); a file there before is kept as it
+    was."""
+    from cpvt_backbones import create_model
+    (tmp_path / 'killed.py').write_text(KILLED_WRITE)
+    src = tmp_path / 'w.pth'
+    torch.save(create_model('pcpvt_tiny', num_classes=0).state_dict(), src)
+    out = tmp_path / 'out' / ('x.onnx' if tool == 'export_onnx.py' else 'x.pth')
+    args = [EXPORT, 'pcpvt_tiny', out] if tool == 'export_onnx.py' else [CONVERT, src, out]
+    for before in (None, b'the earlier file'):
+        if before is not None:
+            out.write_bytes(before)
+        res = run([tmp_path / 'killed.py', *args], tmp_path,
+                  {'DIE_IN': 'onnx' if tool == 'export_onnx.py' else 'torch'})
+        assert res.returncode == -9, res.stdout[-3000:] + res.stderr[-3000:]
+        if before is None:
+            assert not out.exists()
+            assert [p.name.startswith(f'.{out.name}.') for p in out.parent.iterdir()] == [True]
+        else:
+            assert out.read_bytes() == before
+
+
+def test_eval_sizes_writes_its_results_whole_or_not_at_all(tmp_path, monkeypatch):
+    """The plot's writer failing halfway: the table and the JSON are written whole, no plot under its name and no
+    temporary file left."""
+    import importlib.util
+
+    from matplotlib.figure import Figure
+
+    from cpvt_backbones.adapters.evaluation import METRICS
+    spec = importlib.util.spec_from_file_location('eval_sizes_tool', EVAL_SIZES)
+    eval_sizes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eval_sizes)
+
+    def half_then_fail(self, path, *args, **kwargs):
+        Path(path).write_bytes(b'\x89PNG half a file')
+        raise OSError(28, 'No space left on device (simulated)')
+
+    monkeypatch.setattr(Figure, 'savefig', half_then_fail)
+    rows, out = [dict(size=64, metric=50.0), dict(size=96, metric=52.5)], tmp_path / 'out'
+    with pytest.raises(OSError, match='simulated'):
+        eval_sizes.write(rows, METRICS['mmseg'], out, 'x')
+    assert sorted(p.name for p in out.iterdir()) == ['x.csv', 'x.json']
+    assert (out / 'x.csv').read_text().splitlines() == ['size,metric', '64,50.0', '96,52.5']
+    assert json.loads((out / 'x.json').read_text())['rows'] == rows
+
+
+# tools/infer.py with every drawing counted: the visualisers' add_datasample calls, written as JSON to $DRAWS_FILE
+# when the tool ends.
+COUNTING_DRAWS = """
+import json, os, runpy, sys
+from mmdet.visualization import DetLocalVisualizer
+from mmseg.visualization import SegLocalVisualizer
+
+draws = []
+for cls in (DetLocalVisualizer, SegLocalVisualizer):
+    def counted(self, *args, _draw=cls.add_datasample, **kwargs):
+        draws.append(type(self).__name__)
+        return _draw(self, *args, **kwargs)
+    cls.add_datasample = counted
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name='__main__')
+finally:
+    with open(os.environ['DRAWS_FILE'], 'w') as f:
+        json.dump(draws, f)
+"""
+
+
+@pytest.mark.parametrize('cfg', CONFIGS)
+def test_infer_no_draw_writes_the_predictions_and_draws_nothing(cfg, checkpoint, tmp_path):
+    """--no-draw: every image's prediction is written, no image is drawn (the visualiser is never called) and
+    vis/ holds nothing; without it each image is drawn once."""
+    for i, (w, h) in enumerate([(40, 30), (23, 57)]):
+        save_image(tmp_path / 'images' / f'{i}.png', w, h)
+    (tmp_path / 'counting.py').write_text(COUNTING_DRAWS)
+    pred = '.json' if cfg == DET else '.png'
+    for flag, drawn in (('--no-draw', 0), (None, 2)):
+        out = tmp_path / f'out{drawn}'
+        res = run([tmp_path / 'counting.py', INFER, cfg, checkpoint(cfg), tmp_path / 'images', '--out-dir', out,
+                   *([flag] if flag else [])], tmp_path, {'DRAWS_FILE': str(tmp_path / f'draws{drawn}.json')})
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert len(json.loads((tmp_path / f'draws{drawn}.json').read_text())) == drawn
+        assert sorted(outputs(out, 'preds')) == [f'0{pred}', f'1{pred}']
+        assert len(outputs(out, 'vis')) == drawn

@@ -6,11 +6,15 @@
 SRC may be wrapped (``state_dict``/``model``/``module``) and may be ``.safetensors``; it is read with
 ``weights_only=True`` (``convert.safe_load``; where mmengine is installed, an mmengine checkpoint's log buffers and
 numpy values, written on numpy 1.x or 2, are allowed: the checkpoint opt-in). A file that cannot be read, a pickle
-that would run code and weights that do not fit ``--check`` are one line naming the file (exit status 1).
+that would run code, weights in no layout we read (a whole detector's without ``--prefix``) and weights that do
+not fit ``--check`` are one line naming the file (exit status 1).
 ``--prefix`` keeps only the keys under it (a detector's or classifier's backbone).
 ``--to backbone`` writes the native layout without the classifier head, for a dense config's ``init_cfg``.
 ``--check`` loads the result strictly into ``create_model(MODEL_NAME)`` first (in the native layout, before
-writing another). DST is ``.safetensors`` or a ``torch.save`` file holding ``{'state_dict': ...}``.
+writing another). Weights that the ``--to`` layout cannot hold (a PVTv2 checkpoint ``--to mmseg``, whose layout
+has only PCPVT and SVT backbones) are one line naming the file, its family and the keys (exit status 1). DST is
+``.safetensors`` or a ``torch.save`` file holding ``{'state_dict': ...}``, written whole or not at all
+(``cpvt_backbones.utils.atomic_path``: a temporary file beside it, renamed into place once complete).
 """
 import argparse
 import importlib.util
@@ -19,9 +23,17 @@ from pathlib import Path
 import torch
 
 from cpvt_backbones import create_model
-from cpvt_backbones.convert import detect_layout, from_native, load_into, load_weights_file, to_native
-from cpvt_backbones.convert.loading import one_line_errors
-from cpvt_backbones.utils import strip_prefix
+from cpvt_backbones.convert import (
+    UnknownKeysError,
+    UnknownLayoutError,
+    detect_layout,
+    from_native,
+    load_into,
+    load_weights_file,
+    to_native,
+)
+from cpvt_backbones.convert.loading import FAMILIES, checkpoint_family, one_line_errors
+from cpvt_backbones.utils import atomic_path, atomic_write, strip_prefix
 
 
 def checking_model(name: str, state: dict):
@@ -54,19 +66,28 @@ def main() -> None:
             state = strip_prefix(state, args.prefix, args.src)
         except ValueError as err:
             raise SystemExit(str(err)) from None
-    layout = detect_layout(state)
-    ours = to_native(state, drop_pos_embed=args.drop_pos_embed)
+    try:
+        layout = detect_layout(state)
+        ours = to_native(state, drop_pos_embed=args.drop_pos_embed)
+    except UnknownLayoutError as e:
+        raise SystemExit(f'convert_checkpoint.py: {args.src}: {e}') from None
     if args.check:
         with one_line_errors('convert_checkpoint.py'):
             load_into(checking_model(args.check, ours), ours, strict=True, source=args.src)
-    out = from_native(ours, args.to)
+    try:
+        out = from_native(ours, args.to)
+    except UnknownKeysError as e:
+        family = checkpoint_family(ours)
+        what = f'a {FAMILIES[family][0]} checkpoint' if family else 'these weights'
+        raise SystemExit(f'convert_checkpoint.py: {args.src} is {what}, which the {args.to} layout cannot hold: '
+                         f'{e}') from None
     dst = Path(args.dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
     if dst.suffix == '.safetensors':
         from safetensors.torch import save_file
-        save_file({k: v.contiguous() for k, v in out.items()}, str(dst))
+        with atomic_path(dst) as tmp:
+            save_file({k: v.contiguous() for k, v in out.items()}, str(tmp))
     else:
-        torch.save({'state_dict': out}, dst)
+        atomic_write(dst, lambda f: torch.save({'state_dict': out}, f))
     print(f'{args.src} ({layout}, {len(state)} keys) -> {dst} ({args.to}, {len(out)} keys)')
 
 

@@ -30,6 +30,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from cpvt_backbones.adapters.engines import DEFAULT_ENGINE, calibrate
 from cpvt_backbones.adapters.evaluation import evaluate, set_test_scale
+from cpvt_backbones.adapters.inference import StrictWeights
 from cpvt_backbones.adapters.runner import build_runner, load_config, quiet_known_warnings
 from cpvt_backbones.adapters.shapes_tasks import (
     CALIBRATION,
@@ -43,7 +44,7 @@ from cpvt_backbones.adapters.shapes_tasks import (
 from cpvt_backbones.datasets import generate_shape_crops, generate_shapes
 from cpvt_backbones.deploy import PRECISIONS
 from cpvt_backbones.deploy.registry import ENGINES, engine_table
-from cpvt_backbones.utils import cpu_info, pyplot
+from cpvt_backbones.utils import atomic_path, atomic_write, cpu_info, pyplot
 
 VIS_SIZES = [('0.7x', (.7, .7)), ('1x', (1., 1.)), ('native', None), ('2x', (2., 2.))]
 SCORE_THR = 0.5  # boxes and masks drawn: confident ones only (the detectors return up to 50 candidates per image)
@@ -71,10 +72,12 @@ def predict(scope: str, config: str, checkpoint: str, images: list[str], factors
     set_test_scale(cfg, scaled(cfg, factors))
     if scope == 'mmdet':
         from mmdet.apis import DetInferencer
-        inferencer = DetInferencer(model=cfg, weights=checkpoint, device='cpu', show_progress=False)
+        inferencer = type('DetInferencer', (StrictWeights, DetInferencer), {})(
+            model=cfg, weights=checkpoint, device='cpu', show_progress=False)
     else:
         from mmseg.apis import MMSegInferencer
-        inferencer = MMSegInferencer(model=cfg, weights=checkpoint, device='cpu')
+        inferencer = type('MMSegInferencer', (StrictWeights, MMSegInferencer), {})(
+            model=cfg, weights=checkpoint, device='cpu')
     result = inferencer(images, return_datasamples=True)  # mmdet: a dict; mmseg: the samples themselves
     samples = result['predictions'] if isinstance(result, dict) else result
     return samples if isinstance(samples, list) else [samples], inferencer.model.dataset_meta
@@ -133,10 +136,9 @@ def visualise(out: Path, name: str, checkpoint: str) -> list:
         for ax, image, path, sample in zip(row[0], pixels, images, samples, strict=False):
             h, w = sample.metainfo['img_shape'][:2]
             draw(ax, image, sample, meta, task.scope, f'{Path(path).name}, tested at {w}x{h}')
-        target = out / 'vis' / name / f'{tag}.png'
-        target.parent.mkdir(parents=True, exist_ok=True)
         fig.tight_layout()
-        fig.savefig(target, dpi=100, bbox_inches='tight')
+        with atomic_path(out / 'vis' / name / f'{tag}.png') as target:
+            fig.savefig(target, dpi=100, bbox_inches='tight')
         plt.close(fig)
         cells.append((samples[0], meta))
     return cells
@@ -155,7 +157,8 @@ def draw_sheet(out: Path, cells: dict) -> None:
     sheet.suptitle(f'{Path(images[0]).name} ({pixels[0].shape[1]}x{pixels[0].shape[0]}) at several test sizes; '
                    'predictions drawn on the original image', fontsize=11)
     sheet.tight_layout(rect=(0, 0, 1, 0.95))
-    sheet.savefig(out / 'vis' / 'sheet.png', dpi=100, bbox_inches='tight')
+    with atomic_path(out / 'vis' / 'sheet.png') as target:
+        sheet.savefig(target, dpi=100, bbox_inches='tight')
     plt.close(sheet)
 
 
@@ -301,15 +304,15 @@ def main() -> None:
           + table)
     draw_sheet(out, {name: run.cells for name, run in lanes.items()})
     minutes = (time.perf_counter() - start) / 60
-    (out / 'summary.md').write_text(table + f'\n\nPretraining: top-1 {accuracy["accuracy/top1"]:.1f}% on the held-out '
-                                    f'crops. {minutes:.1f} min in total\n')
-    (out / 'summary.json').write_text(json.dumps(dict(
+    atomic_write(out / 'summary.md', (table + f'\n\nPretraining: top-1 {accuracy["accuracy/top1"]:.1f}% on the '
+                                              f'held-out crops. {minutes:.1f} min in total\n').encode())
+    atomic_write(out / 'summary.json', json.dumps(dict(
         results=results, labels={key: score.label for key, score in scores.items()},
         pretraining_top1=accuracy['accuracy/top1'], minutes=minutes, jobs=args.jobs,
         trained=['pretraining'] * pretrained + [name for name, run in lanes.items() if run.trained],
         task_seconds={name: round(run.seconds) for name, run in lanes.items()},
         command=shlex.join(['python', 'tools/demo.py'] + sys.argv[1:]), torch=torch.__version__, **cpu_info()),
-        indent=2))
+        indent=2).encode())
     print(f'[demo] visualisations in {out / "vis"}; summary in {out / "summary.md"}; {minutes:.1f} min in total')
 
 

@@ -10,12 +10,18 @@ a segmentor its ``seg_logits`` at 1/4 of the input; the data preprocessor (norma
 mmdeploy does. Batch, height and width are dynamic: the models pad internally, and while exporting they take
 their padding path at every size, so one graph serves every size (``layers.layout.pad_to_multiple``).
 ``--verify`` runs the file with onnxruntime at the given sizes and prints the largest difference from PyTorch.
+
+The checkpoint must fit the model exactly, and hold no NaN or Inf weights: a model name's through
+``create_model(pretrained=...)`` (``convert.load_into``), a config's through
+``adapters.runner.load_checkpoint_strictly``. A checkpoint that does not fit (another model's, a detector's given
+a model name), one that cannot be read (missing, empty, truncated, corrupt) and a setting our backbone does not
+take are one line on stderr naming the file (exit status 1). OUT.onnx is written whole or not at all
+(``cpvt_backbones.utils.atomic_path``: a temporary file beside it, renamed into place once complete).
 """
 import argparse
 import importlib.util
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -23,6 +29,7 @@ from torch import nn
 from cpvt_backbones import create_model, list_models
 from cpvt_backbones.convert.loading import one_line_errors
 from cpvt_backbones.deploy.onnx import export, verify
+from cpvt_backbones.utils import atomic_path
 
 
 def _flat(item) -> list[torch.Tensor]:
@@ -54,15 +61,14 @@ def backbone(name: str, checkpoint: str = None, out_indices: Sequence[int] = (0,
 def framework_model(config: str, checkpoint: str, cfg_options=None):
     """(module, output names) for a detector or segmentor config: its forward in ``tensor`` mode."""
     from mmengine.registry import MODELS, init_default_scope
-    from mmengine.runner import load_checkpoint
 
     import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the opt-in: mmengine reads checkpoints with safe_load)
-    from cpvt_backbones.adapters.runner import load_config
+    from cpvt_backbones.adapters.runner import load_checkpoint_strictly, load_config
     cfg = load_config(config, cfg_options)
     init_default_scope(cfg.get('default_scope', 'mmengine'))
     model = MODELS.build(cfg.model)
     if checkpoint:
-        load_checkpoint(model, checkpoint, map_location='cpu', strict=True)
+        load_checkpoint_strictly(model, checkpoint, f'checkpoint {checkpoint} (config {config})')
     model.eval()
     if cfg.default_scope == 'mmdet':
         levels = cfg.model.neck.num_outs
@@ -93,8 +99,8 @@ def main() -> None:
     args = parser.parse_args()
     with one_line_errors('export_onnx.py', *_config_errors()):
         model, names = _model(parser, args)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    export(model, args.out, names)
+    with atomic_path(args.out) as tmp:
+        export(model, str(tmp), names)
     print(f'[onnx] wrote {args.out} (outputs {", ".join(names)}; dynamic batch, height, width)')
     if args.verify:
         verify(model, args.out, args.verify)

@@ -1,19 +1,23 @@
 """Run a trained detector or segmentor on image files or folders, at any resolution.
 
     python tools/infer.py CONFIG CHECKPOINT INPUT [INPUT ...] [--out-dir DIR] [--scale W H | --native]
+                          [--no-draw]
 
 Writes predictions (JSON for boxes, PNG label maps for masks) under OUT_DIR/preds for every image, and
 visualisations (boxes or masks drawn on the image) under OUT_DIR/vis, through mmdet's DetInferencer / mmseg's
-MMSegInferencer: the model runs ``--batch-size`` images of similar size at a time, padded to the largest of the
-batch, in one call (``adapters.inference.BatchedPredictions``; a line at the end says how many images were
-predicted in batches), each predicted as it is alone (``adapters.alone.predict_alone``, with the configs'
-valid-size data preprocessors), so a prediction does not depend on the batch; then each image's files are
-written in turn, in place before the next image's, with the progress of a long run every few seconds. An image
-named twice is run once. Outputs are named by the image's stem; images whose stems collide (a/x.png, b/x.png) are
-named by their path under the inputs' common folder instead (a__x, b__x; ``adapters.inference.unique_names``),
-and those names are printed first: no two images share an output. An image's outputs replace those an earlier
-run wrote under its name. They are made in a staging folder under OUT_DIR (.staging-*, held by the run while it
-runs, then removed); a run first removes the staging folders that killed runs left there, in one line.
+MMSegInferencer; ``--no-draw`` writes the predictions only (drawing a large photo costs far more time and memory
+than predicting it: see docs/reliability.md), OUT_DIR/vis then holding no drawing of these images. The model
+runs ``--batch-size`` images of similar size at a time, padded to the largest of the batch, in one call
+(``adapters.inference.BatchedPredictions``; a line at the end says how many images were predicted in batches),
+each predicted as it is alone (``adapters.alone.predict_alone``, with the configs' valid-size data
+preprocessors), so a prediction does not depend on the batch; then each image's files are written in turn, in
+place before the next image's, with the progress of a long run every few seconds. An image named twice is run
+once. Outputs are named by the image's stem; images whose stems collide (a/x.png, b/x.png) are named by their
+path under the inputs' common folder instead (a__x, b__x; ``adapters.inference.unique_names``), and those names
+are printed first: no two images share an output. An image's outputs replace those an earlier run wrote under its
+name. They are made in a staging folder under OUT_DIR (.staging-*, held by the run while it runs, then removed),
+and each file is fsynced and renamed into place, so it appears whole or not at all; a run first removes the
+staging folders that killed runs left there, in one line.
 
 An image that cannot be run (an empty file, not an image, bytes OpenCV cannot decode, an image the test
 pipeline cannot take, such as 5000 x 1 where resizing to the config's scale leaves no row) gets one line naming its
@@ -27,8 +31,9 @@ not count as failed.
 CHECKPOINT must fit the config's model exactly: a checkpoint with missing, unexpected or mis-shaped keys (another
 model's) is refused before its weights are loaded, with every such key listed, and nothing runs (exit status 1).
 It is read through ``cpvt_backbones.convert.safe_load`` (a pickle that would run code is refused); one with NaN or
-Inf weights is refused by key unless ``--allow-nonfinite``. These refusals, a setting our backbone does not take
-and an output folder that cannot be written are one line on stderr naming the file, key or path (exit status 1).
+Inf weights is refused by key unless ``--allow-nonfinite`` (``adapters.inference.StrictWeights``). These refusals,
+a checkpoint that cannot be read (missing, empty, truncated, corrupt), a setting our backbone does not take and
+an output folder that cannot be written are one line on stderr naming the file, key or path (exit status 1).
 
 Once the weights are loaded the model goes to ``--engine`` at ``--precision`` as in tools/test.py (default: our
 backbone on the fused CPU kernels; the table at the end of ``--help``), the same predictions and drawings
@@ -43,8 +48,15 @@ from mmengine.config import DictAction
 from cpvt_backbones.adapters.alone import predict_alone
 from cpvt_backbones.adapters.engines import IMAGE_SUFFIXES, add_engine_args, engine_model, engine_request
 from cpvt_backbones.adapters.evaluation import set_test_scale
-from cpvt_backbones.adapters.inference import OUTPUT_KINDS, BatchedPredictions, failing_as, run_each, unique_names
-from cpvt_backbones.adapters.runner import ConfigError, load_config, quiet_known_warnings, refuse_unfit
+from cpvt_backbones.adapters.inference import (
+    OUTPUT_KINDS,
+    BatchedPredictions,
+    StrictWeights,
+    failing_as,
+    run_each,
+    unique_names,
+)
+from cpvt_backbones.adapters.runner import ConfigError, load_config, quiet_known_warnings
 from cpvt_backbones.convert.loading import one_line_errors
 
 
@@ -67,30 +79,17 @@ def collect_images(inputs):
     return list(kept.values())
 
 
-class StrictWeights:
-    """Mixed in before an inferencer built with ``weights=CHECKPOINT``: the checkpoint must fit the model exactly
-    (``adapters.runner.refuse_unfit``, naming the checkpoint and the config) before its weights are loaded; the
-    inferencers themselves load what fits and warn."""
-
-    allow_nonfinite = False
-
-    def __init__(self, *args, weights=None, **kwargs):
-        self.checkpoint_file = weights
-        super().__init__(*args, weights=weights, **kwargs)
-
-    def _load_weights_to_model(self, model, checkpoint, cfg):
-        if checkpoint is not None:
-            refuse_unfit(model, checkpoint, f'checkpoint {self.checkpoint_file} (config {cfg.filename})',
-                         self.allow_nonfinite)
-        super()._load_weights_to_model(model, checkpoint, cfg)
-
-
 class DrawOrSay:
     """Mixed in before an inferencer: images are drawn one at a time, and one its visualiser cannot draw is
     reported in one line, its prediction still written (inferencers draw an image before they save its
-    prediction, so a failure to draw would lose it)."""
+    prediction, so a failure to draw would lose it); with ``draw = False`` (``--no-draw``) none is drawn (nor
+    read again for drawing), the predictions written as before."""
+
+    draw = True
 
     def visualize(self, inputs, preds, **kwargs):
+        if not self.draw:
+            return None
         drawn = []
         for one, pred in zip(inputs, preds, strict=False):
             try:
@@ -128,6 +127,8 @@ def main() -> None:
     size.add_argument('--scale', nargs=2, type=int, metavar=('W', 'H'), help='resize (keeping the aspect ratio)')
     size.add_argument('--native', action='store_true', help='run at each image\'s own size')
     parser.add_argument('--score-thr', type=float, default=0.3, help='boxes drawn above this score')
+    parser.add_argument('--no-draw', action='store_true',
+                        help='write the predictions only, no drawing (a large photo draws far slower than it runs)')
     parser.add_argument('--batch-size', type=int, default=8,
                         help='images the model runs at once (default 8), each predicted as alone; 1 runs one at a '
                              "time (also where the config's data preprocessor hands over no valid sizes)")
@@ -151,25 +152,26 @@ def main() -> None:
         set_test_scale(cfg, None if args.native else args.scale)
     images = collect_images(args.inputs)
     writable_output(args.out_dir)
-    StrictWeights.allow_nonfinite = args.allow_nonfinite
     names = unique_names(images)
     renamed = [(image, name) for image, name in zip(images, names, strict=False) if name != Path(image).stem]
     if renamed:
         print(f'[infer] {len(renamed)} image(s) share a name with another; their outputs are named:')
         for image, name in renamed:
             print(f'[infer]   {image} -> {name}')
+    drawing = dict(draw=not args.no_draw)
     with one_line_errors('infer.py'):
         if cfg.default_scope == 'mmdet':
             from mmdet.apis import DetInferencer
-            inferencer = type('DetInferencer', (StrictWeights, DrawOrSay, DetInferencer), {})(
-                model=cfg, weights=args.checkpoint, device=args.device, show_progress=False)
+            inferencer = type('DetInferencer', (StrictWeights, DrawOrSay, DetInferencer), drawing)(
+                model=cfg, weights=args.checkpoint, device=args.device, show_progress=False,
+                allow_nonfinite=args.allow_nonfinite)
 
             def run(image, out_dir):
                 inferencer([image], out_dir=out_dir, pred_score_thr=args.score_thr, no_save_pred=False)
         else:
             from mmseg.apis import MMSegInferencer
-            inferencer = type('MMSegInferencer', (StrictWeights, DrawOrSay, MMSegInferencer), {})(
-                model=cfg, weights=args.checkpoint, device=args.device)
+            inferencer = type('MMSegInferencer', (StrictWeights, DrawOrSay, MMSegInferencer), drawing)(
+                model=cfg, weights=args.checkpoint, device=args.device, allow_nonfinite=args.allow_nonfinite)
             inferencer.show_progress = False
 
             def run(image, out_dir):
@@ -195,7 +197,8 @@ def main() -> None:
         alone = ', the others one at a time' if batched.batched < len(images) else ''
         print(f'[infer] {batched.batched} of {len(images)} image(s) predicted in {batched.calls} padded batch(es) '
               f'of up to {batch_size}{alone}')
-    print(f'{len(images) - len(failed)} image(s) -> {args.out_dir}/vis, {args.out_dir}/preds')
+    written = f'{args.out_dir}/preds' if args.no_draw else f'{args.out_dir}/vis, {args.out_dir}/preds'
+    print(f'{len(images) - len(failed)} image(s) -> {written}')
     if failed:
         raise SystemExit(f'{len(failed)} of {len(images)} image(s) failed: {", ".join(failed)}')
 

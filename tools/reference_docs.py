@@ -12,6 +12,7 @@ from pathlib import Path
 
 from cpvt_backbones.models import CPVT, MODEL_SPECS, PVTv2, Pyramid, PyramidCPVT, TwinsSVT
 from cpvt_backbones.models.base import CPVTBase
+from cpvt_backbones.utils import atomic_write
 
 PAGE = Path(__file__).resolve().parents[1] / 'docs' / 'reference.md'
 HANDWRITTEN = '## Outputs against timm, the Twins release and mmseg'
@@ -103,4 +104,4 @@ def render() -> str:
 
 
 if __name__ == '__main__':
-    PAGE.write_text(render())
+    atomic_write(PAGE, render().encode())

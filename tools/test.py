@@ -8,11 +8,12 @@ published weights by name (``pcpvt_small``: fetched once, checked), a URL or a w
 ``cpvt_backbones.convert`` reads, which is written once as that classifier's checkpoint. It must fit the model
 exactly: a checkpoint with missing, unexpected or mis-shaped keys (another model's) is refused before its weights
 are loaded, with every such key listed and the checkpoint and config named, and nothing is evaluated (exit
-status 1; ``adapters.hooks.StrictLoadHook``), and so is one with NaN or Inf weights (named by key) unless
-``--allow-nonfinite``. Checkpoint files are read through ``cpvt_backbones.convert.safe_load`` (a pickle that would
-run code is refused; numpy 1.x's and numpy 2's names for numpy's data types are both read). Such a refusal, a
-setting our backbone does not take (the valid ones listed) and a weight file that cannot be fetched or read are
-one line on stderr (exit status 1), not a traceback.
+status 1; ``adapters.custom_hooks.strict_checkpoint``, the route ``tools/eval_sizes.py`` takes too), and so is
+one with NaN or Inf weights (named by key) unless ``--allow-nonfinite``. Checkpoint files are read through
+``cpvt_backbones.convert.safe_load`` (a pickle that would run code is refused; numpy 1.x's and numpy 2's names for
+numpy's data types are both read). Such a refusal, a setting our backbone does not take (the valid ones listed)
+and a weight file that cannot be fetched or read (missing, empty, truncated, corrupt: the file named) are one
+line on stderr (exit status 1), not a traceback.
 
 Once the checkpoint is loaded the model goes to ``--engine`` at ``--precision`` (``adapters.engines``; the table
 at the end of ``--help`` says which engine runs which precision, covering what): by default ``fused``, our
@@ -25,7 +26,7 @@ metrics stay the framework's.
 import argparse
 import os
 
-from cpvt_backbones.adapters.custom_hooks import strict_loading, use_engine
+from cpvt_backbones.adapters.custom_hooks import strict_checkpoint, use_engine
 from cpvt_backbones.adapters.engines import add_engine_args
 from cpvt_backbones.adapters.runner import (
     ConfigError,
@@ -34,7 +35,6 @@ from cpvt_backbones.adapters.runner import (
     launched,
     load_config,
     quiet_known_warnings,
-    runner_checkpoint,
 )
 from cpvt_backbones.convert.loading import one_line_errors
 
@@ -54,9 +54,8 @@ def main() -> None:
 
     with one_line_errors('test.py', ConfigError):
         cfg = load_config(args.config, args.cfg_options, args.work_dir)
-        cfg.load_from = runner_checkpoint(cfg, args.checkpoint)
+        strict_checkpoint(cfg, args.checkpoint, args.allow_nonfinite)
         use_engine(cfg, args)
-        strict_loading(cfg, args.allow_nonfinite)
         with launched(cfg, args.launcher):
             build_runner(cfg).test()
 

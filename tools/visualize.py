@@ -4,7 +4,11 @@
 
 CHECKPOINT is a classifier in any layout ``cpvt_backbones.convert`` reads, or an mmdet/mmseg/mmpretrain
 checkpoint whose ``backbone.*`` keys are ours (its neck and heads are ignored). ``--model`` defaults to the
-registered model whose layout the weights fit. One PNG (default: IMAGE's name + ``_cpvt.png``) with rows:
+registered model whose layout the weights fit; the weights must fit that model exactly and be finite
+(``convert.load_into``): a checkpoint that does not fit ``--model``, one with NaN or Inf weights and one that
+cannot be read (missing, empty, truncated, corrupt) are one line naming the file (exit status 1). One PNG
+(default: IMAGE's name + ``_cpvt.png``, written whole or not at all: ``cpvt_backbones.utils.atomic_path``) with
+rows:
 
 * attention of each query point (fractions X,Y of the width and height; marked on the image) over the keys
   of the last block of every stage (pyramid) or of four blocks (columnar), averaged over heads: the keys of a
@@ -28,10 +32,10 @@ import numpy as np
 import torch
 
 from cpvt_backbones import list_models
-from cpvt_backbones.convert import built_weights, load_weights_file, to_native
+from cpvt_backbones.convert import built_weights, load_into, load_weights_file, to_native
 from cpvt_backbones.convert.loading import compare, one_line_errors
 from cpvt_backbones.models import CPVT, create_model
-from cpvt_backbones.utils import pyplot, strip_prefix
+from cpvt_backbones.utils import atomic_path, pyplot, strip_prefix
 
 MEAN = torch.tensor([123.675, 116.28, 103.53]).view(1, 3, 1, 1)
 STD = torch.tensor([58.395, 57.12, 57.375]).view(1, 3, 1, 1)
@@ -48,8 +52,9 @@ def backbone_weights(path: str) -> tuple[dict[str, torch.Tensor], bool]:
     return state, 'head.weight' not in state
 
 
-def build(state: dict[str, torch.Tensor], dense: bool, name: str = None):
-    """The named model, or the first registered one whose layout the weights fit exactly."""
+def build(state: dict[str, torch.Tensor], dense: bool, name: str = None, source: str = 'checkpoint'):
+    """The named model, or the first registered one whose layout the weights fit exactly, with the weights loaded
+    strictly (``convert.load_into``: ``source`` names them in its errors)."""
     if dense:  # the levels a dense checkpoint holds: pyramid stages, or a columnar model's pyramid levels
         levels = {int(k.split('.')[1]) for k in state if k.startswith(('simple_fpn.', 'patch_embeds.'))}
         kwargs = dict(features_only=True, out_indices=tuple(sorted(levels)) or None)
@@ -62,7 +67,7 @@ def build(state: dict[str, torch.Tensor], dense: bool, name: str = None):
         sd = built_weights(probe, state)
         if name or not compare(probe, sd):
             model = create_model(candidate, **kwargs)
-            model.load_state_dict(sd, strict=True)
+            load_into(model, state, strict=True, source=source)
             return candidate, model.eval()
     raise SystemExit(f'the weights fit none of {names} (pass --model to see the mismatch)')
 
@@ -203,8 +208,8 @@ def draw(rgb: np.ndarray, name: str, model, x: torch.Tensor, queries: list[tuple
         heat(axes[r + 2, c + 1], data, title)
     fig.suptitle(f'{name} on a {W}x{H} image', fontsize=12)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
 
 
@@ -232,7 +237,7 @@ def main(argv=None) -> Path:
         import cpvt_backbones.adapters.checkpoint  # noqa: F401  (the opt-in that reads mmengine checkpoints)
     with one_line_errors('visualize.py'):
         state, dense = backbone_weights(args.checkpoint)
-    name, model = build(state, dense, args.model)
+        name, model = build(state, dense, args.model, args.checkpoint)
     rgb, x = read_image(args.image, args.size)
     out = Path(args.out) if args.out else Path(args.image).with_name(Path(args.image).stem + '_cpvt.png')
     draw(rgb, name, model, x, args.queries, out)

@@ -5,7 +5,8 @@ Importing this module (our configs opt in through ``custom_imports``): (1) mmeng
 as a plain constructor call on its numbers; (2) that class and numpy's data-only types (under numpy 1.x's and
 2's names) are allowed to ``cpvt_backbones.convert.safe_load``; (3) mmengine's loader of local checkpoint files
 (``--resume``, ``load_from``, ``tools/test.py``'s checkpoint, ``init_detector``) is ``safe_load``: a file that
-would run code, or one written without (1), is refused, naming the global; (4) ``AtomicLocalBackend`` replaces
+would run code, or one written without (1), is refused, naming the global, and an empty, truncated or corrupt
+file is named in one line (``convert.io.read_weight_file``); (4) ``AtomicLocalBackend`` replaces
 mmengine's ``local`` backend: a checkpoint file is the old one, absent, or complete, even after a crash.
 """
 import copyreg
@@ -17,7 +18,7 @@ from mmengine.logging import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 
 from ..convert import allow_globals, safe_load
-from ..convert.io import numpy_data_types
+from ..convert.io import numpy_data_types, read_weight_file
 from ..utils import atomic_write
 
 
@@ -36,11 +37,12 @@ class AtomicLocalBackend(LocalBackend):
 
 
 def load_from_local(filename: str, map_location=None):
-    """mmengine's local checkpoint loader, through ``safe_load``."""
+    """mmengine's local checkpoint loader, through ``safe_load`` (``convert.io.read_weight_file``: an empty,
+    truncated or corrupt file is a ``WeightFileError`` naming it)."""
     filename = os.path.expanduser(filename)
     if not os.path.isfile(filename):
         raise FileNotFoundError(f'{filename} can not be found.')
-    return safe_load(filename, map_location=map_location)
+    return read_weight_file(filename, lambda path: safe_load(path, map_location=map_location))
 
 
 def install() -> None:

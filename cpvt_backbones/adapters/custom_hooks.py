@@ -8,6 +8,7 @@ from mmengine.config import Config
 
 from ..deploy.registry import EngineRequest
 from .engines import engine_request
+from .runner import runner_checkpoint
 
 HOOKS_MODULE = 'cpvt_backbones.adapters.hooks'
 
@@ -21,9 +22,17 @@ def add_hook(cfg: Config, hook: dict) -> None:
     cfg.custom_hooks = [h for h in cfg.get('custom_hooks', []) if h.get('type') != hook['type']] + [hook]
 
 
-def strict_loading(cfg: Config, allow_nonfinite: bool = False) -> None:
-    """Have the runner of ``cfg`` refuse a checkpoint that does not fit its model, or (unless ``allow_nonfinite``)
-    holds NaN or Inf weights (``StrictLoadHook``)."""
+def strict_checkpoint(cfg: Config, checkpoint: str, allow_nonfinite: bool = False) -> None:
+    """Have the runner of ``cfg`` load ``checkpoint`` (``load_from``: ``runner.runner_checkpoint``, which also
+    takes published weights by name for our classifiers) and refuse it, before its weights are loaded, where it
+    does not fit the model exactly or (unless ``allow_nonfinite``) holds NaN or Inf weights (``StrictLoadHook``:
+    ``runner.refuse_unfit``, naming the checkpoint and the config). The one way our tools give a runner a
+    checkpoint (``tools/test.py``; ``evaluation.evaluate``, hence ``tools/eval_sizes.py``, the demo and the
+    benchmarks); the inferencers' way is ``inference.StrictWeights``, a built model's
+    ``runner.load_checkpoint_strictly``, all three refusing through ``refuse_unfit``. An empty, truncated or
+    corrupt file is a ``WeightFileError`` naming it when the runner reads it (the checkpoint opt-in,
+    ``adapters.checkpoint``)."""
+    cfg.load_from = runner_checkpoint(cfg, checkpoint)
     add_hook(cfg, dict(type='StrictLoadHook', **(dict(allow_nonfinite=True) if allow_nonfinite else {})))
 
 
@@ -39,4 +48,4 @@ def use_engine(cfg: Config, args: argparse.Namespace) -> None:
     set_engine(cfg, engine_request(cfg, args))
 
 
-__all__ = ['HOOKS_MODULE', 'add_hook', 'set_engine', 'strict_loading', 'use_engine']
+__all__ = ['HOOKS_MODULE', 'add_hook', 'set_engine', 'strict_checkpoint', 'use_engine']

@@ -1,14 +1,14 @@
 """Evaluating a config's model for our tools and studies: each framework's headline metric, the test pipeline
-resized to a test size, and the config's test loop on a checkpoint, on either inference engine."""
+resized to a test size, and the config's test loop on a checkpoint loaded strictly, on either inference engine."""
 import copy
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from mmengine.config import Config
 
-from .custom_hooks import set_engine
+from .custom_hooks import set_engine, strict_checkpoint
 from .engines import config_request
-from .runner import build_runner, evaluation_datasets, runner_checkpoint
+from .runner import build_runner, evaluation_datasets
 
 __all__ = ['METRICS', 'Metric', 'evaluate', 'headline_score', 'set_cls_test_size', 'set_test_scale']
 _CLS_RESIZE_STEPS = ('Resize', 'ResizeEdge', 'RandomResize', 'CenterCrop', 'RandomResizedCrop')
@@ -57,17 +57,21 @@ def set_cls_test_size(cfg: Config, size: int, crop_ratio: float | None = None) -
 
 def evaluate(cfg: Config, checkpoint: str, work_dir: str, name: str, precision: str = 'fp32',
              input_ranges: str | None = None, engine: str | None = None, calibration_source: str | None = None,
-             calibration_images: int = 32, keep_fp32: Sequence[str] | None = None) -> dict:
-    """Run the config's test loop on ``checkpoint`` and return its metrics, the model on ``engine`` at
-    ``precision`` (``adapters.engines.config_request``; by default ``default_engine(cfg)``): int8 calibrated on
-    ``calibration_images`` of ``calibration_source`` ('val' by default), or for the fused engine at
-    ``input_ranges`` (a file of ``adapters.engines.calibrate``: ranges fixed once for every test size), leaving
-    the modules of ``kept_in_fp32(cfg, keep_fp32)`` in float32."""
+             calibration_images: int = 32, keep_fp32: Sequence[str] | None = None,
+             allow_nonfinite: bool = False) -> dict:
+    """Run the config's test loop on ``checkpoint`` and return its metrics. The checkpoint must fit the model
+    exactly: one that does not (another model's), or (unless ``allow_nonfinite``) one with NaN or Inf weights, is
+    refused before anything is evaluated (``custom_hooks.strict_checkpoint``: ``CheckpointMismatchError``,
+    ``NonFiniteWeightsError``), and an empty, truncated or corrupt file is a ``WeightFileError`` naming it. The
+    model runs on ``engine`` at ``precision`` (``adapters.engines.config_request``; by default
+    ``default_engine(cfg)``): int8 calibrated on ``calibration_images`` of ``calibration_source`` ('val' by
+    default), or for the fused engine at ``input_ranges`` (a file of ``adapters.engines.calibrate``: ranges fixed
+    once for every test size), leaving the modules of ``kept_in_fp32(cfg, keep_fp32)`` in float32."""
     cfg = copy.deepcopy(cfg)
     ranges = dict(input_ranges=str(input_ranges)) if input_ranges else {}
     set_engine(cfg, config_request(cfg, engine, precision, calibration_source, calibration_images, keep_fp32,
                                    **ranges))
-    cfg.load_from = runner_checkpoint(cfg, checkpoint)
+    strict_checkpoint(cfg, checkpoint, allow_nonfinite)
     cfg.work_dir = work_dir
     cfg.experiment_name = name
     cfg.log_level = 'WARNING'

@@ -145,8 +145,8 @@ class InferenceEngineHook(Hook):
 class StrictLoadHook(Hook):
     """Refuse a checkpoint that does not fit the model, which mmengine's Runner would load non-strictly: before
     it is loaded, raise ``CheckpointMismatchError`` (``adapters.runner.refuse_unfit``) naming the checkpoint and
-    the config; NaN or Inf weights too, by key, unless ``allow_nonfinite``. ``tools/test.py`` adds it
-    (``custom_hooks.strict_loading``)."""
+    the config; NaN or Inf weights too, by key, unless ``allow_nonfinite``. ``custom_hooks.strict_checkpoint``
+    adds it (``tools/test.py``, ``evaluation.evaluate``)."""
     priority = 'VERY_HIGH'
 
     def __init__(self, allow_nonfinite: bool = False):

@@ -1,7 +1,7 @@
-"""Running an OpenMMLab inferencer over image files (``tools/infer.py``): which files can be read, output names that
-keep every input apart, the model run on padded batches of images of similar size ahead of their turn
-(``BatchedPredictions``), and a run that writes each image's outputs in turn and goes on past an image that
-fails."""
+"""Running an OpenMMLab inferencer over image files (``tools/infer.py``): the checkpoint loaded strictly
+(``StrictWeights``), which files can be read, output names that keep every input apart, the model run on padded
+batches of images of similar size ahead of their turn (``BatchedPredictions``), and a run that writes each image's
+outputs in turn, each whole or not at all, and goes on past an image that fails."""
 import contextlib
 import os
 import shutil
@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..deploy.batched import Progress, size_batches
+from ..utils import fsync_path
 
 SEPARATOR = '__'  # stands for a folder separator in an output name: a/x.png -> a__x
 OUTPUT_KINDS = ('vis', 'preds')
@@ -89,6 +90,26 @@ def unique_names(paths: Sequence[str]) -> list[str]:
         taken.add(candidate.casefold())
         unique.append(candidate)
     return unique
+
+
+class StrictWeights:
+    """Mixed in before an OpenMMLab inferencer (mmdet's ``DetInferencer``, mmseg's ``MMSegInferencer``) built with
+    ``weights=CHECKPOINT``: the checkpoint must fit the model exactly, and (unless ``allow_nonfinite=True``, a
+    keyword of the constructor) hold no NaN or Inf weights, before its weights are loaded
+    (``adapters.runner.refuse_unfit``, naming the checkpoint and the config); the inferencers themselves load
+    what fits and warn. An empty, truncated or corrupt file is a ``WeightFileError`` naming it (the checkpoint
+    opt-in, ``adapters.checkpoint``). The inferencers' way of ``custom_hooks.strict_checkpoint``."""
+
+    def __init__(self, *args, weights=None, allow_nonfinite: bool = False, **kwargs):
+        self.checkpoint_file, self.allow_nonfinite = weights, allow_nonfinite
+        super().__init__(*args, weights=weights, **kwargs)
+
+    def _load_weights_to_model(self, model, checkpoint, cfg):
+        if checkpoint is not None:
+            from .runner import refuse_unfit
+            refuse_unfit(model, checkpoint, f'checkpoint {self.checkpoint_file} (config {cfg.filename})',
+                         self.allow_nonfinite)
+        super()._load_weights_to_model(model, checkpoint, cfg)
 
 
 class BatchedPredictions:
@@ -193,10 +214,11 @@ def run_each(run: Callable[[str, str], None], images: Sequence[str], names: Sequ
              prefetch: Callable[[list[str]], None] | None = None, batch_size: int = 1) -> list[str]:
     """Run ``run(image, folder)`` on each image in turn, each writing its outputs under ``folder``/vis and
     ``folder``/preds, and move them to ``out_dir``/vis and ``out_dir``/preds as ``<name><their extension>``
-    (``names``: ``unique_names``) once the image is done, so that what is written stays written whatever comes
-    next; ``folder`` is this run's staging folder (``staging_folder``: those that killed runs left are removed
-    first, and named in one line). An image ``check_image`` refuses is not run; an image that is refused or whose
-    run raises gets one line naming its path and why, and nothing written for it; the rest go on. The outputs
+    (``names``: ``unique_names``) once the image is done, each file fsynced and renamed into place (whole or not at
+    all, even after a crash), so that what is written stays written whatever comes next; ``folder`` is this run's
+    staging folder (``staging_folder``: those that killed runs left are removed first, and named in one line).
+    An image ``check_image`` refuses is not run; an image that is refused or whose run raises gets one line naming
+    its path and why, and nothing written for it; the rest go on. The outputs
     an earlier run left in ``out_dir`` under an image's name (``<name>.*`` in vis and preds) are removed where
     the image fails, and where it is done those its new outputs do not replace, so that every image's outputs
     there are this run's. With ``prefetch`` (``BatchedPredictions.prefetch``) the images that can be read are
@@ -249,9 +271,12 @@ def run_each(run: Callable[[str, str], None], images: Sequence[str], names: Sequ
                 p.unlink(missing_ok=True)
             for kind, p in made:
                 if done:
+                    fsync_path(p)
                     p.replace(out / kind / f'{name}{p.suffix}')
                 else:
                     p.unlink()
+            for kind in {kind for kind, _ in made} if done else ():
+                fsync_path(out / kind)
             if not done:
                 gone = f' (its earlier outputs removed: {", ".join(f"{p.parent.name}/{p.name}" for p in stale)})'
                 print(f'[infer] {image}: failed ({size}{reason}); nothing written for it{gone if stale else ""}')

@@ -27,8 +27,9 @@ from ..utils import atomic_write, file_sha256
 
 __all__ = ['ConfigError', 'KNOWN_LOG_LINES', 'KNOWN_WARNINGS', 'add_common_args', 'build_runner',
            'check_backbone_settings', 'check_option_keys', 'enable_amp',
-           'checkpoint_state', 'evaluation_datasets', 'launched', 'load_config', 'our_backbone', 'prepare_launch',
-           'quiet_known_warnings', 'read_config', 'refuse_unfit', 'runner_checkpoint']
+           'checkpoint_state', 'evaluation_datasets', 'launched', 'load_checkpoint_strictly', 'load_config',
+           'our_backbone', 'prepare_launch', 'quiet_known_warnings', 'read_config', 'refuse_unfit',
+           'runner_checkpoint']
 
 # Warnings mmengine, mmdet and mmseg print each time they build a model, a Runner or an inferencer, none about
 # anything our tools or configs could change.
@@ -267,6 +268,19 @@ def refuse_unfit(model: torch.nn.Module, checkpoint: Mapping, source: str, allow
         raise CheckpointMismatchError(report, source, FAMILY_KEYS_SHOWN if family else None, family)
     if not allow_nonfinite:
         refuse_non_finite(state, model, source)
+
+
+def load_checkpoint_strictly(model: torch.nn.Module, checkpoint: str, source: str | None = None,
+                             allow_nonfinite: bool = False) -> None:
+    """Load the mmengine checkpoint file ``checkpoint`` into the built ``model`` as mmengine's ``load_checkpoint``
+    does (its reader: under the checkpoint opt-in ``safe_load``, and an empty, truncated or corrupt file a
+    ``WeightFileError`` naming it), after ``refuse_unfit`` (``source``: how the errors name it, by default
+    ``checkpoint <path>``): nothing is loaded from a checkpoint that does not fit exactly or holds NaN or Inf
+    weights."""
+    from mmengine.runner.checkpoint import _load_checkpoint, _load_checkpoint_to_model
+    loaded = _load_checkpoint(checkpoint, map_location='cpu')
+    refuse_unfit(model, loaded, source or f'checkpoint {checkpoint}', allow_nonfinite)
+    _load_checkpoint_to_model(model, loaded, strict=True)
 
 
 def enable_amp(cfg: Config) -> None:

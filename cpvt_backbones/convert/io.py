@@ -158,24 +158,35 @@ def _is_state_dict(obj: Mapping) -> bool:
 
 def load_weights_file(path: str | Path) -> StateDict:
     """The state dict of a ``.pth``/``.pt``/``.bin`` file (``safe_load``) or of a safetensors file (by its suffix
-    or its content).
-
-    A pickle that would construct arbitrary objects is refused (the opt-in ``cpvt_backbones.adapters.checkpoint``
-    allows mmengine's log buffers and numpy scalars). Truncated or corrupt files raise a ``ValueError`` that
-    names the file (and, for a file in the weights cache, the files to delete so that it is fetched again).
+    or its content), read through ``read_weight_file``: a missing, truncated or corrupt file, and a pickle that
+    would construct arbitrary objects (the opt-in ``cpvt_backbones.adapters.checkpoint`` allows mmengine's log
+    buffers and numpy scalars), raise an error that names the file.
     """
+    try:
+        obj = read_weight_file(path)
+    except RefusedPickleError as e:
+        raise WeightFileError(str(e)) from None
+    return unwrap_state_dict(obj)
+
+
+def read_weight_file(path: str | Path, read: Callable[[Path], Any] | None = None) -> Any:
+    """What the weight file at ``path`` holds, as ``read(path)`` gives it (default ``read_weights``): a
+    ``FileNotFoundError`` naming it where there is no such file, a ``RefusedPickleError`` as ``safe_load`` raises
+    it, and for a file that cannot be read (empty, truncated, corrupt, not a weight file) a ``WeightFileError``
+    naming the file and what is wrong with it (``weight_file_problem``; and, for a file in the weights cache, the
+    files to delete so that it is fetched again), never a bare reader's error. The one reader of weight files:
+    ``load_weights_file`` and mmengine's loading under the checkpoint opt-in (``adapters.checkpoint``)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f'weight file not found: {path}')
     try:
-        obj = read_weights(path)
-    except RefusedPickleError as e:
-        raise WeightFileError(str(e)) from None
+        return (read or read_weights)(path)
+    except RefusedPickleError:
+        raise
     except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
         problem = weight_file_problem(path)
         raise WeightFileError(f'{path} is not a readable weight file (truncated or corrupt?): '
-                         f'{problem or _unpickler_detail(str(e))}{_cache_hint(path)}') from e
-    return unwrap_state_dict(obj)
+                              f'{problem or _unpickler_detail(str(e))}{_cache_hint(path)}') from e
 
 
 def read_weights(path: str | Path) -> Any:

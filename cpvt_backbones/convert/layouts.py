@@ -31,6 +31,11 @@ def native_roots() -> tuple[str, ...]:
     return MODEL_ROOTS + state_dict_roots()
 
 
+class UnknownLayoutError(ValueError):
+    """A state dict in none of the layouts ``detect_layout`` knows: the message lists them and the first keys, and
+    where keys lie under ``backbone.`` (a whole detector's or segmentor's weights) how to take the backbone."""
+
+
 class UnknownKeysError(KeyError):
     def __init__(self, layout: str, keys: Sequence[str]):
         keys = sorted(keys)
@@ -372,11 +377,14 @@ def detect_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
         return 'mmpretrain'
     if any(k.startswith(('layers.', 'position_encodings.')) for k in keys):
         return 'mmseg'
-    raise ValueError('unrecognised checkpoint layout; expected official Twins/CPVT or timm keys '
-                     '(patch_embeds.*, blocks.*, pos_block.*), mmseg PCPVT keys (layers.*), mmpretrain PCPVT '
-                     'keys (backbone.stages.*), DeiT keys (blocks.N.attn.qkv.*) or timm RoPE ViT keys '
-                     f'(blocks.N.gamma_1); '
-                     f'first keys: {keys[:8]}')
+    whole = any(k.startswith('backbone.') for k in keys)
+    raise UnknownLayoutError('unrecognised checkpoint layout; expected official Twins/CPVT or timm keys '
+                             '(patch_embeds.*, blocks.*, pos_block.*), mmseg PCPVT keys (layers.*), mmpretrain PCPVT '
+                             'keys (backbone.stages.*), DeiT keys (blocks.N.attn.qkv.*) or timm RoPE ViT keys '
+                             f'(blocks.N.gamma_1); first keys: {keys[:8]}'
+                             + ('. Keys under backbone.: a whole detector\'s or segmentor\'s weights? Use them with '
+                                'its config, or take the backbone alone with prefix backbone. '
+                                '(tools/convert_checkpoint.py SRC DST --prefix backbone.)' if whole else ''))
 
 
 # Each layout ``detect_layout`` names, read into native keys (DeiT's, which takes an option, by ``to_native``).

@@ -12,7 +12,7 @@ from torch import nn
 
 from .hub import WeightsUnavailableError
 from .io import WeightFileError, load_weights_file
-from .layouts import to_native
+from .layouts import UnknownLayoutError, to_native
 
 
 class LoadReport(NamedTuple):
@@ -220,10 +220,14 @@ def load_into(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: 
     another model family is named as such first, with what to load it into, and a few keys of each kind
     (``family_mismatch``).
     ``strict=False`` copies only the keys whose names, shapes and kinds fit and returns the report of the
-    rest. Values that are not finite (NaN, Inf) are refused by key (``NonFiniteWeightsError``) before anything is
-    copied, unless ``allow_nonfinite``.
+    rest. A state dict in no known layout (a whole detector's given to a backbone) raises ``UnknownLayoutError``
+    naming ``source``. Values that are not finite (NaN, Inf) are refused by key (``NonFiniteWeightsError``) before
+    anything is copied, unless ``allow_nonfinite``.
     """
-    sd = built_weights(model, state_dict, skip)
+    try:
+        sd = built_weights(model, state_dict, skip)
+    except UnknownLayoutError as e:
+        raise UnknownLayoutError(f'{source}: {e}') from None
     if not allow_nonfinite:
         refuse_non_finite(sd, model, source)
     report = compare(model, sd)
@@ -247,7 +251,7 @@ def load_pretrained(model: nn.Module, path: str | Path, strict: bool = True,
 # What a user's input can be wrong with when weights are read and loaded: each error's message names the file or
 # key and what to do, so a tool prints it as one line (``one_line_errors``) instead of a traceback.
 USER_ERRORS = (CheckpointMismatchError, NonFiniteWeightsError, WeightFileError, WeightsUnavailableError,
-               pickle.UnpicklingError, FileNotFoundError)
+               UnknownLayoutError, pickle.UnpicklingError, FileNotFoundError)
 
 
 @contextlib.contextmanager

@@ -24,13 +24,17 @@ def check_valid_sizes(valid_sizes, x: torch.Tensor) -> torch.Tensor:
     (height, width) in pixels, from the top-left corner, 1 <= h <= H and 1 <= w <= W. Takes a tensor or a numpy
     array of integers, or a sequence of (h, w) pairs of integral numbers (Python or numpy integers, integer
     tensors of one element). A TypeError for anything else (floats and booleans whatever their value), a
-    ValueError for a wrong shape or a size out of range."""
+    ValueError for a wrong shape, a size out of range or a tensor on the meta device (which holds no sizes)."""
     B, _, H, W = x.shape
     numpy = sys.modules.get('numpy')   # an array can only come from numpy where it is imported (torch needs none)
     if isinstance(valid_sizes, torch.Tensor):
         sizes = valid_sizes
         if sizes.is_floating_point() or sizes.is_complex() or sizes.dtype == torch.bool:
             raise TypeError(f'valid_sizes must hold integers (pixels), got a {sizes.dtype} tensor')
+        if sizes.device.type == 'meta':
+            raise ValueError(f'valid_sizes is a tensor on the meta device (shape {tuple(sizes.shape)}), which holds no '
+                             'values: give the sizes as a tensor on a real device (the batch\'s, or the CPU) or as '
+                             '(h, w) pairs')
     else:
         if numpy is not None and isinstance(valid_sizes, numpy.ndarray):
             if valid_sizes.dtype.kind not in 'iu':
@@ -55,13 +59,12 @@ def check_valid_sizes(valid_sizes, x: torch.Tensor) -> torch.Tensor:
     if tuple(sizes.shape) != (B, 2):
         raise ValueError(f'valid_sizes must give (h, w) for each of the {B} images, shape ({B}, 2); got shape '
                          f'{tuple(sizes.shape)}')
-    sizes = sizes.to(device=x.device, dtype=torch.int64)
-    if not symbolic_shapes():
+    if not symbolic_shapes():   # checked where the values are: the batch itself may be on the meta device
         low, high = sizes.amin(0).tolist(), sizes.amax(0).tolist()
         if min(low) < 1 or high[0] > H or high[1] > W:
             raise ValueError(f'valid_sizes must lie within 1..{H} (height) and 1..{W} (width) of the padded batch '
                              f'{tuple(x.shape)}; got {sizes.tolist()}')
-    return sizes
+    return sizes.to(device=x.device, dtype=torch.int64)
 
 
 def _pixels(n) -> int:
