@@ -9,15 +9,20 @@ COCO bbox and segm mAP (mmdet's CocoMetric) and mIoU (mmseg's IoUMetric) on the 
 scale and at smaller, larger, odd-aspect and native sizes (most not divisible by 32), one image at a time and
 in padded batches of 8 (``--batch-sizes``: each image predicted as alone, so the scores agree); draw confident
 predictions at unseen sizes under work_dirs/demo/vis (vis/sheet.png: one image at several sizes, every task);
-print and save a summary table (work_dirs/demo/summary.{md,json}). After the pretraining, the tasks run in --jobs worker
-processes that share the cores, each task trained, evaluated and drawn in one. A finished training run in
-work_dirs/demo is reused unless --retrain.
+print and save a summary table (work_dirs/demo/summary.{md,json}, with the code's git commit and the CPU). After the
+pretraining, the tasks run in --jobs worker processes that share the cores, each task trained, evaluated and drawn in
+one. A finished training run in work_dirs/demo is reused unless --retrain.
+
+Two runs with the same arguments on one machine give the same table: every training and evaluation runs on a thread
+count the demo sets (--threads per task, the pretraining on --jobs x --threads), whatever OMP_NUM_THREADS says, and
+the configs fix the seeds (another CPU ISA or thread count rounds otherwise: docs/reliability.md).
 """
 import argparse
 import json
 import multiprocessing
 import os
 import shlex
+import subprocess
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -50,8 +55,34 @@ VIS_SIZES = [('0.7x', (.7, .7)), ('1x', (1., 1.)), ('native', None), ('2x', (2.,
 SCORE_THR = 0.5  # boxes and masks drawn: confident ones only (the detectors return up to 50 candidates per image)
 
 
-def train(name: str, config: str, out: Path, retrain: bool, init_from: str = None) -> tuple[str, bool]:
-    """The final checkpoint of ``config`` trained in out/``name``, and whether it was trained now (not reused)."""
+def cores() -> int:
+    """The CPU cores this process may run on (its affinity; every core where the system does not say)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def code_commit() -> dict:
+    """The git commit of the code the demo runs (``commit``, None outside a git checkout) and whether tracked
+    files differ from it (``dirty``, None where unknown)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(['git', '-C', str(root), 'rev-parse', 'HEAD'], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        status = subprocess.run(['git', '-C', str(root), 'status', '--porcelain', '--untracked-files=no'],
+                                capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return dict(commit=None, dirty=None)
+    return dict(commit=commit, dirty=bool(status.strip()))
+
+
+def train(name: str, config: str, out: Path, retrain: bool, init_from: str = None,
+          threads: int | None = None) -> tuple[str, bool]:
+    """The final checkpoint of ``config`` trained in out/``name``, and whether it was trained now (not reused).
+    Torch runs on ``threads`` threads from here on (default ``cores()``), whatever OMP_NUM_THREADS says: with
+    the configs' fixed seeds the weights then depend only on the machine, the code and the thread count."""
+    torch.set_num_threads(threads or cores())
     cfg = load_config(config, work_dir=str(out / name))
     if init_from is not None:
         cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=init_from, prefix='backbone.')
@@ -175,13 +206,14 @@ def column_name(engine: str, precision: str, batch_size: int) -> str:
     return f'{engine} {precision}' + (f' batch {batch_size}' if batch_size != 1 else '')
 
 
-def run_task(name: str, out: Path, retrain: bool, init_from: str, runs: list, int8_ranges: bool) -> TaskRun:
+def run_task(name: str, out: Path, retrain: bool, init_from: str, runs: list, int8_ranges: bool,
+             threads: int) -> TaskRun:
     """Train DEMO_TASKS[``name``] from the backbone in ``init_from``, evaluate it at every test size on every
-    (engine, precision, batch size) of ``runs`` and draw its predictions: one lane of the demo, run in a worker
-    process."""
+    (engine, precision, batch size) of ``runs`` and draw its predictions, on ``threads`` torch threads: one lane
+    of the demo, run in a worker process."""
     start = time.perf_counter()
     task = DEMO_TASKS[name]
-    checkpoint, trained = train(name, task.config, out, retrain, init_from=init_from)
+    checkpoint, trained = train(name, task.config, out, retrain, init_from=init_from, threads=threads)
     ranges = calibrate(load_config(task.config), checkpoint, CALIBRATION, 32) if int8_ranges else None
     scores = {key: {} for key, score in SCORES.items() if score.task == name}
     for label, factors, keep_ratio in TEST_SIZES:
@@ -201,32 +233,30 @@ def run_task(name: str, out: Path, retrain: bool, init_from: str, runs: list, in
     return TaskRun(checkpoint, trained, scores, visualise(out, name, checkpoint), time.perf_counter() - start)
 
 
-def _lane(threads: int) -> None:
-    """A worker process's set-up: its share of the cores, the known warnings quiet, and the configs' start method
-    for the processes it makes itself (a spawned worker starts as 'spawn', which mmengine would warn about and
-    replace by the configs' 'fork')."""
-    torch.set_num_threads(threads)
+def _lane() -> None:
+    """A worker process's set-up: the known warnings quiet, and the configs' start method for the processes it
+    makes itself (a spawned worker starts as 'spawn', which mmengine would warn about and replace by the configs'
+    'fork'). Its threads are set by each task it runs (``run_task``)."""
     quiet_known_warnings()
     multiprocessing.set_start_method('fork', force=True)
 
 
 def run_lanes(names: list[str], jobs: int, out: Path, retrain: bool, pretrained: str, runs: list,
-              int8_ranges: bool) -> dict[str, TaskRun]:
-    """``run_task`` for each of ``names`` on ``jobs`` worker processes sharing the cores, in DEMO_TASKS order: a
-    task starts once a lane is free and the task it starts from has finished training (a finished training that
-    is reused counts from the start)."""
+              int8_ranges: bool, threads: int) -> dict[str, TaskRun]:
+    """``run_task`` for each of ``names`` on ``jobs`` worker processes sharing the cores, ``threads`` torch
+    threads each, in DEMO_TASKS order: a task starts once a lane is free and the task it starts from has finished
+    training (a finished training that is reused counts from the start)."""
     checkpoints = {'pretraining': pretrained}
     if not retrain:
         checkpoints.update((name, str(final)) for name in names
                            if (final := final_checkpoint(out, name, load_config(DEMO_TASKS[name].config))).is_file())
     done, running, waiting = {}, {}, list(names)
     context = multiprocessing.get_context('spawn')   # a fresh interpreter: no forked OpenMP or runner state
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_lane,
-                             initargs=(max(1, (os.cpu_count() or 1) // jobs),)) as pool:
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_lane) as pool:
         while waiting or running:
             for name in [n for n in waiting if DEMO_TASKS[n].start in checkpoints][:jobs - len(running)]:
                 init_from = checkpoints[DEMO_TASKS[name].start]
-                running[pool.submit(run_task, name, out, retrain, init_from, runs, int8_ranges)] = name
+                running[pool.submit(run_task, name, out, retrain, init_from, runs, int8_ranges, threads)] = name
                 waiting.remove(name)
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
@@ -260,6 +290,10 @@ def main() -> None:
                         help='tasks trained at once after the pretraining, in worker processes sharing the cores '
                              '(default 2: on 2 cores one thread each, which trains faster in all than one task on '
                              'both)')
+    parser.add_argument('--threads', type=int,
+                        help='torch threads of each task after the pretraining, whatever OMP_NUM_THREADS says; the '
+                             'pretraining runs on --jobs times as many (default: the cores this process may use '
+                             'divided among the tasks run at once, at least 1)')
     parser.add_argument('--precisions', nargs='+', default=['fp32'], choices=PRECISIONS,
                         help='evaluate the trained models at these precisions, on every --engines engine (int8 '
                              'calibrated on 32 training images: activation ranges fixed once on the fused engine, NNCF '
@@ -277,21 +311,25 @@ def main() -> None:
         parser.error(f'--jobs must be at least 1, got {args.jobs}')
     if min(args.batch_sizes) < 1:
         parser.error(f'--batch-sizes must be at least 1, got {args.batch_sizes}')
+    if args.threads is not None and args.threads < 1:
+        parser.error(f'--threads must be at least 1, got {args.threads}')
     quiet_known_warnings()
     out = Path(args.out)
     start = time.perf_counter()
     print('[demo] data:', generate_shapes('data/shapes'), 'crops:', generate_shape_crops('data/shapes_cls'))
 
-    checkpoint, pretrained = train('pretraining', PRETRAINING, out, args.retrain)
+    names = _with_starts(args.tasks)
+    jobs = min(args.jobs, len(names))
+    threads = args.threads or max(1, cores() // jobs)
+    checkpoint, pretrained = train('pretraining', PRETRAINING, out, args.retrain, threads=jobs * threads)
     accuracy = evaluate(load_config(PRETRAINING), checkpoint, str(out / 'pretraining' / 'eval'), 'crops')
     print(f'[demo] pretraining: top-1 {accuracy["accuracy/top1"]:.1f}% on the 400 held-out crops')
-    names = _with_starts(args.tasks)
     scores = {key: score for key, score in SCORES.items() if score.task in names}
     pairs = [(engine, precision) for engine in args.engines for precision in args.precisions
              if precision in ENGINES[engine].precisions]
     runs = [(*pairs[0], n) for n in args.batch_sizes] + [(*pair, args.batch_sizes[0]) for pair in pairs[1:]]
     int8_ranges = 'int8' in args.precisions and 'fused' in args.engines
-    lanes = run_lanes(names, min(args.jobs, len(names)), out, args.retrain, checkpoint, runs, int8_ranges)
+    lanes = run_lanes(names, jobs, out, args.retrain, checkpoint, runs, int8_ranges, threads)
     results = {key: lanes[score.task].scores[key] for key, score in scores.items()}
 
     columns = [(key, column_name(*run)) for key in scores for run in runs]
@@ -308,11 +346,12 @@ def main() -> None:
                                               f'held-out crops. {minutes:.1f} min in total\n').encode())
     atomic_write(out / 'summary.json', json.dumps(dict(
         results=results, labels={key: score.label for key, score in scores.items()},
-        pretraining_top1=accuracy['accuracy/top1'], minutes=minutes, jobs=args.jobs,
+        pretraining_top1=accuracy['accuracy/top1'], minutes=minutes, jobs=jobs,
+        threads=dict(pretraining=jobs * threads, task=threads),
         trained=['pretraining'] * pretrained + [name for name, run in lanes.items() if run.trained],
         task_seconds={name: round(run.seconds) for name, run in lanes.items()},
-        command=shlex.join(['python', 'tools/demo.py'] + sys.argv[1:]), torch=torch.__version__, **cpu_info()),
-        indent=2).encode())
+        command=shlex.join(['python', 'tools/demo.py'] + sys.argv[1:]), torch=torch.__version__, **code_commit(),
+        **cpu_info()), indent=2).encode())
     print(f'[demo] visualisations in {out / "vis"}; summary in {out / "summary.md"}; {minutes:.1f} min in total')
 
 
