@@ -89,8 +89,9 @@ def test_the_demo_keeps_every_engine_and_precision_it_ran_within_the_tolerance()
 
 
 def test_the_demo_is_timed_from_nothing_and_its_engines_compared_on_its_own_trainings(tmp_path):
-    """The demo block states `make demo`'s wall time only from a run that trained every task; the engines block
-    compares only an evaluation that reused that run's trainings. Each refuses otherwise, naming why."""
+    """The demo block states `make demo`'s wall time only from a run that trained every task, at the commit it ran
+    (refusing a run on a tree with uncommitted changes); the engines block compares only an evaluation that reused
+    that run's trainings. Each refuses otherwise, naming why."""
     for name in (dense_demo.DEMO, dense_demo.DEMO_ENGINES):
         (tmp_path / f'{name}.json').write_text((summary.RESULTS / f'{name}.json').read_text())
     assert blocks.render('demo', tmp_path) == blocks.render('demo')
@@ -100,6 +101,12 @@ def test_the_demo_is_timed_from_nothing_and_its_engines_compared_on_its_own_trai
     timed['trained'].remove('instances')
     (tmp_path / f'{dense_demo.DEMO}.json').write_text(json.dumps(timed))
     with pytest.raises(ValueError, match=r"reused: \['instances'\]"):
+        blocks.render('demo', tmp_path)
+    timed = summary.load(dense_demo.DEMO)
+    (tmp_path / f'{dense_demo.DEMO}.json').write_text(json.dumps(dict(timed, commit='0123456789abcdef', dirty=False)))
+    assert 'into another folder) at commit 0123456 trained' in blocks.render('demo', tmp_path)
+    (tmp_path / f'{dense_demo.DEMO}.json').write_text(json.dumps(dict(timed, commit='0123456789abcdef', dirty=True)))
+    with pytest.raises(ValueError, match='uncommitted changes at 0123456789abcdef: run the demo on a clean clone'):
         blocks.render('demo', tmp_path)
     engines = summary.load(dense_demo.DEMO_ENGINES)
     engines['command'] += ' --retrain'

@@ -86,11 +86,15 @@ def demo(run: RecordData) -> str:
              '|---|' + '---|' * len(heads)]
     lines += [f'| {size} | ' + ' | '.join(f'{data["results"][t][size][c]:.3f}' for t, c in heads) + ' |'
               for size in sizes]
+    if data.get('dirty'):
+        raise ValueError(f'{name}.json was run on a tree with uncommitted changes at {data.get("commit")}: run the '
+                         'demo on a clean clone')
     flags = '; ' + ', '.join(data['flags']) if data['flags'] else ''
+    at = f' at commit {data["commit"][:7]}' if data.get('commit') else ''
     return '\n'.join(lines) + (
         f'\n\nEngine and precision: {engine}. Pretraining: top-1 {data["pretraining_top1"]:.1f}% on the 400 '
         f'held-out crops. '
-        f'`{data["command"]}` (`make demo`, into another folder) trained, evaluated and drew everything in '
+        f'`{data["command"]}` (`make demo`, into another folder){at} trained, evaluated and drew everything in '
         f'{data["minutes"]:.1f} min on {data["cpu"]} ({data["isa"]}{flags}), torch {data["torch"]}, '
         f'{data["jobs"]} tasks at a time after the pretraining (`benchmarks/results/{name}.json`).')
 
