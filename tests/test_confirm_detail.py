@@ -6,6 +6,7 @@ import copy
 import hashlib
 import json
 import math
+import re
 import statistics
 import subprocess
 
@@ -159,12 +160,16 @@ def test_the_object_scale_sizes_every_scene_a_run_sees():
     (lambda d: d['ceiling'].pop('below'), 'ceiling needs exactly arms, size and below'),
 ])
 def test_a_malformed_protocol_is_refused_naming_the_entry(tmp_path, change, message):
-    data = json.loads(proto.PROTOCOL.read_text())
+    refused_naming(proto.PROTOCOL, change, message, tmp_path)
+
+
+def refused_naming(protocol, change, message: str, folder) -> None:
+    """The protocol file ``protocol`` with ``change`` applied to its data is refused with ``message``."""
+    data = json.loads(protocol.read_text())
     change(data)
-    path = tmp_path / 'p.json'
+    path = folder / 'p.json'
     path.write_text(json.dumps(data))
-    with pytest.raises(proto.ProtocolError, match=message.replace('(', r'\(').replace(')', r'\)')
-                       .replace('[', r'\[').replace(']', r'\]')):
+    with pytest.raises(proto.ProtocolError, match=re.escape(message)):
         proto.Protocol.load(path)
 
 

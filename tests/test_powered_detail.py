@@ -101,13 +101,8 @@ def test_the_pilot_fixes_the_control_nearest_its_target_clear_of_the_ceiling():
     (lambda d: d['recipe'].update(control_dim=8.), "recipe entries ['control_dim']"),
 ])
 def test_a_malformed_powered_protocol_is_refused_naming_the_entry(tmp_path, change, message):
-    data = json.loads(POWERED.read_text())
-    change(data)
-    path = tmp_path / 'p.json'
-    path.write_text(json.dumps(data))
-    with pytest.raises(proto.ProtocolError, match=message.replace('(', r'\(').replace(')', r'\)')
-                       .replace('[', r'\[').replace(']', r'\]')):
-        proto.Protocol.load(path)
+    from test_confirm_detail import refused_naming
+    refused_naming(POWERED, change, message, tmp_path)
 
 
 # -- a tiny study of its kind --------------------------------------------------------------------------------------

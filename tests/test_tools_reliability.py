@@ -109,28 +109,37 @@ def test_infer_names_the_outputs_of_images_with_one_name_apart(cfg, checkpoint, 
             assert set(json.loads(preds[f'{name}.json'].read_text())) >= {'labels', 'scores', 'bboxes'}
 
 
-# tools/infer.py with every call of the model's test_step counted: the number of images each call got, written as
-# JSON to $CALLS_FILE when the tool ends.
-COUNTING = """
+def recording(setup: str, variable: str) -> str:
+    """A script that runs the tool named by its first argument (with the rest as its arguments) after ``setup``,
+    which fills a list ``seen``, and writes that list as JSON to the file named by the environment variable
+    ``variable`` when the tool ends."""
+    return f"""
 import json, os, runpy, sys
-from mmengine.model import BaseModel
-
-test_step, calls = BaseModel.test_step, []
-
-
-def counted(self, data):
-    calls.append(len(data['inputs']))
-    return test_step(self, data)
-
-
-BaseModel.test_step = counted
+seen = []
+{setup}
 sys.argv = sys.argv[1:]
 try:
     runpy.run_path(sys.argv[0], run_name='__main__')
 finally:
-    with open(os.environ['CALLS_FILE'], 'w') as f:
-        json.dump(calls, f)
+    with open(os.environ[{variable!r}], 'w') as f:
+        json.dump(seen, f)
 """
+
+
+# tools/infer.py with every call of the model's test_step counted: the number of images each call got, written as
+# JSON to $CALLS_FILE when the tool ends.
+COUNTING = recording("""
+from mmengine.model import BaseModel
+test_step = BaseModel.test_step
+
+
+def counted(self, data):
+    seen.append(len(data['inputs']))
+    return test_step(self, data)
+
+
+BaseModel.test_step = counted
+""", 'CALLS_FILE')
 
 
 @pytest.mark.parametrize('cfg', CONFIGS)
@@ -614,24 +623,15 @@ def test_eval_sizes_writes_its_results_whole_or_not_at_all(tmp_path, monkeypatch
 
 # tools/infer.py with every drawing counted: the visualisers' add_datasample calls, written as JSON to $DRAWS_FILE
 # when the tool ends.
-COUNTING_DRAWS = """
-import json, os, runpy, sys
+COUNTING_DRAWS = recording("""
 from mmdet.visualization import DetLocalVisualizer
 from mmseg.visualization import SegLocalVisualizer
-
-draws = []
 for cls in (DetLocalVisualizer, SegLocalVisualizer):
     def counted(self, *args, _draw=cls.add_datasample, **kwargs):
-        draws.append(type(self).__name__)
+        seen.append(type(self).__name__)
         return _draw(self, *args, **kwargs)
     cls.add_datasample = counted
-sys.argv = sys.argv[1:]
-try:
-    runpy.run_path(sys.argv[0], run_name='__main__')
-finally:
-    with open(os.environ['DRAWS_FILE'], 'w') as f:
-        json.dump(draws, f)
-"""
+""", 'DRAWS_FILE')
 
 
 @pytest.mark.parametrize('cfg', CONFIGS)
