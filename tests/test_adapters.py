@@ -333,7 +333,7 @@ def test_one_engine_request_is_checked_once_and_reaches_the_engine_unchanged(mon
                            calibrated=('int8',), options=('input_ranges',), calibration_option='input_ranges')
     monkeypatch.setitem(registry.ENGINES, 'fused', fake)
     model = type('Detector', (torch.nn.Module,), {})()
-    model.backbone = create_model('pcpvt_tiny')
+    model.backbone, model.neck = create_model('pcpvt_tiny'), torch.nn.Identity()
     engine_model(model, cfg, None, hook.request)
     assert checks == []  # not checked again on the way down
     (request, calibration, cache), = seen

@@ -110,7 +110,7 @@ def correct(model, x: torch.Tensor, y: torch.Tensor, test, config: StudyConfig, 
             logits = model(test.render(x[i:i + batch], config).to(config.device)).cpu()
             hits.append(logits.argmax(-1) == y[i:i + batch])
             if log_probabilities:
-                scores.append(F.log_softmax(logits.float(), -1).gather(1, y[i:i + batch, None].long())[:, 0])
+                scores.append(F.log_softmax(logits.float(), -1).gather(1, y[i:i + batch, None].to(torch.int64))[:, 0])
     return (torch.cat(hits), torch.cat(scores)) if log_probabilities else torch.cat(hits)
 
 
