@@ -482,6 +482,18 @@ def test_evaluate_refuses_a_checkpoint_that_does_not_fit(checkpoint, shapes_dir,
         evaluate(load_config(str(SEG)), str(checkpoint(DET)), str(shapes_dir / 'evaluate'), 'wrong')
 
 
+def test_calibrate_refuses_a_checkpoint_that_does_not_fit(checkpoint, shapes_dir, monkeypatch):
+    """``adapters.engines.calibrate`` (the fused engine's ranges for ``--input-ranges``) loads through the same strict
+    route: another model's checkpoint is refused before anything is calibrated."""
+    from cpvt_backbones.adapters.engines import calibrate
+    from cpvt_backbones.adapters.runner import load_config
+    from cpvt_backbones.convert import CheckpointMismatchError
+    monkeypatch.chdir(shapes_dir)
+    monkeypatch.setenv('CPVT_WEIGHTS_DIR', str(shapes_dir / 'weights'))
+    with pytest.raises(CheckpointMismatchError, match=f'^checkpoint {re.escape(str(checkpoint(DET)))} .*does not fit'):
+        calibrate(load_config(str(SEG)), str(checkpoint(DET)), 'val', 2)
+
+
 def broken_checkpoints(cfg, checkpoint, folder):
     """An empty file and the config's checkpoint cut to half its length, each with what the one line must say."""
     empty, cut = folder / 'empty.pth', folder / 'cut.pth'

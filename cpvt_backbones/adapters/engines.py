@@ -20,7 +20,7 @@ from ..deploy import PRECISIONS
 from ..deploy.artifacts import package_versions
 from ..deploy.registry import ENGINES, EngineRequest, engine_table
 from ..utils import file_sha256
-from .runner import build_runner, evaluation_datasets, our_backbone, our_backbone_types
+from .runner import build_runner, evaluation_datasets, load_checkpoint_strictly, our_backbone, our_backbone_types
 
 DEFAULT_ENGINE = 'fused'
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
@@ -180,10 +180,9 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
     ``num_images`` images of ``source`` ('val' or a folder) through this config's test pipeline: the path of the
     engine's saved artifact (a JSON file of ranges by layer), for ``config_request(cfg, 'fused', 'int8',
     input_ranges=...)``. Kept in ``weights_dir()/fused`` under ``cache_name`` and reused while everything it was
-    derived from stays the same. A ValueError where the backbone is not ours, a FileNotFoundError without the
-    checkpoint file."""
-    from mmengine.runner import load_checkpoint
-
+    derived from stays the same. The checkpoint is loaded strictly (``runner.load_checkpoint_strictly``, the
+    tools' one route). A ValueError where the backbone is not ours, a FileNotFoundError without the checkpoint
+    file."""
     from ..convert import weights_dir
     from ..deploy import prepare
     from ..deploy.artifacts import artifact_path
@@ -201,7 +200,7 @@ def calibrate(cfg: Config, checkpoint: str, source: str = 'val', num_images: int
         cfg.log_level = 'WARNING'
         cfg.load_from = None
         runner = build_runner(cfg)
-        load_checkpoint(runner.model, str(ckpt), map_location='cpu', revise_keys=[(r'^module\.', '')])
+        load_checkpoint_strictly(runner.model, str(ckpt))
         runner.model.eval()
         request = EngineRequest('fused', 'int8', calibration_source=source, calibration_images=num_images,
                                 cache=str(prefix))
