@@ -11,8 +11,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _demo():
-    """tools/demo.py as a module."""
+    """tools/demo.py as a module (it needs the OpenMMLab stack)."""
     import importlib.util
+    for framework in ('mmengine', 'mmdet', 'mmseg', 'mmpretrain'):
+        pytest.importorskip(framework)
     spec = importlib.util.spec_from_file_location('demo', ROOT / 'tools' / 'demo.py')
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
