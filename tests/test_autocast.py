@@ -124,3 +124,10 @@ def test_the_torch_engines_bf16_on_a_model_falls_back_like_the_backbone(monkeypa
         with pytest.warns(RuntimeWarning, match='no native bf16'):
             on_engine(model, 'torch', 'bf16')
         assert not hasattr(model, 'inference_engine') and torch.equal(model._forward(x), ref)
+
+
+def test_a_wrapped_models_channels_come_from_its_backbone():
+    """A whole model (the backbone a submodule, as in an OpenMMLab detector) on the torch engine takes the input
+    channels of its backbone (``registry.in_chans_of``), which run_images checks a batch against."""
+    model = torch.nn.Sequential(create_model('pcpvt_tiny', in_chans=1, features_only=True)).eval()
+    assert AutocastModule(model).in_chans == 1

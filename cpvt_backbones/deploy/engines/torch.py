@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ...compat import tree_leaves
-from ..registry import Engine, EngineModule, register
+from ..registry import Engine, EngineModule, in_chans_of, register
 
 
 def native_bf16(device_type: str = 'cpu') -> bool:
@@ -34,7 +34,7 @@ class AutocastModule(EngineModule, nn.Module):
     returned as float32. Where ``module``'s forward takes ``valid_sizes``
     (a padded batch computed as if each image were alone, ``layers.valid``), so does this one's, handing them on
     (an instance of the subclass ``ValidSizesAutocastModule``), so that ``run_images`` pads mixed sizes and
-    ``deploy.bucketed.Bucketed`` runs it; ``strides`` and ``in_chans`` are ``module``'s."""
+    ``deploy.bucketed.Bucketed`` runs it; ``strides`` are ``module``'s, ``in_chans`` ``registry.in_chans_of`` it."""
 
     engine = 'torch'
 
@@ -48,7 +48,7 @@ class AutocastModule(EngineModule, nn.Module):
         super().__init__()
         self.module = module
         self.strides = tuple(getattr(module, 'strides', ()) or ())   # its output maps' (run_images crops by them)
-        self.in_chans = getattr(module, 'in_chans', 3)
+        self.in_chans = in_chans_of(module, {})
         self.train(module.training)
 
     def forward(self, *args, **kwargs):
