@@ -34,6 +34,10 @@ def test_picture_for_classifiers_and_detector_checkpoints(tmp_path, image, name,
         state = {'state_dict': state, 'meta': {}}
         if importlib.util.find_spec('mmengine'):  # an mmengine checkpoint holds its log buffers too
             from mmengine.logging import HistoryBuffer
+
+            # written as a run of our configs writes it, with the checkpoint opt-in imported (without it the
+            # buffer pickles its numpy arrays, which safe_load refuses, whatever the order the tests ran in)
+            import cpvt_backbones.adapters.checkpoint  # noqa: F401
             state['message_hub'] = {'log_scalars': {'train/loss': HistoryBuffer()}}
     torch.save(state, tmp_path / 'w.pth')
     out = visualize.main([str(tmp_path / 'w.pth'), str(image), '--queries', '0.3,0.6', '1,1',
