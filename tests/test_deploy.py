@@ -14,7 +14,12 @@ SIZES = [(64, 96), (97, 131), (160, 160)]  # 97 x 131 is not a multiple of 32 (n
 # Tracing time grows with the number of blocks, and every block is the same code: shallow models keep every
 # path (all stages, PEGs, spatial reduction, class token, the simple pyramid) at a fraction of the time.
 SHALLOW = {'pcpvt_tiny': dict(depths=(1, 1, 1, 1)),
-           'cpvt_tiny': dict(depth=2, pos_encoding=dict(type='peg', positions=(0, 1)))}
+           'cpvt_tiny': dict(depth=2, pos_encoding=dict(type='peg', positions=(0, 1))),
+           'svt_small': dict(embed_dims=(16, 32, 64, 128), depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)),
+           'pvt_v2_b0': dict(depths=(1, 1, 1, 1))}
+# The sizes a file with a sizes input is checked at, in one padded batch: a single pixel, a thin strip, a size that
+# is no multiple of any stride, and a detector's test scale.
+PADDED = [(1, 1), (7, 500), (97, 131), (800, 1216)]
 
 
 def shallow(name: str):
@@ -41,6 +46,42 @@ def test_onnx_backbone_at_three_sizes(name, tmp_path):
     assert all(d.dim_param for i, d in enumerate(dims) if i != 1), 'batch, height and width must be dynamic'
     assert verify(model, path, SIZES, batch=1) < 1e-3
     assert verify(model, path, [(33, 47)], batch=3) < 1e-3
+
+
+@pytest.mark.parametrize('name', sorted(SHALLOW))
+def test_onnx_with_sizes_gives_each_image_of_a_padded_batch_what_it_gets_alone(name, tmp_path):
+    """A file exported with a ``sizes`` input (every family): one padded batch of 1 x 1, 7 x 500, 97 x 131 and
+    800 x 1216 gives each image, on its region of every map, its maps alone in PyTorch, and zeros beyond; the same
+    file exported without ``sizes`` (the positive control) gives the 1 x 1 image the padding's answer."""
+    pytest.importorskip('onnxruntime')
+    pytest.importorskip('onnxscript')
+    import onnxruntime as ort
+
+    from cpvt_backbones.deploy.onnx import export, verify
+
+    model, names = shallow(name)
+    path = str(tmp_path / f'{name}.onnx')
+    export(model, path, names, sizes_input=True)
+    inputs = ort.InferenceSession(path, providers=['CPUExecutionProvider']).get_inputs()
+    assert [(i.name, i.type) for i in inputs] == [('image', 'tensor(float)'), ('sizes', 'tensor(int64)')]
+    assert verify(model, path, PADDED) < 1e-3
+    plain = str(tmp_path / 'plain.onnx')
+    export(model, plain, names)
+    batch = torch.randn(2, 3, 97, 131)
+    got = ort.InferenceSession(plain, providers=['CPUExecutionProvider']).run(None, {'image': batch.numpy()})
+    with torch.no_grad():
+        alone = model(batch[1:, :, :1, :1])
+    assert (torch.from_numpy(got[0][1:, :, :1, :1]) - alone[0]).abs().max() > 1e-3
+
+
+def test_onnx_with_sizes_refuses_a_path_that_runs_image_by_image(tmp_path):
+    """A model whose valid-size path works image by image in Python (a learned position table) is refused by name
+    before any file is written."""
+    from cpvt_backbones.deploy.onnx import export
+    model = create_model('cpvt_tiny', depth=1, pos_encoding='learned', features_only=True).eval()
+    with pytest.raises(ValueError, match='cannot be exported with a sizes input: its valid-size path does not trace'):
+        export(model, str(tmp_path / 'x.onnx'), ['stride16'], sizes_input=True)
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.heavy

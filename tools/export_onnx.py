@@ -1,15 +1,22 @@
 """Export a backbone (or a whole detector/segmentor up to its heads' raw outputs) to ONNX, any input size.
 
-    python tools/export_onnx.py NAME OUT.onnx [--checkpoint PATH] [--out-indices 0 1 2 3] [--verify 224x224 ...]
+    python tools/export_onnx.py NAME OUT.onnx [--checkpoint PATH] [--out-indices 0 1 2 3] [--no-sizes]
+                                [--verify 224x224 ...]
     python tools/export_onnx.py CONFIG.py OUT.onnx --checkpoint PATH [--cfg-options k=v ...] [--verify ...]
 
 NAME is a model of ``cpvt_backbones.list_models()``, exported as its ``features_only`` backbone (outputs
 ``stride4`` ... ``stride32``); ``--checkpoint`` loads any weight layout ``create_model(pretrained=...)`` takes.
+Its file has two inputs, ``image`` (N x C x H x W, float32) and ``sizes`` (N x 2, int64: each image's valid height
+and width in pixels, from the top-left of the padded batch), and gives each image of a padded batch what it gets
+alone: on each image's region of every map (ceil(h / stride) x ceil(w / stride)) its maps alone, zeros beyond. A
+batch of images of one size takes ``sizes`` filled with (H, W). ``--no-sizes`` writes the one-input file, which
+takes padding as image (a padded batch changes each image's maps).
 A config exports the model's ``tensor`` mode: RetinaNet gives ``cls_score_{level}`` and ``bbox_pred_{level}``,
 a segmentor its ``seg_logits`` at 1/4 of the input; the data preprocessor (normalisation) stays outside, as
 mmdeploy does. Batch, height and width are dynamic: the models pad internally, and while exporting they take
 their padding path at every size, so one graph serves every size (``layers.layout.pad_to_multiple``).
-``--verify`` runs the file with onnxruntime at the given sizes and prints the largest difference from PyTorch.
+``--verify`` runs the file with onnxruntime at the given sizes and prints the largest difference from PyTorch; a
+file with ``sizes`` also runs all of them as one padded batch against each image alone in PyTorch.
 
 The checkpoint must fit the model exactly, and hold no NaN or Inf weights: a model name's through
 ``create_model(pretrained=...)`` (``convert.load_into``), a config's through
@@ -28,7 +35,9 @@ from torch import nn
 
 from cpvt_backbones import create_model, list_models
 from cpvt_backbones.convert.loading import one_line_errors
+from cpvt_backbones.deploy.check import check_sized_conversion
 from cpvt_backbones.deploy.onnx import export, verify
+from cpvt_backbones.deploy.registry import in_chans_of
 from cpvt_backbones.utils import atomic_path
 
 
@@ -53,7 +62,7 @@ class Flatten(nn.Module):
 
 
 def backbone(name: str, checkpoint: str = None, out_indices: Sequence[int] = (0, 1, 2, 3)):
-    """(module, output names) for the features-only backbone of a model name."""
+    """(module, output names) for the features-only backbone of a model name (its forward takes ``valid_sizes``)."""
     model = create_model(name, pretrained=checkpoint, features_only=True, out_indices=tuple(out_indices))
     return model.eval(), [f'stride{s}' for s in model.strides]
 
@@ -94,14 +103,22 @@ def main() -> None:
     parser.add_argument('out')
     parser.add_argument('--checkpoint')
     parser.add_argument('--out-indices', type=int, nargs='+', default=[0, 1, 2, 3], help='model names only')
+    parser.add_argument('--no-sizes', action='store_true',
+                        help='model names: a file with the one input image (padding taken as image)')
     parser.add_argument('--verify', type=_size, nargs='*', default=[], metavar='HxW')
     parser.add_argument('--cfg-options', nargs='+', default=None, help='configs only: key=value overrides')
     args = parser.parse_args()
     with one_line_errors('export_onnx.py', *_config_errors()):
         model, names = _model(parser, args)
+    sized = not args.no_sizes and not args.model.endswith('.py')
+    if sized:
+        with one_line_errors('export_onnx.py', TypeError, ValueError):
+            check_sized_conversion(model, in_chans_of(model, {}),
+                                   'exported with a sizes input (--no-sizes exports it without)')
     with atomic_path(args.out) as tmp:
-        export(model, str(tmp), names)
-    print(f'[onnx] wrote {args.out} (outputs {", ".join(names)}; dynamic batch, height, width)')
+        export(model, str(tmp), names, sizes_input=sized)
+    inputs = 'image, sizes' if sized else 'image'
+    print(f'[onnx] wrote {args.out} (inputs {inputs}; outputs {", ".join(names)}; dynamic batch, height, width)')
     if args.verify:
         verify(model, args.out, args.verify)
 

@@ -1,4 +1,6 @@
-"""The check every converting engine runs once it has converted a model: its outputs against torch's."""
+"""The check every converting engine runs once it has converted a model (its outputs against torch's), the input
+size an export traces at, and what an export with each image's valid size as a second input needs
+(``check_sized_conversion``, ``WithSizes``)."""
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
@@ -53,4 +55,54 @@ def trace_size(model: nn.Module, size: tuple[int, int]) -> tuple[int, int]:
     return max(size[0], side), max(size[1], side)
 
 
-__all__ = ['check_against_torch', 'check_example_size', 'trace_size']
+def per_image_modules(model: nn.Module, in_chans: int) -> list[str]:
+    """The names of ``model``'s modules ('' for the model itself) whose valid-size path works image by image in
+    Python (``layers.valid.watch_per_image``), which an export cannot record; found by one eager call, without
+    gradients, on a small padded batch of two images."""
+    from ..layers.valid import watch_per_image
+    from .bucketed import largest_stride
+    stride = largest_stride(model)
+    side = stride * max(2, -(-32 // stride))
+    x = torch.randn(2, in_chans, side, side, generator=torch.Generator().manual_seed(0))
+    names = {id(module): name for name, module in model.named_modules()}
+    found: list[str] = []
+
+    def seen(module):
+        name = names.get(id(module), '' if module is None else type(module).__name__)
+        if name not in found:
+            found.append(name)
+
+    with torch.no_grad(), watch_per_image(seen):
+        model(x, valid_sizes=torch.tensor([[side, side], [side // 2, side]]))
+    return found
+
+
+def check_sized_conversion(model: nn.Module, in_chans: int, what: str) -> None:
+    """Before anything is exported with each image's valid size as an input (``what``: how, for the message, e.g.
+    'converted with sizes_input'): a TypeError where ``model``'s forward takes no ``valid_sizes``, a ValueError
+    naming the modules whose valid-size path works image by image (``per_image_modules``)."""
+    from .batched import takes_valid_sizes
+    if not takes_valid_sizes(model):
+        raise TypeError(f'{type(model).__name__} cannot be {what}: its forward takes no valid_sizes (our models do)')
+    modules = per_image_modules(model, in_chans)
+    if modules:
+        raise ValueError(f'{type(model).__name__} cannot be {what}: its valid-size path does not trace: that of '
+                         f'module(s) {", ".join(repr(m) for m in modules)} works image by image in Python (a learned '
+                         'position table, or a PEG padding other than zeros); export it without valid sizes')
+
+
+class WithSizes(nn.Module):
+    """``model`` with each image's valid size as a second positional input (``forward(x, sizes)`` is
+    ``model(x, valid_sizes=sizes)``), as ``torch.export`` and ONNX take inputs."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.train(model.training)
+
+    def forward(self, x: torch.Tensor, sizes: torch.Tensor):
+        return self.model(x, valid_sizes=sizes)
+
+
+__all__ = ['WithSizes', 'check_against_torch', 'check_example_size', 'check_sized_conversion', 'per_image_modules',
+           'trace_size']

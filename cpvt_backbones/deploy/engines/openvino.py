@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ...compat import require
-from ..check import check_against_torch, check_example_size, trace_size
+from ..check import WithSizes, check_against_torch, check_example_size, check_sized_conversion, trace_size
 from ..registry import Engine, EngineModule, in_chans_of, register, under
 
 SHAPES = ('dynamic', 'static', 'auto')
@@ -167,54 +167,6 @@ def _require_float32(model: nn.Module) -> None:
                         "call model.float() first (precision='bf16' or 'int8' lowers the precision on OpenVINO's side)")
 
 
-def per_image_modules(model: nn.Module, in_chans: int) -> list[str]:
-    """The names of ``model``'s modules ('' for the model itself) whose valid-size path works image by image in
-    Python (``layers.valid.watch_per_image``), which ``torch.export`` cannot record; found by one eager call,
-    without gradients, on a small padded batch of two images."""
-    from ...layers.valid import watch_per_image
-    from ..bucketed import largest_stride
-    stride = largest_stride(model)
-    side = stride * max(2, -(-32 // stride))
-    x = torch.randn(2, in_chans, side, side, generator=torch.Generator().manual_seed(0))
-    names = {id(module): name for name, module in model.named_modules()}
-    found: list[str] = []
-
-    def seen(module):
-        name = names.get(id(module), '' if module is None else type(module).__name__)
-        if name not in found:
-            found.append(name)
-
-    with torch.no_grad(), watch_per_image(seen):
-        model(x, valid_sizes=torch.tensor([[side, side], [side // 2, side]]))
-    return found
-
-
-def check_sized_conversion(model: nn.Module, in_chans: int) -> None:
-    """Before anything is converted: a TypeError where ``model``'s forward takes no ``valid_sizes``, a ValueError
-    naming the modules whose valid-size path works image by image (``per_image_modules``)."""
-    from ..batched import takes_valid_sizes
-    if not takes_valid_sizes(model):
-        raise TypeError(f'{type(model).__name__} cannot be converted with sizes_input: its forward takes no '
-                        'valid_sizes (our models do)')
-    modules = per_image_modules(model, in_chans)
-    if modules:
-        raise ValueError(f'{type(model).__name__} cannot be converted with sizes_input: its valid-size path does not '
-                         f'trace: that of module(s) {", ".join(repr(m) for m in modules)} works image by image in '
-                         'Python (a learned position table, or a PEG padding other than zeros); convert it without '
-                         'valid_sizes (no bucket=)')
-
-
-class _WithSizes(nn.Module):
-    """``model`` with each image's valid size as a positional input, as ``torch.export`` takes inputs."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor, sizes: torch.Tensor):
-        return self.model(x, valid_sizes=sizes)
-
-
 class _MissingDecomposition(logging.Filter):
     """Drops OpenVINO's record that an operation it keeps whole is not in torch's decomposition table; every other
     record passes."""
@@ -255,7 +207,7 @@ def convert(model: nn.Module, example: torch.Tensor, sizes_input: bool = False):
         shapes += ({0: dynamic},)
     with torch.no_grad():
         try:
-            program = torch.export.export(_WithSizes(model) if sizes_input else model, inputs,
+            program = torch.export.export(WithSizes(model) if sizes_input else model, inputs,
                                           dynamic_shapes=shapes)
         except Exception as e:
             if not sizes_input:
@@ -496,7 +448,7 @@ def _prepare(model: nn.Module, request, calibration, cache) -> OpenVINOModule:
     multiple = 1   # what the sides of the converted model's inputs are multiples of
     if sizes_input:
         from ..bucketed import largest_stride
-        check_sized_conversion(model, in_chans)
+        check_sized_conversion(model, in_chans, 'converted with sizes_input')
         multiple = largest_stride(model)
     variant = 'valid_sizes' if sizes_input else ''
     result, conversion = cache.result('.xml', variant, ('.bin',)), cache.conversion('.xml', variant, ('.bin',))
@@ -580,5 +532,4 @@ register(Engine(
     run_options=('shapes', 'cache_size', 'specialise_after', 'threads')))
 
 __all__ = ['EXTRA', 'MODULE_KEY', 'MODULES_KEY', 'SHAPES', 'OpenVINOModule', 'SizedOpenVINOModule', 'available',
-           'check_conversion', 'check_shapes', 'check_sized_conversion', 'compile_config', 'convert', 'native_bf16',
-           'ops_under', 'per_image_modules', 'quantize']
+           'check_conversion', 'check_shapes', 'compile_config', 'convert', 'native_bf16', 'ops_under', 'quantize']
