@@ -15,27 +15,8 @@ import torch
 from torch import nn
 
 from ..layers.valid import crop_to_image
-from .backbones import VALID_SIZES, _OpenMMLabBackbone, lazy_builder, register
-
-# The metainfo keys that describe a sample's place in a padded batch: its shape, then the padding mmseg crops.
-_ALONE_KEYS = ('batch_input_shape', 'pad_shape', 'img_padding_size', 'padding_size')
-
-
-@contextlib.contextmanager
-def _alone(sample, h: int, w: int) -> Iterator[None]:
-    """``sample``'s metainfo saying it fills an (h, w) batch of its own while the ``with`` block runs."""
-    meta = sample.metainfo
-    old = {key: meta[key] for key in _ALONE_KEYS if key in meta}
-    sample.set_metainfo(dict(batch_input_shape=(h, w), pad_shape=(h, w),
-                             **{key: [0, 0, 0, 0] for key in _ALONE_KEYS[2:] if key in old}))
-    try:
-        yield
-    finally:
-        for key in _ALONE_KEYS:
-            if key in old:
-                sample.set_metainfo({key: old[key]})
-            elif key in sample.metainfo:
-                delattr(sample, key)
+from .backbones import VALID_SIZES, lazy_builder, register
+from .exact import alone_metainfo, batched_backbone, exact_parts, predict_exact
 
 
 @contextlib.contextmanager
@@ -51,13 +32,13 @@ def _given_features(backbone: nn.Module, image: torch.Tensor, features: tuple) -
         del backbone.forward
 
 
-def batched_backbone(model: nn.Module) -> nn.Module | None:
-    """``model``'s backbone where it computes a padded batch exactly and the model calls it (our backbone, its
-    feature maps, no engine attached to the whole model: ``deploy.openmmlab.attach_engine``), else None."""
-    backbone = getattr(model, 'backbone', None)
-    if isinstance(backbone, _OpenMMLabBackbone) and backbone.features_only and 'extract_feat' not in vars(model):
-        return backbone
-    return None
+def exact_route(model: nn.Module) -> bool:
+    """Whether ``model`` predicts a padded batch on the batch (``exact.exact_parts`` accepts it)."""
+    try:
+        exact_parts(model)
+    except ValueError:
+        return False
+    return True
 
 
 def _predict_alone(self, inputs: torch.Tensor, data_samples=None, **kwargs):
@@ -65,6 +46,8 @@ def _predict_alone(self, inputs: torch.Tensor, data_samples=None, **kwargs):
     predict = self.__dict__['predict_batch']
     if sizes is None or data_samples is None:
         return predict(inputs, data_samples, **kwargs)
+    if exact_route(self) and not any(s.get('proposals', None) is not None for s in data_samples):
+        return predict_exact(self, inputs, data_samples, **kwargs)
     backbone = batched_backbone(self)
     maps = backbone(inputs) if backbone is not None else None
     results = []
@@ -72,7 +55,7 @@ def _predict_alone(self, inputs: torch.Tensor, data_samples=None, **kwargs):
         image = inputs[i:i + 1, :, :h, :w]
         given = contextlib.nullcontext() if maps is None else _given_features(backbone, image, tuple(
             crop_to_image(m[i:i + 1], (h, w), s) for m, s in zip(maps, backbone.strides, strict=True)))
-        with given, _alone(data_samples[i], h, w):
+        with given, alone_metainfo(data_samples[i], h, w):
             results += predict(image, data_samples[i:i + 1], **kwargs)
     return results
 
@@ -139,4 +122,4 @@ def register_dense(registry, preprocessor: str, make: Callable[[], type]) -> Non
     registry.register_module(name=preprocessor, module=lazy_builder(make))
 
 
-__all__ = ['alone_builder', 'batched_backbone', 'predict_alone', 'refuse_mixed_sizes', 'register_dense']
+__all__ = ['alone_builder', 'batched_backbone', 'exact_route', 'predict_alone', 'refuse_mixed_sizes', 'register_dense']
