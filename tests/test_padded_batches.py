@@ -236,17 +236,32 @@ MASK_MARGIN = 5e-3
 
 
 def _assert_same_predictions(scope, got, want, what, score=ONE_STAGE['score'], box=ONE_STAGE['box']):
-    """Detections: the same number, scores within ``score``, boxes within ``box`` px, labels equal; segmentations:
-    logits within relative L2 1e-5 and the same label map."""
+    """Detections: the same ones (``_pairing``: labels equal, scores within ``score``, boxes within ``box`` px);
+    segmentations: logits within relative L2 1e-5 and the same label map. Returns the pairing (None for a
+    segmentation)."""
     if scope == 'mmdet':
-        a, b = got.pred_instances, want.pred_instances
-        assert len(a) == len(b) > 0, what
-        assert (a.scores - b.scores).abs().max() < score, what
-        assert (a.bboxes - b.bboxes).abs().max() < box, what
-        assert torch.equal(a.labels, b.labels), what
-    else:
-        assert _rel(got.seg_logits.data, want.seg_logits.data) < 1e-5, what
-        assert torch.equal(got.pred_sem_seg.data, want.pred_sem_seg.data), what
+        return _pairing(got.pred_instances, want.pred_instances, what, score, box)
+    assert _rel(got.seg_logits.data, want.seg_logits.data) < 1e-5, what
+    assert torch.equal(got.pred_sem_seg.data, want.pred_sem_seg.data), what
+    return None
+
+
+def _pairing(a, b, what, score, box):
+    """``order``: ``b[order[i]]`` is ``a[i]``, the same detection (same label, score within ``score``, box within
+    ``box`` px), one for one and in the same order but where scores within ``score`` of each other sort in the
+    other order (scores that close tie to float32 rounding)."""
+    assert len(a) == len(b) > 0, what
+    order, free = [], torch.ones(len(b), dtype=torch.bool)
+    for i in range(len(a)):
+        fits = free & (b.labels == a.labels[i]) & ((b.scores - a.scores[i]).abs() < score) \
+            & ((b.bboxes - a.bboxes[i]).abs().amax(dim=1) < box)
+        assert fits.any(), f'{what}: detection {i} ({a.labels[i]}, {a.scores[i]:.6f}, {a.bboxes[i].tolist()}) alone ' \
+                           'has no counterpart within the tolerance'
+        j = int(fits.nonzero()[0])
+        assert (b.scores[j] - b.scores[i]).abs() < score, f'{what}: detection {i} comes as {j} alone'
+        order.append(j)
+        free[j] = False
+    return torch.tensor(order)
 
 
 def _assert_two_stage_as_alone(model, got, image_batch, what, margin=MASK_MARGIN):
@@ -257,7 +272,7 @@ def _assert_two_stage_as_alone(model, got, image_batch, what, margin=MASK_MARGIN
     test_cfg = model.roi_head.test_cfg
     threshold = test_cfg.mask_thr_binary
     (alone,) = _predictions(model, image_batch)
-    _assert_same_predictions('mmdet', got, alone, what, **TWO_STAGE)
+    order = _assert_same_predictions('mmdet', got, alone, what, **TWO_STAGE)
     try:
         test_cfg.mask_thr_binary = threshold - margin
         (wide,) = _predictions(model, image_batch)
@@ -267,7 +282,8 @@ def _assert_two_stage_as_alone(model, got, image_batch, what, margin=MASK_MARGIN
         test_cfg.mask_thr_binary = threshold
     masks = got.pred_instances.masks
     assert masks.shape == alone.pred_instances.masks.shape, what
-    extra, missing = int((masks & ~wide.pred_instances.masks).sum()), int((narrow.pred_instances.masks & ~masks).sum())
+    wide, narrow = wide.pred_instances.masks[order], narrow.pred_instances.masks[order]
+    extra, missing = int((masks & ~wide).sum()), int((narrow & ~masks).sum())
     assert extra == missing == 0, (f'{what}: {extra} mask pixels set where alone is below the threshold - {margin}, '
                                    f'{missing} unset where it is above the threshold + {margin}')
 
