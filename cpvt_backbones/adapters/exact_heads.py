@@ -35,22 +35,30 @@ from ..layers.region_ops import (
 
 Cells = torch.Tensor
 EXACT_FORWARDS: dict[str, Callable] = {}
+# What a module must satisfy beyond its class for its forward to be exact: ``check(module)`` raises a ValueError.
+_CHECKS: dict[str, Callable[[nn.Module], None]] = {}
 
 
-def _exact(name: str):
+def _exact(name: str, check: Callable[[nn.Module], None] | None = None):
     def register(forward):
         EXACT_FORWARDS[name] = forward
+        if check is not None:
+            _CHECKS[name] = check
         return forward
     return register
 
 
 def refuse_unknown(module: nn.Module, where: str) -> None:
     """A ValueError naming ``module``'s class where no region-exact forward is registered for it
-    (``EXACT_FORWARDS``); ``where`` names its place in the model."""
+    (``EXACT_FORWARDS``), or naming what it holds that the forward does not compute exactly (a check of its
+    registration: a RoI head's RoI layers); ``where`` names its place in the model. A layer found only while
+    the forward runs is refused then, by name."""
     name = type(module).__name__
     if name not in EXACT_FORWARDS:
         raise ValueError(f'{where}: {name} has no region-exact forward on a padded batch (known: '
                          f'{", ".join(sorted(EXACT_FORWARDS))})')
+    if name in _CHECKS:
+        _CHECKS[name](module)
 
 
 def _pair(v) -> tuple[int, int]:
@@ -173,19 +181,28 @@ def rpn_head(head: nn.Module, maps: Sequence[torch.Tensor], cells: Sequence[Cell
     return (scores, boxes), list(cells)
 
 
-@_exact('StandardRoIHead')
-def standard_roi_head(head: nn.Module, maps: Sequence[torch.Tensor], cells: Sequence[Cells]):
-    """The maps mmdet's ``StandardRoIHead`` samples (its extractors' first levels), each image's edge repeated
-    beyond its region (``region_ops.replicate_edge``): its RoIAlign, whose samples mmcv clamps to a map's last
-    row and column, reads there what it reads of the image's map alone for a box within the image (such a box
-    samples no farther than ceil(size / stride) cells). Extractors other than a RoIAlign are refused by name."""
-    extractors = [head.bbox_roi_extractor] + ([head.mask_roi_extractor] if getattr(head, 'with_mask', False) else [])
-    for extractor in extractors:
+def _roi_extractors(head: nn.Module) -> list[nn.Module]:
+    return [head.bbox_roi_extractor] + ([head.mask_roi_extractor] if getattr(head, 'with_mask', False) else [])
+
+
+def _check_roi_layers(head: nn.Module) -> None:
+    """Only mmcv's RoIAlign with ``aligned=True`` (mmdet's default): without it a box is widened to one cell at
+    least, which may sample past an image's map alone, where its samples count zero."""
+    for extractor in _roi_extractors(head):
         for layer in extractor.roi_layers:
-            if type(layer).__name__ != 'RoIAlign':
-                raise ValueError(f'StandardRoIHead: a {type(layer).__name__} RoI layer; only RoIAlign (mmcv) reads '
+            if type(layer).__name__ != 'RoIAlign' or not getattr(layer, 'aligned', False):
+                raise ValueError(f'{type(head).__name__}: a {type(layer).__name__} RoI layer (aligned='
+                                 f'{getattr(layer, "aligned", None)}); only RoIAlign (mmcv) with aligned=True reads '
                                  'a padded batch as each image alone')
-    used = max(e.num_inputs for e in extractors)
+
+
+@_exact('StandardRoIHead', _check_roi_layers)
+def standard_roi_head(head: nn.Module, maps: Sequence[torch.Tensor], cells: Sequence[Cells]):
+    """The maps mmdet's ``StandardRoIHead`` samples (its extractors' levels), each image's edge repeated beyond
+    its region (``region_ops.replicate_edge``); the others as they are. Its RoIAlign (aligned), whose samples
+    mmcv clamps to a map's last row and column, reads there what it reads of the image's map alone for a box
+    within the image (such a box samples less than ceil(size / stride) cells far)."""
+    used = max(e.num_inputs for e in _roi_extractors(head))
     return tuple(replicate_edge(x, c) if i < used else x for i, (x, c) in enumerate(zip(maps, cells, strict=True))), \
         list(cells)
 
