@@ -237,3 +237,34 @@ def test_a_part_without_an_exact_forward_is_refused_by_name_and_predicts_image_b
     other.__class__ = type('MyDetector', (type(model),), {})
     with pytest.raises(ValueError, match=r'MyDetector: no padded-batch route'):
         exact_parts(other)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('config', CONFIGS)
+def test_the_batched_route_exports_with_dynamic_shapes_and_the_sizes_as_input(config):
+    """``exact_forward`` through ``torch.export`` with dynamic batch, height and width and the sizes as a tensor
+    input (no Python number taken from them), then run at another batch size and shape with a 1 x 1 image:
+    the eager outputs and regions exactly (60-100 s each on two shared cores)."""
+    from torch.utils._pytree import tree_leaves
+
+    from cpvt_backbones.adapters.exact import exact_forward
+    model = shapes_model(config)
+
+    class Route(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x, sizes):
+            return exact_forward(self.model, x, sizes)
+
+    dynamic = torch.export.Dim.DYNAMIC
+    x, _, sizes = _padded([(288, 352), (161, 75)])   # no side that torch.export would fix at 1
+    with torch.no_grad():
+        program = torch.export.export(Route(), (x, sizes), dynamic_shapes=({0: dynamic, 2: dynamic, 3: dynamic},
+                                                                           {0: dynamic}), strict=False)
+        x, _, sizes = _padded([(300, 270), (33, 47), (1, 1)], seed=1)
+        got, want = tree_leaves(program.module()(x, sizes)), tree_leaves(exact_forward(model, x, sizes))
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)

@@ -3,6 +3,7 @@ model family, every registered position encoding, outputs and gradients, and the
 import pytest
 import torch
 from shapes_models import shapes_model
+from two_stage_alone import TWO_STAGE, pairing
 
 from cpvt_backbones import prepare
 from cpvt_backbones.layers.position import ENCODINGS
@@ -228,10 +229,10 @@ def _predictions(model, batch):
 
 
 # What docs/reliability.md states of a detection in a padded batch against the image alone: a one-stage detector's
-# scores and boxes (px), and a two-stage one's, whose second stage samples the maps at the first stage's float
-# boxes; a two-stage mask pixel differs only where the alone probability is within MASK_MARGIN of the threshold.
+# scores and boxes (px), and a two-stage one's (TWO_STAGE, from two_stage_alone), whose second stage samples the maps
+# at the first stage's float boxes; a two-stage mask pixel differs only where the alone probability is within
+# MASK_MARGIN of the threshold.
 ONE_STAGE = dict(score=1e-5, box=1e-3)
-TWO_STAGE = dict(score=1e-4, box=1e-2)
 MASK_MARGIN = 5e-3
 
 
@@ -247,21 +248,10 @@ def _assert_same_predictions(scope, got, want, what, score=ONE_STAGE['score'], b
 
 
 def _pairing(a, b, what, score, box):
-    """``order``: ``b[order[i]]`` is ``a[i]``, the same detection (same label, score within ``score``, box within
-    ``box`` px), one for one and in the same order but where scores within ``score`` of each other sort in the
-    other order (scores that close tie to float32 rounding)."""
-    assert len(a) == len(b) > 0, what
-    order, free = [], torch.ones(len(b), dtype=torch.bool)
-    for i in range(len(a)):
-        fits = free & (b.labels == a.labels[i]) & ((b.scores - a.scores[i]).abs() < score) \
-            & ((b.bboxes - a.bboxes[i]).abs().amax(dim=1) < box)
-        assert fits.any(), f'{what}: detection {i} ({a.labels[i]}, {a.scores[i]:.6f}, {a.bboxes[i].tolist()}) alone ' \
-                           'has no counterpart within the tolerance'
-        j = int(fits.nonzero()[0])
-        assert (b.scores[j] - b.scores[i]).abs() < score, f'{what}: detection {i} comes as {j} alone'
-        order.append(j)
-        free[j] = False
-    return torch.tensor(order)
+    """``two_stage_alone.pairing`` (the same detections, in order but for near ties), asserted."""
+    order = pairing(a, b, score, box)
+    assert len(a) == len(b) > 0 and order is not None, f'{what}: other detections ({len(a)} against {len(b)} alone)'
+    return order
 
 
 def _assert_two_stage_as_alone(model, got, image_batch, what, margin=MASK_MARGIN):

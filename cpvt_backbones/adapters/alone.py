@@ -46,7 +46,8 @@ def _predict_alone(self, inputs: torch.Tensor, data_samples=None, **kwargs):
     predict = self.__dict__['predict_batch']
     if sizes is None or data_samples is None:
         return predict(inputs, data_samples, **kwargs)
-    if exact_route(self) and not any(s.get('proposals', None) is not None for s in data_samples):
+    if self.__dict__.get('alone_batched', True) and exact_route(self) \
+            and not any(s.get('proposals', None) is not None for s in data_samples):
         return predict_exact(self, inputs, data_samples, **kwargs)
     backbone = batched_backbone(self)
     maps = backbone(inputs) if backbone is not None else None
@@ -60,23 +61,27 @@ def _predict_alone(self, inputs: torch.Tensor, data_samples=None, **kwargs):
     return results
 
 
-def predict_alone(model: nn.Module) -> nn.Module:
+def predict_alone(model: nn.Module, batched: bool = True) -> nn.Module:
     """Make ``model`` (an mmdet detector or mmseg segmentor, in place; returns it) predict each image of a padded
     batch that carries its images' valid sizes (``inputs.valid_sizes``: the ``ValidSize*DataPreprocessor``\\ s)
-    as it predicts that image alone, cropped to its own size: our backbone runs once on the batch (exact on
-    each image's region, ``layers.valid``), the neck, heads and post-processing on each image's maps cropped to
-    ceil(h / stride) x ceil(w / stride); a model on an engine that runs its backbone, neck and head together
-    runs each cropped image. The image's data sample says, while it runs, that it fills a batch of its own
-    (``batch_input_shape``, ``pad_shape`` and any padding sizes), and is set back after. Batches without valid
-    sizes run as before. The original ``predict`` stays as ``model.predict_batch``; applying it twice changes
-    nothing; the model's data preprocessor is marked ``predicts_alone``, so that it takes test batches of mixed
-    sizes (``refuse_mixed_sizes``). A ValueError for a model without ``predict``."""
+    as it predicts that image alone, cropped to its own size. Where every part after the backbone has a
+    region-exact forward (``exact_route``) and ``batched``, the whole batch goes through backbone, neck and heads
+    at once and only the decoding runs per image (``exact.predict_exact``). Otherwise, or with
+    ``batched=False``, our backbone runs once on the batch (exact on each image's region, ``layers.valid``) and
+    the neck, heads and post-processing on each image's maps cropped to ceil(h / stride) x ceil(w / stride); a
+    model on an engine that runs its backbone, neck and head together runs each cropped image. The image's data
+    sample says, while it is predicted, that it fills a batch of its own (``batch_input_shape``, ``pad_shape``
+    and any padding sizes), and is set back after. Batches without valid sizes run as before. The original
+    ``predict`` stays as ``model.predict_batch``; applying it again only sets ``batched``; the model's data
+    preprocessor is marked ``predicts_alone``, so that it takes test batches of mixed sizes
+    (``refuse_mixed_sizes``). A ValueError for a model without ``predict``."""
     if not callable(getattr(model, 'predict', None)):
         raise ValueError(f'{type(model).__name__} has no predict method: predict_alone takes an mmdet detector or '
                          'an mmseg segmentor')
     if 'predict_batch' not in vars(model):
         model.__dict__['predict_batch'] = model.predict
         model.predict = types.MethodType(_predict_alone, model)
+    model.__dict__['alone_batched'] = bool(batched)
     preprocessor = getattr(model, 'data_preprocessor', None)
     if isinstance(preprocessor, nn.Module):
         preprocessor.predicts_alone = True   # what refuse_mixed_sizes reads

@@ -116,9 +116,11 @@ def _layer(m: nn.Module, x: torch.Tensor, cells: Cells) -> tuple[torch.Tensor, C
         return x, cells
     if name == 'Upsample' and not isinstance(m, nn.Upsample) and not m.size and m.scale_factor \
             and not isinstance(m.scale_factor, tuple):
-        # mmseg's Upsample: size = int(n * scale_factor) of the map it is given, that of each region alone
-        hw = [int(t * m.scale_factor) for t in x.shape[-2:]]
-        out = torch.floor(cells.to(torch.float64) * m.scale_factor).to(torch.int64)
+        # mmseg's Upsample: size = int(n * scale_factor) of the map it is given, that of each region alone (an
+        # integral factor in integers, which a trace keeps symbolic)
+        factor = m.scale_factor
+        hw = [t * int(factor) if float(factor).is_integer() else int(t * factor) for t in x.shape[-2:]]
+        out = torch.floor(cells.to(torch.float64) * factor).to(torch.int64)
         return resize(x, cells, out, hw, m.mode, m.align_corners), out
     raise ValueError(f'{name}: no region-exact forward for this layer of a head')
 
