@@ -1,5 +1,7 @@
 """Predictions of an OpenMMLab detector or segmentor for each image of a padded batch, as if it were alone at its
-own size, at any batch size (``predict_alone``; why a framework's neck and heads need it: docs/reliability.md).
+own size, at any batch size (``predict_alone``; why a framework's neck and heads need it: docs/reliability.md):
+on the batch where every part has a region-exact forward (``adapters.exact``), else image by image after the
+backbone.
 
 Three routes lead there: a config's ``type='PredictAlone'`` (``alone_builder``, registered by ``adapters.mmdet``
 and ``adapters.mmseg``), through any API that builds the model; ``predict_alone(model)`` for a model built in

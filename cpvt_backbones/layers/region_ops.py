@@ -84,22 +84,28 @@ def _sources(n_in: torch.Tensor, n_out: torch.Tensor, length: int, mode: str, al
     return i0, i1, l1
 
 
-def _gather(x: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
-    """``x`` (B, C, H, W) read at the per-image ``index`` (B, L) along ``dim`` (2: rows, 3: columns)."""
-    B, C, H, W = x.shape
-    shape = (B, C, index.shape[1], W) if dim == 2 else (B, C, H, index.shape[1])
-    index = index[:, None, :, None] if dim == 2 else index[:, None, None, :]
-    return x.gather(dim, index.expand(shape))
+def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The channels-last ``x`` (B, H, W, C) read at the per-image rows ``index`` (B, L): (B, L, W, C)."""
+    return x[torch.arange(x.shape[0], device=x.device)[:, None], index]
+
+
+def _columns(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The channels-last ``x`` (B, H, W, C) read at the per-image columns ``index`` (B, L): (B, H, L, C)."""
+    B, H = x.shape[:2]
+    return x[torch.arange(B, device=x.device)[:, None, None], torch.arange(H, device=x.device)[None, :, None],
+             index[:, None, :]]
 
 
 def _interpolate_dim(x: torch.Tensor, n_in: torch.Tensor, n_out: torch.Tensor, length: int, dim: int, mode: str,
                      align_corners: bool, scale_factor: float | None) -> torch.Tensor:
+    """One side (``dim`` 1: rows, 2: columns) of the channels-last ``x`` (B, H, W, C) resized per image."""
     i0, i1, l1 = _sources(n_in, n_out, length, mode, align_corners, scale_factor, _index_dtype(x))
+    read = _rows if dim == 1 else _columns
     if l1 is None:
-        return _gather(x, i0, dim)
+        return read(x, i0)
     l1 = l1.to(x.dtype)
-    l1 = l1[:, None, :, None] if dim == 2 else l1[:, None, None, :]
-    return _gather(x, i0, dim) * (1 - l1) + _gather(x, i1, dim) * l1
+    l1 = l1[:, :, None, None] if dim == 1 else l1[:, None, :, None]
+    return read(x, i0) * (1 - l1) + read(x, i1) * l1
 
 
 RESIZE_MODES = ('nearest', 'bilinear')
@@ -120,9 +126,9 @@ def resize(x: torch.Tensor, cells: torch.Tensor, out_cells: torch.Tensor, out_hw
     if mode == 'nearest' and align_corners:
         raise ValueError('align_corners applies to bilinear resizing only (F.interpolate refuses it for nearest)')
     align = bool(align_corners)   # columns first: each output row weighs two interpolated rows, as PyTorch's
-    y = _interpolate_dim(x, cells[:, 1], out_cells[:, 1], out_hw[1], 3, mode, align, scale_factor)
-    y = _interpolate_dim(y, cells[:, 0], out_cells[:, 0], out_hw[0], 2, mode, align, scale_factor)
-    return zero_beyond(y, out_cells)
+    y = _interpolate_dim(x.permute(0, 2, 3, 1), cells[:, 1], out_cells[:, 1], out_hw[1], 2, mode, align, scale_factor)
+    y = _interpolate_dim(y, cells[:, 0], out_cells[:, 0], out_hw[0], 1, mode, align, scale_factor)
+    return zero_beyond(y.permute(0, 3, 1, 2).contiguous(), out_cells)
 
 
 def group_norm(x: torch.Tensor, cells: torch.Tensor, num_groups: int, weight: torch.Tensor | None = None,
@@ -173,10 +179,10 @@ def replicate_edge(x: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
     """``x`` with every place beyond each image's region holding the nearest place of the region (its last row
     and column repeated): bilinear samples that mmcv's RoIAlign clamps to the last row or column of an image's
     map alone read the same values on the padded map, where they fall between that row and the next."""
-    B, C, H, W = x.shape
+    H, W = x.shape[-2:]
     rows = torch.arange(H, device=x.device)[None, :].minimum(cells[:, :1] - 1)
     cols = torch.arange(W, device=x.device)[None, :].minimum(cells[:, 1:] - 1)
-    return _gather(_gather(x, rows, 2), cols, 3)
+    return _columns(_rows(x.permute(0, 2, 3, 1), rows), cols).permute(0, 3, 1, 2).contiguous()
 
 
 __all__ = ['RESIZE_MODES', 'adaptive_avg_pool', 'ceil_cells', 'conv_cells', 'full_cells', 'group_norm',
