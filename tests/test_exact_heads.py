@@ -2,6 +2,7 @@
 (``adapters.exact``), and the region operations under them reproduce PyTorch's on each image's region alone
 (``layers.region_ops``)."""
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,6 +145,47 @@ def _levels(outputs):
     if isinstance(outputs, torch.Tensor):
         return {('logits', 0): outputs}
     return {(kind, level): m for kind, maps in enumerate(outputs) for level, m in enumerate(maps)}
+
+
+def _paper_model(config):
+    """``configs/<config>`` (a paper config) built with random weights (seed 0, nothing fetched), evaluation mode."""
+    import importlib
+    pytest.importorskip('mmdet')
+    pytest.importorskip('mmseg')
+    from mmengine.registry import DefaultScope
+
+    from cpvt_backbones.adapters.runner import read_config
+    cfg = read_config(str(_ROOT / config))
+    cfg.model.backbone.init_cfg = None
+    torch.manual_seed(0)
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        return importlib.import_module(f'{cfg.default_scope}.registry').MODELS.build(cfg.model).eval()
+
+
+# One paper config per head (the others build the same modules at other widths: heavy).
+PAPER = ['retinanet/retinanet_pcpvt-s_fpn_1x_coco.py', 'mask_rcnn/mask-rcnn_svt-s_fpn_1x_coco.py',
+         'sem_fpn/fpn_pvtv2-b0_8xb4-40k_ade20k-512x512.py', 'upernet/upernet_svt-s_8xb2-160k_ade20k-512x512.py']
+_ROOT = Path(__file__).resolve().parents[1] / 'configs'
+ALL_PAPER = sorted(str(p.relative_to(_ROOT)) for d in ('retinanet', 'mask_rcnn', 'sem_fpn', 'upernet')
+                   for p in (_ROOT / d).glob('*.py'))
+
+
+@pytest.mark.parametrize('config', [c if c in PAPER else pytest.param(c, marks=pytest.mark.heavy)
+                                    for c in ALL_PAPER])
+def test_every_paper_config_runs_on_the_batch_as_alone(config):
+    """Every dense paper config's model takes the batched route (``exact_route``), and its raw outputs on a
+    padded batch of two odd sizes equal the framework's on each image alone (relative L2 < 1e-5)."""
+    from cpvt_backbones.adapters.alone import exact_route
+    from cpvt_backbones.adapters.exact import exact_forward
+    model = _paper_model(config)
+    assert exact_route(model)
+    x, images, sizes = _padded([(97, 131), (61, 75)])
+    with torch.no_grad():
+        got = _levels(exact_forward(model, x, sizes)[0])
+        for b, image in enumerate(images):
+            for key, want in _levels(_framework_outputs(model, image[None])).items():
+                h, w = want.shape[-2:]
+                assert _rel(got[key][b:b + 1, :, :h, :w], want) < 1e-5, (b, key)
 
 
 @pytest.mark.parametrize('config', CONFIGS)
