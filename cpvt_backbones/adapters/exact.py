@@ -97,7 +97,8 @@ def exact_forward(model: nn.Module, inputs: torch.Tensor, sizes: torch.Tensor):
     """The raw outputs of ``model`` (``exact_parts`` accepts it) on the padded batch ``inputs`` of images of
     ``sizes`` ((B, 2) int64, pixels: ``layers.valid.check_valid_sizes``), computed on the batch as each image
     alone: ``(outputs, cells)``, ``cells`` the regions of the output maps, one (B, 2) int64 per level. Every map
-    is zero beyond each image's region (but those of a two-stage model's first element).
+    is zero beyond each image's region, but the features of a two-stage model on the levels its RoI head samples,
+    which repeat each image's edge there.
 
     ``outputs``: for a single-stage detector its bbox head's ``(cls_scores, bbox_preds)`` (a list of levels each);
     for a two-stage one ``(features, rpn_cls_scores, rpn_bbox_preds)``, ``features`` the neck's maps as the RoI
