@@ -1,8 +1,10 @@
 """What predicting each image of a padded batch as alone costs: detectors and segmentors built from the configs
 (type 'PredictAlone'; random weights) on one stream of images of mixed sizes, three ways, interleaved in one
-process: batch 1 (each image alone), batch N as alone (``model.test_step``: the backbone once on the padded batch,
-the neck and heads image by image) and batch N padded (the same padded batch through the framework's own
-``predict`` in one go, ``model.predict_batch``: the answer then depends on the batch's company).
+process: batch 1 (each image alone), batch N as alone (``model.test_step``: backbone, neck and heads once on the
+padded batch, exact on each image's region, the decoding image by image: ``adapters.exact``), batch N image by
+image (``predict_alone(model, batched=False)``: the backbone once on the padded batch, the neck and heads image by
+image) and batch N padded (the same padded batch through the framework's own ``predict`` in one go,
+``model.predict_batch``: the answer then depends on the batch's company).
 
     python -m benchmarks.alone_price [--configs ...] [--images 16] [--batch-size 8] [--rounds 3] [--name NAME]
 
@@ -73,6 +75,15 @@ def _alone(model, chunk):
     model.test_step(chunk)
 
 
+def _image_by_image(model, chunk):
+    from cpvt_backbones.adapters.alone import predict_alone
+    predict_alone(model, batched=False)
+    try:
+        model.test_step(chunk)
+    finally:
+        predict_alone(model, batched=True)
+
+
 def _padded(model, chunk):
     data = model.data_preprocessor(chunk, False)
     model.predict_batch(data['inputs'], data['data_samples'])
@@ -103,7 +114,8 @@ def main(argv=None) -> dict:
     print(f"[alone_price] {info['cpu']}: {info['isa']} ({', '.join(info['flags'])}), "
           f'{torch.get_num_threads()} threads, torch {torch.__version__}', flush=True)
     n = args.batch_size
-    ways = {'batch 1': (1, _alone), f'batch {n} as alone': (n, _alone), f'batch {n} padded': (n, _padded)}
+    ways = {'batch 1': (1, _alone), f'batch {n} as alone': (n, _alone),
+            f'batch {n} image by image': (n, _image_by_image), f'batch {n} padded': (n, _padded)}
     rows = []
     for config in args.configs:
         model = build(config)

@@ -3,6 +3,7 @@ model family, every registered position encoding, outputs and gradients, and the
 import pytest
 import torch
 from shapes_models import shapes_model
+from two_stage_alone import TWO_STAGE, pairing
 
 from cpvt_backbones import prepare
 from cpvt_backbones.layers.position import ENCODINGS
@@ -228,25 +229,29 @@ def _predictions(model, batch):
 
 
 # What docs/reliability.md states of a detection in a padded batch against the image alone: a one-stage detector's
-# scores and boxes (px), and a two-stage one's, whose second stage samples the maps at the first stage's float
-# boxes; a two-stage mask pixel differs only where the alone probability is within MASK_MARGIN of the threshold.
+# scores and boxes (px), and a two-stage one's (TWO_STAGE, from two_stage_alone), whose second stage samples the maps
+# at the first stage's float boxes; a two-stage mask pixel differs only where the alone probability is within
+# MASK_MARGIN of the threshold.
 ONE_STAGE = dict(score=1e-5, box=1e-3)
-TWO_STAGE = dict(score=1e-4, box=1e-2)
 MASK_MARGIN = 5e-3
 
 
 def _assert_same_predictions(scope, got, want, what, score=ONE_STAGE['score'], box=ONE_STAGE['box']):
-    """Detections: the same number, scores within ``score``, boxes within ``box`` px, labels equal; segmentations:
-    logits within relative L2 1e-5 and the same label map."""
+    """Detections: the same ones (``_pairing``: labels equal, scores within ``score``, boxes within ``box`` px);
+    segmentations: logits within relative L2 1e-5 and the same label map. Returns the pairing (None for a
+    segmentation)."""
     if scope == 'mmdet':
-        a, b = got.pred_instances, want.pred_instances
-        assert len(a) == len(b) > 0, what
-        assert (a.scores - b.scores).abs().max() < score, what
-        assert (a.bboxes - b.bboxes).abs().max() < box, what
-        assert torch.equal(a.labels, b.labels), what
-    else:
-        assert _rel(got.seg_logits.data, want.seg_logits.data) < 1e-5, what
-        assert torch.equal(got.pred_sem_seg.data, want.pred_sem_seg.data), what
+        return _pairing(got.pred_instances, want.pred_instances, what, score, box)
+    assert _rel(got.seg_logits.data, want.seg_logits.data) < 1e-5, what
+    assert torch.equal(got.pred_sem_seg.data, want.pred_sem_seg.data), what
+    return None
+
+
+def _pairing(a, b, what, score, box):
+    """``two_stage_alone.pairing`` (the same detections, in order but for near ties), asserted."""
+    order = pairing(a, b, score, box)
+    assert len(a) == len(b) > 0 and order is not None, f'{what}: other detections ({len(a)} against {len(b)} alone)'
+    return order
 
 
 def _assert_two_stage_as_alone(model, got, image_batch, what, margin=MASK_MARGIN):
@@ -257,7 +262,7 @@ def _assert_two_stage_as_alone(model, got, image_batch, what, margin=MASK_MARGIN
     test_cfg = model.roi_head.test_cfg
     threshold = test_cfg.mask_thr_binary
     (alone,) = _predictions(model, image_batch)
-    _assert_same_predictions('mmdet', got, alone, what, **TWO_STAGE)
+    order = _assert_same_predictions('mmdet', got, alone, what, **TWO_STAGE)
     try:
         test_cfg.mask_thr_binary = threshold - margin
         (wide,) = _predictions(model, image_batch)
@@ -267,7 +272,8 @@ def _assert_two_stage_as_alone(model, got, image_batch, what, margin=MASK_MARGIN
         test_cfg.mask_thr_binary = threshold
     masks = got.pred_instances.masks
     assert masks.shape == alone.pred_instances.masks.shape, what
-    extra, missing = int((masks & ~wide.pred_instances.masks).sum()), int((narrow.pred_instances.masks & ~masks).sum())
+    wide, narrow = wide.pred_instances.masks[order], narrow.pred_instances.masks[order]
+    extra, missing = int((masks & ~wide).sum()), int((narrow & ~masks).sum())
     assert extra == missing == 0, (f'{what}: {extra} mask pixels set where alone is below the threshold - {margin}, '
                                    f'{missing} unset where it is above the threshold + {margin}')
 

@@ -1,5 +1,7 @@
 """Predictions of an OpenMMLab detector or segmentor for each image of a padded batch, as if it were alone at its
-own size, at any batch size (``predict_alone``; why a framework's neck and heads need it: docs/reliability.md).
+own size, at any batch size (``predict_alone``; why a framework's neck and heads need it: docs/reliability.md):
+on the batch where every part has a region-exact forward (``adapters.exact``), else image by image after the
+backbone.
 
 Three routes lead there: a config's ``type='PredictAlone'`` (``alone_builder``, registered by ``adapters.mmdet``
 and ``adapters.mmseg``), through any API that builds the model; ``predict_alone(model)`` for a model built in
@@ -15,27 +17,8 @@ import torch
 from torch import nn
 
 from ..layers.valid import crop_to_image
-from .backbones import VALID_SIZES, _OpenMMLabBackbone, lazy_builder, register
-
-# The metainfo keys that describe a sample's place in a padded batch: its shape, then the padding mmseg crops.
-_ALONE_KEYS = ('batch_input_shape', 'pad_shape', 'img_padding_size', 'padding_size')
-
-
-@contextlib.contextmanager
-def _alone(sample, h: int, w: int) -> Iterator[None]:
-    """``sample``'s metainfo saying it fills an (h, w) batch of its own while the ``with`` block runs."""
-    meta = sample.metainfo
-    old = {key: meta[key] for key in _ALONE_KEYS if key in meta}
-    sample.set_metainfo(dict(batch_input_shape=(h, w), pad_shape=(h, w),
-                             **{key: [0, 0, 0, 0] for key in _ALONE_KEYS[2:] if key in old}))
-    try:
-        yield
-    finally:
-        for key in _ALONE_KEYS:
-            if key in old:
-                sample.set_metainfo({key: old[key]})
-            elif key in sample.metainfo:
-                delattr(sample, key)
+from .backbones import VALID_SIZES, lazy_builder, register
+from .exact import alone_metainfo, batched_backbone, exact_parts, predict_exact
 
 
 @contextlib.contextmanager
@@ -51,13 +34,13 @@ def _given_features(backbone: nn.Module, image: torch.Tensor, features: tuple) -
         del backbone.forward
 
 
-def batched_backbone(model: nn.Module) -> nn.Module | None:
-    """``model``'s backbone where it computes a padded batch exactly and the model calls it (our backbone, its
-    feature maps, no engine attached to the whole model: ``deploy.openmmlab.attach_engine``), else None."""
-    backbone = getattr(model, 'backbone', None)
-    if isinstance(backbone, _OpenMMLabBackbone) and backbone.features_only and 'extract_feat' not in vars(model):
-        return backbone
-    return None
+def exact_route(model: nn.Module) -> bool:
+    """Whether ``model`` predicts a padded batch on the batch (``exact.exact_parts`` accepts it)."""
+    try:
+        exact_parts(model)
+    except ValueError:
+        return False
+    return True
 
 
 def _predict_alone(self, inputs: torch.Tensor, data_samples=None, **kwargs):
@@ -65,6 +48,9 @@ def _predict_alone(self, inputs: torch.Tensor, data_samples=None, **kwargs):
     predict = self.__dict__['predict_batch']
     if sizes is None or data_samples is None:
         return predict(inputs, data_samples, **kwargs)
+    if self.__dict__.get('alone_batched', True) and exact_route(self) \
+            and not any(s.get('proposals', None) is not None for s in data_samples):
+        return predict_exact(self, inputs, data_samples, **kwargs)
     backbone = batched_backbone(self)
     maps = backbone(inputs) if backbone is not None else None
     results = []
@@ -72,28 +58,32 @@ def _predict_alone(self, inputs: torch.Tensor, data_samples=None, **kwargs):
         image = inputs[i:i + 1, :, :h, :w]
         given = contextlib.nullcontext() if maps is None else _given_features(backbone, image, tuple(
             crop_to_image(m[i:i + 1], (h, w), s) for m, s in zip(maps, backbone.strides, strict=True)))
-        with given, _alone(data_samples[i], h, w):
+        with given, alone_metainfo(data_samples[i], h, w):
             results += predict(image, data_samples[i:i + 1], **kwargs)
     return results
 
 
-def predict_alone(model: nn.Module) -> nn.Module:
+def predict_alone(model: nn.Module, batched: bool = True) -> nn.Module:
     """Make ``model`` (an mmdet detector or mmseg segmentor, in place; returns it) predict each image of a padded
     batch that carries its images' valid sizes (``inputs.valid_sizes``: the ``ValidSize*DataPreprocessor``\\ s)
-    as it predicts that image alone, cropped to its own size: our backbone runs once on the batch (exact on
-    each image's region, ``layers.valid``), the neck, heads and post-processing on each image's maps cropped to
-    ceil(h / stride) x ceil(w / stride); a model on an engine that runs its backbone, neck and head together
-    runs each cropped image. The image's data sample says, while it runs, that it fills a batch of its own
-    (``batch_input_shape``, ``pad_shape`` and any padding sizes), and is set back after. Batches without valid
-    sizes run as before. The original ``predict`` stays as ``model.predict_batch``; applying it twice changes
-    nothing; the model's data preprocessor is marked ``predicts_alone``, so that it takes test batches of mixed
-    sizes (``refuse_mixed_sizes``). A ValueError for a model without ``predict``."""
+    as it predicts that image alone, cropped to its own size. Where every part after the backbone has a
+    region-exact forward (``exact_route``) and ``batched``, the whole batch goes through backbone, neck and heads
+    at once and only the decoding runs per image (``exact.predict_exact``). Otherwise, or with
+    ``batched=False``, our backbone runs once on the batch (exact on each image's region, ``layers.valid``) and
+    the neck, heads and post-processing on each image's maps cropped to ceil(h / stride) x ceil(w / stride); a
+    model on an engine that runs its backbone, neck and head together runs each cropped image. The image's data
+    sample says, while it is predicted, that it fills a batch of its own (``batch_input_shape``, ``pad_shape``
+    and any padding sizes), and is set back after. Batches without valid sizes run as before. The original
+    ``predict`` stays as ``model.predict_batch``; applying it again only sets ``batched``; the model's data
+    preprocessor is marked ``predicts_alone``, so that it takes test batches of mixed sizes
+    (``refuse_mixed_sizes``). A ValueError for a model without ``predict``."""
     if not callable(getattr(model, 'predict', None)):
         raise ValueError(f'{type(model).__name__} has no predict method: predict_alone takes an mmdet detector or '
                          'an mmseg segmentor')
     if 'predict_batch' not in vars(model):
         model.__dict__['predict_batch'] = model.predict
         model.predict = types.MethodType(_predict_alone, model)
+    model.__dict__['alone_batched'] = bool(batched)
     preprocessor = getattr(model, 'data_preprocessor', None)
     if isinstance(preprocessor, nn.Module):
         preprocessor.predicts_alone = True   # what refuse_mixed_sizes reads
@@ -139,4 +129,4 @@ def register_dense(registry, preprocessor: str, make: Callable[[], type]) -> Non
     registry.register_module(name=preprocessor, module=lazy_builder(make))
 
 
-__all__ = ['alone_builder', 'batched_backbone', 'predict_alone', 'refuse_mixed_sizes', 'register_dense']
+__all__ = ['alone_builder', 'batched_backbone', 'exact_route', 'predict_alone', 'refuse_mixed_sizes', 'register_dense']
