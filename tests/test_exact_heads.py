@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from shapes_models import shapes_model
+from torch_features import needs_torch
 
 from cpvt_backbones.layers import region_ops
 
@@ -282,14 +283,14 @@ def test_a_part_without_an_exact_forward_is_refused_by_name_and_predicts_image_b
 
 
 @pytest.mark.heavy
+@needs_torch('export')
 @pytest.mark.parametrize('config', CONFIGS)
 def test_the_batched_route_exports_with_dynamic_shapes_and_the_sizes_as_input(config):
     """``exact_forward`` through ``torch.export`` with dynamic batch, height and width and the sizes as a tensor
     input (no Python number taken from them), then run at another batch size and shape with a 1 x 1 image:
     the eager outputs and regions exactly (60-100 s each on two shared cores)."""
-    from torch.utils._pytree import tree_leaves
-
     from cpvt_backbones.adapters.exact import exact_forward
+    from cpvt_backbones.compat import tree_leaves
     model = shapes_model(config)
 
     class Route(torch.nn.Module):

@@ -233,17 +233,25 @@ def _predictions(model, batch):
 # at the first stage's float boxes; a two-stage mask pixel differs only where the alone probability is within
 # MASK_MARGIN of the threshold.
 ONE_STAGE = dict(score=1e-5, box=1e-3)
+# A segmentation pixel may take another label only where its two best logits alone lie within TIE of the largest
+# logit's magnitude of each other (float32 rounding of a batched and a single-image computation orders a near tie
+# either way; seen on torch 2.1 for UperNet with random weights).
+TIE = 1e-5
 MASK_MARGIN = 5e-3
 
 
 def _assert_same_predictions(scope, got, want, what, score=ONE_STAGE['score'], box=ONE_STAGE['box']):
     """Detections: the same ones (``_pairing``: labels equal, scores within ``score``, boxes within ``box`` px);
-    segmentations: logits within relative L2 1e-5 and the same label map. Returns the pairing (None for a
-    segmentation)."""
+    segmentations: logits within relative L2 1e-5 and the same label map but at near ties (``TIE``). Returns the
+    pairing (None for a segmentation)."""
     if scope == 'mmdet':
         return _pairing(got.pred_instances, want.pred_instances, what, score, box)
     assert _rel(got.seg_logits.data, want.seg_logits.data) < 1e-5, what
-    assert torch.equal(got.pred_sem_seg.data, want.pred_sem_seg.data), what
+    differ = got.pred_sem_seg.data[0] != want.pred_sem_seg.data[0]
+    top2 = want.seg_logits.data.topk(2, dim=0).values
+    ties = (top2[0] - top2[1]) <= TIE * want.seg_logits.data.abs().amax()
+    assert not (differ & ~ties).any(), f'{what}: {int(differ.sum())} pixel(s) of another label, ' \
+                                       f'{int((differ & ~ties).sum())} of them not at a near tie'
     return None
 
 
