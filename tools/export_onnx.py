@@ -35,7 +35,7 @@ from torch import nn
 
 from cpvt_backbones import create_model, list_models
 from cpvt_backbones.convert.loading import one_line_errors
-from cpvt_backbones.deploy.check import check_sized_conversion
+from cpvt_backbones.deploy.check import PerImagePathError
 from cpvt_backbones.deploy.onnx import export, verify
 from cpvt_backbones.deploy.registry import in_chans_of
 from cpvt_backbones.utils import atomic_path
@@ -111,12 +111,11 @@ def main() -> None:
     with one_line_errors('export_onnx.py', *_config_errors()):
         model, names = _model(parser, args)
     sized = not args.no_sizes and not args.model.endswith('.py')
-    if sized:
-        with one_line_errors('export_onnx.py', TypeError, ValueError):
-            check_sized_conversion(model, in_chans_of(model, {}),
-                                   'exported with a sizes input (--no-sizes exports it without)')
-    with atomic_path(args.out) as tmp:
-        export(model, str(tmp), names, sizes_input=sized)
+    try:
+        with atomic_path(args.out) as tmp:
+            export(model, str(tmp), names, in_chans=in_chans_of(model, {}), sizes_input=sized)
+    except PerImagePathError as e:
+        sys.exit(f'export_onnx.py: {e} (--no-sizes exports it without)')
     inputs = 'image, sizes' if sized else 'image'
     print(f'[onnx] wrote {args.out} (inputs {inputs}; outputs {", ".join(names)}; dynamic batch, height, width)')
     if args.verify:

@@ -77,18 +77,23 @@ def per_image_modules(model: nn.Module, in_chans: int) -> list[str]:
     return found
 
 
+class PerImagePathError(ValueError):
+    """A model's valid-size path works image by image in Python, which an export cannot record."""
+
+
 def check_sized_conversion(model: nn.Module, in_chans: int, what: str) -> None:
     """Before anything is exported with each image's valid size as an input (``what``: how, for the message, e.g.
-    'converted with sizes_input'): a TypeError where ``model``'s forward takes no ``valid_sizes``, a ValueError
-    naming the modules whose valid-size path works image by image (``per_image_modules``)."""
+    'converted with sizes_input'): a TypeError where ``model``'s forward takes no ``valid_sizes``, a
+    ``PerImagePathError`` naming the modules whose valid-size path works image by image (``per_image_modules``)."""
     from .batched import takes_valid_sizes
     if not takes_valid_sizes(model):
         raise TypeError(f'{type(model).__name__} cannot be {what}: its forward takes no valid_sizes (our models do)')
     modules = per_image_modules(model, in_chans)
     if modules:
-        raise ValueError(f'{type(model).__name__} cannot be {what}: its valid-size path does not trace: that of '
-                         f'module(s) {", ".join(repr(m) for m in modules)} works image by image in Python (a learned '
-                         'position table, or a PEG padding other than zeros); export it without valid sizes')
+        raise PerImagePathError(f'{type(model).__name__} cannot be {what}: its valid-size path does not trace: '
+                                f'that of module(s) {", ".join(repr(m) for m in modules)} works image by image in '
+                                'Python (a learned position table, or a PEG padding other than zeros); export it '
+                                'without valid sizes')
 
 
 class WithSizes(nn.Module):
@@ -104,5 +109,5 @@ class WithSizes(nn.Module):
         return self.model(x, valid_sizes=sizes)
 
 
-__all__ = ['WithSizes', 'check_against_torch', 'check_example_size', 'check_sized_conversion', 'per_image_modules',
-           'trace_size']
+__all__ = ['PerImagePathError', 'WithSizes', 'check_against_torch', 'check_example_size', 'check_sized_conversion',
+           'per_image_modules', 'trace_size']

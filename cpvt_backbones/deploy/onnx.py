@@ -21,8 +21,8 @@ def export(model: nn.Module, path: str, names: Sequence[str], size=(224, 224), i
     (opset 17), which gives the same outputs. Traced at ``size`` raised to the model's ``min_trace_side``
     (``deploy.check.trace_size``). ``sizes_input``: a second input ``sizes``, (N, 2) int64, each image's valid
     (height, width) in pixels from the top-left of the padded batch ``image``, handed to the model's forward as
-    ``valid_sizes``; a TypeError or ValueError naming the module before anything is written where the model's
-    valid-size path cannot be recorded (``deploy.check.check_sized_conversion``)."""
+    ``valid_sizes``; a TypeError or a ``deploy.check.PerImagePathError`` naming the module before anything is
+    written where the model's valid-size path cannot be recorded (``deploy.check.check_sized_conversion``)."""
     if sizes_input:
         check_sized_conversion(model, in_chans, 'exported with a sizes input')
         model = WithSizes(model)
@@ -41,14 +41,13 @@ def export(model: nn.Module, path: str, names: Sequence[str], size=(224, 224), i
             return
         outputs = model(*inputs)
         outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
-        axes = {'image': {0: 'batch', 2: 'height', 3: 'width'}, 'sizes': {0: 'batch'}}
+        axes = {'image': {0: 'batch', 2: 'height', 3: 'width'}, **({'sizes': {0: 'batch'}} if sizes_input else {})}
         axes.update((name, {d: f'{name}_{d}' for d in range(out.ndim)})
                     for name, out in zip(names, outputs, strict=True))
         try:
             atomic_write(path, lambda f: torch.onnx.export(
                 model, inputs, f, opset_version=OPSET_TORCHSCRIPT, input_names=input_names,
-                output_names=list(names), dynamic_axes={k: v for k, v in axes.items() if k in input_names or
-                                                        k in names}))
+                output_names=list(names), dynamic_axes=axes))
         except torch.onnx.errors.UnsupportedOperatorError as e:  # e.g. the learned table's antialiased resize
             release, what = FEATURES['export'][:2]
             raise RuntimeError(f'exporting this model to ONNX needs torch >= {release} ({what}): torch '
